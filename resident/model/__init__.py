@@ -1,0 +1,1 @@
+"""The Qwen3.5 text model: config, layers, step metadata, caches and weights."""

@@ -1,0 +1,67 @@
+"""StepMeta: everything a forward needs to know about one step, as tensors.
+
+A step is B rows (sequences), each bringing its own number of new tokens, T tokens in all, laid out
+row after row. Prefill chunks and single-token decode rows share one layout, so one forward serves
+prefill, decode and mixed steps, and a decode step's tensors can live at fixed addresses for a
+captured graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepMeta:
+    positions: torch.Tensor  # [T] int64: each token's position in its sequence
+    token_seq: torch.Tensor  # [T] int64: the row each token belongs to
+    query_start_loc: torch.Tensor  # [B+1] int64: row b's tokens are [qsl[b], qsl[b+1])
+    block_tables: torch.Tensor  # [B, W] int32: row b's KV pages in order (W bounds the reads)
+    kv_write_loc: torch.Tensor  # [T] int64: page * page_size + offset for each token's K/V
+    state_slots: torch.Tensor  # [B] int64: row b's GDN state slot
+    logits_indices: torch.Tensor  # [B] int64: the token whose logits row b samples from
+    max_query_len: int  # static: most new tokens in one row (1 for decode)
+
+    @property
+    def num_rows(self) -> int:
+        return self.state_slots.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+
+def build_step_meta(
+    rows: list[tuple[int, int, list[int], int]],
+    page_size: int,
+    device: torch.device | str = "cpu",
+) -> StepMeta:
+    """Builds a StepMeta from host rows: (start position, new tokens, pages, state slot).
+
+    Convenience for tests and direct model use; the engine fills fixed buffers instead.
+    """
+    positions, token_seq, write_loc, qsl = [], [], [], [0]
+    width = max(len(pages) for _, _, pages, _ in rows)
+    for row, (start, num_new, pages, _) in enumerate(rows):
+        for pos in range(start, start + num_new):
+            positions.append(pos)
+            token_seq.append(row)
+            write_loc.append(pages[pos // page_size] * page_size + pos % page_size)
+        qsl.append(qsl[-1] + num_new)
+    tables = [pages + [0] * (width - len(pages)) for _, _, pages, _ in rows]
+
+    def long(values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    return StepMeta(
+        positions=long(positions),
+        token_seq=long(token_seq),
+        query_start_loc=long(qsl),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+        kv_write_loc=long(write_loc),
+        state_slots=long([slot for *_, slot in rows]),
+        logits_indices=long(qsl[1:]) - 1,
+        max_query_len=max(num_new for _, num_new, _, _ in rows),
+    )

@@ -1,0 +1,170 @@
+"""Weights: a Hugging Face checkpoint directory, or seeded random weights for a named config.
+
+Random weights are drawn tensor by tensor on the target device from a generator seeded with
+(config seed, tensor name), so the same seed gives bit-identical weights in every process on the
+same device type, whatever the order tensors are built in. The fingerprint (names, shapes, dtypes
+and a sample of values) lets two servers prove they serve the same model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from resident.model.config import ModelConfig
+from resident.model.qwen3_5 import ModelOps, Qwen3_5ForCausalLM
+
+# Tensors a Qwen3.5 checkpoint carries that a text-only server does not use.
+_IGNORED = re.compile(r"^(mtp\.|model\.visual\.|visual\.)")
+_PREFIXES = ("model.language_model.", "model.")
+_FINGERPRINT_SAMPLES = 16
+
+
+class WeightsError(ValueError):
+    """A checkpoint that does not fit the model: names the tensor."""
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """`auto` is bfloat16 on CUDA and float32 on CPU; float64 only on CPU."""
+    device_type = torch.device(device).type
+    if name == "auto":
+        return torch.bfloat16 if device_type == "cuda" else torch.float32
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+              "float64": torch.float64}
+    if name not in dtypes:
+        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(dtypes)}")
+    if dtypes[name] == torch.float64 and device_type != "cpu":
+        raise ValueError("dtype float64 is for exact tests on CPU only")
+    return dtypes[name]
+
+
+def load_model(
+    config: ModelConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    ops: ModelOps | None = None,
+) -> Qwen3_5ForCausalLM:
+    """Builds the model on `device` without a throwaway init, then fills every parameter."""
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(config, ops).to(dtype)
+    model = model.to_empty(device=device)
+    model.init_buffers()
+    params = dict(model.named_parameters())
+    if config.weights == "random":
+        _fill_random(params, config.seed)
+    else:
+        _fill_from_checkpoint(params, Path(config.weights), config.tie_word_embeddings)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+# -- random ---------------------------------------------------------------------------------
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _random_values(name: str, shape: torch.Size, generator: torch.Generator,
+                   device: torch.device) -> torch.Tensor:
+    """Draws in fp32. Norm weights, A_log and dt_bias sit away from their trivial init so every
+    code path they feed is exercised."""
+    def normal(std: float, mean: float = 0.0) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, device=device) * std + mean
+
+    def uniform(low: float, high: float) -> torch.Tensor:
+        return torch.rand(shape, generator=generator, device=device) * (high - low) + low
+
+    if name.endswith("linear_attn.norm.weight"):
+        return normal(0.1, mean=1.0)
+    if name.endswith("norm.weight"):  # zero-centred: the scale is 1 + w
+        return normal(0.1)
+    if name.endswith("A_log"):
+        return uniform(1.0, 16.0).log()
+    if name.endswith("dt_bias"):
+        return normal(0.1, mean=1.0)
+    if name.endswith("conv1d.weight"):
+        bound = shape[-1] ** -0.5
+        return uniform(-bound, bound)
+    return normal(0.02)
+
+
+def _fill_random(params: dict[str, torch.nn.Parameter], seed: int) -> None:
+    for name, param in params.items():
+        generator = torch.Generator(device=param.device).manual_seed(_tensor_seed(seed, name))
+        param.data.copy_(_random_values(name, param.shape, generator, param.device))
+
+
+# -- checkpoint -----------------------------------------------------------------------------
+
+
+def _checkpoint_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / shard for shard in shards]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"{directory}: no *.safetensors files")
+    return files
+
+
+def _our_name(checkpoint_name: str) -> str | None:
+    """Maps a checkpoint tensor name to ours (`model.X`, `lm_head.weight`); None to skip it."""
+    if _IGNORED.match(checkpoint_name):
+        return None
+    if checkpoint_name.startswith("lm_head."):
+        return checkpoint_name
+    for prefix in _PREFIXES:
+        if checkpoint_name.startswith(prefix):
+            return "model." + checkpoint_name[len(prefix):]
+    return "model." + checkpoint_name
+
+
+def _fill_from_checkpoint(
+    params: dict[str, torch.nn.Parameter], directory: Path, tied: bool
+) -> None:
+    loaded: set[str] = set()
+    for path in _checkpoint_files(directory):
+        with safe_open(str(path), framework="pt", device="cpu") as shard:
+            for checkpoint_name in shard.keys():  # noqa: SIM118 (safe_open is not a dict)
+                name = _our_name(checkpoint_name)
+                if name is None or (tied and name == "lm_head.weight"):
+                    continue
+                if name not in params:
+                    raise WeightsError(f"{path.name}: unexpected tensor {checkpoint_name!r}")
+                tensor = shard.get_tensor(checkpoint_name)
+                param = params[name]
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise WeightsError(
+                        f"{path.name}: tensor {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {tuple(param.shape)}"
+                    )
+                param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
+                loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise WeightsError(f"{directory}: missing tensor {missing[0]!r}"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+
+
+# -- fingerprint ----------------------------------------------------------------------------
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """16 hex digits over every parameter's name, shape, dtype and evenly spaced values."""
+    digest = hashlib.sha256()
+    samples = []
+    for name, param in sorted(model.named_parameters()):
+        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype};".encode())
+        flat = param.detach().reshape(-1)
+        index = torch.linspace(0, flat.numel() - 1, _FINGERPRINT_SAMPLES, device=flat.device)
+        samples.append(flat[index.long()].double())
+    digest.update(torch.cat(samples).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]

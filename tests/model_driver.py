@@ -1,0 +1,61 @@
+"""A minimal driver for the model in tests: pages and slots handed out in order, one call per step.
+
+The engine's scheduler and pools do this for real; the tests of the model itself need only enough
+bookkeeping to feed StepMeta correctly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from resident.model.cache import ModelCache
+from resident.model.step import build_step_meta
+
+
+@dataclass
+class Sequence:
+    slot: int
+    pages: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+class ModelDriver:
+    def __init__(self, model, num_pages: int = 256, page_size: int = 16, num_slots: int = 16):
+        self.model = model
+        dtype = next(model.parameters()).dtype
+        self.cache = ModelCache.allocate(model.config, num_pages, page_size, num_slots, dtype,
+                                         "cpu")
+        self.page_size = page_size
+        self.next_page, self.next_slot = 1, 1  # 0 is the sink of both
+        self.seqs: dict[str, Sequence] = {}
+
+    def _seq(self, name: str) -> Sequence:
+        if name not in self.seqs:
+            self.seqs[name] = Sequence(slot=self.next_slot)
+            self.cache.reset_slot(self.next_slot)
+            self.next_slot += 1
+        return self.seqs[name]
+
+    def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+        """Runs one step where each named sequence brings `tokens`; returns all-token logits."""
+        rows, ids = [], []
+        for name, tokens in chunks.items():
+            seq = self._seq(name)
+            need = -(-(seq.length + len(tokens)) // self.page_size)
+            while len(seq.pages) < need:
+                seq.pages.append(self.next_page)
+                self.next_page += 1
+            rows.append((seq.length, len(tokens), list(seq.pages), seq.slot))
+            ids.extend(tokens)
+        meta = build_step_meta(rows, self.page_size)
+        with torch.no_grad():
+            hidden = self.model(torch.tensor(ids, dtype=torch.int64), meta, self.cache)
+            logits = self.model.compute_logits(hidden)
+        out, start = {}, 0
+        for name, tokens in chunks.items():
+            out[name] = logits[start:start + len(tokens)]
+            self.seqs[name].length += len(tokens)
+            start += len(tokens)
+        return out
