@@ -22,11 +22,13 @@ class Sequence:
 
 
 class ModelDriver:
-    def __init__(self, model, num_pages: int = 256, page_size: int = 16, num_slots: int = 16):
+    def __init__(self, model, num_pages: int = 256, page_size: int = 16, num_slots: int = 16,
+                 device: str = "cpu"):
         self.model = model
+        self.device = device
         dtype = next(model.parameters()).dtype
         self.cache = ModelCache.allocate(model.config, num_pages, page_size, num_slots, dtype,
-                                         "cpu")
+                                         device)
         self.page_size = page_size
         self.next_page, self.next_slot = 1, 1  # 0 is the sink of both
         self.seqs: dict[str, Sequence] = {}
@@ -38,7 +40,7 @@ class ModelDriver:
             self.next_slot += 1
         return self.seqs[name]
 
-    def step(self, chunks: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    def step(self, chunks: dict) -> dict[str, torch.Tensor]:
         """Runs one step where each named sequence brings `tokens`; returns all-token logits."""
         rows, ids = [], []
         for name, tokens in chunks.items():
@@ -49,9 +51,10 @@ class ModelDriver:
                 self.next_page += 1
             rows.append((seq.length, len(tokens), list(seq.pages), seq.slot))
             ids.extend(tokens)
-        meta = build_step_meta(rows, self.page_size)
+        meta = build_step_meta(rows, self.page_size, self.device)
         with torch.no_grad():
-            hidden = self.model(torch.tensor(ids, dtype=torch.int64), meta, self.cache)
+            input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
+            hidden = self.model(input_ids, meta, self.cache)
             logits = self.model.compute_logits(hidden)
         out, start = {}, 0
         for name, tokens in chunks.items():

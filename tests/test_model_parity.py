@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from model_driver import ModelDriver
+
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
 

@@ -1,4 +1,4 @@
-"""ModelConfig: the shapes of a Qwen3.5 text model, from a shipped YAML or a Hugging Face config.json.
+"""ModelConfig: a Qwen3.5 text model's shapes, from a shipped YAML or a Hugging Face config.json.
 
 Every size the model, the pools and `resident info` use comes from here; nothing elsewhere assumes
 the real models' head dims or head counts.
@@ -92,8 +92,8 @@ class ModelConfig:
                              f"{self.linear_num_value_heads} is not a multiple of "
                              f"linear_num_key_heads {self.linear_num_key_heads}")
         if not 0.0 < self.partial_rotary_factor <= 1.0:
-            raise ValueError(f"model config {self.name!r}: partial_rotary_factor must be in (0, 1], "
-                             f"got {self.partial_rotary_factor}")
+            raise ValueError(f"model config {self.name!r}: partial_rotary_factor must be in "
+                             f"(0, 1], got {self.partial_rotary_factor}")
         if self.rotary_dim % 2 or self.rotary_dim < 2:
             raise ValueError(f"model config {self.name!r}: rotary dims "
                              f"(partial_rotary_factor * head_dim = {self.rotary_dim}) must be even")
@@ -129,6 +129,11 @@ class ModelConfig:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
     def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with fields changed; a new layer count re-derives the layer pattern."""
+        if "layer_types" not in changes and (
+            {"num_hidden_layers", "full_attention_interval"} & set(changes)
+        ):
+            changes["layer_types"] = ()
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

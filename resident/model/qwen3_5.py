@@ -9,8 +9,8 @@ dtype (fp32), RoPE tables computed in fp32 and cast to the activation dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

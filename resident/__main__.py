@@ -1,0 +1,3 @@
+from resident.cli import main
+
+main()

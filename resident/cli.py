@@ -1,0 +1,79 @@
+"""The `resident` command line: one function per command, options defined once."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from resident.info import model_facts
+from resident.model.config import load_model_config
+from resident.render import OutputFormat, render
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="resident: a Qwen3.5 serving engine with decode planning on the GPU.")
+
+ModelArg = Annotated[str, typer.Argument(
+    metavar="MODEL",
+    help="A shipped config (tiny, qwen3.5-0.8b, ...), a YAML file, or a Hugging Face directory.",
+)]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="table or json.")]
+
+
+
+@app.callback()
+def _root() -> None:
+    """resident: a Qwen3.5 serving engine with decode planning on the GPU."""
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _model_config(model: str):
+    try:
+        return load_model_config(model)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="MODEL") from None
+
+
+@app.command()
+def info(
+    model: ModelArg,
+    context: Annotated[int, typer.Option(min=0, help="Tokens of KV each sequence reads.")] = 640,
+    bandwidth: Annotated[float, typer.Option(
+        min=0.001, help="Memory bandwidth in TB/s (4.28: the H200's measured copy bandwidth).")
+    ] = 4.28,
+    dtype: Annotated[str, typer.Option(help="Weight and KV dtype: bfloat16, float16, float32.")
+                     ] = "bfloat16",
+    output_format: FormatOpt = OutputFormat.table,
+) -> None:
+    """Parameters, weight, KV and GDN state bytes and the decode roofline, from the config alone."""
+    config = _model_config(model)
+    if dtype not in _DTYPE_BYTES:
+        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPE_BYTES)}",
+                                 param_hint="--dtype")
+    facts = model_facts(config, _DTYPE_BYTES[dtype], context, bandwidth)
+    summary = {
+        "model": facts.name,
+        "num_layers": config.num_hidden_layers,
+        "num_full_attention_layers": len(config.attention_layers),
+        "num_gdn_layers": len(config.linear_layers),
+        "num_parameters": facts.num_parameters,
+        "dtype": dtype,
+        "weight_bytes": facts.weight_bytes,
+        "kv_bytes_per_token": facts.kv_bytes_per_token,
+        "gdn_recurrent_bytes_per_seq": facts.gdn_recurrent_bytes_per_seq,
+        "gdn_conv_bytes_per_seq": facts.gdn_conv_bytes_per_seq,
+        "context_tokens": context,
+        "bandwidth_tb_s": bandwidth,
+    }
+    roofline = [
+        {"batch": row.batch, "bytes_per_step": row.bytes_per_step,
+         "ms_per_step": round(row.ms_per_step, 4), "tok_s_bound": round(row.tokens_per_s, 1)}
+        for row in facts.roofline
+    ]
+    render({"model": summary, "decode_roofline": roofline}, output_format)
+
+
+def main() -> None:
+    app()

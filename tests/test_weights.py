@@ -1,0 +1,140 @@
+"""Random weights are reproducible across processes; checkpoint loading names what is wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from resident.model.config import load_model_config
+from resident.model.weights import WeightsError, load_model, resolve_dtype, weights_fingerprint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_DIGEST = """
+import hashlib, json, sys, torch
+from resident.model.config import load_model_config
+from resident.model.weights import load_model, weights_fingerprint
+config = load_model_config("tiny").replace(seed=int(sys.argv[1]))
+model = load_model(config, "cpu", torch.float32)
+digest = hashlib.sha256()
+for name, param in sorted(model.named_parameters()):
+    digest.update(name.encode()); digest.update(param.detach().numpy().tobytes())
+print(json.dumps({"fingerprint": weights_fingerprint(model), "bytes": digest.hexdigest()}))
+"""
+
+
+def _digest_in_subprocess(seed: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _DIGEST, str(seed)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def test_same_seed_same_weights_in_two_processes():
+    first, second = _digest_in_subprocess(7), _digest_in_subprocess(7)
+    assert first == second
+    other = _digest_in_subprocess(8)
+    assert other["fingerprint"] != first["fingerprint"]
+    assert other["bytes"] != first["bytes"]
+
+
+def test_fingerprint_sees_a_changed_value():
+    model = load_model(load_model_config("tiny"), "cpu", torch.float32)
+    before = weights_fingerprint(model)
+    with torch.no_grad():
+        model.model.norm.weight[0] += 1.0  # index 0 is always sampled
+    assert weights_fingerprint(model) != before
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    """tiny's random weights written as a transformers-style checkpoint."""
+    directory = tmp_path_factory.mktemp("tiny_ckpt")
+    config = load_model_config("tiny")
+    model = load_model(config, "cpu", torch.float32)
+    tensors = {"model.language_model." + name[len("model."):]: p.detach().clone()
+               for name, p in model.named_parameters()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    hf = {
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            **{k: getattr(config, k) for k in (
+                "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim",
+                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings",
+                "rms_norm_eps")},
+            "layer_types": list(config.layer_types),
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
+                                "partial_rotary_factor": config.partial_rotary_factor},
+            "eos_token_id": 511,
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(hf))
+    return directory, weights_fingerprint(model)
+
+
+def test_loads_a_multimodal_style_checkpoint(saved_tiny):
+    directory, fingerprint = saved_tiny
+    config = load_model_config(str(directory))
+    assert config.name == directory.name and config.eos_token_ids == (511,)
+    assert weights_fingerprint(load_model(config, "cpu", torch.float32)) == fingerprint
+
+
+def _broken_copy(source: Path, target: Path, edit) -> Path:
+    target.mkdir()
+    (target / "config.json").write_text((source / "config.json").read_text())
+    tensors = load_file(str(source / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
+NAME = "model.language_model.layers.1.linear_attn.in_proj_z.weight"
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.pop(NAME), "missing tensor 'model.layers.1.linear_attn.in_proj_z.weight'"),
+        (lambda t: t.__setitem__(NAME.replace("in_proj_z", "in_proj_zz"), t.pop(NAME)),
+         "unexpected tensor 'model.language_model.layers.1.linear_attn.in_proj_zz.weight'"),
+        (lambda t: t.__setitem__(NAME, t[NAME][:, :-1].contiguous()),
+         f"tensor '{NAME}' has shape (64, 63), the model expects (64, 64)"),
+    ],
+    ids=["removed", "renamed", "reshaped"],
+)
+def test_loader_errors_name_the_tensor(saved_tiny, tmp_path, edit, message):
+    directory = _broken_copy(saved_tiny[0], tmp_path / "broken", edit)
+    with pytest.raises(WeightsError) as caught:
+        load_model(load_model_config(str(directory)), "cpu", torch.float32)
+    assert message in str(caught.value)
+
+
+def test_mtp_and_vision_tensors_are_skipped(saved_tiny, tmp_path):
+    def add_extras(tensors):
+        tensors["mtp.fc.weight"] = torch.zeros(2, 2)
+        tensors["model.visual.patch_embed.weight"] = torch.zeros(2, 2)
+
+    directory = _broken_copy(saved_tiny[0], tmp_path / "extras", add_extras)
+    model = load_model(load_model_config(str(directory)), "cpu", torch.float32)
+    assert weights_fingerprint(model) == saved_tiny[1]
+
+
+def test_dtype_resolution():
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert resolve_dtype("float64", "cpu") == torch.float64
+    with pytest.raises(ValueError, match="float64 is for exact tests on CPU"):
+        resolve_dtype("float64", "cuda")
+    with pytest.raises(ValueError, match="'int8' is not one of"):
+        resolve_dtype("int8", "cpu")
