@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-
 from model_driver import ModelDriver
+
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
 
