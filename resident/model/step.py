@@ -21,7 +21,7 @@ class StepMeta:
     block_tables: torch.Tensor  # [B, W] int32: row b's KV pages in order (W bounds the reads)
     kv_write_loc: torch.Tensor  # [T] int64: page * page_size + offset for each token's K/V
     state_slots: torch.Tensor  # [B] int64: row b's GDN state slot
-    logits_indices: torch.Tensor  # [B] int64: the token whose logits row b samples from
+    logits_indices: torch.Tensor  # [S] int64: tokens whose logits are sampled, in row order
     max_query_len: int  # static: most new tokens in one row (1 for decode)
 
     @property

@@ -1,0 +1,194 @@
+"""EngineConfig: the engine's knobs.
+
+Precedence, lowest first: the defaults here, the model YAML's `engine:` mapping, `RESIDENT_<KNOB>`
+environment variables (a knob already named `resident_*` keeps one prefix: `resident_planning`
+reads `RESIDENT_PLANNING`), then `--set knob=value`. List knobs take commas
+(`--set decode_buckets=1,2,4`). An unknown knob or a bad value fails at start, naming it.
+Knobs left at 0 or `auto` are sized by `resolve` from the model and the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from resident.model.config import ModelConfig
+
+DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+CPU_KV_PAGES = 4096
+MAX_DEFAULT_MODEL_LEN = 32768
+
+_CHOICES = {
+    "dtype": ("auto", "bfloat16", "float16", "float32", "float64"),
+    "decode_order": ("arrival", "turns"),
+    "resident_planning": ("off", "auto"),
+    "attention_backend": ("auto", "torch"),
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine knobs; see the module docstring for where values come from."""
+
+    dtype: str = "auto"
+    page_size: int = 16
+    num_kv_pages: int = 0  # 0: 4096 on CPU; sized from kv_cache_gib on CUDA
+    kv_cache_gib: float = 16.0
+    max_model_len: int = 0  # 0: min(max_position_embeddings, 32768)
+    max_num_seqs: int = 256
+    num_state_slots: int = 0  # 0: max_num_seqs plus the sink
+    prefill_token_budget: int = 2048
+    decode_buckets: tuple[int, ...] = DEFAULT_DECODE_BUCKETS
+    decode_order: str = "arrival"
+    resident_planning: str = "off"
+    attention_backend: str = "auto"
+    api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
+    step_thread_cores: str = ""  # CPU list for the engine core's step threads
+    seed: int = 0  # seeds sampling for requests that bring no seed
+
+    def __post_init__(self) -> None:
+        for knob, choices in _CHOICES.items():
+            if getattr(self, knob) not in choices:
+                raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
+                                 f"{', '.join(choices)}")
+        for knob in ("page_size", "max_num_seqs", "prefill_token_budget"):
+            if getattr(self, knob) < 1:
+                raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
+        for knob in ("num_kv_pages", "max_model_len", "num_state_slots"):
+            if getattr(self, knob) < 0:
+                raise ValueError(f"knob {knob}: must be >= 0 (0 = auto), got {getattr(self, knob)}")
+        if self.page_size & (self.page_size - 1):
+            raise ValueError(f"knob page_size: must be a power of two, got {self.page_size}")
+        if self.num_kv_pages == 1:
+            raise ValueError("knob num_kv_pages: needs at least 2 (page 0 is the sink)")
+        if self.num_state_slots == 1:
+            raise ValueError("knob num_state_slots: needs at least 2 (slot 0 is the sink)")
+        if self.kv_cache_gib <= 0:
+            raise ValueError(f"knob kv_cache_gib: must be > 0, got {self.kv_cache_gib}")
+        buckets = self.decode_buckets
+        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"knob decode_buckets: must be increasing positive ints, got "
+                             f"{','.join(map(str, buckets))}")
+        for knob in ("api_core", "step_thread_cores"):
+            parse_cpu_list(getattr(self, knob), knob)
+
+    @property
+    def max_decode_rows(self) -> int:
+        return self.decode_buckets[-1]
+
+    def changed(self) -> dict[str, Any]:
+        """Knobs that differ from the defaults."""
+        default = EngineConfig()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolve(self, model: ModelConfig, device_type: str) -> EngineConfig:
+        """Fills the auto knobs that need no device memory reading. num_kv_pages stays 0 on CUDA:
+        the engine core sizes it from kv_cache_gib once it can see the GPU."""
+        max_len = self.max_model_len or min(model.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
+        if max_len > model.max_position_embeddings:
+            raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
+                             f"max_position_embeddings {model.max_position_embeddings}")
+        pages = self.num_kv_pages or (CPU_KV_PAGES if device_type == "cpu" else 0)
+        return dataclasses.replace(
+            self,
+            max_model_len=max_len,
+            num_kv_pages=pages,
+            num_state_slots=self.num_state_slots or self.max_num_seqs + 1,
+            attention_backend="torch" if self.attention_backend == "auto" else
+            self.attention_backend,
+        )
+
+
+def parse_cpu_list(text: str, knob: str) -> list[int]:
+    """"0-3,8" -> [0, 1, 2, 3, 8]; empty -> []."""
+    cpus: list[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            low, _, high = part.partition("-")
+            cpus.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise ValueError(f"knob {knob}: {text!r} is not a CPU list like 0-3,8") from None
+    if any(cpu < 0 for cpu in cpus):
+        raise ValueError(f"knob {knob}: {text!r} names a negative CPU")
+    return cpus
+
+
+def env_name(knob: str) -> str:
+    return knob.upper() if knob.startswith("resident_") else f"RESIDENT_{knob.upper()}"
+
+
+def _parse(knob: str, raw: Any) -> Any:
+    field_type = {f.name: f.type for f in dataclasses.fields(EngineConfig)}[knob]
+    try:
+        if field_type == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if field_type == "float":
+            return float(raw)
+        if field_type.startswith("tuple"):
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            return tuple(int(item) for item in items if str(item).strip())
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"knob {knob}: {raw!r} is not a valid {field_type}") from None
+
+
+def build_engine_config(
+    model_yaml_knobs: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> EngineConfig:
+    """Applies the layers in precedence order; unknown knobs in YAML or overrides fail."""
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    values: dict[str, Any] = {}
+    for source, layer in (("model YAML engine", model_yaml_knobs or {}),
+                          ("--set", overrides or {})):
+        for knob in layer:
+            if knob not in known:
+                raise ValueError(f"unknown knob {knob!r} (from {source}); knobs are: "
+                                 f"{', '.join(sorted(known))}")
+    values.update({k: _parse(k, v) for k, v in (model_yaml_knobs or {}).items()})
+    environ = os.environ if environ is None else environ
+    for knob in known:
+        if env_name(knob) in environ:
+            values[knob] = _parse(knob, environ[env_name(knob)])
+    values.update({k: _parse(k, v) for k, v in (overrides or {}).items()})
+    return EngineConfig(**values)
+
+
+def parse_set_options(options: list[str]) -> dict[str, str]:
+    """["knob=value", ...] -> {knob: value}; a malformed one fails naming it."""
+    parsed = {}
+    for option in options:
+        knob, sep, value = option.partition("=")
+        if not sep or not knob.strip():
+            raise ValueError(f"--set {option!r}: expected knob=value")
+        parsed[knob.strip()] = value.strip()
+    return parsed
+
+
+def model_yaml_knobs(model: str) -> dict[str, Any]:
+    """The `engine:` mapping of a shipped or given model YAML; empty for checkpoint dirs."""
+    from resident.model.config import configs_dir
+
+    path = Path(model)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = configs_dir() / "models" / f"{model}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text()) or {}
+    knobs = data.get("engine") or {}
+    if not isinstance(knobs, dict):
+        raise ValueError(f"{path}: engine must be a mapping of knobs")
+    return knobs

@@ -1,0 +1,1 @@
+"""The engine core: requests, scheduling, the step runner and the sampler."""

@@ -1,0 +1,198 @@
+"""Engine: the model, its caches and pools, the scheduler, the runner and the sampler, stepped in
+order by the engine-core process."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import resident
+from resident.config import EngineConfig
+from resident.engine.request import Request
+from resident.engine.runner import StepRunner
+from resident.engine.sampler import Sampler
+from resident.engine.scheduler import Scheduler
+from resident.model.cache import ModelCache
+from resident.model.config import ModelConfig
+from resident.model.weights import load_model, resolve_dtype, weights_fingerprint
+from resident.resources.kv import KVPool
+from resident.resources.positions import Positions
+from resident.resources.recurrent import StatePool
+from resident.server.protocol import FINISH_ERROR, AddRequest, RequestOutput
+
+log = logging.getLogger("resident.engine")
+
+
+def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+    element = torch.empty((), dtype=dtype).element_size()
+    return (len(model.attention_layers) * 2 * page_size * model.num_key_value_heads
+            * model.head_dim * element)
+
+
+def size_kv_pages(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> EngineConfig:
+    """On CUDA with num_kv_pages auto: as many pages as kv_cache_gib holds."""
+    if config.num_kv_pages:
+        return config
+    per_page = kv_bytes_per_page(model, config.page_size, dtype)
+    pages = int(config.kv_cache_gib * 2**30) // per_page
+    log.info("num_kv_pages=%d from kv_cache_gib=%s (%d bytes a page)", pages,
+             config.kv_cache_gib, per_page)
+    return dataclasses.replace(config, num_kv_pages=pages)
+
+
+def planning_mode(config: EngineConfig) -> tuple[str, str]:
+    if config.resident_planning == "off":
+        return "off", "resident_planning=off: every step is host-planned"
+    return "off", ("resident_planning=auto asked, but this build has no resident planner: "
+                   "every step is host-planned")
+
+
+def git_commit(directory: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+class Engine:
+    def __init__(self, model_config: ModelConfig, config: EngineConfig,
+                 device: torch.device) -> None:
+        self.model_config = model_config
+        self.device = device
+        self.dtype = resolve_dtype(config.dtype, device)
+        self.config = size_kv_pages(config.resolve(model_config, device.type), model_config,
+                                    self.dtype)
+        config = self.config
+        self.model = load_model(model_config, device, self.dtype)
+        self.fingerprint = weights_fingerprint(self.model)
+        self.cache = ModelCache.allocate(model_config, config.num_kv_pages, config.page_size,
+                                         config.num_state_slots, self.dtype, device)
+        self.kv = KVPool(config.num_kv_pages, config.page_size)
+        self.states = StatePool(config.num_state_slots)
+        self.positions = Positions()
+        self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
+                                 self.positions)
+        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.runner)
+        self.sampler = Sampler(device, config.seed)
+        self.requests: dict[str, Request] = {}
+        self._arrivals = 0
+        self.counters: Counter[str] = Counter()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, message: AddRequest) -> RequestOutput | None:
+        """Queues a request; returns its failed output at once if it can never run."""
+        request = Request(message.request_id, list(message.prompt_token_ids), message.params,
+                          self._arrivals, self.model_config.eos_token_ids)
+        self._arrivals += 1
+        error = self._reject_reason(request)
+        if error:
+            self.counters["failed_requests"] += 1
+            return RequestOutput(request.request_id, [], True, FINISH_ERROR, error)
+        self.requests[request.request_id] = request
+        self.sampler.add(request.request_id, request.params)
+        self.scheduler.add(request)
+        return None
+
+    def _reject_reason(self, request: Request) -> str | None:
+        if request.request_id in self.requests:
+            return f"request id {request.request_id!r} is already running"
+        if not request.prompt_ids or request.params.max_tokens < 1:
+            return "a request needs a prompt and max_tokens >= 1"
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= token < vocab for token in request.prompt_ids):
+            return f"prompt token ids must be in [0, {vocab})"
+        return self.scheduler.never_fits(request)
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self._release(request)
+            self.counters["aborts"] += 1
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan.rows:
+            return []
+        input_ids, meta, _ = self.runner.prepare(plan)
+        logits = self.runner.execute(input_ids, meta)
+        sampling = [row.request for row in plan.rows if row.samples]
+        tokens = self.sampler.sample(
+            logits, [(r.request_id, r.params) for r in sampling]) if sampling else []
+        self.counters[f"steps_{plan.kind}"] += 1
+        for row in plan.rows:
+            self.kv.commit(row.request.request_id, row.num_new)
+            row.request.num_computed += row.num_new
+        return [self._emit(request, token) for request, token in zip(sampling, tokens)]
+
+    def _emit(self, request: Request, token: int) -> RequestOutput:
+        request.append(token)
+        self.counters["generated_tokens"] += 1
+        if request.finish_reason:
+            self._release(request)
+        return RequestOutput(request.request_id, [token], bool(request.finish_reason),
+                             request.finish_reason)
+
+    def _release(self, request: Request) -> None:
+        self.scheduler.release(request)
+        self.runner.drop(request.request_id)
+        self.sampler.drop(request.request_id)
+        del self.requests[request.request_id]
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        scheduler = self.scheduler
+        return {
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+            "num_offloaded": len(scheduler.offloaded),
+            "kv_pages_used": self.kv.num_used,
+            "kv_pages_free": self.kv.num_free,
+            "gdn_slots_used": self.states.num_used,
+            "gdn_slots_free": self.states.num_free,
+            "steps": {kind: self.counters[f"steps_{kind}"]
+                      for kind in ("decode", "prefill", "mixed")},
+            "generated_tokens": self.counters["generated_tokens"],
+            "offloads": scheduler.num_offloads,
+            "reloads": scheduler.num_reloads,
+            "aborts": self.counters["aborts"],
+            "failed_requests": self.counters["failed_requests"],
+        }
+
+    def info(self) -> dict[str, Any]:
+        mode, reason = planning_mode(self.config)
+        package = Path(resident.__file__).resolve().parent
+        return {
+            "model": self.model_config.name,
+            "max_model_len": self.config.max_model_len,
+            "vocab_size": self.model_config.vocab_size,
+            "eos_token_ids": list(self.model_config.eos_token_ids),
+            "knobs": self.config.to_dict(),
+            "knobs_changed": self.config.changed(),
+            "planning_mode": mode,
+            "planning_reason": reason,
+            "attention_backend": self.config.attention_backend,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "device": str(self.device),
+            "resident_package_path": str(package),
+            "git_commit": git_commit(package.parent),
+            "weights_fingerprint": self.fingerprint,
+            "torch_version": torch.__version__,
+            "torch_num_threads": torch.get_num_threads(),
+        }

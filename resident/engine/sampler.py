@@ -1,0 +1,49 @@
+"""Sampler: greedy at temperature 0; otherwise temperature, top-k and top-p, drawn from a
+per-request generator seeded from the request's seed (or the engine's), so the same seed over the
+same logits gives the same tokens."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from resident.server.protocol import SamplingParams
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self._seeds = random.Random(seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def add(self, request_id: str, params: SamplingParams) -> None:
+        if params.temperature > 0:
+            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            self._generators[request_id] = torch.Generator(self.device).manual_seed(seed)
+
+    def drop(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, rows: list[tuple[str, SamplingParams]]) -> list[int]:
+        """logits: [>= len(rows), V]; returns one token per row (one host sync per step)."""
+        tokens = logits[:len(rows)].argmax(dim=-1)
+        for index, (request_id, params) in enumerate(rows):
+            if params.temperature > 0:
+                tokens[index] = self._draw(logits[index], params, self._generators[request_id])
+        return tokens.tolist()
+
+    @staticmethod
+    def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
+        scaled = logits.float() / params.temperature
+        if 0 < params.top_k < scaled.shape[-1]:
+            kth = torch.topk(scaled, params.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if params.top_p < 1.0:
+            sorted_logits, order = torch.sort(scaled, descending=True)
+            cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+            # drop a token once the tokens before it already reach top_p; the top one stays
+            drop = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
+            scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(scaled, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[0]

@@ -1,0 +1,210 @@
+"""Scheduler: continuous batching over the resource pools, in plain Python (no torch).
+
+Each step takes decode rows (at most the widest decode bucket, ordered by `decode_order`), then
+prefill chunks of running and then waiting requests under `prefill_token_budget`; both kinds may
+share a step. Under KV pressure a running request that needs a page offloads the coldest running
+request outside the step (its pages and state go to host memory through the `Swapper`); offloaded
+requests reload, oldest first, when room returns, and new requests wait until none is offloaded.
+A request whose prompt and output could never fit the pool fails alone at arrival.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from resident.config import EngineConfig
+from resident.engine.request import Request, Status
+from resident.resources.kv import KVPool
+from resident.resources.positions import Positions
+from resident.resources.recurrent import StatePool
+
+
+class Swapper(Protocol):
+    """Moves a request's device state; the engine's runner implements it. The scheduler owns
+    the pools: it frees after `offload` and hands out pages and a slot before `reload`."""
+
+    def offload(self, request: Request) -> None: ...  # copy its pages and slot to host memory
+
+    def reload(self, request: Request) -> None: ...  # copy them back into its new pages and slot
+
+    def reset_state(self, request: Request) -> None: ...  # zero a fresh request's state slot
+
+
+@dataclass(frozen=True)
+class Row:
+    request: Request
+    num_new: int  # tokens this row feeds
+    samples: bool  # whether the row samples a token (a decode row or a prompt's last chunk)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    rows: list[Row]
+    kind: str  # decode | prefill | mixed
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(row.num_new for row in self.rows)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVPool, states: StatePool,
+                 positions: Positions, swapper: Swapper) -> None:
+        self.config = config
+        self.kv, self.states, self.positions = kv, states, positions
+        self.swapper = swapper
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.offloaded: deque[Request] = deque()
+        self.step_number = 0
+        self.num_offloads = 0
+        self.num_reloads = 0
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def never_fits(self, request: Request) -> str | None:
+        if request.max_total_tokens > self.config.max_model_len:
+            return (f"request can never fit: {request.max_total_tokens} tokens exceed "
+                    f"max_model_len {self.config.max_model_len}")
+        if self.kv.pages_for(request.max_total_tokens) > self.kv.num_pages - 1:
+            return (f"request can never fit: {request.max_total_tokens} tokens need "
+                    f"{self.kv.pages_for(request.max_total_tokens)} KV pages, the pool has "
+                    f"{self.kv.num_pages - 1}")
+        return None
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.offloaded)
+
+    def release(self, request: Request) -> None:
+        """Takes a finished or aborted request out, giving back what it holds."""
+        if request.status is Status.RUNNING:
+            self.running.remove(request)
+            self._free(request)
+        elif request.status is Status.WAITING:
+            self.waiting.remove(request)
+        elif request.status is Status.OFFLOADED:
+            self.offloaded.remove(request)
+        request.status = Status.FINISHED
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        self.step_number += 1
+        self._reload()
+        rows: list[Row] = []
+        self._add_decode_rows(rows)
+        budget = self.config.prefill_token_budget
+        budget = self._add_prefill_rows(rows, budget, self._running_prefills())
+        self._admit_waiting(rows, budget)
+        for row in rows:
+            row.request.last_run_step = self.step_number
+        return StepPlan(rows, _kind(rows))
+
+    def _add_decode_rows(self, rows: list[Row]) -> None:
+        ready = [r for r in self.running if r.is_decode_ready]
+        if self.config.decode_order == "turns":
+            ready.sort(key=lambda r: (r.last_run_step, r.arrival))
+        else:
+            ready.sort(key=lambda r: r.arrival)
+        for request in ready:
+            if len(rows) == self.config.max_decode_rows:
+                break
+            if self._admit_running(request, 1, rows):
+                rows.append(Row(request, 1, samples=True))
+
+    def _running_prefills(self) -> list[Request]:
+        return sorted((r for r in self.running if r.is_prefilling), key=lambda r: r.arrival)
+
+    def _add_prefill_rows(self, rows: list[Row], budget: int,
+                          requests: Iterable[Request]) -> int:
+        for request in requests:
+            if budget == 0:
+                break
+            chunk = min(len(request.prompt_ids) - request.num_computed, budget)
+            if self._admit_running(request, chunk, rows):
+                rows.append(_prefill_row(request, chunk))
+                budget -= chunk
+        return budget
+
+    def _admit_waiting(self, rows: list[Row], budget: int) -> None:
+        """New requests take what is free, in arrival order, and never displace anyone; none
+        starts while an offloaded request waits to come back."""
+        while self.waiting and budget > 0 and not self.offloaded:
+            if len(self.running) >= self.config.max_num_seqs:
+                return
+            request = self.waiting[0]
+            chunk = min(len(request.prompt_ids), budget)
+            if self.kv.pages_needed(request.request_id, chunk) > self.kv.num_free:
+                return
+            if self.states.admit(request.request_id, chunk) is not None:
+                return
+            self.kv.admit(request.request_id, chunk)
+            self.positions.admit(request.request_id, chunk)
+            self.swapper.reset_state(request)
+            self.waiting.popleft()
+            request.status = Status.RUNNING
+            self.running.append(request)
+            rows.append(_prefill_row(request, chunk))
+            budget -= chunk
+
+    def _admit_running(self, request: Request, num_new: int, rows: list[Row]) -> bool:
+        """Reserves pages for a running request's next tokens, offloading the coldest running
+        requests outside the step while it does not fit. False leaves the row for later (as for
+        a request this step's earlier rows offloaded)."""
+        if request.status is not Status.RUNNING:
+            return False
+        in_step = {id(row.request) for row in rows} | {id(request)}
+        while self.kv.admit(request.request_id, num_new) is not None:
+            victims = [r for r in self.running if id(r) not in in_step]
+            if not victims:
+                return False
+            self._offload(min(victims, key=lambda r: (r.last_run_step, -r.arrival)))
+        return True
+
+    def _offload(self, request: Request) -> None:
+        self.swapper.offload(request)
+        self.running.remove(request)
+        self._free(request)
+        request.status = Status.OFFLOADED
+        self.offloaded.append(request)
+        self.num_offloads += 1
+
+    def _reload(self) -> None:
+        """Brings offloaded requests back, oldest first, while the pool keeps a page of headroom
+        for every running request."""
+        while self.offloaded and len(self.running) < self.config.max_num_seqs:
+            request = self.offloaded[0]
+            need = self.kv.pages_for(request.num_computed + 1)
+            if need + len(self.running) > self.kv.num_free or not self.states.num_free:
+                return
+            self.offloaded.popleft()
+            self.kv.restore(request.request_id, request.num_computed)
+            self.states.admit(request.request_id, 0)
+            self.positions.admit(request.request_id, 0)
+            self.swapper.reload(request)
+            request.status = Status.RUNNING
+            self.running.append(request)
+            self.num_reloads += 1
+
+    def _free(self, request: Request) -> None:
+        self.kv.free(request.request_id)
+        self.states.free(request.request_id)
+        self.positions.free(request.request_id)
+
+
+def _prefill_row(request: Request, chunk: int) -> Row:
+    return Row(request, chunk, samples=request.num_computed + chunk == len(request.prompt_ids))
+
+
+def _kind(rows: list[Row]) -> str:
+    prefill = any(row.request.is_prefilling for row in rows)
+    decode = any(not row.request.is_prefilling for row in rows)
+    if prefill and decode:
+        return "mixed"
+    return "prefill" if prefill else "decode"

@@ -1,0 +1,140 @@
+"""EngineClient: the API process's asyncio handle on the engine core.
+
+The API process binds both IPC pipes and the core connects, so the core may start (and fail)
+after the API is listening. One reader task routes core messages: a request's outputs to its
+stream, stats replies to their waiters, Ready and Fatal to whoever waits on startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from resident.server.protocol import (
+    FINISH_ERROR,
+    AbortRequest,
+    AddRequest,
+    Fatal,
+    Ready,
+    RequestOutput,
+    Shutdown,
+    StatsQuery,
+    StatsReply,
+    StepOutputs,
+)
+
+log = logging.getLogger("resident.api")
+
+
+class EngineUnavailable(RuntimeError):
+    """The core is not ready, or has failed; carries the reason."""
+
+
+class EngineClient:
+    def __init__(self, request_addr: str, output_addr: str) -> None:
+        self._context = zmq.asyncio.Context()
+        self._requests = self._context.socket(zmq.PUSH)
+        self._requests.bind(request_addr)
+        self._outputs = self._context.socket(zmq.PULL)
+        self._outputs.bind(output_addr)
+        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._nonces = itertools.count()
+        self._ready: asyncio.Future[dict[str, Any]] | None = None
+        self._reader: asyncio.Task | None = None
+        self.fatal: str | None = None
+        self.info: dict[str, Any] = {}
+
+    @property
+    def is_ready(self) -> bool:
+        return bool(self.info) and self.fatal is None
+
+    def start(self) -> None:
+        """Starts routing core messages; call from the running event loop."""
+        self._ready = asyncio.get_running_loop().create_future()
+        self._reader = asyncio.create_task(self._read_loop())
+
+    async def wait_ready(self) -> dict[str, Any]:
+        assert self._ready is not None, "start() first"
+        return await asyncio.shield(self._ready)
+
+    async def generate(self, request: AddRequest) -> AsyncIterator[RequestOutput]:
+        """Submits a request and yields its outputs until the finished one. Leaving the loop
+        early (a client that went away) aborts the request in the core."""
+        if not self.is_ready:
+            raise EngineUnavailable(self.fatal or "the engine is still starting")
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        finished = False
+        try:
+            await self._requests.send_pyobj(request)
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                yield output
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not finished and self.fatal is None:
+                await self._requests.send_pyobj(AbortRequest(request.request_id))
+
+    async def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+        if not self.is_ready:
+            raise EngineUnavailable(self.fatal or "the engine is still starting")
+        nonce = next(self._nonces)
+        waiter = asyncio.get_running_loop().create_future()
+        self._stats_waiters[nonce] = waiter
+        try:
+            await self._requests.send_pyobj(StatsQuery(nonce))
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._stats_waiters.pop(nonce, None)
+
+    async def close(self) -> None:
+        if self.fatal is None:
+            try:
+                await self._requests.send_pyobj(Shutdown(), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        if self._reader:
+            self._reader.cancel()
+        self._requests.close(linger=100)
+        self._outputs.close(linger=0)
+        self._context.term()
+
+    async def _read_loop(self) -> None:
+        while True:
+            message = await self._outputs.recv_pyobj()
+            if isinstance(message, StepOutputs):
+                for output in message.outputs:
+                    queue = self._streams.get(output.request_id)
+                    if queue is not None:
+                        queue.put_nowait(output)
+            elif isinstance(message, StatsReply):
+                waiter = self._stats_waiters.get(message.nonce)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(message.stats)
+            elif isinstance(message, Ready):
+                self.info = message.info
+                if not self._ready.done():
+                    self._ready.set_result(message.info)
+            elif isinstance(message, Fatal):
+                self._fail(message.message)
+                return
+
+    def _fail(self, reason: str) -> None:
+        log.error("engine core failed: %s", reason)
+        self.fatal = reason
+        if not self._ready.done():
+            self._ready.set_exception(EngineUnavailable(reason))
+        for request_id, queue in self._streams.items():
+            queue.put_nowait(RequestOutput(request_id, [], finished=True,
+                                           finish_reason=FINISH_ERROR, error=reason))
+        for waiter in self._stats_waiters.values():
+            if not waiter.done():
+                waiter.set_exception(EngineUnavailable(reason))

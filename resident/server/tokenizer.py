@@ -1,0 +1,110 @@
+"""Text <-> token ids for the API process.
+
+A checkpoint directory with a `tokenizer.json` gets a Hugging Face `tokenizers` tokenizer.
+Anything else (the random-weight configs, which ship no tokenizer) gets the byte fallback:
+token id b is the byte b, so any text round-trips through ids 0-255, and the ids a random model
+samples above 255 are shown as `<|id|>`.
+
+Streaming decodes incrementally with `decode_delta`, which is stateless: the caller passes every
+generated id so far and how many of them it has already turned into text.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Protocol
+
+import tokenizers
+
+log = logging.getLogger("resident.api")
+
+_REPLACEMENT = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def decode_delta(self, all_ids: list[int], num_previous: int, final: bool = False) -> str: ...
+
+
+def load_tokenizer(model_dir: str | None, vocab_size: int) -> Tokenizer:
+    """The checkpoint's `tokenizer.json` when `model_dir` has one, else the byte fallback."""
+    if model_dir and os.path.isfile(os.path.join(model_dir, "tokenizer.json")):
+        return HFTokenizer(os.path.join(model_dir, "tokenizer.json"), vocab_size)
+    if model_dir and os.path.isdir(model_dir):
+        log.warning("%s has no tokenizer.json; using the byte tokenizer", model_dir)
+    return ByteTokenizer(vocab_size)
+
+
+def _stable_text(text: str, final: bool) -> str:
+    """The part of a decoded prefix that later tokens cannot change: while more tokens may come,
+    a trailing replacement character may be the start of a character they complete."""
+    return text if final else text.rstrip(_REPLACEMENT)
+
+
+def _delta(decode, all_ids: list[int], num_previous: int, final: bool) -> str:
+    # Text already emitted is the stable part of the previous prefix; it is a prefix of the
+    # stable part of any longer sequence, so the deltas concatenate to decode(all_ids).
+    previous = _stable_text(decode(all_ids[:num_previous]), final=False)
+    return _stable_text(decode(all_ids), final)[len(previous):]
+
+
+class ByteTokenizer:
+    """Byte-level fallback for random-weight models that ship no tokenizer: encode gives the
+    UTF-8 bytes of the text (byte b is token id b); decode turns runs of ids below 256 back into
+    text (invalid UTF-8 becomes U+FFFD) and shows any other id as `<|id|>`."""
+
+    name = "bytes"
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 256:
+            raise ValueError(f"the byte tokenizer needs vocab_size >= 256, got {vocab_size}")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        parts: list[str] = []
+        run = bytearray()
+        for token in ids:
+            if 0 <= token < 256:
+                run.append(token)
+                continue
+            parts.append(run.decode("utf-8", errors="replace"))
+            run.clear()
+            parts.append(f"<|{token}|>")
+        parts.append(run.decode("utf-8", errors="replace"))
+        return "".join(parts)
+
+    def decode_delta(self, all_ids: list[int], num_previous: int, final: bool = False) -> str:
+        """The text that `all_ids[num_previous:]` adds. Until `final`, text that may still be an
+        incomplete character is held back and comes with a later delta."""
+        return _delta(self.decode, all_ids, num_previous, final)
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json`. Decoding skips special tokens, as OpenAI servers do."""
+
+    def __init__(self, path: str, vocab_size: int) -> None:
+        self.name = path
+        self._tokenizer = tokenizers.Tokenizer.from_file(path)
+        size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        if size > vocab_size:
+            # Prompts are still checked id by id, so this only matters if such ids show up.
+            log.warning("%s has %d tokens but the model's vocab_size is %d", path, size, vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_delta(self, all_ids: list[int], num_previous: int, final: bool = False) -> str:
+        """As `ByteTokenizer.decode_delta`."""
+        return _delta(self.decode, all_ids, num_previous, final)
