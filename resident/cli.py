@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import enum
+import os
 from typing import Annotated
 
 import typer
 
+from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
@@ -73,6 +76,42 @@ def info(
         for row in facts.roofline
     ]
     render({"model": summary, "decode_roofline": roofline}, output_format)
+
+
+class Device(enum.StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@app.command()
+def serve(
+    model: ModelArg,
+    device: Annotated[Device, typer.Option(help="auto: cuda when available, else cpu.")] =
+    Device.auto,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    knobs: Annotated[list[str] | None, typer.Option(
+        "--set", help="knob=value, repeatable; beats RESIDENT_<KNOB> and the model YAML.")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(
+        envvar="RESIDENT_API_KEY", help="Require Authorization: Bearer <key>.")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API (an API process and an engine core)."""
+    from resident.server.serve import ServeOptions
+    from resident.server.serve import serve as run_server
+
+    config = _model_config(model)
+    try:
+        engine_config = build_engine_config(model_yaml_knobs(model), os.environ,
+                                            parse_set_options(knobs or []))
+        engine_config.resolve(config, "cpu")  # fails now on knobs that cannot fit the model
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--set") from None
+    options = ServeOptions(config, engine_config, device.value, host, port, api_key,
+                           log_level.upper())
+    raise typer.Exit(run_server(options))
 
 
 def main() -> None:

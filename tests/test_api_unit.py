@@ -113,7 +113,7 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "max_tokens": "8"}, ["'max_tokens'", '"8"']),
         ({"prompt": "x", "temperature": -0.1}, ["'temperature'", "-0.1"]),
         ({"prompt": "x", "temperature": "hot"}, ["'temperature'", "hot"]),
-        ({"prompt": "x", "temperature": float("nan")}, ["'temperature'", "nan"]),
+        ({"prompt": "x", "temperature": float("nan")}, ["'temperature'", "NaN"]),
         ({"prompt": "x", "temperature": 10**400}, ["'temperature'"]),
         ({"prompt": "x", "top_p": 0}, ["'top_p'", "0"]),
         ({"prompt": "x", "top_p": 1.5}, ["'top_p'", "1.5"]),

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 import torch
 
-from model_driver import ModelDriver
 from resident.config import EngineConfig
 from resident.engine.engine import Engine
 from resident.model.config import load_model_config
 from resident.server.protocol import AddRequest, SamplingParams
+
+from model_driver import ModelDriver
 
 TINY = load_model_config("tiny")
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_driver import ModelDriver
 
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
+
+from model_driver import ModelDriver
 
 transformers = pytest.importorskip("transformers")
 

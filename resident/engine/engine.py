@@ -68,6 +68,7 @@ class Engine:
     def __init__(self, model_config: ModelConfig, config: EngineConfig,
                  device: torch.device) -> None:
         self.model_config = model_config
+        self.requested_config = config
         self.device = device
         self.dtype = resolve_dtype(config.dtype, device)
         self.config = size_kv_pages(config.resolve(model_config, device.type), model_config,
@@ -138,7 +139,7 @@ class Engine:
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
             row.request.num_computed += row.num_new
-        return [self._emit(request, token) for request, token in zip(sampling, tokens)]
+        return [self._emit(request, token) for request, token in zip(sampling, tokens, strict=True)]
 
     def _emit(self, request: Request, token: int) -> RequestOutput:
         request.append(token)
@@ -184,7 +185,7 @@ class Engine:
             "vocab_size": self.model_config.vocab_size,
             "eos_token_ids": list(self.model_config.eos_token_ids),
             "knobs": self.config.to_dict(),
-            "knobs_changed": self.config.changed(),
+            "knobs_changed": self.requested_config.changed(),
             "planning_mode": mode,
             "planning_reason": reason,
             "attention_backend": self.config.attention_backend,

@@ -53,9 +53,7 @@ class Request:
         """Records a sampled token and decides whether the request is done."""
         self.output_ids.append(token)
         params = self.params
-        if not params.ignore_eos and token in self.eos_token_ids:
-            self.finish_reason = FINISH_STOP
-        elif token in params.stop_token_ids:
+        if not params.ignore_eos and token in self.eos_token_ids or token in params.stop_token_ids:
             self.finish_reason = FINISH_STOP
         elif len(self.output_ids) >= params.max_tokens:
             self.finish_reason = FINISH_LENGTH

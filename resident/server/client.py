@@ -8,6 +8,7 @@ stream, stats replies to their waiters, Ready and Fatal to whoever waits on star
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator
@@ -97,10 +98,8 @@ class EngineClient:
 
     async def close(self) -> None:
         if self.fatal is None:
-            try:
+            with contextlib.suppress(zmq.ZMQError):
                 await self._requests.send_pyobj(Shutdown(), flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
         if self._reader:
             self._reader.cancel()
         self._requests.close(linger=100)

@@ -11,10 +11,11 @@ import time
 
 import pytest
 import torch
-from model_driver import ModelDriver
 
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
+
+from model_driver import ModelDriver
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")

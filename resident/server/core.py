@@ -1,0 +1,100 @@
+"""The engine-core process: owns the device, steps the engine, streams outputs to the API.
+
+It connects to the two pipes the API process bound, builds the engine, sends Ready (or Fatal with
+the traceback), then loops: drain requests (blocking briefly only when idle), run one step,
+send that step's outputs. It exits on Shutdown or when its parent process is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+import zmq
+
+from resident.config import EngineConfig, parse_cpu_list
+from resident.model.config import ModelConfig
+from resident.server.protocol import (
+    AbortRequest,
+    AddRequest,
+    Fatal,
+    Ready,
+    RequestOutput,
+    Shutdown,
+    StatsQuery,
+    StatsReply,
+    StepOutputs,
+)
+
+log = logging.getLogger("resident.core")
+IDLE_POLL_MS = 50
+
+
+def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str,
+                    request_addr: str, output_addr: str, log_level: str = "INFO") -> None:
+    """Process entry point (spawned by `resident serve`)."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    context = zmq.Context()
+    requests = context.socket(zmq.PULL)
+    requests.connect(request_addr)
+    outputs = context.socket(zmq.PUSH)
+    outputs.connect(output_addr)
+    try:
+        engine = _build_engine(model_config, config, device)
+        outputs.send_pyobj(Ready(engine.info()))
+        _serve(engine, requests, outputs, parent=os.getppid())
+    except Exception:  # noqa: BLE001 - the API process must learn why, whatever it was
+        log.exception("engine core failed")
+        outputs.send_pyobj(Fatal(traceback.format_exc()))
+    finally:
+        requests.close(linger=0)
+        outputs.close(linger=1000)
+        context.term()
+
+
+def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: str):
+    import torch
+
+    from resident.engine.engine import Engine, planning_mode
+
+    cores = parse_cpu_list(config.step_thread_cores, "step_thread_cores")
+    if cores:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = Engine(model_config, config, torch.device(device_name))
+    mode, reason = planning_mode(engine.config)
+    log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
+             model_config.name, device_name, engine.dtype, engine.fingerprint,
+             torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
+    log.info("knobs changed from defaults: %s", engine.requested_config.changed() or "none")
+    log.info("planning mode: %s (%s)", mode, reason)
+    return engine
+
+
+def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
+    while True:
+        pending: list[RequestOutput] = []
+        timeout = 0 if engine.has_work() else IDLE_POLL_MS
+        while requests.poll(timeout):
+            timeout = 0
+            message = requests.recv_pyobj()
+            if isinstance(message, AddRequest):
+                failed = engine.add_request(message)
+                if failed is not None:
+                    pending.append(failed)
+            elif isinstance(message, AbortRequest):
+                engine.abort(message.request_id)
+            elif isinstance(message, StatsQuery):
+                outputs.send_pyobj(StatsReply(message.nonce, engine.stats()))
+            elif isinstance(message, Shutdown):
+                return
+        if engine.has_work():
+            pending.extend(engine.step())
+        if pending:
+            outputs.send_pyobj(StepOutputs(pending))
+        if os.getppid() != parent:
+            log.warning("the API process is gone; engine core exits")
+            return
