@@ -99,7 +99,7 @@ class Engine:
         error = self._reject_reason(request)
         if error:
             self.counters["failed_requests"] += 1
-            return RequestOutput(request.request_id, [], True, FINISH_ERROR, error)
+            return RequestOutput(request.request_id, [], True, FINISH_ERROR, error, rejected=True)
         self.requests[request.request_id] = request
         self.sampler.add(request.request_id, request.params)
         self.scheduler.add(request)

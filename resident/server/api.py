@@ -48,9 +48,6 @@ log = logging.getLogger("resident.api")
 
 MAX_BODY_BYTES = 64 << 20  # a long prompt as a JSON list of ids is ~7 bytes a token
 DEFAULT_MAX_TOKENS = 16
-NEVER_FITS_PREFIX = "request can never fit"
-
-
 class ApiError(Exception):
     """An error answered as `{"error": {"message", "type"}}` with an HTTP status."""
 
@@ -410,7 +407,7 @@ async def _auth(request: web.Request, handler) -> web.StreamResponse:
     if key is None or request.path == "/health":
         return await handler(request)
     given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    if not hmac.compare_digest(given.encode(errors="surrogateescape"), f"Bearer {key}".encode()):
         raise ApiError(401, "authentication_error",
                        "a valid 'Authorization: Bearer <api key>' header is required")
     return await handler(request)
@@ -544,6 +541,7 @@ class _Completion:
         return b"".join(events)
 
     def _token_event(self, tokens: list[int], last: bool, output: RequestOutput) -> bytes:
+        """Records `tokens` (one, or none for a closing event) and returns their SSE event."""
         previous = len(self.token_ids)
         self.token_ids.extend(tokens)
         text = self.state.tokenizer.decode_delta(self.token_ids, previous, final=last)
@@ -561,6 +559,6 @@ def _sse(event: dict[str, Any]) -> bytes:
 
 def _finish_error(output: RequestOutput) -> ApiError:
     message = output.error or "the request failed in the engine"
-    if message.startswith(NEVER_FITS_PREFIX):
+    if output.rejected:
         return ApiError(400, "invalid_request_error", message)
     return ApiError(500, "server_error", message)

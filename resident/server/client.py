@@ -54,7 +54,7 @@ class EngineClient:
 
     @property
     def is_ready(self) -> bool:
-        return bool(self.info) and self.fatal is None
+        return self._ready is not None and self._ready.done() and self.fatal is None
 
     def start(self) -> None:
         """Starts routing core messages; call from the running event loop."""
@@ -107,6 +107,14 @@ class EngineClient:
         self._context.term()
 
     async def _read_loop(self) -> None:
+        try:
+            await self._route_messages()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - every open stream must learn the pipe broke
+            self._fail(f"reading from the engine core failed: {err!r}")
+
+    async def _route_messages(self) -> None:
         while True:
             message = await self._outputs.recv_pyobj()
             if isinstance(message, StepOutputs):

@@ -67,6 +67,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    rejected: bool = False  # refused at intake (bad or never-fitting request): a client error
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ generated id so far and how many of them it has already turned into text.
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 from typing import Protocol
@@ -47,13 +48,6 @@ def _stable_text(text: str, final: bool) -> str:
     return text if final else text.rstrip(_REPLACEMENT)
 
 
-def _delta(decode, all_ids: list[int], num_previous: int, final: bool) -> str:
-    # Text already emitted is the stable part of the previous prefix; it is a prefix of the
-    # stable part of any longer sequence, so the deltas concatenate to decode(all_ids).
-    previous = _stable_text(decode(all_ids[:num_previous]), final=False)
-    return _stable_text(decode(all_ids), final)[len(previous):]
-
-
 class ByteTokenizer:
     """Byte-level fallback for random-weight models that ship no tokenizer: encode gives the
     UTF-8 bytes of the text (byte b is token id b); decode turns runs of ids below 256 back into
@@ -70,6 +64,10 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
+        try:
+            return bytes(ids).decode("utf-8", errors="replace")
+        except ValueError:  # an id outside 0-255
+            pass
         parts: list[str] = []
         run = bytearray()
         for token in ids:
@@ -83,9 +81,21 @@ class ByteTokenizer:
         return "".join(parts)
 
     def decode_delta(self, all_ids: list[int], num_previous: int, final: bool = False) -> str:
-        """The text that `all_ids[num_previous:]` adds. Until `final`, text that may still be an
-        incomplete character is held back and comes with a later delta."""
-        return _delta(self.decode, all_ids, num_previous, final)
+        """The text that `all_ids[num_previous:]` adds. Until `final`, the bytes of a character
+        still incomplete are held back and come with a later delta. Costs O(new ids)."""
+        start = _settled(all_ids, num_previous)
+        end = len(all_ids) if final else _settled(all_ids, len(all_ids))
+        return self.decode(all_ids[start:end])
+
+
+def _settled(ids: list[int], end: int) -> int:
+    """How many of ids[:end] decode to text that later ids cannot change: all but a trailing
+    incomplete UTF-8 character (at most 3 bytes). Byte text decodes the same split there."""
+    begin = end
+    while begin > max(0, end - 3) and 0 <= ids[begin - 1] < 256:
+        begin -= 1
+    _, consumed = codecs.utf_8_decode(bytes(ids[begin:end]), "replace", False)
+    return begin + consumed
 
 
 class HFTokenizer:
@@ -106,5 +116,10 @@ class HFTokenizer:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def decode_delta(self, all_ids: list[int], num_previous: int, final: bool = False) -> str:
-        """As `ByteTokenizer.decode_delta`."""
-        return _delta(self.decode, all_ids, num_previous, final)
+        """The text that `all_ids[num_previous:]` adds. Until `final`, a trailing U+FFFD (maybe
+        a character still incomplete) is held back and comes with a later delta. Decodes all
+        ids each time: tokenizers need not decode a suffix the same on its own."""
+        # Emitted text is the stable part of the previous prefix; it is a prefix of the stable
+        # part of any longer sequence, so the deltas concatenate to decode(all_ids).
+        previous = _stable_text(self.decode(all_ids[:num_previous]), final=False)
+        return _stable_text(self.decode(all_ids), final)[len(previous):]

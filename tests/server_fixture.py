@@ -1,0 +1,116 @@
+"""A real `resident serve` subprocess on a free loopback port, and small HTTP helpers for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """Starts `python -m resident serve MODEL --device cpu` and waits for /health."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, model: str = "tiny"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
+        child_env.update(PYTHONPATH=str(ROOT), **(env or {}))
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"resident-{self.port}.log"
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "resident", "serve", model, "--device", "cpu",
+             "--port", str(self.port), *args],
+            env=child_env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def wait_ready(self, headers: dict[str, str] | None = None) -> Server:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited {self.process.returncode}:\n{self.log()}")
+            try:
+                status, _ = run(get(self.url + "/health", headers))
+                if status == 200:
+                    return self
+            except aiohttp.ClientError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"server not ready in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._log.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as resp:
+        text = await resp.text()
+        try:
+            return resp.status, json.loads(text)
+        except json.JSONDecodeError:
+            return resp.status, text
+
+
+async def post(url: str, body, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    async with aiohttp.ClientSession() as session, session.post(
+            url, data=data, headers=headers) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: dict,
+                 stop_after: int | None = None) -> list[dict]:
+    """Streams a completion; returns its SSE events ([DONE] excluded). With `stop_after`, the
+    client hangs up after that many events."""
+    events = []
+    async with session.post(url + "/v1/completions", json={**body, "stream": True}) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            events.append(json.loads(line[len("data: "):]))
+            if stop_after is not None and len(events) >= stop_after:
+                break
+    return events
+
+
+async def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
+    """Prometheus samples by name (labels kept in the name), e.g. 'resident_kv_pages_free'."""
+    _, text = await get(url + "/metrics", headers)
+    samples = {}
+    for line in str(text).splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples

@@ -1,0 +1,253 @@
+"""`resident serve --model tiny --device cpu` end to end: a real API process and engine core.
+
+Exactness checks run the server in float64 and compare with the model run directly in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+import torch
+
+from resident.model.config import load_model_config
+from resident.model.weights import load_model
+
+from model_driver import ModelDriver
+from server_fixture import ROOT, Server, get, metrics, post, run, stream
+
+TINY = load_model_config("tiny")
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = Server("--set", "dtype=float64").wait_ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def pressured():
+    """8 requests of up to 100 tokens need 8 * 7 pages; 24 pages force offloads."""
+    srv = Server("--set", "dtype=float64", "--set", "num_kv_pages=25",
+                 env={"RESIDENT_API_KEY": API_KEY}).wait_ready(AUTH)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def model64():
+    return load_model(TINY, "cpu", torch.float64)
+
+
+def prompts(count: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 50, (count,), generator=generator).tolist()
+    return [torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist()
+            for n in lengths]
+
+
+def greedy_alone(model, prompt: list[int], max_tokens: int) -> list[int]:
+    driver = ModelDriver(model)
+    logits = driver.step({"r": prompt})["r"]
+    tokens = []
+    for _ in range(max_tokens):
+        tokens.append(int(logits[-1].argmax()))
+        logits = driver.step({"r": [tokens[-1]]})["r"]
+    return tokens
+
+
+def complete(url: str, prompt, max_tokens: int, headers=None, **extra) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+    status, data = run(post(url + "/v1/completions", body, headers))
+    assert status == 200, data
+    return data
+
+
+def test_greedy_completions_equal_the_model(server, model64):
+    for prompt in prompts(4, seed=1):
+        data = complete(server.url, prompt, 12)
+        assert data["choices"][0]["token_ids"] == greedy_alone(model64, prompt, 12)
+        assert data["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 12,
+                                 "total_tokens": len(prompt) + 12}
+
+
+def test_string_prompt_uses_the_byte_tokenizer(server):
+    data = complete(server.url, "Hello", 3)
+    assert data["usage"]["prompt_tokens"] == 5
+    status, config = run(get(server.url + "/debug/config"))
+    assert status == 200 and config["tokenizer"] == "bytes"
+
+
+def test_sixteen_concurrent_streams_match_running_alone(server, model64):
+    batch = [(p, 3 + 2 * i) for i, p in enumerate(prompts(16, seed=2))]
+
+    async def all_streams():
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(
+                stream(session, server.url, {"prompt": p, "max_tokens": n, "ignore_eos": True})
+                for p, n in batch))
+
+    for (prompt, max_tokens), events in zip(batch, run(all_streams()), strict=True):
+        assert len(events) == max_tokens
+        assert all(len(e["choices"][0]["token_ids"]) == 1 for e in events)
+        tokens = [e["choices"][0]["token_ids"][0] for e in events]
+        assert tokens == greedy_alone(model64, prompt, max_tokens)
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_kv_pressure_offloads_and_gives_everything_back(pressured, model64):
+    before = run(metrics(pressured.url, AUTH))
+    batch = [(p, 60) for p in prompts(8, seed=3)]
+
+    async def all_requests():
+        async with aiohttp.ClientSession(headers=AUTH) as session:
+            return await asyncio.gather(*(
+                stream(session, pressured.url, {"prompt": p, "max_tokens": n, "ignore_eos": True})
+                for p, n in batch))
+
+    for (prompt, max_tokens), events in zip(batch, run(all_requests()), strict=True):
+        tokens = [e["choices"][0]["token_ids"][0] for e in events]
+        assert tokens == greedy_alone(model64, prompt, max_tokens)
+    after = run(metrics(pressured.url, AUTH))
+    assert after["resident_offloads_total"] > before["resident_offloads_total"]
+    assert after["resident_reloads_total"] == after["resident_offloads_total"]
+    for gauge in ("resident_kv_pages_free", "resident_gdn_slots_free"):
+        assert after[gauge] == before[gauge]
+    assert after["resident_requests_running"] == 0
+
+
+def test_disconnected_clients_leave_nothing_held(server):
+    before = run(metrics(server.url))
+
+    async def hang_up():
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(
+                stream(session, server.url, {"prompt": p, "max_tokens": 200, "ignore_eos": True},
+                       stop_after=3)
+                for p in prompts(6, seed=4)))
+
+    run(hang_up())
+    for _ in range(100):
+        after = run(metrics(server.url))
+        if after["resident_requests_running"] == 0 and after["resident_requests_waiting"] == 0:
+            break
+        run(asyncio.sleep(0.1))
+    assert after["resident_aborts_total"] - before["resident_aborts_total"] == 6
+    assert after["resident_kv_pages_free"] == before["resident_kv_pages_free"]
+    assert after["resident_gdn_slots_free"] == before["resident_gdn_slots_free"]
+
+
+BAD_BODIES = [
+    ("{not json", "JSON"),
+    ("[1, 2]", "object"),
+    ({"max_tokens": 4}, "prompt"),
+    ({"prompt": "", "max_tokens": 4}, "prompt"),
+    ({"prompt": [], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, "x"], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, 512], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, -1], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, 2], "max_tokens": 5000}, "max_model_len"),
+    ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"),
+    ({"prompt": [1, 2], "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": [1, 2], "max_tokens": "4"}, "max_tokens"),
+    ({"prompt": [1, 2], "temperature": -0.5}, "temperature"),
+    ({"prompt": [1, 2], "top_p": 0}, "top_p"),
+    ({"prompt": [1, 2], "top_p": 1.5}, "top_p"),
+    ({"prompt": [1, 2], "top_k": "many"}, "top_k"),
+    ({"prompt": [1, 2], "stream": "yes"}, "stream"),
+    ({"prompt": [1, 2], "seed": "abc"}, "seed"),
+    ({"prompt": [1, 2], "stop_token_ids": [9999]}, "stop_token_ids"),
+]
+
+
+@pytest.mark.parametrize("body, names", BAD_BODIES, ids=[str(i) for i in range(len(BAD_BODIES))])
+def test_bad_input_gets_400_and_the_server_carries_on(server, body, names):
+    status, data = run(post(server.url + "/v1/completions", body))
+    assert status == 400, data
+    assert data["error"]["type"] == "invalid_request_error"
+    assert names in data["error"]["message"]
+    assert complete(server.url, [1, 2, 3], 2)["usage"]["completion_tokens"] == 2
+
+
+def test_unknown_model_is_404(server):
+    status, data = run(post(server.url + "/v1/completions",
+                            {"prompt": [1], "max_tokens": 1, "model": "gpt-5"}))
+    assert status == 404 and "gpt-5" in data["error"]["message"]
+
+
+def test_api_key(pressured):
+    status, _ = run(post(pressured.url + "/v1/completions", {"prompt": [1], "max_tokens": 1}))
+    assert status == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert run(post(pressured.url + "/v1/completions", {"prompt": [1]}, wrong))[0] == 401
+    assert run(get(pressured.url + "/health"))[0] == 200
+    assert complete(pressured.url, [1, 2], 2, AUTH)["usage"]["completion_tokens"] == 2
+
+
+def test_seeded_sampling_is_reproducible_across_servers(server, pressured):
+    body = {"temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 1234}
+    prompt = prompts(1, seed=5)[0]
+    first = complete(server.url, prompt, 16, **body)["choices"][0]["token_ids"]
+    second = complete(pressured.url, prompt, 16, AUTH, **body)["choices"][0]["token_ids"]
+    assert first == second
+    other = complete(server.url, prompt, 16, **{**body, "seed": 99})["choices"][0]["token_ids"]
+    assert other != first
+
+
+def test_debug_config_and_models(server):
+    status, config = run(get(server.url + "/debug/config"))
+    assert status == 200
+    assert config["model"] == "tiny" and config["device"] == "cpu"
+    assert config["dtype"] == "float64" and config["planning_mode"] == "off"
+    assert config["knobs_changed"] == {"dtype": "float64"}
+    assert config["resident_package_path"] == str(ROOT / "resident")
+    assert len(config["weights_fingerprint"]) == 16
+    status, models = run(get(server.url + "/v1/models"))
+    assert models["data"][0] == {"id": "tiny", "object": "model", "owned_by": "resident",
+                                 "max_model_len": 4096, "vocab_size": 512}
+
+
+def _serve_fails(*args: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "resident", "serve", "tiny", "--device", "cpu", *args],
+        env={"PYTHONPATH": str(ROOT), "COLUMNS": "300", **(env or {})},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    return " ".join(result.stderr.split())
+
+
+def test_unknown_or_bad_knobs_fail_at_start():
+    assert "unknown knob 'page_sise'" in _serve_fails("--set", "page_sise=8")
+    assert "knob decode_order: 'random' is not one of arrival, turns" in _serve_fails(
+        "--set", "decode_order=random")
+    assert "knob page_size: 'x' is not a valid int" in _serve_fails(
+        env={"RESIDENT_PAGE_SIZE": "x"})
+
+
+def test_a_request_that_can_never_fit_is_a_400_and_others_carry_on(pressured):
+    body = {"prompt": list(range(1, 301)), "max_tokens": 200}  # 500 tokens > 24 pages of 16
+    for stream_it in (False, True):
+        status, data = run(post(pressured.url + "/v1/completions",
+                                {**body, "stream": stream_it}, AUTH))
+        assert status == 400, data
+        assert "can never fit" in data["error"]["message"]
+    assert complete(pressured.url, [1, 2], 2, AUTH)["usage"]["completion_tokens"] == 2
+
+
+def test_stream_usage_event_then_done(server):
+    async def one():
+        async with aiohttp.ClientSession() as session:
+            return await stream(session, server.url, {
+                "prompt": [5, 6, 7], "max_tokens": 4, "ignore_eos": True,
+                "stream_options": {"include_usage": True}})
+
+    events = run(one())
+    assert [len(e["choices"]) for e in events] == [1, 1, 1, 1, 0]
+    assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
+                                   "total_tokens": 7}
