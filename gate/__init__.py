@@ -1,0 +1,1 @@
+"""resident-gate: proves an engine change with alternated A/B server arms."""
