@@ -164,7 +164,9 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
     for name, param in sorted(model.named_parameters()):
         digest.update(f"{name}:{tuple(param.shape)}:{param.dtype};".encode())
         flat = param.detach().reshape(-1)
-        index = torch.linspace(0, flat.numel() - 1, _FINGERPRINT_SAMPLES, device=flat.device)
-        samples.append(flat[index.long()].double())
+        # exact integer spacing: float32 linspace overshoots the last index of large tensors
+        steps = torch.arange(_FINGERPRINT_SAMPLES, device=flat.device)
+        index = steps * (flat.numel() - 1) // (_FINGERPRINT_SAMPLES - 1)
+        samples.append(flat[index].double())
     digest.update(torch.cat(samples).cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

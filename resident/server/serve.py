@@ -88,16 +88,16 @@ async def _until_stopped(client: EngineClient, core: multiprocessing.Process) ->
         loop.add_signal_handler(sig, stop.set)
     ready = asyncio.ensure_future(client.wait_ready())
     while not stop.is_set():
+        if ready.done() and ready.exception() is None:
+            log.info("ready: planning mode %s (%s)", client.info.get("planning_mode"),
+                     client.info.get("planning_reason"))
+            ready = asyncio.get_running_loop().create_future()  # log once
         if client.fatal is not None:
             log.error("engine core failed; the server exits")
             return 1
         if not core.is_alive():
             log.error("engine core exited with code %s; the server exits", core.exitcode)
             return 1
-        if ready.done() and not ready.exception():
-            log.info("ready: planning mode %s (%s)", client.info.get("planning_mode"),
-                     client.info.get("planning_reason"))
-            ready = asyncio.get_running_loop().create_future()  # log once
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), LIVENESS_POLL_S)
     return 0
