@@ -1,9 +1,16 @@
-"""ModelConfig validation: a bad shipped or user config fails naming the field."""
+"""Model configs and engine knobs: precedence, and a bad value fails naming it."""
 
 from __future__ import annotations
 
 import pytest
 
+from resident.config import (
+    EngineConfig,
+    build_engine_config,
+    env_name,
+    model_yaml_knobs,
+    parse_set_options,
+)
 from resident.model.config import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
@@ -55,3 +62,64 @@ def test_yaml_with_unknown_field(tmp_path):
     path.write_text((configs_dir() / "models" / "tiny.yaml").read_text() + "hiden_size: 3\n")
     with pytest.raises(ValueError, match="unknown model field 'hiden_size'"):
         load_model_config(str(path))
+
+
+# -- engine knobs -----------------------------------------------------------------------------
+
+
+
+def test_knob_precedence_defaults_yaml_env_set(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text((configs_dir() / "models" / "tiny.yaml").read_text()
+                    + "engine:\n  page_size: 8\n  max_num_seqs: 7\n  decode_order: turns\n")
+    assert load_model_config(str(path)).name == "m"  # the engine mapping is not a model field
+    yaml_knobs = model_yaml_knobs(str(path))
+    env = {"RESIDENT_MAX_NUM_SEQS": "9", "RESIDENT_PLANNING": "auto", "RESIDENT_DECODE_ORDER":
+           "arrival"}
+    config = build_engine_config(yaml_knobs, env, parse_set_options(["decode_order=turns",
+                                                                      "decode_buckets=1,2,4"]))
+    assert config.page_size == 8  # YAML over the default
+    assert config.max_num_seqs == 9  # environment over YAML
+    assert config.resident_planning == "auto"  # one prefix for resident_* knobs
+    assert config.decode_order == "turns"  # --set over the environment
+    assert config.decode_buckets == (1, 2, 4)
+    assert config.prefill_token_budget == EngineConfig().prefill_token_budget
+    assert build_engine_config({}, {}, {}) == EngineConfig()
+
+
+def test_env_names():
+    assert env_name("resident_planning") == "RESIDENT_PLANNING"
+    assert env_name("page_size") == "RESIDENT_PAGE_SIZE"
+
+
+@pytest.mark.parametrize(
+    "yaml_knobs, env, overrides, message",
+    [
+        ({"page_sise": 8}, {}, {}, "unknown knob 'page_sise' (from model YAML engine)"),
+        ({}, {}, {"nope": "1"}, "unknown knob 'nope' (from --set)"),
+        ({}, {"RESIDENT_PAGE_SIZE": "big"}, {}, "knob page_size: 'big' is not a valid int"),
+        ({}, {}, {"page_size": "12"}, "knob page_size: must be a power of two"),
+        ({}, {}, {"decode_buckets": "4,2"}, "knob decode_buckets: must be increasing"),
+        ({}, {}, {"resident_planning": "on"}, "knob resident_planning: 'on' is not one of"),
+        ({}, {}, {"api_core": "a-b"}, "knob api_core: 'a-b' is not a CPU list"),
+        ({}, {}, {"num_kv_pages": "1"}, "knob num_kv_pages: needs at least 2"),
+    ],
+)
+def test_bad_knobs_are_named(yaml_knobs, env, overrides, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_engine_config(yaml_knobs, env, overrides)
+
+
+def test_set_option_needs_an_equals_sign():
+    with pytest.raises(ValueError, match="--set 'page_size': expected knob=value"):
+        parse_set_options(["page_size"])
+
+
+def test_resolve_sizes_the_auto_knobs():
+    tiny = load_model_config("tiny")
+    resolved = EngineConfig(max_num_seqs=10).resolve(tiny, "cpu")
+    assert (resolved.max_model_len, resolved.num_kv_pages, resolved.num_state_slots) == (
+        4096, 4096, 11)
+    assert EngineConfig().resolve(tiny, "cuda").num_kv_pages == 0  # sized by the core
+    with pytest.raises(ValueError, match="max_model_len: 5000 exceeds"):
+        EngineConfig(max_model_len=5000).resolve(tiny, "cpu")
