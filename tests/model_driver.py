@@ -62,3 +62,15 @@ class ModelDriver:
             self.seqs[name].length += len(tokens)
             start += len(tokens)
         return out
+
+
+def greedy_alone(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """The model's greedy tokens for one prompt run by itself: the reference the engine's
+    batched, chunked, offloaded runs must reproduce."""
+    driver = ModelDriver(model)
+    logits = driver.step({"r": prompt})["r"]
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        tokens.append(int(logits[-1].argmax()))
+        logits = driver.step({"r": [tokens[-1]]})["r"]
+    return tokens

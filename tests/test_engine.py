@@ -13,7 +13,7 @@ from resident.engine.engine import Engine
 from resident.model.config import load_model_config
 from resident.server.protocol import AddRequest, SamplingParams
 
-from model_driver import ModelDriver
+from model_driver import greedy_alone
 
 TINY = load_model_config("tiny")
 
@@ -46,16 +46,6 @@ def run(engine: Engine, requests: dict[str, tuple[list[int], int]], max_steps: i
 @pytest.fixture(scope="module")
 def reference_model():
     return make_engine().model
-
-
-def greedy_alone(model, prompt: list[int], max_tokens: int) -> list[int]:
-    driver = ModelDriver(model)
-    logits = driver.step({"r": prompt})["r"]
-    tokens = []
-    for _ in range(max_tokens):
-        tokens.append(int(logits[-1].argmax()))
-        logits = driver.step({"r": [tokens[-1]]})["r"]
-    return tokens
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
 
-from model_driver import ModelDriver
+from model_driver import greedy_alone
 from server_fixture import ROOT, Server, get, metrics, post, run, stream
 
 TINY = load_model_config("tiny")
@@ -50,16 +50,6 @@ def prompts(count: int, seed: int) -> list[list[int]]:
     lengths = torch.randint(4, 50, (count,), generator=generator).tolist()
     return [torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist()
             for n in lengths]
-
-
-def greedy_alone(model, prompt: list[int], max_tokens: int) -> list[int]:
-    driver = ModelDriver(model)
-    logits = driver.step({"r": prompt})["r"]
-    tokens = []
-    for _ in range(max_tokens):
-        tokens.append(int(logits[-1].argmax()))
-        logits = driver.step({"r": [tokens[-1]]})["r"]
-    return tokens
 
 
 def complete(url: str, prompt, max_tokens: int, headers=None, **extra) -> dict:

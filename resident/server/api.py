@@ -134,32 +134,29 @@ def _same(value: Any, neutral: Any) -> bool:
     return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
 
 
-def _int_field(body: dict[str, Any], name: str, default: int) -> int:
+def _field(body: dict[str, Any], name: str, default: Any, convert, expected: str) -> Any:
+    """The field's value through `convert` (None when it does not fit), or its default when the
+    field is absent or null."""
     value = body.get(name)
     if value is None:
         return default
-    if not _is_int(value):
-        raise _bad(f"'{name}' must be an integer, got {_show(value)}")
-    return value
+    converted = convert(value)
+    if converted is None:
+        raise _bad(f"'{name}' must be {expected}, got {_show(value)}")
+    return converted
+
+
+def _int_field(body: dict[str, Any], name: str, default: int) -> int:
+    return _field(body, name, default, lambda v: v if _is_int(v) else None, "an integer")
 
 
 def _number_field(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    number = _as_float(value)
-    if number is None:
-        raise _bad(f"'{name}' must be a finite number, got {_show(value)}")
-    return number
+    return _field(body, name, default, _as_float, "a finite number")
 
 
 def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _bad(f"'{name}' must be true or false, got {_show(value)}")
-    return value
+    return _field(body, name, default, lambda v: v if isinstance(v, bool) else None,
+                  "true or false")
 
 
 def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
