@@ -28,6 +28,7 @@ _CHOICES = {
     "dtype": ("auto", "bfloat16", "float16", "float32", "float64"),
     "decode_order": ("arrival", "turns"),
     "resident_planning": ("off", "auto"),
+    "row_check": ("off", "on"),
     "attention_backend": ("auto", "torch"),
 }
 
@@ -46,7 +47,8 @@ class EngineConfig:
     prefill_token_budget: int = 2048
     decode_buckets: tuple[int, ...] = DEFAULT_DECODE_BUCKETS
     decode_order: str = "arrival"
-    resident_planning: str = "off"
+    resident_planning: str = "auto"
+    row_check: str = "off"  # debug: sync after each resident step and compare rows with streams
     attention_backend: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     step_thread_cores: str = ""  # CPU list for the engine core's step threads

@@ -74,13 +74,13 @@ def test_knob_precedence_defaults_yaml_env_set(tmp_path):
                     + "engine:\n  page_size: 8\n  max_num_seqs: 7\n  decode_order: turns\n")
     assert load_model_config(str(path)).name == "m"  # the engine mapping is not a model field
     yaml_knobs = model_yaml_knobs(str(path))
-    env = {"RESIDENT_MAX_NUM_SEQS": "9", "RESIDENT_PLANNING": "auto", "RESIDENT_DECODE_ORDER":
+    env = {"RESIDENT_MAX_NUM_SEQS": "9", "RESIDENT_PLANNING": "off", "RESIDENT_DECODE_ORDER":
            "arrival"}
     config = build_engine_config(yaml_knobs, env, parse_set_options(["decode_order=turns",
                                                                       "decode_buckets=1,2,4"]))
     assert config.page_size == 8  # YAML over the default
     assert config.max_num_seqs == 9  # environment over YAML
-    assert config.resident_planning == "auto"  # one prefix for resident_* knobs
+    assert config.resident_planning == "off"  # one prefix for resident_* knobs
     assert config.decode_order == "turns"  # --set over the environment
     assert config.decode_buckets == (1, 2, 4)
     assert config.prefill_token_budget == EngineConfig().prefill_token_budget

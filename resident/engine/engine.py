@@ -15,12 +15,14 @@ import torch
 import resident
 from resident.config import EngineConfig
 from resident.engine.request import Request
+from resident.engine.rowcheck import RowCheck
 from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler
 from resident.engine.scheduler import Scheduler
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.weights import load_model, resolve_dtype, weights_fingerprint
+from resident.planner import ResidentPlanner
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool
@@ -46,11 +48,19 @@ def size_kv_pages(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
     return dataclasses.replace(config, num_kv_pages=pages)
 
 
-def planning_mode(config: EngineConfig) -> tuple[str, str]:
+NODE = "llm"
+KV_POOL_KEY = "kv"
+
+
+def planner_refusal(config: EngineConfig, resources) -> str | None:
+    """Why the resident planner stays off on this node (None: it turns on)."""
     if config.resident_planning == "off":
-        return "off", "resident_planning=off: every step is host-planned"
-    return "off", ("resident_planning=auto asked, but this build has no resident planner: "
-                   "every step is host-planned")
+        return "resident_planning=off: every step is host-planned"
+    for resource in resources:
+        reason = resource.resident_refusal()
+        if reason:
+            return f"{reason}: every step is host-planned"
+    return None
 
 
 def git_commit(directory: Path) -> str | None:
@@ -83,11 +93,39 @@ class Engine:
         self.positions = Positions()
         self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
                                  self.positions)
-        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.runner)
+        self.planner, self.planning_reason = self._build_planner()
+        self.row_check = (RowCheck(self.planner, {KV_POOL_KEY: self.kv})
+                          if self.planner and config.row_check == "on" else None)
+        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
         self.sampler = Sampler(device, config.seed)
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters: Counter[str] = Counter()
+
+    def _build_planner(self) -> tuple[ResidentPlanner | None, str]:
+        refusal = planner_refusal(self.config, (self.kv, self.states, self.positions))
+        if refusal:
+            log.info("resident planning off on %s: %s", NODE, refusal)
+            return None, refusal
+        span = self.kv.resident_span(self.config.max_model_len)
+        planner = ResidentPlanner(self.config.max_decode_rows, {KV_POOL_KEY: (self.kv, span, True)},
+                                  self.states, self.positions, KV_POOL_KEY, self.device)
+        description = planner.describe()
+        log.info("resident planning on %s: %s", NODE, description)
+        return planner, description
+
+    # -- Swapper: the runner moves the data, the planner gives the slot up --------------------
+
+    def offload(self, request: Request) -> None:
+        self.runner.offload(request)
+        if self.planner:
+            self.planner.release(request.request_id, offload=True)
+
+    def reload(self, request: Request) -> None:
+        self.runner.reload(request)
+
+    def reset_state(self, request: Request) -> None:
+        self.runner.reset_state(request)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -130,8 +168,30 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan.rows:
             return []
+        if self.planner and plan.kind == "decode":
+            return self._resident_step(plan)
         input_ids, meta, _ = self.runner.prepare(plan)
         logits = self.runner.execute(input_ids, meta)
+        if self.planner:
+            self.planner.mark_stale(row.request.request_id for row in plan.rows)
+        return self._finish_step(plan, logits)
+
+    def _resident_step(self, plan) -> list[RequestOutput]:
+        request_ids = [row.request.request_id for row in plan.rows]
+        resident = self.planner.plan(request_ids, self.runner.bucket_for(len(request_ids)))
+        staged = self.planner.flush(resident)
+        logits, meta = self.runner.execute_resident(plan, self.planner, staged)
+
+        def after_commit() -> None:  # streams advanced; finished requests not yet released
+            self.planner.commit(resident)
+            if self.row_check:
+                self.row_check.check(plan, resident, meta)
+
+        return self._finish_step(plan, logits, after_commit)
+
+    def _finish_step(self, plan, logits, after_commit=None) -> list[RequestOutput]:
+        """Samples, commits the streams (then the planner's mirror), and emits tokens; a finished
+        request is released only after the commit, so its slot cools correctly."""
         sampling = [row.request for row in plan.rows if row.samples]
         tokens = self.sampler.sample(
             logits, [(r.request_id, r.params) for r in sampling]) if sampling else []
@@ -139,6 +199,8 @@ class Engine:
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
             row.request.num_computed += row.num_new
+        if after_commit:
+            after_commit()
         return [self._emit(request, token) for request, token in zip(sampling, tokens, strict=True)]
 
     def _emit(self, request: Request, token: int) -> RequestOutput:
@@ -150,6 +212,8 @@ class Engine:
                              request.finish_reason)
 
     def _release(self, request: Request) -> None:
+        if self.planner:
+            self.planner.release(request.request_id)
         self.scheduler.release(request)
         self.runner.drop(request.request_id)
         self.sampler.drop(request.request_id)
@@ -174,10 +238,25 @@ class Engine:
             "reloads": scheduler.num_reloads,
             "aborts": self.counters["aborts"],
             "failed_requests": self.counters["failed_requests"],
+            "rowcheck": self.rowcheck_counts(),
         }
 
+    def rowcheck_counts(self) -> dict[str, int]:
+        counts = self.row_check.counts if self.row_check else {}
+        planner = self.planner.counters if self.planner else {}
+        return {"enabled": self.row_check is not None,
+                "steps": counts.get("steps", 0), "rows": counts.get("rows", 0),
+                "mismatches": counts.get("mismatches", 0),
+                "displaced": planner.get("displaced", 0),
+                "slot_releases": planner.get("slot_releases", 0),
+                "offloads_without_slot": planner.get("offloads_without_slot", 0),
+                "slots_freed": planner.get("slots_freed", 0),
+                "offloads": self.scheduler.num_offloads}
+
     def info(self) -> dict[str, Any]:
-        mode, reason = planning_mode(self.config)
+        mode = "resident" if self.planner else "off"
+        reason = (f"resident planning on {NODE}: {self.planning_reason}" if self.planner
+                  else self.planning_reason)
         package = Path(resident.__file__).resolve().parent
         return {
             "model": self.model_config.name,
@@ -189,6 +268,7 @@ class Engine:
             "planning_mode": mode,
             "planning_reason": reason,
             "attention_backend": self.config.attention_backend,
+            "host_plan_free": self.planner is not None,  # decode attention reads the tables
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             "resident_package_path": str(package),

@@ -18,9 +18,11 @@ import torch
 from resident.config import EngineConfig
 from resident.engine.request import Request
 from resident.engine.scheduler import StepPlan
+from resident.kernels.resident import advance_lengths_ref, gather_rows_ref, scatter_cells_ref
 from resident.model.cache import ModelCache
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
 from resident.model.step import StepMeta
+from resident.planner import ResidentPlanner, StagedStep
 from resident.resources.kv import SINK_PAGE, KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import SINK_SLOT, StatePool
@@ -69,6 +71,9 @@ class StepRunner:
         max_tokens = config.prefill_token_budget + config.max_decode_rows
         max_pages = -(-config.max_model_len // config.page_size)
         self.buffers = StepBuffers(max_tokens, max_rows, max_pages, self.device)
+        # a resident decode step's rows are 0..b-1, one token each: token rows, query starts
+        # and logits rows are all this range, fixed for the step's bucket
+        self.arange_gpu = torch.arange(max_rows + 1, device=self.device)
         self._host_copies: dict[str, HostCopy] = {}
 
     # -- planning ---------------------------------------------------------------------------
@@ -153,6 +158,42 @@ class StepRunner:
             logits_indices=buf.logits_indices_gpu[:num_logits],
             max_query_len=max_query_len,
         )
+
+    # -- the resident decode step -----------------------------------------------------------
+
+    def execute_resident(self, plan: StepPlan, planner: ResidentPlanner,
+                         staged: StagedStep) -> tuple[torch.Tensor, StepMeta]:
+        """The eager replay of a captured resident decode step over the same fixed buffers:
+        scatter staged cells, gather the rows by slot, run, advance the stored lengths."""
+        buf, layout = self.buffers, planner.layout
+        bucket = staged.slot_ids_gpu.shape[0]
+        num_rows = len(plan.rows)
+        buf.input_ids_cpu[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
+        buf.input_ids_cpu[num_rows:bucket] = 0
+        buf.input_ids_gpu[:bucket].copy_(torch.from_numpy(buf.input_ids_cpu[:bucket]),
+                                         non_blocking=True)
+        pool = layout.pool(layout.position_pool)
+        scatter_cells_ref(planner.store_gpu, staged.cells_gpu)
+        gather_rows_ref(
+            planner.store_gpu, staged.slot_ids_gpu, pool.length_col, layout.offset_col,
+            layout.state_col, pool.span_start, staged.width, self.page_size,
+            buf.block_tables_gpu[:bucket, :staged.width], buf.positions_gpu[:bucket],
+            buf.kv_write_loc_gpu[:bucket], buf.state_slots_gpu[:bucket],
+        )
+        meta = StepMeta(
+            positions=buf.positions_gpu[:bucket],
+            token_seq=self.arange_gpu[:bucket],
+            query_start_loc=self.arange_gpu[:bucket + 1],
+            block_tables=buf.block_tables_gpu[:bucket, :staged.width],
+            kv_write_loc=buf.kv_write_loc_gpu[:bucket],
+            state_slots=buf.state_slots_gpu[:bucket],
+            logits_indices=self.arange_gpu[:bucket],
+            max_query_len=1,
+        )
+        logits = self.execute(buf.input_ids_gpu[:bucket], meta)
+        advance_lengths_ref(planner.store_gpu, staged.slot_ids_gpu,
+                            [p.length_col for p in layout.pools if p.appends])
+        return logits, meta
 
     # -- execution --------------------------------------------------------------------------
 

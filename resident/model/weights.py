@@ -92,7 +92,11 @@ def _random_values(name: str, shape: torch.Size, generator: torch.Generator,
     if name.endswith("conv1d.weight"):
         bound = shape[-1] ** -0.5
         return uniform(-bound, bound)
-    return normal(0.02)
+    if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+        return normal(0.02)
+    # projections at 1/sqrt(fan_in): each layer then moves the residual stream, so greedy
+    # tokens depend on the context (at 0.02 a tied model echoes its input token)
+    return normal(shape[-1] ** -0.5)
 
 
 def _fill_random(params: dict[str, torch.nn.Parameter], seed: int) -> None:

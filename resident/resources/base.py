@@ -17,3 +17,10 @@ class Resource:
 
     def free(self, request_id: str) -> None:
         raise NotImplementedError
+
+    # -- resident hooks: a resource that keeps its part of the planner's row says so ----------
+
+    def resident_refusal(self) -> str | None:
+        """Why this resource cannot keep a resident table (None: it can). The base refuses, so
+        a new resource stays host-planned until it has one."""
+        return f"resource {self.name!r} keeps no resident table"

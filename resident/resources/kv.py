@@ -76,6 +76,13 @@ class KVPool(Resource):
         self.streams[request_id] = KVStream(pages=pages, length=length)
         return pages
 
+    def resident_refusal(self) -> str | None:
+        return None  # block-table span and stored length per row
+
+    def resident_span(self, max_model_len: int) -> int:
+        """Block-table cells a row holds: a stream's pages are distinct pool pages."""
+        return min(self.pages_for(max_model_len), self.num_pages - 1)
+
     def write_location(self, request_id: str, position: int) -> int:
         pages = self.streams[request_id].pages
         return pages[position // self.page_size] * self.page_size + position % self.page_size

@@ -24,5 +24,8 @@ class Positions(Resource):
     def free(self, request_id: str) -> None:
         self.offsets.pop(request_id, None)
 
+    def resident_refusal(self) -> str | None:
+        return None  # the position offset cell, against the KV pool's stored length
+
     def position(self, request_id: str, index: int) -> int:
         return self.offsets[request_id] + index

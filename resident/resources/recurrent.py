@@ -31,6 +31,9 @@ class StatePool(Resource):
         self.slots[request_id] = self._free.pop()
         return None
 
+    def resident_refusal(self) -> str | None:
+        return None  # the GDN slot cell
+
     def is_held(self, request_id: str) -> bool:
         return request_id in self.slots
 

@@ -341,6 +341,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/debug/config", _debug_config)
+    app.router.add_get("/debug/rowcheck", _debug_rowcheck)
     return app
 
 
@@ -441,6 +442,13 @@ async def _debug_config(request: web.Request) -> web.Response:
     state = request.app[_STATE]
     return web.json_response({**info, "tokenizer": state.tokenizer.name},
                              dumps=lambda obj: json.dumps(obj, default=str))
+
+
+async def _debug_rowcheck(request: web.Request) -> web.Response:
+    """Row-check counts since start: steps, rows, mismatches, displaced, slot releases,
+    offloads (all zero while row_check is off, except the planner's own counters)."""
+    stats = await _ready_client(request).stats()
+    return web.json_response(stats.get("rowcheck", {}))
 
 
 async def _metrics(request: web.Request) -> web.Response:
