@@ -194,7 +194,7 @@ def test_debug_config_and_models(server):
     status, config = run(get(server.url + "/debug/config"))
     assert status == 200
     assert config["model"] == "tiny" and config["device"] == "cpu"
-    assert config["dtype"] == "float64" and config["planning_mode"] == "off"
+    assert config["dtype"] == "float64" and config["planning_mode"] == "resident"
     assert config["knobs_changed"] == {"dtype": "float64"}
     assert config["resident_package_path"] == str(ROOT / "resident")
     assert len(config["weights_fingerprint"]) == 16
