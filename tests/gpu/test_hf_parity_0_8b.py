@@ -1,8 +1,9 @@
 """qwen3.5-0.8b random weights in bf16 on the GPU against transformers with the same weights.
 
-Four prompts of 512 random tokens, 16 decode steps, teacher-forced on the reference's greedy
-tokens: every step's logits within bf16's relative error of the reference, and the argmax the
-same on at least 90% of steps (each flip is printed with the reference's top-2 margin).
+Four prompts of 512 random tokens, 16 decode steps, teacher-forced on an fp32 transformers run's
+greedy tokens: our bf16 logits stray from fp32 no more than transformers' own bf16 run does (with
+a little slack), and both runs' argmax agreement with fp32 is printed, with each of our flips and
+its fp32 top-2 margin.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
 
 NUM_PROMPTS, PROMPT_LEN, NUM_STEPS = 4, 512, 16
-MAX_RELATIVE_ERROR = 2e-2  # bf16 operands land between 1e-3 and 1e-2; a wrong op lands near 1
-MIN_AGREEMENT = 0.9  # teacher-forced argmax; the rest must be near-ties, reported by margin
+# Ours in bf16 may stray from an fp32 reference no more than transformers' own bf16 run does
+# (with a little slack); a wrong op strays by ~1.
+SLACK = 1.5
 
 
-def _reference_from(ours):
+def _reference_from(ours, dtype):
     config = ours.config
     hf_config = transformers.Qwen3_5TextConfig(
         vocab_size=config.vocab_size, hidden_size=config.hidden_size,
@@ -47,6 +49,7 @@ def _reference_from(ours):
     state = dict(ours.named_parameters())
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    state = {name: tensor.to(dtype) for name, tensor in state.items()}
     reference.load_state_dict(state, strict=True, assign=True)
     reference.model.rotary_emb.inv_freq = ours.inv_freq.clone()
     reference.model.rotary_emb.original_inv_freq = ours.inv_freq.clone()
@@ -59,7 +62,8 @@ def test_qwen3_5_0_8b_bf16_against_transformers():
     ours = load_model(config, "cuda", torch.bfloat16)
     torch.cuda.synchronize()
     print(f"\nrandom 0.8B built in {time.perf_counter() - start:.1f} s")
-    reference = _reference_from(ours)
+    exact = _reference_from(ours, torch.float32)  # the yardstick
+    reference = _reference_from(ours, torch.bfloat16)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=generator).tolist()
                for _ in range(NUM_PROMPTS)]
@@ -68,32 +72,31 @@ def test_qwen3_5_0_8b_bf16_against_transformers():
                          device="cuda")
     logits = driver.step({i: p for i, p in enumerate(prompts)})
     contexts = [list(p) for p in prompts]
-    agree, worst_abs, worst_rel, flips = 0, 0.0, 0.0, []
-    first_divergence = {i: None for i in range(NUM_PROMPTS)}
+    agree, agree_hf, worst_rel, worst_rel_hf, flips = 0, 0, 0.0, 0.0, []
     for step in range(NUM_STEPS):
         forced = {}
         for i, context in enumerate(contexts):
             with torch.no_grad():
-                expected = reference(torch.tensor([context], device="cuda")).logits[0, -1].float()
+                ids = torch.tensor([context], device="cuda")
+                truth = exact(ids).logits[0, -1].float()
+                theirs = reference(ids).logits[0, -1].float()
             got = logits[i][-1].float()
-            worst_abs = max(worst_abs, (got - expected).abs().max().item())
-            worst_rel = max(worst_rel, ((got - expected).norm() / expected.norm()).item())
-            top2 = expected.topk(2)
-            ref_token = int(top2.indices[0])
-            if int(got.argmax()) == ref_token:
+            worst_rel = max(worst_rel, ((got - truth).norm() / truth.norm()).item())
+            worst_rel_hf = max(worst_rel_hf, ((theirs - truth).norm() / truth.norm()).item())
+            top2 = truth.topk(2)
+            token = int(top2.indices[0])
+            agree_hf += int(theirs.argmax()) == token
+            if int(got.argmax()) == token:
                 agree += 1
             else:
                 margin = (top2.values[0] - top2.values[1]).item()
-                flips.append(f"prompt {i} step {step}: flip, reference top-2 margin {margin:.3f}")
-                if first_divergence[i] is None:
-                    first_divergence[i] = step
-            forced[i] = ref_token
-            context.append(ref_token)
+                flips.append(f"prompt {i} step {step}: flip, fp32 top-2 margin {margin:.3f}")
+            forced[i] = token
+            context.append(token)
         logits = driver.step({i: [t] for i, t in forced.items()})
     total = NUM_PROMPTS * NUM_STEPS
-    print(f"teacher-forced greedy agreement {agree}/{total}; max abs logit diff {worst_abs:.3f}; "
-          f"max relative error {worst_rel:.2e}")
-    print(f"first divergence per prompt: {first_divergence}")
+    print(f"teacher-forced on fp32 greedy: ours bf16 agrees {agree}/{total}, transformers bf16 "
+          f"{agree_hf}/{total}; max relative logit error vs fp32: ours {worst_rel:.2e}, "
+          f"transformers {worst_rel_hf:.2e}")
     print("\n".join(flips))
-    assert worst_rel < MAX_RELATIVE_ERROR
-    assert agree >= MIN_AGREEMENT * total
+    assert worst_rel <= SLACK * worst_rel_hf
