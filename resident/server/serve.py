@@ -43,9 +43,6 @@ def serve(options: ServeOptions) -> int:
     """Runs the server until SIGINT/SIGTERM (exit 0) or an engine failure (exit 1)."""
     logging.basicConfig(level=options.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    api_cpus = parse_cpu_list(options.engine_config.api_core, "api_core")
-    if api_cpus:
-        os.sched_setaffinity(0, api_cpus)
     return asyncio.run(_serve(options))
 
 
@@ -53,6 +50,10 @@ async def _serve(options: ServeOptions) -> int:
     with tempfile.TemporaryDirectory(prefix="resident-ipc-") as ipc_dir:
         client = EngineClient(f"ipc://{ipc_dir}/requests", f"ipc://{ipc_dir}/outputs")
         core = _spawn_core(options, ipc_dir)
+        # pinned only after the spawn: the core must not inherit the API's one CPU
+        api_cpus = parse_cpu_list(options.engine_config.api_core, "api_core")
+        if api_cpus:
+            os.sched_setaffinity(0, api_cpus)
         client.start()
         model_dir = options.model_config.weights
         tokenizer = load_tokenizer(model_dir if Path(model_dir).is_dir() else None,

@@ -1,0 +1,1 @@
+"""resident-gate's typer commands, one module each; gate/cli.py registers them."""

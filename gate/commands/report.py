@@ -1,0 +1,33 @@
+"""`resident-gate report DIR`: rebuild a finished session's tables and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gate.output import OutputFormat, print_summary
+from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
+from gate.tables import write_reports
+
+
+def _session_dir(directory: Path) -> Path:
+    for name in (RUNS_FILE, MANIFEST_FILE):
+        if not (directory / name).is_file():
+            raise typer.BadParameter(f"{directory} has no {name}", param_hint="DIRECTORY")
+    return directory
+
+
+def report(
+    directory: Annotated[Path, typer.Argument(
+        exists=True, file_okay=False, dir_okay=True, callback=_session_dir,
+        help="A session directory holding runs.jsonl and manifest.json.")],
+    output_format: Annotated[OutputFormat, typer.Option(
+        "--format", help="How the summary is printed on stdout.")] = OutputFormat.table,
+) -> None:
+    """Rebuild every table and plot of a finished session from runs.jsonl and manifest.json."""
+    rows = write_reports(directory)
+    typer.echo(f"wrote sessions.md, summary.md, paired.md, tok_s.png, itl.png in {directory}",
+               err=True)
+    print_summary(rows, read_manifest(directory), output_format)

@@ -1,0 +1,98 @@
+"""GateConfig: everything a `resident-gate run` session needs, from options or a YAML file.
+
+YAML keys are named like the options (`arm`, `set`, `concurrency`, `prompt_len`, ...); an option
+given on the command line beats the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    arms: tuple[str, ...] = ()  # NAME=SPEC, the first is the baseline
+    knobs: tuple[str, ...] = ()  # --set knob=value | ARM.knob=value
+    model: str = "tiny"
+    device: str = "cpu"
+    concurrency: tuple[int, ...] = (1, 16, 64)
+    prompt_len: int = 512
+    output_len: int = 256
+    sessions: int = 2
+    runs: int = 2
+    requests: int = 0  # 0: max(8, 4 x concurrency) per run
+    aa: bool = False
+    seed: int = 0
+    name: str = "gate"
+    out: str = ""  # default results/<name>-<timestamp>
+    startup_timeout: float = 600.0
+    server_cpus: str | None = None
+    step_cores: str | None = None
+    api_core: str | None = None
+    client_cpus: str | None = None
+    gpu: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.arms) < 1:
+            raise ValueError("--arm: give at least one arm (the first is the baseline)")
+        for field in ("prompt_len", "output_len", "sessions", "runs"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"--{field.replace('_', '-')} must be >= 1, "
+                                 f"got {getattr(self, field)}")
+        if self.requests < 0:
+            raise ValueError(f"--requests must be >= 0, got {self.requests}")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise ValueError(f"--concurrency must be positive ints, got {self.concurrency}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+
+    def requests_for(self, concurrency: int) -> int:
+        return self.requests or max(8, 4 * concurrency)
+
+    def out_dir(self) -> Path:
+        return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def parse_ints(text: str | list | tuple, option: str) -> tuple[int, ...]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    try:
+        return tuple(int(str(item).strip()) for item in items if str(item).strip())
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: expected integers like 1,16,64") from None
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ValueError(f"--config {path}: no such file")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of options")
+    return data
+
+
+_ALIASES = {"arm": "arms", "set": "knobs"}
+
+
+def build_gate_config(options: dict[str, Any], config_file: Path | None) -> GateConfig:
+    """Options left None fall back to the YAML file, then to the defaults."""
+    known = {f.name for f in dataclasses.fields(GateConfig)}
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        for key, value in load_yaml(config_file).items():
+            field = _ALIASES.get(key, key.replace("-", "_"))
+            if field not in known:
+                raise ValueError(f"--config {config_file}: unknown key {key!r}")
+            values[field] = value
+    values.update({k: v for k, v in options.items() if v is not None and v != []})
+    for key in ("arms", "knobs"):
+        if key in values:
+            values[key] = tuple(str(v) for v in values[key])
+    if "concurrency" in values:
+        values["concurrency"] = parse_ints(values["concurrency"], "--concurrency")
+    return GateConfig(**values)

@@ -1,0 +1,59 @@
+"""Options shared by the gate's commands, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gate.output import OutputFormat
+
+ARMS = "Arms"
+CELLS = "Cells"
+PLACEMENT = "Placement"
+
+ArmOpt = Annotated[list[str] | None, typer.Option(
+    "--arm", help="NAME=SPEC, repeatable; the first is the baseline. SPEC: git:<ref>, "
+    "path:<dir>, . or cmd:<server command with {host} {port}>.", rich_help_panel=ARMS)]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help="knob=value for every arm, ARM.knob=value for one; repeatable.",
+    rich_help_panel=ARMS)]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", help="A YAML file of these options (configs/gate/*.yaml); options given here "
+    "win.", rich_help_panel=ARMS)]
+AaOpt = Annotated[bool | None, typer.Option(
+    "--aa/--no-aa", help="Add a second copy of the baseline to measure the noise floor.",
+    rich_help_panel=ARMS)]
+ModelOpt = Annotated[str | None, typer.Option(help="Model config or directory [tiny].",
+                                              rich_help_panel=CELLS)]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda [cpu].", rich_help_panel=CELLS)]
+ConcurrencyOpt = Annotated[str | None, typer.Option(
+    help="Concurrencies, one cell each [1,16,64].", rich_help_panel=CELLS)]
+PromptLenOpt = Annotated[int | None, typer.Option(help="Prompt tokens [512].",
+                                                  rich_help_panel=CELLS)]
+OutputLenOpt = Annotated[int | None, typer.Option(help="Output tokens, ignore_eos [256].",
+                                                  rich_help_panel=CELLS)]
+SessionsOpt = Annotated[int | None, typer.Option(help="Rounds [2].", rich_help_panel=CELLS)]
+RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round [2].",
+                                             rich_help_panel=CELLS)]
+RequestsOpt = Annotated[int | None, typer.Option(
+    help="Requests per run [max(8, 4 x concurrency)].", rich_help_panel=CELLS)]
+SeedOpt = Annotated[int | None, typer.Option(help="Prompt seed base [0].", rich_help_panel=CELLS)]
+StartupOpt = Annotated[float | None, typer.Option(
+    "--startup-timeout", help="Seconds a server may take to answer /health [600].",
+    rich_help_panel=ARMS)]
+ServerCpusOpt = Annotated[str | None, typer.Option(help="CPU list for the servers.",
+                                                   rich_help_panel=PLACEMENT)]
+StepCoresOpt = Annotated[str | None, typer.Option(help="CPUs for the engine's step threads.",
+                                                  rich_help_panel=PLACEMENT)]
+ApiCoreOpt = Annotated[str | None, typer.Option(help="CPU for the API process.",
+                                                rich_help_panel=PLACEMENT)]
+ClientCpusOpt = Annotated[str | None, typer.Option(help="CPU list for the load client.",
+                                                   rich_help_panel=PLACEMENT)]
+GpuOpt = Annotated[str | None, typer.Option(help="GPU index [0 with --device cuda].",
+                                            rich_help_panel=PLACEMENT)]
+NameOpt = Annotated[str | None, typer.Option(help="Session name [gate].")]
+OutOpt = Annotated[str | None, typer.Option(help="Output directory [results/<name>-<time>].")]
+FormatOpt = Annotated[OutputFormat, typer.Option(
+    "--format", help="How the summary prints on stdout: table, json or md.")]

@@ -1,0 +1,52 @@
+"""The one render path for a session's summary on stdout: a rich table, JSON or markdown.
+
+Only the summary goes to stdout, so `--format json` output can be piped; progress and log
+messages go to stderr.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from gate import tables
+
+
+class OutputFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+    md = "md"
+
+
+def summary_table(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> Table:
+    """The summary rows as a rich Table (cell, arm, tok/s, ITL, TTFT, vs baseline, verdict)."""
+    baseline = manifest.get("baseline", "main")
+    table = Table(title=f"{manifest.get('name') or 'gate session'}: summary", box=box.SIMPLE_HEAD,
+                  caption=Text("tok/s: median [min-max] over ok runs; ITL and TTFT in ms"))
+    table.add_column("cell", no_wrap=True)
+    table.add_column("arm", overflow="fold")
+    # numbers keep their width; names and verdicts wrap
+    for name in ("tok/s", "ITL p50/mean", "TTFT p50", f"vs {baseline}"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("verdict", overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in tables.summary_cells(row, baseline)))
+    return table
+
+
+def print_summary(rows: list[dict[str, Any]], manifest: dict[str, Any],
+                  fmt: OutputFormat) -> None:
+    """Print the summary rows on stdout as `fmt`: table, json (`{"cells": rows}`) or md."""
+    if fmt == OutputFormat.json:
+        sys.stdout.write(json.dumps({"cells": rows}, indent=2) + "\n")
+    elif fmt == OutputFormat.md:
+        sys.stdout.write(tables.summary_md(rows, manifest))
+    else:
+        Console(file=sys.stdout).print(summary_table(rows, manifest))

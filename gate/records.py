@@ -1,0 +1,111 @@
+"""What a gate session writes: one RunRecord a line in runs.jsonl, and manifest.json.
+
+runs.jsonl is appended as each run finishes, so an interrupted session keeps what it measured;
+`resident-gate report` rebuilds every table and plot from it and the manifest alone.
+
+A run is one arm serving one cell (a concurrency) once: `session` is the round (0-based, each
+round has its own Inductor cache and its own prompt seed), `position` the arm's place in that
+round's order (arms rotate: ABBA for two), `run` the run's number within the cell and round
+(1-based). A run that could not be measured (its server failed to start or died) has ok=False,
+its error, and its server's log tail; its numbers are None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RUNS_FILE = "runs.jsonl"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """NVML readings over a run: medians, and the hottest temperature."""
+
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    utilization_pct: float | None = None
+    power_w: float | None = None
+    temperature_c_max: float | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    session: int
+    arm: str
+    position: int
+    concurrency: int
+    run: int
+    ok: bool
+    error: str | None = None
+    output_tok_s: float | None = None
+    itl_p50_ms: float | None = None
+    itl_mean_ms: float | None = None
+    ttft_p50_ms: float | None = None
+    num_requests: int = 0
+    num_failed: int = 0  # requests that failed inside a measured run
+    output_tokens: int = 0
+    wall_s: float | None = None
+    steps: dict[str, int] = field(default_factory=dict)  # server steps by kind over the run
+    sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
+    gpu: GpuSample | None = None
+    server_tracebacks: int = 0  # in the arm's server log so far
+    recompile_limit_lines: int = 0
+    # the arm asked for resident_planning=auto and did not get it (a manifest arm's planner_off
+    # means the same)
+    planner_off: bool = False
+    log_tail: str | None = None  # the server log's end, for runs that failed
+    started_at: float = 0.0  # unix time
+
+    @property
+    def cell(self) -> str:
+        return f"c={self.concurrency}"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """Keys this version does not know (a newer gate wrote them) are dropped."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"gpu"}
+        gpu = data.get("gpu")
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   gpu=GpuSample(**gpu) if gpu else None)
+
+
+def append_run(directory: Path, record: RunRecord) -> None:
+    with (directory / RUNS_FILE).open("a") as out:
+        out.write(record.to_json() + "\n")
+        out.flush()
+
+
+def read_runs(directory: Path) -> list[RunRecord]:
+    path = directory / RUNS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} has no {RUNS_FILE}")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for index, line in enumerate(lines):
+        try:
+            records.append(RunRecord.from_dict(json.loads(line)))
+        except json.JSONDecodeError:
+            if index == len(lines) - 1:  # a session killed mid-write: keep what it measured
+                break
+            raise
+    return records
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True,
+                                                      default=str))
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} has no {MANIFEST_FILE}")
+    return json.loads(path.read_text())

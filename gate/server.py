@@ -1,0 +1,176 @@
+"""Launching one arm's server: its own process group, pinned CPUs, a clean environment, a log.
+
+Inherited RESIDENT_* variables are removed (and recorded), so only the gate's knobs reach an arm.
+Stopping signals the whole group, so Ctrl-C or a crash of the gate leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from gate.arms import Arm
+
+HOST = "127.0.0.1"
+
+
+class ServerFailed(RuntimeError):
+    """The server did not come up, or died; carries its log's tail."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    model: str
+    device: str
+    cpus: tuple[int, ...]
+    inductor_cache: Path
+    gpu: int | None
+    startup_timeout_s: float
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def clean_environment() -> tuple[dict[str, str], list[str]]:
+    """os.environ without RESIDENT_* variables, and the names removed."""
+    removed = sorted(k for k in os.environ if k.startswith("RESIDENT_"))
+    return {k: v for k, v in os.environ.items() if k not in removed}, removed
+
+
+class Server:
+    def __init__(self, arm: Arm, launch: LaunchSpec, knobs: dict[str, str], log_path: Path):
+        self.arm, self.launch, self.log_path = arm, launch, log_path
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        env, self.removed_env = clean_environment()
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
+        if launch.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(launch.gpu)
+        if arm.kind == "resident":
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
+            command = [sys.executable, "-m", "resident", "serve", launch.model,
+                       "--device", launch.device, "--host", HOST, "--port", str(self.port)]
+            command += [arg for knob, value in knobs.items() for arg in
+                        ("--set", f"{knob}={value}")]
+        else:
+            command = shlex.split(arm.command.format(host=HOST, port=self.port))
+        self.command = command
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("w")
+        cpus = set(launch.cpus)
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=arm.tree,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-chars:]
+
+    async def wait_ready(self) -> dict:
+        """Waits for /health, then /v1/models; returns the models answer."""
+        deadline = time.monotonic() + self.launch.startup_timeout_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for path in ("/health", "/v1/models"):
+                while True:
+                    if not self.alive():
+                        raise ServerFailed(f"{self.arm.name}: server exited with code "
+                                           f"{self.process.returncode} before it was ready",
+                                           self.log_tail())
+                    if time.monotonic() > deadline:
+                        raise ServerFailed(f"{self.arm.name}: not ready within "
+                                           f"{self.launch.startup_timeout_s:.0f} s",
+                                           self.log_tail())
+                    answer = await _get(session, self.url + path)
+                    if answer is not None:
+                        break
+                    await asyncio.sleep(0.25)
+        return answer
+
+    async def get_json(self, path: str) -> dict | None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            return await _get(session, self.url + path)
+
+    async def metrics(self) -> dict[str, float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            try:
+                async with session.get(self.url + "/metrics") as resp:
+                    text = await resp.text() if resp.status == 200 else ""
+            except aiohttp.ClientError:
+                return {}
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    samples[name] = float(value)
+                except ValueError:
+                    continue
+        return samples
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the whole process group, then SIGKILL."""
+        if self.alive():
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        self._kill_group()
+        self._log.close()
+
+    def _kill_group(self) -> None:
+        """The API process exits on SIGTERM; make sure nothing of its group lingers."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> dict | None:
+    try:
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"text": text}
+
+
+def step_counts(metrics: dict[str, float]) -> dict[str, int]:
+    """Server steps by kind from resident's /metrics (empty for servers without them)."""
+    return {kind: int(metrics[f'resident_steps_total{{kind="{kind}"}}'])
+            for kind in ("decode", "prefill", "mixed")
+            if f'resident_steps_total{{kind="{kind}"}}' in metrics}

@@ -1,0 +1,232 @@
+"""One gate session: rounds of alternated arms, each round with a fresh Inductor cache shared by
+its arms and its own prompt seed; each arm's server started once a round and serving all its
+cells' runs; every run appended to runs.jsonl as it finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from gate.arms import Arm, resolve_arm, split_arm, split_knobs
+from gate.config import GateConfig
+from gate.load import LoadSpec, RunResult, run_load
+from gate.placement import (
+    Placement,
+    default_placement,
+    parse_placement,
+    read_topology,
+    resolve_placement,
+)
+from gate.records import RUNS_FILE, RunRecord, append_run, read_runs, write_manifest
+from gate.server import LaunchSpec, Server, ServerFailed, clean_environment, step_counts
+from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
+
+WORKTREES = Path(".gate/worktrees")
+INDUCTOR = Path(".gate/inductor")
+
+
+def round_order(arms: list[Arm], session: int) -> list[Arm]:
+    """ABBA for two arms; in general each round reverses the one before."""
+    return list(arms) if session % 2 == 0 else list(reversed(arms))
+
+
+@dataclass
+class Session:
+    config: GateConfig
+    repo: Path
+    command_line: list[str]
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    failures: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.out = self.config.out_dir()
+        self.arms = self._resolve_arms()
+        self.placement = self._placement()
+        self.manifest: dict = {}
+        self._fingerprint: str | None = None
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _resolve_arms(self) -> list[Arm]:
+        pairs = [split_arm(text) for text in self.config.arms]
+        if self.config.aa:  # a second copy of the baseline measures the noise floor
+            pairs.insert(1, (f"{pairs[0][0]}-aa", pairs[0][1]))
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--arm: arm names must differ, got {', '.join(names)}")
+        knobs = split_knobs(list(self.config.knobs), names)
+        if self.config.aa:
+            knobs[names[1]] = {**knobs[names[0]], **knobs[names[1]]}
+        worktrees = (self.repo / WORKTREES).resolve()
+        return [resolve_arm(name, spec, self.repo, worktrees, {**knobs[""], **knobs[name]})
+                for name, spec in pairs]
+
+    def _placement(self) -> Placement:
+        config = self.config
+        gpu = int(config.gpu) if config.gpu not in (None, "") else (
+            0 if config.device == "cuda" else None)
+        default = default_placement(read_topology(), gpu)
+        overrides = parse_placement(config.server_cpus, config.step_cores, config.api_core,
+                                    config.client_cpus, config.gpu,
+                                    set(os.sched_getaffinity(0)))
+        return resolve_placement(default, overrides)
+
+    def _base_manifest(self, removed_env: list[str]) -> dict:
+        config = self.config
+        return {
+            "name": config.name, "command": self.command_line,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "baseline": self.arms[0].name,
+            "aa_arm": self.arms[1].name if config.aa else None,
+            "arms": [{**arm.to_dict(), "planner_off": False, "debug_config": None}
+                     for arm in self.arms],
+            "model": config.model, "device": config.device, "cells": list(config.concurrency),
+            "prompt_len": config.prompt_len, "output_len": config.output_len,
+            "sessions": config.sessions, "runs": config.runs,
+            "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
+            "seed": config.seed, "placement": self.placement.to_dict(),
+            "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
+        }
+
+    # -- the session ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Runs every round; returns the number of failed runs."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.manifest = self._base_manifest(clean_environment()[1])
+        write_manifest(self.out, self.manifest)
+        failed = 0
+        for session in range(self.config.sessions):
+            cache = (self.repo / INDUCTOR / self.out.name / f"round-{session}").resolve()
+            cache.mkdir(parents=True, exist_ok=True)
+            for position, arm in enumerate(round_order(self.arms, session)):
+                failed += asyncio.run(self._serve_arm(arm, session, position, cache))
+            shutil.rmtree(cache, ignore_errors=True)
+        return failed
+
+    async def _serve_arm(self, arm: Arm, session: int, position: int, cache: Path) -> int:
+        config = self.config
+        launch = LaunchSpec(config.model, config.device, self.placement.server_cpus, cache,
+                            self.placement.gpu, config.startup_timeout)
+        knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
+            else {}
+        log_path = self.out / "logs" / f"{arm.name}-round{session}.log"
+        self.console.log(f"round {session}: starting {arm.name} ({arm.spec})")
+        server = Server(arm, launch, knobs, log_path)
+        try:
+            models = await server.wait_ready()
+            planner_off = await self._check_identity(arm, server)
+            vocab = int(models["data"][0].get("vocab_size", 0) or 0) if "data" in models else 0
+            if vocab < 1:
+                raise ServerFailed(f"{arm.name}: /v1/models gives no vocab_size",
+                                   server.log_tail())
+            failed = 0
+            for concurrency in config.concurrency:
+                failed += await self._cell(server, arm, session, position, concurrency, vocab,
+                                           planner_off)
+            return failed
+        except ServerFailed as err:
+            self.console.log(f"[red]{err}[/red]")
+            self.failures.append(str(err))
+            return self._record_all_failed(arm, session, position, str(err), err.log_tail)
+        finally:
+            server.stop()
+
+    async def _check_identity(self, arm: Arm, server: Server) -> bool:
+        """Records the arm's /debug/config; fails an arm whose package is not its own tree or
+        whose weights differ from the baseline's. Returns whether it asked for the planner
+        and did not get it."""
+        entry = next(a for a in self.manifest["arms"] if a["name"] == arm.name)
+        if arm.kind != "resident":
+            return False
+        debug = await server.get_json("/debug/config") or {}
+        entry["debug_config"] = debug
+        expected = str((arm.tree / "resident").resolve())
+        if debug.get("resident_package_path") != expected:
+            raise ServerFailed(f"{arm.name}: its resident package came from "
+                               f"{debug.get('resident_package_path')}, not its tree {expected}",
+                               server.log_tail())
+        fingerprint = debug.get("weights_fingerprint")
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint
+        elif fingerprint != self._fingerprint:
+            raise ServerFailed(f"{arm.name}: weights fingerprint {fingerprint} differs from "
+                               f"{self._fingerprint} of the first arm measured",
+                               server.log_tail())
+        planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"
+        entry["planner_off"] = entry["planner_off"] or planner_off
+        write_manifest(self.out, self.manifest)
+        return planner_off
+
+    async def _cell(self, server: Server, arm: Arm, session: int, position: int,
+                    concurrency: int, vocab: int, planner_off: bool) -> int:
+        config = self.config
+        spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
+                        prompt_len=config.prompt_len, output_len=config.output_len,
+                        vocab_size=vocab, seed=config.seed * 1000 + session,
+                        num_warmup=concurrency)
+        failed = 0
+        for run in range(1, config.runs + 1):
+            if not server.alive():
+                raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
+                                   server.log_tail())
+            record = await self._measure(server, arm, spec, session, position, run, planner_off)
+            append_run(self.out, record)
+            failed += not record.ok
+            self.console.log(f"round {session} {arm.name} c={concurrency} run {run}: "
+                             f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
+            spec = LoadSpec(**{**spec.__dict__, "num_warmup": 0})
+        return failed
+
+    async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, session: int,
+                       position: int, run: int, planner_off: bool) -> RunRecord:
+        placement = self.placement
+        siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
+                               set(os.sched_getaffinity(0)))
+        gpu = GpuSampler(placement.gpu)
+        before = step_counts(await server.metrics())
+        started = time.time()
+        siblings.start()
+        gpu.start()
+        result: RunResult = await run_load(server.url, spec)
+        gpu_sample, busy = gpu.stop(), siblings.stop()
+        after = step_counts(await server.metrics())
+        tracebacks, recompiles = scan_log(server.log_path)
+        ok = result.num_failed < result.num_requests and server.alive()
+        return RunRecord(
+            session=session, arm=arm.name, position=position, concurrency=spec.concurrency,
+            run=run, ok=ok, error=None if ok else "; ".join(result.errors) or "server died",
+            output_tok_s=result.output_tok_s if ok else None, itl_p50_ms=result.itl_p50_ms,
+            itl_mean_ms=result.itl_mean_ms, ttft_p50_ms=result.ttft_p50_ms,
+            num_requests=result.num_requests, num_failed=result.num_failed,
+            output_tokens=result.output_tokens, wall_s=result.wall_s,
+            steps={k: after[k] - before.get(k, 0) for k in after},
+            sibling_busy_cpus=busy, gpu=gpu_sample, server_tracebacks=tracebacks,
+            recompile_limit_lines=recompiles, planner_off=planner_off,
+            log_tail=None if ok else server.log_tail(), started_at=started,
+        )
+
+    def _record_all_failed(self, arm: Arm, session: int, position: int, error: str,
+                           log_tail: str) -> int:
+        """A server that failed to start or died: its remaining runs are failed runs."""
+        done = {(r.concurrency, r.run) for r in read_runs(self.out)
+                if r.arm == arm.name and r.session == session} \
+            if (self.out / RUNS_FILE).exists() else set()
+        count = 0
+        for concurrency in self.config.concurrency:
+            for run in range(1, self.config.runs + 1):
+                if (concurrency, run) in done:
+                    continue
+                append_run(self.out, RunRecord(
+                    session=session, arm=arm.name, position=position, concurrency=concurrency,
+                    run=run, ok=False, error=error, log_tail=log_tail, started_at=time.time()))
+                count += 1
+        return count
+

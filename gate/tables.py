@@ -1,0 +1,424 @@
+"""The gate's tables: summary rows, and the per-session, summary and paired markdown reports.
+
+Every renderer is a pure function of the runs frame and the manifest, so a finished session's
+reports can be rebuilt from runs.jsonl and manifest.json alone (`resident-gate report`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gate import plots, stats
+from gate.records import read_manifest, read_runs
+
+SESSIONS_FILE = "sessions.md"
+SUMMARY_FILE = "summary.md"
+PAIRED_FILE = "paired.md"
+LOG_TAIL_LINES = 20
+
+
+# ---- order and labels ----
+
+def _label(arm: str, flagged: set[str]) -> str:
+    return arm + stats.PLANNER_OFF if arm in flagged else arm
+
+
+def _cell_arms(frame: pd.DataFrame, manifest: dict[str, Any], cell: str) -> list[str]:
+    present = set(frame.loc[frame["cell"] == cell, "arm"])
+    return [arm for arm in stats.arm_order(frame, manifest) if arm in present]
+
+
+# ---- numbers ----
+
+def _num(value: Any, digits: int) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return round(float(value), digits)
+
+
+def _median(series: pd.Series) -> float:
+    values = series.dropna()
+    return float(values.median()) if len(values) else math.nan
+
+
+def _tok_digits(values: list[float | None]) -> int:
+    """Whole tok/s once every value is >= 100 (a tenth is noise there), else one decimal."""
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    return 0 if present and min(present) >= 100 else 1
+
+
+def _fmt_tok(value: float | None, digits: int) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _fmt(value: float | None, digits: int, missing: str = "-") -> str:
+    if value is None or math.isnan(value):
+        return missing
+    return f"{value:.{digits}f}"
+
+
+def _fmt_pct(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value * 100:+.1f}%"
+
+
+def _fmt_itl(p50: float | None, mean: float | None) -> str:
+    if p50 is None or mean is None or math.isnan(p50) or math.isnan(mean):
+        return "-"
+    return f"{p50:.2f}/{mean:.2f}"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+# ---- markdown ----
+
+def _md_table(header: list[str], rows: list[list[str]], align: str) -> str:
+    """A pipe table; `align` has one letter a column, l (left) or r (right)."""
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return "\n".join([line(header), "|" + "|".join(rule) + "|", *(line(r) for r in rows)])
+
+
+def header_line(manifest: dict[str, Any]) -> str:
+    """Model, device, prompt/output lengths, cells and sessions x runs, as one line."""
+    cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
+    return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
+            f"prompt {manifest.get('prompt_len', '?')} tokens, "
+            f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
+            f"{manifest.get('sessions', '?')} sessions x {manifest.get('runs', '?')} runs.")
+
+
+def _arms_line(manifest: dict[str, Any]) -> str:
+    aa = manifest.get("aa_arm")
+    aa_text = f"A/A arm {aa} (a second copy of the baseline)" if aa else "no A/A arm"
+    return f"Baseline {manifest.get('baseline', '?')}; {aa_text}."
+
+
+def _title(manifest: dict[str, Any], what: str) -> str:
+    return f"# {manifest.get('name') or 'gate session'}: {what}"
+
+
+# ---- summary rows ----
+
+def _verdict_lookup(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
+    hit = verdicts[(verdicts["cell"] == cell) & (verdicts["arm"] == arm)]
+    if len(hit):
+        return hit.iloc[0].to_dict()
+    return {"cell": cell, "arm": arm, "rounds": 0, "median_delta": math.nan, "p_value": 1.0,
+            "threshold": math.nan, "verdict": "too few rounds"}
+
+
+def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
+    ok = runs[runs["ok"]]
+    tok = ok["output_tok_s"].dropna()
+    return {
+        "tok_s_median": _num(_median(tok), 1),
+        "tok_s_min": _num(tok.min() if len(tok) else None, 1),
+        "tok_s_max": _num(tok.max() if len(tok) else None, 1),
+        "itl_p50_ms": _num(_median(ok["itl_p50_ms"]), 3),
+        "itl_mean_ms": _num(_median(ok["itl_mean_ms"]), 3),
+        "ttft_p50_ms": _num(_median(ok["ttft_p50_ms"]), 2),
+    }
+
+
+def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
+    return {
+        "runs_ok": int(runs["ok"].sum()),
+        "runs_failed": int((~runs["ok"]).sum()),
+        "requests_failed": int(runs["num_failed"].sum()),
+        "tracebacks": int(runs["server_tracebacks"].max()),
+        "recompile_limit_lines": int(runs["recompile_limit_lines"].max()),
+        "planner_off": planner_off,
+    }
+
+
+def _vs(arm_median: float, base_median: float) -> float | None:
+    if math.isnan(arm_median) or math.isnan(base_median) or base_median == 0:
+        return None
+    return round(arm_median / base_median - 1.0, 4)
+
+
+def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
+                 verdicts: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per cell (manifest order) and arm (manifest order) that has runs in that cell.
+
+    tok/s median/min/max over the ok runs of all rounds; ITL and TTFT are medians over ok runs;
+    `vs_main` is against the baseline whatever its name (None for the baseline, as `verdict`);
+    health counts: failed runs and requests, max tracebacks and recompile-limit lines.
+    """
+    baseline = manifest.get("baseline")
+    flagged = stats.planner_off_arms(frame, manifest)
+    rows = []
+    for cell in stats.cell_order(frame, manifest):
+        in_cell = frame[frame["cell"] == cell]
+        base_ok = in_cell[(in_cell["arm"] == baseline) & in_cell["ok"]]
+        base_median = _median(base_ok["output_tok_s"])
+        for arm in _cell_arms(frame, manifest, cell):
+            runs = in_cell[in_cell["arm"] == arm]
+            arm_median = _median(runs.loc[runs["ok"], "output_tok_s"])
+            is_base = arm == baseline
+            rows.append({
+                "cell": cell, "arm": arm, **_arm_cell_numbers(runs),
+                "vs_main": None if is_base else _vs(arm_median, base_median),
+                "verdict": None if is_base else _verdict_lookup(verdicts, cell, arm)["verdict"],
+                **_arm_cell_health(runs, arm in flagged),
+            })
+    return rows
+
+
+# ---- sessions.md ----
+
+def _run_cell(run: pd.Series, digits: int) -> str:
+    return _fmt_tok(run["output_tok_s"], digits) if run["ok"] else "failed"
+
+
+def _failed_text(runs: pd.DataFrame) -> str:
+    requests = int(runs["num_failed"].sum())
+    failed_runs = int((~runs["ok"]).sum())
+    if not failed_runs:
+        return str(requests)
+    return f"{requests}, {_plural(failed_runs, 'run')}"
+
+
+def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list[int],
+                 digits: int) -> list[str]:
+    ok = runs[runs["ok"]]
+    by_run = {int(r["run"]): r for _, r in runs.iterrows()}
+    tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
+    return [label, f"s{session + 1}", *tok,
+            _fmt_itl(_median(ok["itl_p50_ms"]), _median(ok["itl_mean_ms"])),
+            _fmt(_median(ok["ttft_p50_ms"]), 1),
+            _fmt(_median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
+            _failed_text(runs)]
+
+
+def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
+                    flagged: set[str]) -> str:
+    in_cell = frame[frame["cell"] == cell]
+    run_numbers = sorted(int(n) for n in set(in_cell["run"]))
+    header = ["arm", "session", *(f"tok/s r{n}" for n in run_numbers), "ITL p50/mean ms",
+              "TTFT p50 ms", "sibling busy CPUs", "failed"]
+    digits = _tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
+    rows = []
+    for arm in _cell_arms(frame, manifest, cell):
+        of_arm = in_cell[in_cell["arm"] == arm]
+        for session in sorted(set(of_arm["session"])):
+            runs = of_arm[of_arm["session"] == session]
+            rows.append(_session_row(runs, _label(arm, flagged), int(session), run_numbers,
+                                     digits))
+    if not rows:
+        return f"## {cell}\n\nNo runs."
+    align = "ll" + "r" * (len(header) - 2)
+    return f"## {cell}\n\n" + _md_table(header, rows, align)
+
+
+def _fence(text: str) -> str:
+    longest = max((len(run) for run in text.split("\n") if set(run) == {"`"}), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _failed_run_block(run: pd.Series, flagged: set[str]) -> str:
+    title = (f"### {_label(run['arm'], flagged)} {run['cell']} s{int(run['session']) + 1} "
+             f"r{int(run['run'])}")
+    parts = [title, "", f"Error: {run['error'] or 'none recorded'}"]
+    tail = run["log_tail"]
+    if tail:
+        lines = "\n".join(str(tail).rstrip("\n").split("\n")[-LOG_TAIL_LINES:])
+        fence = _fence(lines)
+        parts += ["", f"Server log, last {LOG_TAIL_LINES} lines at most:", "",
+                  fence, lines, fence]
+    return "\n".join(parts)
+
+
+def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
+    failed = frame[~frame["ok"]].sort_values(["concurrency", "session", "arm", "run"],
+                                             kind="stable")
+    if failed.empty:
+        return None
+    blocks = [_failed_run_block(run, flagged) for _, run in failed.iterrows()]
+    return "## Failed runs\n\n" + "\n\n".join(blocks)
+
+
+def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
+    """Per-session blocks: per cell, one row per (arm, session) with each run's tok/s."""
+    flagged = stats.planner_off_arms(frame, manifest)
+    parts = [_title(manifest, "per-session runs"), header_line(manifest), _arms_line(manifest),
+             "Each row is one arm's server in one round (s1 is the first). tok/s per run "
+             "(`failed`: the run could not be measured); ITL, TTFT and sibling busy CPUs are "
+             "medians over the row's runs; failed counts failed requests (and failed runs)."]
+    parts += [_sessions_block(frame, manifest, cell, flagged)
+              for cell in stats.cell_order(frame, manifest)]
+    failed = _failed_runs_section(frame, flagged)
+    if failed:
+        parts.append(failed)
+    return "\n\n".join(parts) + "\n"
+
+
+# ---- summary.md ----
+
+def summary_cells(row: dict[str, Any], baseline: str) -> list[str]:
+    """One summary row as text: cell, arm, tok/s median [min-max], ITL p50/mean, TTFT p50,
+    vs baseline, verdict (`baseline` for the baseline)."""
+    label = row["arm"] + stats.PLANNER_OFF if row["planner_off"] else row["arm"]
+    is_base = row["arm"] == baseline
+    if row["tok_s_median"] is None:
+        tok = "no ok run"
+    else:
+        digits = _tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
+        tok = (f"{_fmt_tok(row['tok_s_median'], digits)} [{_fmt_tok(row['tok_s_min'], digits)}"
+               f"-{_fmt_tok(row['tok_s_max'], digits)}]")
+    return [row["cell"], label, tok, _fmt_itl(row["itl_p50_ms"], row["itl_mean_ms"]),
+            _fmt(row["ttft_p50_ms"], 1), "" if is_base else _fmt_pct(row["vs_main"]),
+            "baseline" if is_base else row["verdict"]]
+
+
+def _summary_table(rows: list[dict[str, Any]], baseline: str, flagged: set[str]) -> str:
+    header = ["cell", "arm", "tok/s median [min-max] · ITL p50/mean ms · TTFT p50 ms",
+              f"vs {baseline}", "verdict"]
+    body = []
+    for row in rows:
+        cell, _, tok, itl, ttft, vs, verdict = summary_cells(row, baseline)
+        numbers = tok if tok == "no ok run" else f"{tok} · {itl} · {ttft}"
+        body.append([cell, _label(row["arm"], flagged), numbers, vs, verdict])
+    return _md_table(header, body, "llrrl")
+
+
+def _arm_health(rows: list[dict[str, Any]], arm: str) -> list[str]:
+    mine = [row for row in rows if row["arm"] == arm]
+    failures = [(sum(r["runs_failed"] for r in mine), "failed run"),
+                (sum(r["requests_failed"] for r in mine), "failed request")]
+    # log counts are cumulative per server, so the most one log held is what is known
+    in_log = [(max(r["tracebacks"] for r in mine), "traceback"),
+              (max(r["recompile_limit_lines"] for r in mine), "recompile-limit line")]
+    return ([_plural(count, noun) for count, noun in failures if count]
+            + [f"{_plural(count, noun)} in one server log" for count, noun in in_log if count])
+
+
+def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]) -> list[str]:
+    lines = []
+    for arm in arms:
+        if not any(row["arm"] == arm for row in rows):
+            continue
+        health = _arm_health(rows, arm)
+        if health:
+            lines.append(f"- {_label(arm, flagged)}: {', '.join(health)}.")
+        if arm in flagged:
+            lines.append(f"- {arm}: resident planning was asked for and did not come on; "
+                         "its numbers are the host-planned path's.")
+    return lines or ["- 0 failed runs and requests, no traceback and no recompile-limit line "
+                     "in any arm."]
+
+
+def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
+    """Per cell and arm: tok/s median [min-max] · ITL p50/mean · TTFT p50, vs main, verdict."""
+    baseline = manifest.get("baseline", "main")
+    arms = [arm["name"] for arm in manifest.get("arms") or []]
+    arms += [row["arm"] for row in rows if row["arm"] not in arms]
+    arms = list(dict.fromkeys(arms))
+    flagged = stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
+    parts = [_title(manifest, "summary"), header_line(manifest), _arms_line(manifest),
+             "Over the ok runs of all rounds: tok/s median [min-max] · ITL p50/mean ms · "
+             f"TTFT p50 ms. vs {baseline}: the medians' ratio. Verdicts are paired by round "
+             "(paired.md)."]
+    parts.append(_summary_table(rows, baseline, flagged) if rows else "No runs.")
+    parts.append("\n".join(_health_lines(rows, arms, flagged)))
+    return "\n\n".join(parts) + "\n"
+
+
+# ---- paired.md ----
+
+def _deltas_table(paired: pd.DataFrame, arms: list[str], flagged: set[str]) -> str | None:
+    sessions = sorted(int(s) for s in set(paired["session"]))
+    rows = []
+    for arm in arms:
+        of_arm = paired[paired["arm"] == arm]
+        if of_arm.empty:
+            continue
+        by_round = dict(zip(of_arm["session"], of_arm["delta"], strict=True))
+        rows.append([_label(arm, flagged),
+                     *(_fmt_pct(by_round[s]) if s in by_round else "-" for s in sessions)])
+    if not rows:
+        return None
+    return _md_table(["arm", *(f"s{s + 1}" for s in sessions)], rows, "l" + "r" * len(sessions))
+
+
+def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
+                   flagged: set[str]) -> str:
+    header = ["cell", "arm", "rounds", "median delta", "p", "threshold", "verdict"]
+    body = []
+    for arm in arms:
+        row = _verdict_lookup(verdicts, cell, arm)
+        body.append([cell, _label(arm, flagged), str(int(row["rounds"])),
+                     _fmt_pct(row["median_delta"]), f"{row['p_value']:.4g}",
+                     _fmt(row["threshold"] * 100, 1) + "%"
+                     if not math.isnan(row["threshold"]) else "-",
+                     row["verdict"]])
+    return _md_table(header, body, "llrrrrl")
+
+
+def _paired_arms(paired: pd.DataFrame, verdicts: pd.DataFrame,
+                 manifest: dict[str, Any]) -> list[str]:
+    names = [arm["name"] for arm in manifest.get("arms") or []]
+    names += [manifest.get("aa_arm"), *paired["arm"], *verdicts["arm"]]
+    return [n for n in dict.fromkeys(names) if n and n != manifest.get("baseline")]
+
+
+def _paired_block(paired: pd.DataFrame, verdicts: pd.DataFrame, cell: str, arms: list[str],
+                  flagged: set[str]) -> str:
+    deltas = _deltas_table(paired[paired["cell"] == cell], arms, flagged)
+    deltas = deltas or ("No paired round: a round pairs only when both the arm and the "
+                        "baseline have an ok run in it.")
+    return "\n\n".join([f"## {cell}", "Delta per round, arm / baseline - 1:", deltas,
+                        _verdict_table(verdicts, cell, arms, flagged)])
+
+
+def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, Any],
+              planner_off: Iterable[str] = ()) -> str:
+    """RULE, then per cell the per-round deltas (arms x rounds) and the verdicts.
+
+    Every non-baseline arm of the manifest gets a verdict row in every cell (`too few rounds`
+    where it has no paired round). `planner_off` names arms to flag beyond the manifest's.
+    """
+    flagged = stats.manifest_planner_off(manifest) | set(planner_off)
+    arms = _paired_arms(paired, verdicts, manifest)
+    parts = [_title(manifest, "paired by round"), stats.RULE, _arms_line(manifest)]
+    if not arms:
+        parts.append("No arm besides the baseline.")
+    else:
+        parts += [_paired_block(paired, verdicts, cell, arms, flagged)
+                  for cell in stats.cell_order(paired, manifest)]
+    return "\n\n".join(parts) + "\n"
+
+
+# ---- the whole report ----
+
+def write_reports(directory: Path) -> list[dict[str, Any]]:
+    """Rebuild sessions.md, summary.md, paired.md, tok_s.png and itl.png in `directory`.
+
+    Reads runs.jsonl and manifest.json there; returns the summary rows.
+    """
+    manifest = read_manifest(directory)
+    frame = stats.runs_frame(read_runs(directory))
+    baseline = manifest.get("baseline")
+    paired = stats.paired_deltas(frame, baseline)
+    verdicts = stats.verdicts(paired, baseline, manifest.get("aa_arm"))
+    rows = summary_rows(frame, manifest, verdicts)
+    (directory / SESSIONS_FILE).write_text(sessions_md(frame, manifest))
+    (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))
+    flagged = stats.planner_off_arms(frame, manifest)
+    (directory / PAIRED_FILE).write_text(paired_md(paired, verdicts, manifest, flagged))
+    plots.plot_tok_s(frame, manifest, directory / plots.TOK_S_FILE)
+    plots.plot_itl(frame, manifest, directory / plots.ITL_FILE)
+    return rows

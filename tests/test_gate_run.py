@@ -1,0 +1,134 @@
+"""`resident-gate run` and `report` through typer's CliRunner against real tiny CPU servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gate.cli import app
+from gate.records import read_manifest, read_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-len", "8",
+         "--requests", "4", "--startup-timeout", "120"]
+
+
+def gate_servers_running() -> list[str]:
+    """Command lines of servers the gate launched (it always passes --host) still alive."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in args and b"--host" in args and b"resident" in args:
+            found.append(b" ".join(args).decode(errors="replace"))
+    return found
+
+
+def invoke(*args: str):
+    runner = CliRunner()
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        return runner.invoke(app, list(args), env={"COLUMNS": "200", "NO_COLOR": "1"})
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gate") / "session"
+    result = invoke("run", "--arm", "main=.", "--arm", "head=.",
+                    "--set", "main.resident_planning=off", "--set", "dtype=float32",
+                    "--concurrency", "1,2", "--sessions", "2", "--runs", "2",
+                    "--out", str(out), "--format", "json", *SHORT)
+    return out, result
+
+
+def test_a_session_writes_everything(session):
+    out, result = session
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    cells = {(row["cell"], row["arm"]) for row in summary["cells"]}
+    assert cells == {(c, a) for c in ("c=1", "c=2") for a in ("main", "head")}
+    runs = read_runs(out)
+    assert len(runs) == 2 * 2 * 2 * 2 and all(r.ok for r in runs)
+    assert all(r.output_tokens == 4 * 8 for r in runs)
+    assert [r.arm for r in runs if r.concurrency == 1 and r.run == 1] == [
+        "main", "head", "head", "main"]  # ABBA
+    assert all(r.steps.get("decode", 0) > 0 for r in runs)
+    for name in ("manifest.json", "sessions.md", "summary.md", "paired.md", "tok_s.png",
+                 "itl.png"):
+        assert (out / name).is_file(), name
+    manifest = read_manifest(out)
+    configs = {a["name"]: a["debug_config"] for a in manifest["arms"]}
+    assert configs["main"]["planning_mode"] == "off"
+    assert configs["head"]["planning_mode"] == "resident"
+    assert configs["main"]["resident_package_path"] == str(ROOT / "resident")
+    assert manifest["placement"]["overlap"] == (os.cpu_count() < 4)
+    assert not gate_servers_running()
+
+
+def test_report_reproduces_the_tables(session, tmp_path):
+    out, _ = session
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    for name in ("sessions.md", "summary.md", "paired.md"):
+        (copy / name).unlink()
+    result = invoke("report", str(copy), "--format", "md")
+    assert result.exit_code == 0, result.output
+    for name in ("sessions.md", "summary.md", "paired.md"):
+        assert (copy / name).read_text() == (out / name).read_text(), name
+
+
+def test_a_git_arm_runs_its_own_commit(tmp_path):
+    first = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--max-parents=0", "HEAD"],
+                           capture_output=True, text=True).stdout.split()
+    older = subprocess.run(["git", "-C", str(ROOT), "log", "--format=%H", "-n", "1",
+                            "--", "resident/server/serve.py"], capture_output=True,
+                           text=True).stdout.strip()
+    assert first and older
+    out = tmp_path / "git-arm"
+    result = invoke("run", "--arm", f"old=git:{older}", "--concurrency", "1", "--sessions",
+                    "1", "--runs", "1", "--out", str(out), *SHORT)
+    assert result.exit_code == 0, result.output
+    arm = read_manifest(out)["arms"][0]
+    assert arm["sha"] == older
+    worktree = Path(arm["tree"])
+    assert worktree.parent == (ROOT / ".gate" / "worktrees").resolve()
+    assert arm["debug_config"]["resident_package_path"] == str(worktree / "resident")
+    assert not str(worktree).startswith(str(out))
+
+
+def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
+    out = tmp_path / "cmd-arm"
+    result = invoke("run", "--arm", "broken=cmd:python3 -c 'import sys; sys.exit(3)' {port}",
+                    "--concurrency", "1,2", "--sessions", "1", "--runs", "2", "--out", str(out),
+                    *SHORT)
+    assert result.exit_code == 1
+    runs = read_runs(out)
+    assert len(runs) == 4 and not any(r.ok for r in runs)
+    assert "exited with code 3" in runs[0].error
+    assert "failed" in result.stderr
+    assert not gate_servers_running()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--arm", "main"], "expected NAME=SPEC"),
+    (["run", "--arm", "main=somewhere"], "SPEC must be git:<ref>, path:<dir>"),
+    (["run", "--arm", "main=.", "--set", "head.page_size=8"], "no arm named 'head'"),
+    (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
+    (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
+    (["report", "/no/such/session"], "/no/such/session"),
+])
+def test_bad_options_are_named(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())

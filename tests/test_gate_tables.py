@@ -1,0 +1,179 @@
+"""The gate's reports: golden markdown for a synthetic session, plots, and `report` via typer.
+
+Regenerate the golden files after an intended change with
+`UPDATE_GOLDEN=1 python -m pytest tests/test_gate_tables.py`, then read the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from gate import tables
+from gate.commands.report import report
+from gate.records import GpuSample, RunRecord, append_run, write_manifest
+
+GOLDEN = Path(__file__).parent / "golden" / "gate"
+REPORTS = (tables.SESSIONS_FILE, tables.SUMMARY_FILE, tables.PAIRED_FILE)
+INPUTS = ("runs.jsonl", "manifest.json")
+PLOTS = ("tok_s.png", "itl.png")
+
+MANIFEST = {
+    "name": "golden", "baseline": "main", "aa_arm": None, "cells": [1, 16], "sessions": 2,
+    "runs": 2, "model": "tiny", "device": "cpu", "prompt_len": 64, "output_len": 16,
+    "arms": [
+        {"name": "main", "spec": "git:HEAD~1", "kind": "resident", "knobs": {},
+         "planner_off": False},
+        {"name": "head", "spec": ".", "kind": "resident",
+         "knobs": {"resident_planning": "auto"}, "planner_off": False},
+    ],
+    "host": {"opaque": True},
+}
+# (session, arm, concurrency) -> tok/s of runs 1 and 2; None marks a failed run
+TOK_S = {
+    (0, "main", 1): (100.0, 104.0), (0, "head", 1): (110.0, 112.5),
+    (1, "main", 1): (98.0, 101.0), (1, "head", 1): (109.0, 111.0),
+    (0, "main", 16): (1500.0, 1480.0), (0, "head", 16): (1650.0, None),
+    (1, "main", 16): (1510.0, 1530.0), (1, "head", 16): (1600.0, 1620.0),
+}
+LOG_TAIL = ("INFO engine core up\nTraceback (most recent call last):\n"
+            "  File \"core.py\", line 1, in step\nRuntimeError: CUDA error: out of memory\n")
+
+
+def _record(session: int, arm: str, concurrency: int, run: int, tok_s: float | None) -> RunRecord:
+    position = (0 if arm == "main" else 1) if session % 2 == 0 else (1 if arm == "main" else 0)
+    common = {"session": session, "arm": arm, "position": position, "concurrency": concurrency,
+              "run": run, "started_at": 1_700_000_000.0 + 60 * (session * 8 + run)}
+    if tok_s is None:
+        return RunRecord(**common, ok=False, error="server exited with code 1",
+                         log_tail=LOG_TAIL, server_tracebacks=1)
+    itl = 1000.0 * concurrency / tok_s
+    return RunRecord(
+        **common, ok=True, output_tok_s=tok_s, itl_p50_ms=round(itl, 3),
+        itl_mean_ms=round(itl * 1.05, 3), ttft_p50_ms=round(5.0 + concurrency * 0.5, 3),
+        num_requests=4 * concurrency, num_failed=2 if (session, arm, concurrency, run) ==
+        (1, "main", 1, 1) else 0, output_tokens=64 * concurrency, wall_s=1.0,
+        steps={"decode": 60, "prefill": 4},
+        sibling_busy_cpus=None if session == 1 and arm == "main" else 0.5 + run * 0.25,
+        gpu=GpuSample(sm_clock_mhz=1980.0, power_w=250.0) if concurrency == 16 else None,
+        planner_off=arm == "head" and session == 1)
+
+
+def build_session(directory: Path) -> None:
+    """The synthetic session: main/head, c=1 and c=16, 2 sessions x 2 runs, one failed run."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "runs.jsonl").unlink(missing_ok=True)
+    write_manifest(directory, MANIFEST)
+    for (session, arm, concurrency), values in sorted(TOK_S.items()):
+        for run, tok_s in enumerate(values, start=1):
+            append_run(directory, _record(session, arm, concurrency, run, tok_s))
+
+
+def _regenerate() -> None:
+    build_session(GOLDEN)
+    tables.write_reports(GOLDEN)
+    for name in PLOTS:
+        (GOLDEN / name).unlink()
+
+
+def test_golden_reports(tmp_path):
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        _regenerate()
+    built = tmp_path / "built"
+    build_session(built)
+    for name in INPUTS:
+        assert (built / name).read_text() == (GOLDEN / name).read_text(), name
+    session = tmp_path / "session"
+    session.mkdir()
+    for name in INPUTS:
+        shutil.copy(GOLDEN / name, session / name)
+    rows = tables.write_reports(session)
+    for name in REPORTS:
+        assert (session / name).read_text() == (GOLDEN / name).read_text(), name
+    for name in PLOTS:
+        assert (session / name).stat().st_size > 0, name
+    assert [(r["cell"], r["arm"]) for r in rows] == [
+        ("c=1", "main"), ("c=1", "head"), ("c=16", "main"), ("c=16", "head")]
+
+
+def test_summary_rows_values(tmp_path):
+    build_session(tmp_path)
+    rows = {(r["cell"], r["arm"]): r for r in tables.write_reports(tmp_path)}
+    head16 = rows[("c=16", "head")]
+    assert head16["runs_ok"] == 3 and head16["runs_failed"] == 1
+    assert head16["tok_s_median"] == 1620.0
+    assert (head16["tok_s_min"], head16["tok_s_max"]) == (1600.0, 1650.0)
+    assert head16["vs_main"] == round(1620.0 / 1505.0 - 1, 4)
+    assert head16["verdict"] == "too few rounds"
+    assert head16["tracebacks"] == 1 and head16["planner_off"] is True
+    main1 = rows[("c=1", "main")]
+    assert main1["vs_main"] is None and main1["verdict"] is None
+    assert main1["requests_failed"] == 2
+    json.dumps(list(rows.values()))  # plain Python values only
+
+
+def _session(directory: Path, records: list[RunRecord], **manifest) -> Path:
+    directory.mkdir()
+    write_manifest(directory, {**MANIFEST, **manifest})
+    (directory / "runs.jsonl").write_text("")
+    for record in records:
+        append_run(directory, record)
+    return directory
+
+
+def test_degenerate_sessions_do_not_crash(tmp_path):
+    failed = [_record(s, a, c, 1, None) for s in (0, 1) for a in ("main", "head") for c in (1, 16)]
+    head_only = [_record(s, "head", c, r, 100.0) for s in (0, 1) for c in (1, 16) for r in (1, 2)]
+    one_arm = [_record(s, "main", 1, 1, 100.0) for s in (0, 1)]
+    cases = {"all_failed": (failed, {}), "no_baseline": (head_only, {}),
+             "one_arm": (one_arm, {"arms": MANIFEST["arms"][:1], "cells": [1]}),
+             "empty": ([], {})}
+    for name, (records, manifest) in cases.items():
+        directory = _session(tmp_path / name, records, **manifest)
+        rows = tables.write_reports(directory)
+        for report_name in (*REPORTS, *PLOTS):
+            assert (directory / report_name).stat().st_size > 0, (name, report_name)
+        verdicts = {r["verdict"] for r in rows if r["arm"] != "main"}
+        assert verdicts <= {"too few rounds"}, name
+    assert "too few rounds" in (tmp_path / "no_baseline" / tables.PAIRED_FILE).read_text()
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(report)
+    return app
+
+
+def test_report_json(tmp_path):
+    build_session(tmp_path)
+    result = CliRunner().invoke(_app(), [str(tmp_path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [row["arm"] for row in data["cells"]] == ["main", "head", "main", "head"]
+    assert (tmp_path / tables.SUMMARY_FILE).is_file()
+
+
+def test_report_table_and_md(tmp_path):
+    build_session(tmp_path)
+    table = CliRunner().invoke(_app(), [str(tmp_path)])
+    assert table.exit_code == 0, table.output
+    assert "1505 [1480-1530]" in table.stdout  # numbers never wrap, even at 80 columns
+    md = CliRunner().invoke(_app(), [str(tmp_path), "--format", "md"])
+    assert md.stdout == (tmp_path / tables.SUMMARY_FILE).read_text()
+
+
+def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    missing = CliRunner().invoke(_app(), ["no-such-session"])
+    assert missing.exit_code == 2
+    assert "no-such-session" in missing.output
+    Path("half-session").mkdir()
+    write_manifest(Path("half-session"), MANIFEST)
+    half = CliRunner().invoke(_app(), ["half-session"])
+    assert half.exit_code == 2
+    assert "half-session" in half.output and "runs.jsonl" in half.output
