@@ -95,8 +95,10 @@ def resolve_arm(name: str, spec: str, repo: Path, worktrees: Path,
     if not (tree / "resident" / "__init__.py").is_file():
         raise ValueError(f"--arm {name}={spec}: {tree} is not a resident source tree")
     sha = dirty = None
-    if (tree / ".git").exists():
+    try:  # a copied tree may carry .git without its history
         sha = _git(tree, "rev-parse", "HEAD")
         dirty = bool(_git(tree, "status", "--porcelain", "--untracked-files=no"))
+    except ValueError:
+        pass
     return Arm(name, spec, "resident", tree=tree.resolve(), ref=spec, sha=sha,
                dirty=bool(dirty), knobs=knobs)
