@@ -92,29 +92,28 @@ def test_debug_config_reports_the_planner(resident, host_planned):
     assert config["planning_reason"].startswith("resident_planning=off")
 
 
-def test_slot_pressure_displaces_and_stays_exact():
+def pressured(knobs: list[str], num_requests: int, max_tokens: int, seed: int) -> dict:
+    """All requests at once on a server under pressure: its row-check counts, after checking
+    every output against the model run alone."""
     model = load_model(TINY, "cpu", torch.float64)
-    server = serve("--set", "decode_buckets=1,2,4", "--set", "decode_order=turns")
+    server = serve(*(arg for knob in knobs for arg in ("--set", knob)))
     try:
-        batch = prompts(24, seed=3)
-        got = outputs(server, batch, 10, concurrency=24)
+        batch = prompts(num_requests, seed=seed)
+        got = outputs(server, batch, max_tokens, concurrency=num_requests)
         counts = assert_resident_and_clean(server)
     finally:
         server.stop()
+    assert got == [greedy_alone(model, p, max_tokens) for p in batch]
+    return counts
+
+
+def test_slot_pressure_displaces_and_stays_exact():
+    counts = pressured(["decode_buckets=1,2,4", "decode_order=turns"], 24, 10, seed=3)
     assert counts["displaced"] > 0
-    assert got == [greedy_alone(model, p, 10) for p in batch]
 
 
 def test_kv_pressure_offloads_give_slots_up_and_stay_exact():
-    model = load_model(TINY, "cpu", torch.float64)
-    server = serve("--set", "num_kv_pages=25", "--set", "prefill_token_budget=64")
-    try:
-        batch = prompts(8, seed=4)
-        got = outputs(server, batch, 60, concurrency=8)
-        counts = assert_resident_and_clean(server)
-    finally:
-        server.stop()
+    counts = pressured(["num_kv_pages=25", "prefill_token_budget=64"], 8, 60, seed=4)
     assert counts["offloads"] > 0
     assert counts["slot_releases"] + counts["offloads_without_slot"] == counts["offloads"]
     assert counts["slot_releases"] > 0
-    assert got == [greedy_alone(model, p, 60) for p in batch]

@@ -386,7 +386,9 @@ async def _errors(request: web.Request, handler) -> web.StreamResponse:
     except ApiError as exc:
         return error_response(exc.status, exc.type, exc.message)
     except EngineUnavailable as exc:
-        return error_response(503, "service_unavailable", f"engine unavailable: {exc}")
+        # the core's traceback is in the server log; the client gets its last line
+        reason = next((line for line in reversed(str(exc).splitlines()) if line.strip()), "")
+        return error_response(503, "service_unavailable", f"engine unavailable: {reason}")
     except TimeoutError:
         return error_response(503, "service_unavailable", "the engine did not answer in time")
     except web.HTTPRequestEntityTooLarge:
