@@ -6,6 +6,7 @@ cells' runs; every run appended to runs.jsonl as it finishes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import time
@@ -182,7 +183,7 @@ class Session:
             failed += not record.ok
             self.console.log(f"round {session} {arm.name} c={concurrency} run {run}: "
                              f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
-            spec = LoadSpec(**{**spec.__dict__, "num_warmup": 0})
+            spec = dataclasses.replace(spec, num_warmup=0)  # warm once a cell
         return failed
 
     async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, session: int,
