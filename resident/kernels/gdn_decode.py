@@ -36,7 +36,7 @@ def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
 
 def _check_decode(max_query_len: int, rows: int, tokens: int) -> None:
     if max_query_len != 1:
-        raise ValueError(f"decode kernels need max_query_len == 1, got max_query_len={max_query_len}")
+        raise ValueError(f"decode kernels take max_query_len == 1, got {max_query_len=}")
     if rows != tokens:
         raise ValueError(f"decode needs one token per row: {tokens} tokens for {rows} state_slots")
 
