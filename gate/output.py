@@ -31,11 +31,11 @@ def summary_table(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> Table
     table = Table(title=f"{manifest.get('name') or 'gate session'}: summary", box=box.SIMPLE_HEAD,
                   caption=Text("tok/s: median [min-max] over ok runs; ITL and TTFT in ms"))
     table.add_column("cell", no_wrap=True)
-    table.add_column("arm", overflow="fold")
+    table.add_column("arm", min_width=4, overflow="fold")
     # numbers keep their width; names and verdicts wrap
     for name in ("tok/s", "ITL p50/mean", "TTFT p50", f"vs {baseline}"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
+    table.add_column("verdict", min_width=8)  # "baseline" whole; longer verdicts wrap at spaces
     for row in rows:
         table.add_row(*(Text(cell) for cell in tables.summary_cells(row, baseline)))
     return table
