@@ -125,15 +125,7 @@ class Server:
                     text = await resp.text() if resp.status == 200 else ""
             except aiohttp.ClientError:
                 return {}
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    samples[name] = float(value)
-                except ValueError:
-                    continue
-        return samples
+        return parse_metrics(text)
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to the whole process group, then SIGKILL."""
@@ -167,6 +159,20 @@ async def _get(session: aiohttp.ClientSession, url: str) -> dict | None:
         return json.loads(text)
     except json.JSONDecodeError:
         return {"text": text}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> samples by name, labels kept in the name
+    (e.g. 'resident_steps_total{kind="decode"}')."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                samples[name] = float(value)
+            except ValueError:
+                continue
+    return samples
 
 
 def step_counts(metrics: dict[str, float]) -> dict[str, int]:

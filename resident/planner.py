@@ -280,6 +280,7 @@ class ResidentPlanner:
         columns past those already written (a page crossing)."""
         row, num_pages = self._host_row(rid)
         mirror = self.mirror_cpu[slot]
+        first = len(cells)
         for col in range(self.layout.num_narrow):
             if mirror[col] != row[col]:
                 cells.append((slot, col, int(row[col])))
@@ -288,7 +289,7 @@ class ResidentPlanner:
             start = pool_layout.span_start
             for index in range(written.get(pool_layout.key, 0), num_pages[pool_layout.key]):
                 cells.append((slot, start + index, int(row[start + index])))
-        for col, value in ((c, v) for s, c, v in cells if s == slot):
+        for _, col, value in cells[first:]:
             mirror[col] = value
         self._slots[slot].pages_written = num_pages
         return max(num_pages.values(), default=1)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import aiohttp
 
+from gate.server import parse_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 120
 
@@ -108,9 +110,4 @@ async def stream(session: aiohttp.ClientSession, url: str, body: dict,
 async def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     """Prometheus samples by name (labels kept in the name), e.g. 'resident_kv_pages_free'."""
     _, text = await get(url + "/metrics", headers)
-    samples = {}
-    for line in str(text).splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
+    return parse_metrics(str(text))

@@ -170,7 +170,7 @@ class Engine:
             return []
         if self.planner and plan.kind == "decode":
             return self._resident_step(plan)
-        input_ids, meta, _ = self.runner.prepare(plan)
+        input_ids, meta = self.runner.prepare(plan)
         logits = self.runner.execute(input_ids, meta)
         if self.planner:
             self.planner.mark_stale(row.request.request_id for row in plan.rows)

@@ -82,9 +82,9 @@ class StepRunner:
         buckets = self.config.decode_buckets
         return buckets[bisect.bisect_left(buckets, num_rows)]
 
-    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, StepMeta, int]:
-        """Stages the plan into the buffers. Returns input ids, the step's metadata and the number
-        of real sampling rows (the first rows of the logits)."""
+    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, StepMeta]:
+        """Stages the plan into the buffers. Returns input ids and the step's metadata; the
+        logits rows are the sampling rows in step order (then a decode step's padding)."""
         buf = self.buffers
         num_rows = len(plan.rows)
         padded_rows = self.bucket_for(num_rows) if plan.kind == "decode" else num_rows
@@ -103,7 +103,7 @@ class StepRunner:
             token += 1
         num_logits = padded_rows if plan.kind == "decode" else num_sampling
         meta = self._upload(token, padded_rows, width, num_logits, plan.kind)
-        return buf.input_ids_gpu[:token], meta, num_sampling
+        return buf.input_ids_gpu[:token], meta
 
     def _stage_row(self, row_index: int, first: int, num_new: int, request: Request) -> int:
         buf, rid = self.buffers, request.request_id
