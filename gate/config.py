@@ -26,7 +26,8 @@ class GateConfig:
     output_len: int = 256
     sessions: int = 2
     runs: int = 2
-    requests: int = 0  # 0: max(8, 4 x concurrency) per run
+    requests: int = 0  # 0: max(8, requests_per_slot x concurrency) per run
+    requests_per_slot: int = 4
     aa: bool = False
     seed: int = 0
     name: str = "gate"
@@ -45,6 +46,8 @@ class GateConfig:
             if getattr(self, field) < 1:
                 raise ValueError(f"--{field.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, field)}")
+        if self.requests_per_slot < 1:
+            raise ValueError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
         if self.requests < 0:
             raise ValueError(f"--requests must be >= 0, got {self.requests}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -53,7 +56,7 @@ class GateConfig:
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
 
     def requests_for(self, concurrency: int) -> int:
-        return self.requests or max(8, 4 * concurrency)
+        return self.requests or max(8, self.requests_per_slot * concurrency)
 
     def out_dir(self) -> Path:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")

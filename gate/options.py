@@ -38,7 +38,10 @@ SessionsOpt = Annotated[int | None, typer.Option(help="Rounds [2].", rich_help_p
 RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round [2].",
                                              rich_help_panel=CELLS)]
 RequestsOpt = Annotated[int | None, typer.Option(
-    help="Requests per run [max(8, 4 x concurrency)].", rich_help_panel=CELLS)]
+    help="Requests per run [max(8, requests-per-slot x concurrency)].", rich_help_panel=CELLS)]
+RequestsPerSlotOpt = Annotated[int | None, typer.Option(
+    help="Requests per run per unit of concurrency, when --requests is not given [4].",
+    rich_help_panel=CELLS)]
 SeedOpt = Annotated[int | None, typer.Option(help="Prompt seed base [0].", rich_help_panel=CELLS)]
 StartupOpt = Annotated[float | None, typer.Option(
     "--startup-timeout", help="Seconds a server may take to answer /health [600].",

@@ -106,12 +106,21 @@ def serve(
     try:
         engine_config = build_engine_config(model_yaml_knobs(model), os.environ,
                                             parse_set_options(knobs or []))
-        engine_config.resolve(config, "cpu")  # fails now on knobs that cannot fit the model
+        # fails now on knobs that cannot fit the model or the device
+        engine_config.resolve(config, _device_type(device.value))
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--set") from None
     options = ServeOptions(config, engine_config, device.value, host, port, api_key,
                            log_level.upper())
     raise typer.Exit(run_server(options))
+
+
+def _device_type(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main() -> None:

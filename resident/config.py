@@ -20,7 +20,7 @@ import yaml
 
 from resident.model.config import ModelConfig
 
-DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 CPU_KV_PAGES = 4096
 MAX_DEFAULT_MODEL_LEN = 32768
 
@@ -29,7 +29,9 @@ _CHOICES = {
     "decode_order": ("arrival", "turns"),
     "resident_planning": ("off", "auto"),
     "row_check": ("off", "on"),
-    "attention_backend": ("auto", "torch"),
+    "attention_backend": ("auto", "flashinfer", "triton", "torch"),
+    "cuda_graphs": ("auto", "on", "off"),
+    "compile": ("auto", "on", "off"),
 }
 
 
@@ -49,7 +51,9 @@ class EngineConfig:
     decode_order: str = "arrival"
     resident_planning: str = "auto"
     row_check: str = "off"  # debug: sync after each resident step and compare rows with streams
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
+    cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
+    compile: str = "auto"  # torch.compile of the dense parts; auto: on for CUDA
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     step_thread_cores: str = ""  # CPU list for the engine core's step threads
     seed: int = 0  # seeds sampling for requests that bring no seed
@@ -101,14 +105,38 @@ class EngineConfig:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
         pages = self.num_kv_pages or (CPU_KV_PAGES if device_type == "cpu" else 0)
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if device_type == "cuda" else "torch"
         return dataclasses.replace(
             self,
             max_model_len=max_len,
             num_kv_pages=pages,
             num_state_slots=self.num_state_slots or self.max_num_seqs + 1,
-            attention_backend="torch" if self.attention_backend == "auto" else
-            self.attention_backend,
+            attention_backend=backend,
+            cuda_graphs=_resolve_graphs(self.cuda_graphs, backend, device_type),
+            compile=self.compile if self.compile != "auto" else
+            ("on" if device_type == "cuda" else "off"),
         )
+
+
+def _resolve_graphs(knob: str, backend: str, device_type: str) -> str:
+    if device_type != "cuda":
+        if knob == "on":
+            raise ValueError("knob cuda_graphs: on needs a CUDA device")
+        if backend == "flashinfer":
+            raise ValueError("knob attention_backend: flashinfer needs a CUDA device")
+        if backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise ValueError("knob attention_backend: triton needs a CUDA device (or "
+                             "TRITON_INTERPRET=1 for tests)")
+        return "off"
+    if backend == "torch":
+        if knob == "on":
+            raise ValueError("knob cuda_graphs: on cannot go with attention_backend=torch: the "
+                             "reference reads every key a full-width block table names; use "
+                             "triton or flashinfer")
+        return "off"
+    return "on" if knob == "auto" else knob
 
 
 def parse_cpu_list(text: str, knob: str) -> list[int]:

@@ -74,3 +74,26 @@ def greedy_alone(model, prompt: list[int], max_tokens: int) -> list[int]:
         tokens.append(int(logits[-1].argmax()))
         logits = driver.step({"r": [tokens[-1]]})["r"]
     return tokens
+
+
+def run_engine(engine, requests: dict[str, tuple[list[int], int]], max_steps: int = 100_000,
+               concurrency: int | None = None) -> dict[str, list[int]]:
+    """Greedy tokens of each request (prompt, max_tokens), stepping the engine in process; at
+    most `concurrency` requests in it at once (all of them when None)."""
+    from resident.server.protocol import AddRequest, SamplingParams
+
+    pending = list(requests.items())
+    outputs: dict[str, list[int]] = {rid: [] for rid in requests}
+    active = 0
+    for _ in range(max_steps):
+        while pending and (concurrency is None or active < concurrency):
+            rid, (prompt, max_tokens) = pending.pop(0)
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            assert engine.add_request(AddRequest(rid, prompt, params)) is None
+            active += 1
+        if not engine.has_work():
+            return outputs
+        for out in engine.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+            active -= out.finished
+    raise AssertionError("engine did not finish")

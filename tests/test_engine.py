@@ -14,6 +14,7 @@ from resident.model.config import load_model_config
 from resident.server.protocol import AddRequest, SamplingParams
 
 from model_driver import greedy_alone
+from model_driver import run_engine as run
 
 TINY = load_model_config("tiny")
 
@@ -28,19 +29,6 @@ def prompts(count: int, seed: int = 0) -> list[list[int]]:
     lengths = torch.randint(3, 60, (count,), generator=generator).tolist()
     return [torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist()
             for n in lengths]
-
-
-def run(engine: Engine, requests: dict[str, tuple[list[int], int]], max_steps: int = 5000):
-    for rid, (prompt, max_tokens) in requests.items():
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        assert engine.add_request(AddRequest(rid, prompt, params)) is None
-    outputs: dict[str, list[int]] = {rid: [] for rid in requests}
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return outputs
-        for out in engine.step():
-            outputs[out.request_id].extend(out.new_token_ids)
-    raise AssertionError("engine did not finish")
 
 
 @pytest.fixture(scope="module")

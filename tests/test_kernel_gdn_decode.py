@@ -122,16 +122,21 @@ def test_decode_kernels_refuse_prefill():
 def test_tiny_model_decode_with_kernels_matches_reference():
     """The kernels as ModelOps for decode steps: the same logits as the references' model."""
     from resident.model.config import load_model_config
-    from resident.model.qwen3_5 import ModelOps
+    from resident.model.ops import ModelOps, conv_ref_op, gated_delta_rule_ref_op
     from resident.model.weights import load_model
 
     from model_driver import ModelDriver
 
-    def conv(*args):
-        return (causal_conv_decode if args[-1] == 1 else causal_conv_ref)(*args)
+    def conv(x, weight, pool, meta):
+        if meta.max_query_len != 1:
+            return conv_ref_op(x, weight, pool, meta)
+        return causal_conv_decode(x, weight, pool, meta.state_slots, meta.query_start_loc, 1)
 
-    def delta_rule(*args):
-        return (gated_delta_rule_decode if args[-1] == 1 else gated_delta_rule_ref)(*args)
+    def delta_rule(query, key, value, log_decay, beta, pool, meta):
+        if meta.max_query_len != 1:
+            return gated_delta_rule_ref_op(query, key, value, log_decay, beta, pool, meta)
+        return gated_delta_rule_decode(query, key, value, log_decay, beta, pool,
+                                       meta.state_slots, meta.query_start_loc, 1)
 
     config = load_model_config("tiny")
     ours = ModelDriver(load_model(config, "cpu", torch.float32,

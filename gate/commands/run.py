@@ -30,6 +30,7 @@ def run(
     sessions: opt.SessionsOpt = None,
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
+    requests_per_slot: opt.RequestsPerSlotOpt = None,
     seed: opt.SeedOpt = None,
     startup_timeout: opt.StartupOpt = None,
     server_cpus: opt.ServerCpusOpt = None,
@@ -46,7 +47,8 @@ def run(
     console = Console(stderr=True)
     given = {"arms": arm, "knobs": knobs, "aa": aa, "model": model, "device": device,
              "concurrency": concurrency, "prompt_len": prompt_len, "output_len": output_len,
-             "sessions": sessions, "runs": runs, "requests": requests, "seed": seed,
+             "sessions": sessions, "runs": runs, "requests": requests,
+             "requests_per_slot": requests_per_slot, "seed": seed,
              "startup_timeout": startup_timeout, "server_cpus": server_cpus,
              "step_cores": step_cores, "api_core": api_core, "client_cpus": client_cpus,
              "gpu": gpu, "name": name, "out": out}

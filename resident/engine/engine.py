@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 import resident
+from resident.backends import build_kernels
 from resident.config import EngineConfig
 from resident.engine.request import Request
 from resident.engine.rowcheck import RowCheck
@@ -21,6 +23,7 @@ from resident.engine.sampler import Sampler
 from resident.engine.scheduler import Scheduler
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
+from resident.model.dense import build_dense_ops
 from resident.model.weights import load_model, resolve_dtype, weights_fingerprint
 from resident.planner import ResidentPlanner
 from resident.resources.kv import KVPool
@@ -84,16 +87,23 @@ class Engine:
         self.config = size_kv_pages(config.resolve(model_config, device.type), model_config,
                                     self.dtype)
         config = self.config
-        self.model = load_model(model_config, device, self.dtype)
+        self.model = load_model(model_config, device, self.dtype,
+                                dense=build_dense_ops(config.compile == "on"))
+        if config.compile == "on":
+            log.info("torch.compile on for the dense parts; Inductor cache %s",
+                     os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))
         self.fingerprint = weights_fingerprint(self.model)
         self.cache = ModelCache.allocate(model_config, config.num_kv_pages, config.page_size,
                                          config.num_state_slots, self.dtype, device)
         self.kv = KVPool(config.num_kv_pages, config.page_size)
         self.states = StatePool(config.num_state_slots)
         self.positions = Positions()
+        self.kernels = build_kernels(config, model_config, self.dtype, device)
         self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
-                                 self.positions)
+                                 self.positions, self.kernels)
         self.planner, self.planning_reason = self._build_planner()
+        if self.runner.graphs is not None:
+            self.runner.capture_graphs("resident" if self.planner else "off")
         self.row_check = (RowCheck(self.planner, {KV_POOL_KEY: self.kv})
                           if self.planner and config.row_check == "on" else None)
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
@@ -170,8 +180,7 @@ class Engine:
             return []
         if self.planner and plan.kind == "decode":
             return self._resident_step(plan)
-        input_ids, meta = self.runner.prepare(plan)
-        logits = self.runner.execute(input_ids, meta)
+        logits = self.runner.run(plan)
         if self.planner:
             self.planner.mark_stale(row.request.request_id for row in plan.rows)
         return self._finish_step(plan, logits)
@@ -268,7 +277,9 @@ class Engine:
             "planning_mode": mode,
             "planning_reason": reason,
             "attention_backend": self.config.attention_backend,
-            "host_plan_free": self.planner is not None,  # decode attention reads the tables
+            "cuda_graphs": self.runner.graphs.buckets if self.runner.graphs else [],
+            # decode buckets whose attention reads pages and lengths on the device
+            "host_plan_free": not self.kernels.decode.host_plan,
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             "resident_package_path": str(package),

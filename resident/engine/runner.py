@@ -5,6 +5,8 @@ Every step rebuilds each row's tokens, positions, block-table row, KV write loca
 slot into host staging arrays (numpy views of pinned memory on CUDA), then copies what the step
 uses into device buffers that never move, so a captured graph can read them. A decode-only step
 pads to the smallest decode bucket that holds it; padding rows point at the sink page and slot.
+With `cuda_graphs` on, each bucket's forward is a captured graph (graphs.py) replayed after the
+host staging and, for a host-planned attention backend, the attention plan.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from resident.backends import PagedLayout, PrefillStep, StepKernels, paged_layout
 from resident.config import EngineConfig
+from resident.engine.graphs import DecodeGraphs
 from resident.engine.request import Request
 from resident.engine.scheduler import StepPlan
 from resident.kernels.resident import advance_lengths_ref, gather_rows_ref, scatter_cells_ref
 from resident.model.cache import ModelCache
+from resident.model.ops import ModelOps
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
 from resident.model.step import StepMeta
 from resident.planner import ResidentPlanner, StagedStep
@@ -62,18 +67,21 @@ class StepRunner:
     """Plans steps on the host into fixed buffers and executes them; also the Swapper."""
 
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, config: EngineConfig,
-                 kv: KVPool, states: StatePool, positions: Positions) -> None:
+                 kv: KVPool, states: StatePool, positions: Positions,
+                 kernels: StepKernels) -> None:
         self.model, self.cache, self.config = model, cache, config
         self.kv, self.states, self.positions = kv, states, positions
+        self.kernels = kernels
         self.device = cache.kv.device
         self.page_size = config.page_size
         max_rows = max(config.max_num_seqs, config.max_decode_rows)
         max_tokens = config.prefill_token_budget + config.max_decode_rows
-        max_pages = -(-config.max_model_len // config.page_size)
-        self.buffers = StepBuffers(max_tokens, max_rows, max_pages, self.device)
-        # a resident decode step's rows are 0..b-1, one token each: token rows, query starts
-        # and logits rows are all this range, fixed for the step's bucket
+        self.max_pages = -(-config.max_model_len // config.page_size)
+        self.buffers = StepBuffers(max_tokens, max_rows, self.max_pages, self.device)
+        # a decode step's rows are 0..b-1, one token each: token rows, query starts and logits
+        # rows are all this range, fixed for the step's bucket
         self.arange_gpu = torch.arange(max_rows + 1, device=self.device)
+        self.graphs = DecodeGraphs() if config.cuda_graphs == "on" else None
         self._host_copies: dict[str, HostCopy] = {}
 
     # -- planning ---------------------------------------------------------------------------
@@ -82,28 +90,46 @@ class StepRunner:
         buckets = self.config.decode_buckets
         return buckets[bisect.bisect_left(buckets, num_rows)]
 
-    def prepare(self, plan: StepPlan) -> tuple[torch.Tensor, StepMeta]:
-        """Stages the plan into the buffers. Returns input ids and the step's metadata; the
-        logits rows are the sampling rows in step order (then a decode step's padding)."""
+    def _stage(self, plan: StepPlan) -> tuple[int, int, int]:
+        """Stages a varlen step's rows into the host arrays. Returns (tokens, block-table
+        width, sampling rows); the logits rows are the sampling rows in order."""
         buf = self.buffers
-        num_rows = len(plan.rows)
-        padded_rows = self.bucket_for(num_rows) if plan.kind == "decode" else num_rows
         token, width, num_sampling = 0, 1, 0
         buf.query_start_loc_cpu[0] = 0
         for row_index, row in enumerate(plan.rows):
-            request = row.request
-            width = max(width, self._stage_row(row_index, token, row.num_new, request))
+            width = max(width, self._stage_row(row_index, token, row.num_new, row.request))
             token += row.num_new
             if row.samples:
                 buf.logits_indices_cpu[num_sampling] = token - 1
                 num_sampling += 1
-        for row_index in range(num_rows, padded_rows):
-            self._stage_padding_row(row_index, token)
-            buf.logits_indices_cpu[row_index] = token
-            token += 1
-        num_logits = padded_rows if plan.kind == "decode" else num_sampling
-        meta = self._upload(token, padded_rows, width, num_logits, plan.kind)
-        return buf.input_ids_gpu[:token], meta
+        return token, width, num_sampling
+
+    def _stage_decode(self, plan: StepPlan, bucket: int) -> int:
+        """A decode step's rows (one token each) then padding rows, staged with one list per
+        array rather than row by row: this is the host plan's hot loop at high concurrency.
+        Returns the block-table width."""
+        buf, page_size, num_rows = self.buffers, self.page_size, len(plan.rows)
+        requests = [row.request for row in plan.rows]
+        ids = [r.request_id for r in requests]
+        page_lists = [self.kv.streams[rid].pages for rid in ids]
+        starts = [r.num_computed for r in requests]
+        buf.input_ids_cpu[:num_rows] = [r.output_ids[-1] for r in requests]
+        buf.positions_cpu[:num_rows] = [self.positions.position(rid, start)
+                                        for rid, start in zip(ids, starts, strict=True)]
+        buf.kv_write_loc_cpu[:num_rows] = [
+            pages[start // page_size] * page_size + start % page_size
+            for pages, start in zip(page_lists, starts, strict=True)]
+        buf.state_slots_cpu[:num_rows] = [self.states.slots[rid] for rid in ids]
+        tables = buf.block_tables_cpu
+        for row_index, pages in enumerate(page_lists):
+            tables[row_index, :len(pages)] = pages
+        padding = slice(num_rows, bucket)
+        buf.input_ids_cpu[padding] = 0
+        buf.positions_cpu[padding] = 0
+        buf.kv_write_loc_cpu[padding] = SINK_PAGE * page_size
+        buf.state_slots_cpu[padding] = SINK_SLOT
+        tables[padding, 0] = SINK_PAGE
+        return max(map(len, page_lists), default=1)
 
     def _stage_row(self, row_index: int, first: int, num_new: int, request: Request) -> int:
         buf, rid = self.buffers, request.request_id
@@ -121,33 +147,29 @@ class StepRunner:
         buf.query_start_loc_cpu[row_index + 1] = end
         return len(pages)
 
-    def _stage_padding_row(self, row_index: int, token: int) -> None:
+    def _upload(self, num_tokens: int, num_rows: int, width: int,
+                num_logits: int | None) -> None:
+        """Copies the staged host arrays the step reads; a decode step (num_logits None)
+        reads aranges in place of token rows, query starts and logits rows."""
         buf = self.buffers
-        buf.input_ids_cpu[token] = 0
-        buf.positions_cpu[token] = 0
-        buf.token_seq_cpu[token] = row_index
-        buf.kv_write_loc_cpu[token] = SINK_PAGE * self.page_size
-        buf.block_tables_cpu[row_index, 0] = SINK_PAGE
-        buf.state_slots_cpu[row_index] = SINK_SLOT
-        buf.query_start_loc_cpu[row_index + 1] = token + 1
-
-    def _upload(self, num_tokens: int, num_rows: int, width: int, num_logits: int,
-                kind: str) -> StepMeta:
-        buf = self.buffers
-        copies = [
-            (buf.input_ids_gpu[:num_tokens], buf.input_ids_cpu[:num_tokens]),
-            (buf.positions_gpu[:num_tokens], buf.positions_cpu[:num_tokens]),
-            (buf.token_seq_gpu[:num_tokens], buf.token_seq_cpu[:num_tokens]),
-            (buf.kv_write_loc_gpu[:num_tokens], buf.kv_write_loc_cpu[:num_tokens]),
-            (buf.query_start_loc_gpu[:num_rows + 1], buf.query_start_loc_cpu[:num_rows + 1]),
-            (buf.state_slots_gpu[:num_rows], buf.state_slots_cpu[:num_rows]),
-            (buf.logits_indices_gpu[:num_logits], buf.logits_indices_cpu[:num_logits]),
-            (buf.block_tables_gpu[:num_rows, :width], buf.block_tables_cpu[:num_rows, :width]),
-        ]
+        names = ["input_ids", "positions", "kv_write_loc"]
+        copies = [(getattr(buf, f"{n}_gpu")[:num_tokens], getattr(buf, f"{n}_cpu")[:num_tokens])
+                  for n in names]
+        copies += [(buf.state_slots_gpu[:num_rows], buf.state_slots_cpu[:num_rows]),
+                   (buf.block_tables_gpu[:num_rows, :width],
+                    buf.block_tables_cpu[:num_rows, :width])]
+        if num_logits is not None:
+            copies += [
+                (buf.token_seq_gpu[:num_tokens], buf.token_seq_cpu[:num_tokens]),
+                (buf.query_start_loc_gpu[:num_rows + 1], buf.query_start_loc_cpu[:num_rows + 1]),
+                (buf.logits_indices_gpu[:num_logits], buf.logits_indices_cpu[:num_logits]),
+            ]
         for device_view, host_view in copies:
             device_view.copy_(torch.from_numpy(host_view), non_blocking=True)
-        max_query_len = 1 if kind == "decode" else int(
-            np.diff(buf.query_start_loc_cpu[:num_rows + 1]).max())
+
+    def _varlen_meta(self, num_tokens: int, num_rows: int, width: int,
+                     num_logits: int) -> StepMeta:
+        buf = self.buffers
         return StepMeta(
             positions=buf.positions_gpu[:num_tokens],
             token_seq=buf.token_seq_gpu[:num_tokens],
@@ -156,15 +178,75 @@ class StepRunner:
             kv_write_loc=buf.kv_write_loc_gpu[:num_tokens],
             state_slots=buf.state_slots_gpu[:num_rows],
             logits_indices=buf.logits_indices_gpu[:num_logits],
-            max_query_len=max_query_len,
+            max_query_len=int(np.diff(buf.query_start_loc_cpu[:num_rows + 1]).max()),
         )
+
+    def decode_meta(self, bucket: int, width: int) -> StepMeta:
+        """A decode bucket's StepMeta over the fixed buffers: what its graph reads."""
+        buf = self.buffers
+        return StepMeta(
+            positions=buf.positions_gpu[:bucket],
+            token_seq=self.arange_gpu[:bucket],
+            query_start_loc=self.arange_gpu[:bucket + 1],
+            block_tables=buf.block_tables_gpu[:bucket, :width],
+            kv_write_loc=buf.kv_write_loc_gpu[:bucket],
+            state_slots=buf.state_slots_gpu[:bucket],
+            logits_indices=self.arange_gpu[:bucket],
+            max_query_len=1,
+        )
+
+    def _decode_layout(self, plan: StepPlan, bucket: int) -> PagedLayout:
+        rows = [(self.kv.streams[row.request.request_id].pages,
+                 row.request.num_computed + row.num_new, row.num_new) for row in plan.rows]
+        return paged_layout(rows, self.page_size, pad_to=bucket)
+
+    # -- the host-planned step --------------------------------------------------------------
+
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Stages, uploads and runs a host-planned step; [rows, vocab] logits of its sampling
+        rows in order (then a decode step's padding rows)."""
+        if plan.kind == "decode":
+            bucket = self.bucket_for(len(plan.rows))
+            width = self._stage_decode(plan, bucket)
+            self._upload(bucket, bucket, width, None)
+            return self.run_decode(plan, bucket, width)
+        num_tokens, width, num_sampling = self._stage(plan)
+        num_rows = len(plan.rows)
+        self._upload(num_tokens, num_rows, width, num_sampling)
+        prefill = self.kernels.prefill
+        layout = None
+        if prefill.needs_layout:
+            rows = [(self.kv.streams[row.request.request_id].pages,
+                     row.request.num_computed + row.num_new, row.num_new) for row in plan.rows]
+            layout = paged_layout(rows, self.page_size)
+        step = PrefillStep(self.buffers.query_start_loc_cpu[:num_rows + 1].copy(), layout)
+        meta = self._varlen_meta(num_tokens, num_rows, width, num_sampling)
+        return self.execute(self.buffers.input_ids_gpu[:num_tokens], meta,
+                            prefill.ops(step))
+
+    def run_decode(self, plan: StepPlan, bucket: int, width: int) -> torch.Tensor:
+        """A decode bucket whose inputs are in the fixed buffers: its host attention plan (if
+        the backend needs one), then the graph's replay or the eager forward."""
+        decode = self.kernels.decode
+        if decode.host_plan:
+            decode.plan_decode(bucket, self._decode_layout(plan, bucket))
+        if self.graphs is not None and self.graphs.has(bucket):
+            return self.graphs.replay(bucket)
+        return self._decode_forward(bucket, width)
+
+    def _decode_forward(self, bucket: int, width: int) -> torch.Tensor:
+        meta = self.decode_meta(bucket, width)
+        with torch.inference_mode():
+            hidden = self.model(self.buffers.input_ids_gpu[:bucket], meta, self.cache,
+                                self.kernels.decode.ops(bucket))
+            return self.model.compute_logits(hidden)
 
     # -- the resident decode step -----------------------------------------------------------
 
     def execute_resident(self, plan: StepPlan, planner: ResidentPlanner,
                          staged: StagedStep) -> tuple[torch.Tensor, StepMeta]:
-        """The eager replay of a captured resident decode step over the same fixed buffers:
-        scatter staged cells, gather the rows by slot, run, advance the stored lengths."""
+        """A resident decode step over the same fixed buffers: scatter staged cells, gather
+        the rows by slot, run the bucket, advance the stored lengths."""
         buf, layout = self.buffers, planner.layout
         bucket = staged.slot_ids_gpu.shape[0]
         num_rows = len(plan.rows)
@@ -180,28 +262,39 @@ class StepRunner:
             buf.block_tables_gpu[:bucket, :staged.width], buf.positions_gpu[:bucket],
             buf.kv_write_loc_gpu[:bucket], buf.state_slots_gpu[:bucket],
         )
-        meta = StepMeta(
-            positions=buf.positions_gpu[:bucket],
-            token_seq=self.arange_gpu[:bucket],
-            query_start_loc=self.arange_gpu[:bucket + 1],
-            block_tables=buf.block_tables_gpu[:bucket, :staged.width],
-            kv_write_loc=buf.kv_write_loc_gpu[:bucket],
-            state_slots=buf.state_slots_gpu[:bucket],
-            logits_indices=self.arange_gpu[:bucket],
-            max_query_len=1,
-        )
-        logits = self.execute(buf.input_ids_gpu[:bucket], meta)
+        logits = self.run_decode(plan, bucket, staged.width)
         advance_lengths_ref(planner.store_gpu, staged.slot_ids_gpu,
                             [p.length_col for p in layout.pools if p.appends])
-        return logits, meta
+        return logits, self.decode_meta(bucket, staged.width)
 
     # -- execution --------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute(self, input_ids: torch.Tensor, meta: StepMeta) -> torch.Tensor:
-        """[num_logits, vocab] logits of the step's sampling rows (then padding rows)."""
-        hidden = self.model(input_ids, meta, self.cache)
+    def execute(self, input_ids: torch.Tensor, meta: StepMeta, ops: ModelOps) -> torch.Tensor:
+        """[num_logits, vocab] logits of a varlen step's sampling rows."""
+        hidden = self.model(input_ids, meta, self.cache, ops)
         return self.model.compute_logits(hidden[meta.logits_indices])
+
+    # -- CUDA graphs ------------------------------------------------------------------------
+
+    def capture_graphs(self, planning: str) -> None:
+        """Captures every decode bucket (largest first) over the fixed, full-width buffers."""
+        decode = self.kernels.decode
+
+        def prepare(bucket: int) -> None:
+            empty = StepPlan([], "decode")
+            self._stage_decode(empty, bucket)
+            self._upload(bucket, bucket, self.max_pages, None)
+            if decode.host_plan:
+                decode.plan_decode(bucket, self._decode_layout(empty, bucket))
+
+        def describe(bucket: int) -> str:
+            plan = "yes" if decode.host_plan else "no"
+            return f"planning {planning}, host attention plan {plan} ({decode.name})"
+
+        self.graphs.capture(self.config.decode_buckets, prepare,
+                            lambda bucket: self._decode_forward(bucket, self.max_pages),
+                            describe)
 
     # -- Swapper ----------------------------------------------------------------------------
 

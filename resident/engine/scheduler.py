@@ -159,8 +159,8 @@ class Scheduler:
         a request this step's earlier rows offloaded)."""
         if request.status is not Status.RUNNING:
             return False
-        in_step = {id(row.request) for row in rows} | {id(request)}
         while self.kv.admit(request.request_id, num_new) is not None:
+            in_step = {id(row.request) for row in rows} | {id(request)}
             victims = [r for r in self.running if id(r) not in in_step]
             if not victims:
                 return False

@@ -17,7 +17,9 @@ import torch
 from safetensors import safe_open
 
 from resident.model.config import ModelConfig
-from resident.model.qwen3_5 import ModelOps, Qwen3_5ForCausalLM
+from resident.model.dense import DenseOps
+from resident.model.ops import ModelOps
+from resident.model.qwen3_5 import Qwen3_5ForCausalLM
 
 # Tensors a Qwen3.5 checkpoint carries that a text-only server does not use.
 _IGNORED = re.compile(r"^(mtp\.|model\.visual\.|visual\.)")
@@ -48,10 +50,12 @@ def load_model(
     device: torch.device | str,
     dtype: torch.dtype,
     ops: ModelOps | None = None,
+    dense: DenseOps | None = None,
 ) -> Qwen3_5ForCausalLM:
-    """Builds the model on `device` without a throwaway init, then fills every parameter."""
+    """Builds the model on `device` without a throwaway init, fills every parameter, then
+    fuses the projections."""
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, ops).to(dtype)
+        model = Qwen3_5ForCausalLM(config, ops, dense).to(dtype)
     model = model.to_empty(device=device)
     model.init_buffers()
     params = dict(model.named_parameters())
@@ -60,6 +64,7 @@ def load_model(
     else:
         _fill_from_checkpoint(params, Path(config.weights), config.tie_word_embeddings)
     model.requires_grad_(False)
+    model.fuse_projections()
     return model.eval()
 
 

@@ -49,6 +49,9 @@ class KVPool(Resource):
         return max(0, self.pages_for(stream.length + num_new) - len(stream.pages))
 
     def admit(self, request_id: str, num_new: int) -> str | None:
+        stream = self.streams.get(request_id)
+        if stream is not None and stream.length + num_new <= len(stream.pages) * self.page_size:
+            return None  # the decode step's usual case: its last page has room
         need = self.pages_needed(request_id, num_new)
         if need > len(self._free):
             return f"no free KV pages (needs {need}, {len(self._free)} free)"

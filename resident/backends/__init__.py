@@ -1,0 +1,55 @@
+"""Kernel backends by name; see base.py for the split between prefill and decode kernels."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep, StepKernels
+from resident.backends.layout import PagedLayout, paged_layout
+from resident.config import EngineConfig
+from resident.model.config import ModelConfig
+
+__all__ = ["DecodeKernels", "PagedLayout", "PrefillKernels", "PrefillStep", "StepKernels",
+           "build_kernels", "paged_layout", "triton_runs_here"]
+
+
+def triton_runs_here(device: torch.device) -> bool:
+    """Triton kernels run on CUDA, or on CPU under the interpreter (tests at tiny sizes)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
+                  device: torch.device) -> StepKernels:
+    """The resolved config's prefill kernels (by device) and decode kernels (by
+    attention_backend). GDN decode uses the Triton kernels wherever Triton runs."""
+    from resident.backends.torch_ref import RefDecode, RefPrefill
+
+    name = config.attention_backend
+    if device.type != "cuda":
+        decode = RefDecode()
+        if name == "triton":
+            from resident.backends.triton_decode import TritonDecode
+            decode = TritonDecode()
+        return StepKernels(RefPrefill(), decode)
+
+    from resident.backends.flashinfer import (
+        FlashInferDecode,
+        FlashInferPrefill,
+        HeadShape,
+        flashinfer_workspace,
+    )
+    from resident.backends.triton_decode import GDN_DECODE_OPS, TritonDecode
+
+    heads = HeadShape.of(model, config.page_size, dtype)
+    workspace = flashinfer_workspace(device)
+    prefill = FlashInferPrefill(heads, workspace)
+    if name == "flashinfer":
+        max_pages = -(-config.max_model_len // config.page_size)
+        decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages)
+    elif name == "triton":
+        decode = TritonDecode()
+    else:
+        decode = RefDecode(GDN_DECODE_OPS)
+    return StepKernels(prefill, decode)

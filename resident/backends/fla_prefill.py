@@ -1,0 +1,46 @@
+"""GDN prefill with fla-core: `causal_conv1d` and `chunk_gated_delta_rule` over varlen rows.
+
+fla takes one state per row ([N, ...]) rather than a slot-indexed pool, so each layer gathers its
+rows' states from the pool, runs, and scatters the final states back (prefill steps are eager, so
+the gather's copy is allowed here). `cu_seqlens` is a fresh device tensor every step, with its
+host twin beside it so fla computes its chunk indices without reading the device: fla caches
+those by tensor identity, and a reused buffer with new contents would hit a stale entry.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from resident.model.ops import ModelOps
+from resident.model.step import StepMeta
+
+
+def fla_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device) -> ModelOps:
+    from fla.modules.causal_conv1d import causal_conv1d
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    cu_seqlens_cpu = torch.from_numpy(np.ascontiguousarray(query_start_loc_cpu, np.int64))
+    cu_seqlens = cu_seqlens_cpu.to(device, non_blocking=True)
+
+    def conv(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
+             meta: StepMeta) -> torch.Tensor:
+        initial = conv_pool[meta.state_slots]  # [B, C, W]
+        y, final = causal_conv1d(x.unsqueeze(0), weight, initial_state=initial,
+                                 output_final_state=True, activation="silu",
+                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+        conv_pool[meta.state_slots] = final.to(conv_pool.dtype)
+        return y[0]
+
+    def gated_delta_rule(query, key, value, log_decay, beta, state_pool: torch.Tensor,
+                         meta: StepMeta) -> torch.Tensor:
+        initial = state_pool[meta.state_slots]  # [B, Hv, Dk, Dv]
+        out, final = chunk_gated_delta_rule(
+            query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), log_decay.unsqueeze(0),
+            beta.unsqueeze(0), scale=query.shape[-1] ** -0.5, initial_state=initial,
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+            cu_seqlens_cpu=cu_seqlens_cpu)
+        state_pool[meta.state_slots] = final.to(state_pool.dtype)
+        return out[0]
+
+    return ModelOps(conv=conv, gated_delta_rule=gated_delta_rule)

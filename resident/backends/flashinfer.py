@@ -1,0 +1,118 @@
+"""FlashInfer fa2 kernels: paged prefill for varlen steps, and paged decode for the `flashinfer`
+decode backend.
+
+Both plan on the host: the plan reads each row's page count and last-page length from host
+tensors and writes the schedule into the wrapper's buffers. A decode bucket's wrapper is built
+with `use_cuda_graph`, so its buffers never move and a captured graph replays its `run` after a
+fresh `plan`. The plan runs every step: a plan is cheap to skip only when no row changed and no
+row crossed a page, and we do not skip it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
+from resident.backends.layout import PagedLayout
+from resident.backends.triton_decode import GDN_DECODE_OPS
+from resident.model.config import ModelConfig
+from resident.model.ops import ModelOps, write_kv_op
+
+WORKSPACE_BYTES = 128 * 2**20
+
+
+def _import_flashinfer():
+    try:
+        import flashinfer
+    except ImportError as err:
+        raise RuntimeError(f"FlashInfer is needed on CUDA (prefill, and attention_backend="
+                           f"flashinfer) but does not import: {err}; install "
+                           f"flashinfer-python (the gpu extra)") from None
+    return flashinfer
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadShape:
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, model: ModelConfig, page_size: int, dtype: torch.dtype) -> HeadShape:
+        return cls(model.num_attention_heads, model.num_key_value_heads, model.head_dim,
+                   page_size, dtype)
+
+    def plan_args(self, layout: PagedLayout) -> tuple:
+        return (layout.kv_indptr, layout.kv_indices, layout.kv_last_page_len,
+                self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size)
+
+    def plan_kwargs(self) -> dict:
+        return {"q_data_type": self.dtype, "kv_data_type": self.dtype,
+                "sm_scale": self.head_dim**-0.5}
+
+
+def _run(wrapper):
+    def attention(query, kv_layer, meta, scale):
+        return wrapper.run(query.contiguous(), kv_layer)
+    return attention
+
+
+class FlashInferPrefill(PrefillKernels):
+    """FlashInfer causal paged prefill for attention; fla for GDN (see fla_prefill)."""
+
+    needs_layout = True
+
+    def __init__(self, heads: HeadShape, workspace: torch.Tensor) -> None:
+        from resident.backends.fla_prefill import fla_prefill_ops
+
+        flashinfer = _import_flashinfer()
+        self.heads, self.device = heads, workspace.device
+        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
+                                                                      backend="fa2")
+        self._fla_prefill_ops = fla_prefill_ops
+
+    def ops(self, step: PrefillStep) -> ModelOps:
+        layout = step.layout
+        self.wrapper.plan(layout.qo_indptr, *self.heads.plan_args(layout), causal=True,
+                          **self.heads.plan_kwargs())
+        gdn = self._fla_prefill_ops(step.query_start_loc_cpu, self.device)
+        return dataclasses.replace(gdn, write_kv=write_kv_op, attention=_run(self.wrapper))
+
+
+class FlashInferDecode(DecodeKernels):
+    """fa2 paged decode on CUDA cores, one graph-safe wrapper per bucket."""
+
+    name = "flashinfer"
+    host_plan = True
+
+    def __init__(self, heads: HeadShape, workspace: torch.Tensor, buckets: tuple[int, ...],
+                 max_pages_per_row: int) -> None:
+        flashinfer = _import_flashinfer()
+        device = workspace.device
+        self.heads = heads
+        self.wrappers, self._ops = {}, {}
+        for bucket in buckets:
+            def int_buffer(size: int) -> torch.Tensor:
+                return torch.zeros(size, dtype=torch.int32, device=device)
+
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False,
+                paged_kv_indptr_buffer=int_buffer(bucket + 1),
+                paged_kv_indices_buffer=int_buffer(bucket * max_pages_per_row),
+                paged_kv_last_page_len_buffer=int_buffer(bucket), backend="fa2")
+            self.wrappers[bucket] = wrapper
+            self._ops[bucket] = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
+
+    def ops(self, bucket: int) -> ModelOps:
+        return self._ops[bucket]
+
+    def plan_decode(self, bucket: int, layout: PagedLayout) -> None:
+        self.wrappers[bucket].plan(*self.heads.plan_args(layout), **self.heads.plan_kwargs())
+
+
+def flashinfer_workspace(device: torch.device) -> torch.Tensor:
+    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)

@@ -1,0 +1,24 @@
+"""The torch references as a backend: every op on CPU, and decode attention anywhere."""
+
+from __future__ import annotations
+
+from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
+from resident.model.ops import ModelOps
+
+
+class RefPrefill(PrefillKernels):
+    def ops(self, step: PrefillStep) -> ModelOps:
+        return ModelOps()
+
+
+class RefDecode(DecodeKernels):
+    """Reads every key the block-table width names, masked by position: exact, and slow with
+    the full-width tables a captured graph uses, so it does not go into graphs."""
+
+    name = "torch"
+
+    def __init__(self, gdn: ModelOps | None = None) -> None:
+        self._ops = gdn or ModelOps()
+
+    def ops(self, bucket: int) -> ModelOps:
+        return self._ops

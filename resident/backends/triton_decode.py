@@ -1,0 +1,40 @@
+"""Triton decode kernels: split-KV paged attention reading pages and lengths on the device, and
+the GDN conv update and recurrence in place on the slot pools. No host plan, no host reads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from resident.backends.base import DecodeKernels
+from resident.kernels.decode_attention import paged_decode_attention
+from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
+from resident.model.ops import ModelOps, write_kv_op
+from resident.model.step import StepMeta
+
+
+def conv_decode_op(x, weight, conv_pool, meta: StepMeta):
+    return causal_conv_decode(x, weight, conv_pool, meta.state_slots, meta.query_start_loc, 1)
+
+
+def gated_delta_rule_decode_op(query, key, value, log_decay, beta, state_pool, meta: StepMeta):
+    return gated_delta_rule_decode(query, key, value, log_decay, beta, state_pool,
+                                   meta.state_slots, meta.query_start_loc, 1)
+
+
+def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float):
+    return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
+                                  scale)
+
+
+GDN_DECODE_OPS = ModelOps(write_kv=write_kv_op, conv=conv_decode_op,
+                          gated_delta_rule=gated_delta_rule_decode_op)
+
+
+class TritonDecode(DecodeKernels):
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention_decode_op)
+
+    def ops(self, bucket: int) -> ModelOps:
+        return self._ops

@@ -1,0 +1,122 @@
+"""Decode step profile: where a decode step's time goes, in process, without the HTTP server.
+
+    python -m resident.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
+                                   [--set knob=value ...] [--json FILE]
+
+For each concurrency c the engine takes c requests, prefills them, then runs decode steps with
+all c rows. It reports the wall time of a decode step (scheduling, host staging, the host
+attention plan if any, the graph replay, sampling and its one sync), the GPU kernel time inside
+it (torch.profiler over PROFILED steps: kernels and their count), and the roofline of
+`resident info` at the same context. Step wall minus GPU busy is host time the GPU waits for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
+from resident.engine.engine import Engine
+from resident.info import model_facts
+from resident.model.config import load_model_config
+from resident.server.protocol import AddRequest, SamplingParams
+
+TIMED, PROFILED, TOP_KERNELS = 40, 10, 14
+
+
+def _decode_steps(engine: Engine, count: int) -> float:
+    """Seconds per decode step over `count` steps (each ends in sampling's sync)."""
+    start = time.perf_counter()
+    for _ in range(count):
+        engine.step()
+    return (time.perf_counter() - start) / count
+
+
+def _gpu_per_step(engine: Engine) -> tuple[float, float, list[dict]]:
+    """(GPU kernel ms, kernels, the TOP_KERNELS costliest kernel names) per decode step, from
+    torch.profiler."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED):
+            engine.step()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name, []).append(event.device_time_total)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
+    top_rows = [{"kernel": name[:90], "us_per_step": round(sum(times) / PROFILED, 1),
+                 "calls_per_step": len(times) / PROFILED} for name, times in top]
+    busy_us = sum(e.device_time_total for e in kernels)
+    return busy_us / 1e3 / PROFILED, len(kernels) / PROFILED, top_rows
+
+
+def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int) -> dict:
+    generator = torch.Generator().manual_seed(concurrency)
+    vocab = engine.model_config.vocab_size
+    steps = 2 * (TIMED + PROFILED) + 16
+    for index in range(concurrency):
+        prompt = torch.randint(0, vocab, (prompt_len,), generator=generator).tolist()
+        engine.add_request(AddRequest(f"c{concurrency}-{index}", prompt,
+                                      SamplingParams(max_tokens=steps, ignore_eos=True)))
+    while engine.scheduler.waiting or any(r.num_computed < len(r.prompt_ids)
+                                          for r in engine.requests.values()):
+        engine.step()
+    _decode_steps(engine, 8)  # warm
+    before = dict(engine.counters)
+    step_s = _decode_steps(engine, TIMED)
+    decode_steps = engine.counters["steps_decode"] - before.get("steps_decode", 0)
+    gpu_ms, kernels, top = _gpu_per_step(engine)
+    for request_id in list(engine.requests):
+        engine.abort(request_id)
+    context = prompt_len + 8 + TIMED
+    roofline = model_facts(engine.model_config, context=context,
+                           batches=(concurrency,)).roofline[0]
+    return {
+        "concurrency": concurrency, "decode_steps_timed": decode_steps,
+        "step_ms": round(step_s * 1e3, 3), "tok_s": round(concurrency / step_s, 1),
+        "gpu_busy_ms": round(gpu_ms, 3), "kernels_per_step": round(kernels, 1),
+        "host_gap_ms": round(step_s * 1e3 - gpu_ms, 3),
+        "roofline_ms": round(roofline.ms_per_step, 3), "context": context,
+        "top_kernels": top,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--set", dest="knobs", action="append", default=[])
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("resident.bench needs a CUDA device", file=sys.stderr)
+        return 2
+    model = load_model_config(args.model)
+    config = build_engine_config(model_yaml_knobs(args.model), None,
+                                 parse_set_options(args.knobs))
+    engine = Engine(model, config, torch.device("cuda"))
+    rows = [profile_concurrency(engine, int(c), args.prompt_len)
+            for c in args.concurrency.split(",")]
+    knobs = {k: engine.config.to_dict()[k] for k in
+             ("attention_backend", "cuda_graphs", "compile", "resident_planning")}
+    print(json.dumps(knobs))
+    header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "roofline ms")
+    print(" ".join(f"{h:>11}" for h in header))
+    for row in rows:
+        values = (row["concurrency"], row["step_ms"], row["tok_s"], row["gpu_busy_ms"],
+                  row["kernels_per_step"], row["host_gap_ms"], row["roofline_ms"])
+        print(" ".join(f"{v:>11}" for v in values))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"knobs": knobs, "rows": rows}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""DecodeGraphs: one CUDA graph per decode bucket, captured over the runner's fixed buffers.
+
+A decode step of bucket b is the same launches every time: only the contents of the input
+buffers (token ids, positions, KV write locations, block tables, state slots, and for a
+host-planned attention backend its plan buffers) change. Each bucket is warmed once eagerly
+(torch.compile and Triton autotuning happen there, outside the capture), then captured. Buckets
+are captured largest first into one memory pool, so the smaller graphs reuse the largest one's
+intermediate memory: only one graph's outputs are alive at a time, because the engine samples
+from a step's logits before it replays the next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger("resident.graphs")
+
+
+class DecodeGraphs:
+    def __init__(self) -> None:
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+
+    @property
+    def buckets(self) -> list[int]:
+        return sorted(self._graphs)
+
+    def capture(self, buckets: tuple[int, ...], prepare: Callable[[int], None],
+                forward: Callable[[int], torch.Tensor], describe: Callable[[int], str]) -> None:
+        """prepare(b) stages an all-padding step of bucket b (and its host plan, if any);
+        forward(b) runs the bucket's forward and logits over the fixed buffers."""
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        for bucket in sorted(buckets, reverse=True):
+            prepare(bucket)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                forward(bucket)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._logits[bucket] = forward(bucket)
+            self._graphs[bucket] = graph
+            log.info("captured decode bucket %d: %s", bucket, describe(bucket))
+        torch.cuda.synchronize()
+
+    def has(self, bucket: int) -> bool:
+        return bucket in self._graphs
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        """[bucket, vocab] logits, valid until the next replay of any bucket."""
+        self._graphs[bucket].replay()
+        return self._logits[bucket]

@@ -1,0 +1,56 @@
+"""ModelOps: the kernels one forward calls, chosen per step.
+
+The engine builds one ModelOps per kind of step: prefill and mixed steps get varlen kernels
+(FlashInfer paged prefill, fla's chunked GDN on CUDA), each decode bucket gets decode kernels
+(Triton or FlashInfer decode attention, the Triton GDN decode kernels) bound to that bucket's
+fixed buffers. Every op takes the step's StepMeta, so a backend reads what it needs from it and
+carries any host-side plan in its own closure. The defaults are the torch references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from resident.kernels.attention import paged_attention_ref, write_kv_ref
+from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
+from resident.model.step import StepMeta
+
+
+def write_kv_op(kv_layer: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                meta: StepMeta) -> None:
+    """Writes each token's K and V ([T, Hkv, D]) at its kv_write_loc."""
+    write_kv_ref(kv_layer, key, value, meta.kv_write_loc)
+
+
+def attention_ref_op(query: torch.Tensor, kv_layer: torch.Tensor, meta: StepMeta,
+                     scale: float) -> torch.Tensor:
+    """[T, H, D] -> [T, H, D]: causal paged attention, the torch reference."""
+    return paged_attention_ref(query, kv_layer, meta.block_tables, meta.token_seq,
+                               meta.positions, scale)
+
+
+def conv_ref_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
+                meta: StepMeta) -> torch.Tensor:
+    """[T, C] -> [T, C]: causal depthwise conv + silu, pool updated in place."""
+    return causal_conv_ref(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
+                           meta.max_query_len)
+
+
+def gated_delta_rule_ref_op(query, key, value, log_decay, beta, state_pool: torch.Tensor,
+                            meta: StepMeta) -> torch.Tensor:
+    """[T, Hv, Dv]: the gated delta rule over each row's tokens, pool updated in place."""
+    return gated_delta_rule_ref(query, key, value, log_decay, beta, state_pool,
+                                meta.state_slots, meta.query_start_loc, meta.max_query_len)
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    """The kernels of one kind of step; the torch references by default."""
+
+    write_kv: Callable = write_kv_op
+    attention: Callable = attention_ref_op
+    conv: Callable = conv_ref_op
+    gated_delta_rule: Callable = gated_delta_rule_ref_op

@@ -1,0 +1,70 @@
+"""Kernel backends on CPU: knob resolution, the host page layout, and the engine driving the Triton
+decode kernels (under the interpreter) to the same greedy tokens as the torch references."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+from resident.backends import paged_layout  # noqa: E402
+from resident.config import EngineConfig  # noqa: E402
+from resident.engine.engine import Engine  # noqa: E402
+from resident.model.config import load_model_config  # noqa: E402
+
+from model_driver import run_engine  # noqa: E402
+
+TINY = load_model_config("tiny")
+
+
+def test_auto_knobs_resolve_by_device():
+    cpu = EngineConfig().resolve(TINY, "cpu")
+    assert (cpu.attention_backend, cpu.cuda_graphs, cpu.compile) == ("torch", "off", "off")
+    cuda = EngineConfig().resolve(TINY, "cuda")
+    assert (cuda.attention_backend, cuda.cuda_graphs, cuda.compile) == ("triton", "on", "on")
+    flashinfer = EngineConfig(attention_backend="flashinfer").resolve(TINY, "cuda")
+    assert flashinfer.cuda_graphs == "on"
+    assert EngineConfig(attention_backend="torch").resolve(TINY, "cuda").cuda_graphs == "off"
+
+
+@pytest.mark.parametrize("knobs, device, message", [
+    ({"cuda_graphs": "on"}, "cpu", "cuda_graphs: on needs a CUDA device"),
+    ({"attention_backend": "flashinfer"}, "cpu", "flashinfer needs a CUDA device"),
+    ({"attention_backend": "torch", "cuda_graphs": "on"}, "cuda", "cannot go with"),
+    ({"compile": "maybe"}, "cpu", "knob compile: 'maybe' is not one of"),
+])
+def test_impossible_knobs_fail_naming_the_knob(knobs, device, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**knobs).resolve(TINY, device)
+
+
+def test_paged_layout_pads_on_the_sink():
+    layout = paged_layout([([5, 9, 2], 33, 1), ([7], 16, 16)], page_size=16, pad_to=3)
+    assert layout.qo_indptr.tolist() == [0, 1, 17, 18]
+    assert layout.kv_indptr.tolist() == [0, 3, 4, 5]
+    assert layout.kv_indices.tolist() == [5, 9, 2, 7, 0]
+    assert layout.kv_last_page_len.tolist() == [1, 16, 1]
+
+
+def test_paged_layout_ignores_pages_past_the_length():
+    layout = paged_layout([([4, 6, 8], 17, 1)], page_size=16)
+    assert layout.kv_indices.tolist() == [4, 6]
+    assert layout.kv_last_page_len.tolist() == [1]
+
+
+def test_triton_decode_backend_gives_the_reference_tokens():
+    """Prefill on the references, decode buckets on the Triton kernels (interpreted on CPU)."""
+    generator = torch.Generator().manual_seed(3)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          6) for i, n in enumerate((5, 40, 17))}
+
+    def greedy(backend: str) -> dict[str, list[int]]:
+        config = EngineConfig(attention_backend=backend, decode_buckets=(1, 2, 4),
+                              max_num_seqs=4, resident_planning="off")
+        return run_engine(Engine(TINY, config, torch.device("cpu")), requests)
+
+    assert greedy("triton") == greedy("torch")
