@@ -31,7 +31,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         decode = RefDecode()
         if name == "triton":
             from resident.backends.triton_decode import TritonDecode
-            decode = TritonDecode()
+            decode = TritonDecode(config.decode_buckets)
         return StepKernels(RefPrefill(), decode)
 
     from resident.backends.flashinfer import (
@@ -49,7 +49,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages)
     elif name == "triton":
-        decode = TritonDecode()
+        decode = TritonDecode(config.decode_buckets)
     else:
-        decode = RefDecode(GDN_DECODE_OPS)
+        decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return StepKernels(prefill, decode)

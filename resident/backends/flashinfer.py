@@ -16,7 +16,7 @@ import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
 from resident.backends.layout import PagedLayout
-from resident.backends.triton_decode import GDN_DECODE_OPS
+from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops
 from resident.model.config import ModelConfig
 from resident.model.ops import ModelOps, write_kv_op
 
@@ -105,7 +105,8 @@ class FlashInferDecode(DecodeKernels):
                 paged_kv_indices_buffer=int_buffer(bucket * max_pages_per_row),
                 paged_kv_last_page_len_buffer=int_buffer(bucket), backend="fa2")
             self.wrappers[bucket] = wrapper
-            self._ops[bucket] = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
+            ops = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
+            self._ops[bucket] = decode_gemm_ops(ops, bucket)
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

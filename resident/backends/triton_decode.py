@@ -8,7 +8,8 @@ import dataclasses
 from resident.backends.base import DecodeKernels
 from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
-from resident.model.ops import ModelOps, write_kv_op
+from resident.kernels.gemv import MIN_DOT, skinny_linear
+from resident.model.ops import ModelOps, narrow_linear_ref, write_kv_op
 from resident.model.step import StepMeta
 
 
@@ -30,11 +31,19 @@ GDN_DECODE_OPS = ModelOps(write_kv=write_kv_op, conv=conv_decode_op,
                           gated_delta_rule=gated_delta_rule_decode_op)
 
 
+def decode_gemm_ops(ops: ModelOps, bucket: int) -> ModelOps:
+    """A bucket of at most 16 rows runs its narrow projections on the skinny Triton GEMM
+    (measured against cuBLAS in results/2026-11-29-h200-0.8b-backends/gemv_bench.json)."""
+    narrow = skinny_linear if bucket <= MIN_DOT else narrow_linear_ref
+    return dataclasses.replace(ops, narrow_linear=narrow)
+
+
 class TritonDecode(DecodeKernels):
     name = "triton"
 
-    def __init__(self) -> None:
-        self._ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention_decode_op)
+    def __init__(self, buckets: tuple[int, ...]) -> None:
+        ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention_decode_op)
+        self._ops = {bucket: decode_gemm_ops(ops, bucket) for bucket in buckets}
 
     def ops(self, bucket: int) -> ModelOps:
-        return self._ops
+        return self._ops[bucket]

@@ -27,7 +27,7 @@ REPEAT, SAMPLES = 20, 15
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 8, 2, 256, 16
 
 
-def _graph_time_us(run) -> float:
+def graph_time_us(run) -> float:
     """Median per-call GPU time of `run` replayed REPEAT times inside one graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -61,7 +61,7 @@ def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
 
     out = torch.empty_like(query)
     scratch = decode_scratch(batch, HEADS, HEAD_DIM, 8, device)
-    triton_us = _graph_time_us(lambda: paged_decode_attention(
+    triton_us = graph_time_us(lambda: paged_decode_attention(
         query, kv, tables, None, positions, scale, out=out, scratch=scratch))
 
     heads = HeadShape(HEADS, KV_HEADS, HEAD_DIM, PAGE, torch.bfloat16)
@@ -73,7 +73,7 @@ def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
         decode.plan_decode(batch, layout)
         plan_times.append((time.perf_counter() - start) * 1e6)
     attention = decode.ops(batch).attention
-    fa2_us = _graph_time_us(lambda: attention(query, kv, None, scale))
+    fa2_us = graph_time_us(lambda: attention(query, kv, None, scale))
     want = attention(query, kv, None, scale)
     got = paged_decode_attention(query, kv, tables, None, positions, scale)
     rel_err = ((got.float() - want.float()).norm() / want.float().norm()).item()

@@ -18,6 +18,8 @@ from resident.kernels.attention import paged_attention_ref, write_kv_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
 from resident.model.step import StepMeta
 
+narrow_linear_ref = torch.nn.functional.linear
+
 
 def write_kv_op(kv_layer: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 meta: StepMeta) -> None:
@@ -54,3 +56,7 @@ class ModelOps:
     attention: Callable = attention_ref_op
     conv: Callable = conv_ref_op
     gated_delta_rule: Callable = gated_delta_rule_ref_op
+    # (x, weight) -> x @ weight.T for the projections whose output is narrower than their input
+    # (GDN out_proj, attention o_proj, MLP down): cuBLAS picks a split-K kernel for these at a
+    # few rows that a skinny Triton kernel beats (resident/kernels/gemv.py)
+    narrow_linear: Callable = narrow_linear_ref

@@ -66,8 +66,9 @@ class MLP(nn.Module):
     def fuse_projections(self) -> None:
         fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.dense.silu_mul(F.linear(x, self.gate_up_weight)))
+    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
+        hidden = self.dense.silu_mul(F.linear(x, self.gate_up_weight))
+        return ops.narrow_linear(hidden, self.down_proj.weight)
 
 
 class Attention(nn.Module):
@@ -112,7 +113,7 @@ class Attention(nn.Module):
         kv_layer = cache.kv[self.cache_index]
         ops.write_kv(kv_layer, key, value, meta)
         out = self.dense.sigmoid_gate(ops.attention(query, kv_layer, meta, head_dim**-0.5), gate)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return ops.narrow_linear(out.reshape(num_tokens, -1), self.o_proj.weight)
 
 
 class GatedDeltaNet(nn.Module):
@@ -162,7 +163,8 @@ class GatedDeltaNet(nn.Module):
                                    meta)
         z = z.view(num_tokens, self.num_v_heads, self.v_head_dim)
         out = self.dense.gated_rms_norm(out, z, self.norm.weight, self.norm.eps)
-        return self.out_proj(out.reshape(num_tokens, self.value_dim))
+        return ops.narrow_linear(out.reshape(num_tokens, self.value_dim),
+                                 self.out_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -192,7 +194,7 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, meta, cache, ops)
         norm = self.post_attention_layernorm
         h, residual = self.dense.add_rms_norm(h, residual, norm.weight, norm.eps)
-        return self.mlp(h), residual
+        return self.mlp(h, ops), residual
 
 
 class TextModel(nn.Module):
