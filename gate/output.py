@@ -18,6 +18,8 @@ from rich.text import Text
 
 from gate import tables
 
+WIDE = 200  # columns for a summary that no terminal will wrap
+
 
 class OutputFormat(enum.StrEnum):
     table = "table"
@@ -31,10 +33,11 @@ def summary_table(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> Table
     table = Table(title=f"{manifest.get('name') or 'gate session'}: summary", box=box.SIMPLE_HEAD,
                   caption=Text("tok/s: median [min-max] over ok runs; ITL and TTFT in ms"))
     table.add_column("cell", no_wrap=True)
-    table.add_column("arm", min_width=4, overflow="fold")
-    # numbers keep their width; names and verdicts wrap
-    for name in ("tok/s", "ITL p50/mean", "TTFT p50", f"vs {baseline}"):
+    table.add_column("arm", min_width=4, overflow="fold")  # folds only in a narrow terminal
+    # numbers keep their width; headers and verdicts wrap at spaces
+    for name in ("tok/s", "ITL p50/mean", "TTFT p50"):
         table.add_column(name, justify="right", no_wrap=True)
+    table.add_column(f"vs {baseline}", justify="right", min_width=7)
     table.add_column("verdict", min_width=8)  # "baseline" whole; longer verdicts wrap at spaces
     for row in rows:
         table.add_row(*(Text(cell) for cell in tables.summary_cells(row, baseline)))
@@ -49,4 +52,7 @@ def print_summary(rows: list[dict[str, Any]], manifest: dict[str, Any],
     elif fmt == OutputFormat.md:
         sys.stdout.write(tables.summary_md(rows, manifest))
     else:
-        Console(file=sys.stdout).print(summary_table(rows, manifest))
+        # a terminal wraps the table at its width; a pipe or file gets the table's own width
+        terminal = sys.stdout.isatty()
+        Console(file=sys.stdout, width=None if terminal else WIDE).print(
+            summary_table(rows, manifest))

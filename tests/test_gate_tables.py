@@ -162,7 +162,8 @@ def test_report_table_and_md(tmp_path):
     build_session(tmp_path)
     table = CliRunner().invoke(_app(), [str(tmp_path)])
     assert table.exit_code == 0, table.output
-    assert "1505 [1480-1530]" in table.stdout  # numbers never wrap, even at 80 columns
+    assert "1505 [1480-1530]" in table.stdout  # numbers never wrap
+    assert "too few rounds" in table.stdout  # piped: the table keeps its own width
     md = CliRunner().invoke(_app(), [str(tmp_path), "--format", "md"])
     assert md.stdout == (tmp_path / tables.SUMMARY_FILE).read_text()
 
@@ -177,3 +178,4 @@ def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
     half = CliRunner().invoke(_app(), ["half-session"])
     assert half.exit_code == 2
     assert "half-session" in half.output and "runs.jsonl" in half.output
+

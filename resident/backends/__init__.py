@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep, StepKernels
@@ -12,18 +10,16 @@ from resident.config import EngineConfig
 from resident.model.config import ModelConfig
 
 __all__ = ["DecodeKernels", "PagedLayout", "PrefillKernels", "PrefillStep", "StepKernels",
-           "build_kernels", "paged_layout", "triton_runs_here"]
-
-
-def triton_runs_here(device: torch.device) -> bool:
-    """Triton kernels run on CUDA, or on CPU under the interpreter (tests at tiny sizes)."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+           "build_kernels", "paged_layout"]
 
 
 def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
                   device: torch.device) -> StepKernels:
     """The resolved config's prefill kernels (by device) and decode kernels (by
-    attention_backend). GDN decode uses the Triton kernels wherever Triton runs."""
+    attention_backend). On CPU, `triton` (allowed only under TRITON_INTERPRET, for tests) runs
+    every decode kernel in the interpreter. On CUDA the GDN decode kernels are Triton's under
+    every backend, and `triton` and `flashinfer` run the narrow projections of buckets of at
+    most 16 rows on the skinny Triton GEMM."""
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend

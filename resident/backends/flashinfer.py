@@ -15,6 +15,7 @@ import dataclasses
 import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
+from resident.backends.fla_prefill import fla_prefill_ops
 from resident.backends.layout import PagedLayout
 from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops
 from resident.model.config import ModelConfig
@@ -67,19 +68,16 @@ class FlashInferPrefill(PrefillKernels):
     needs_layout = True
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor) -> None:
-        from resident.backends.fla_prefill import fla_prefill_ops
-
         flashinfer = _import_flashinfer()
         self.heads, self.device = heads, workspace.device
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
                                                                       backend="fa2")
-        self._fla_prefill_ops = fla_prefill_ops
 
     def ops(self, step: PrefillStep) -> ModelOps:
         layout = step.layout
         self.wrapper.plan(layout.qo_indptr, *self.heads.plan_args(layout), causal=True,
                           **self.heads.plan_kwargs())
-        gdn = self._fla_prefill_ops(step.query_start_loc_cpu, self.device)
+        gdn = fla_prefill_ops(step.query_start_loc_cpu, self.device)
         return dataclasses.replace(gdn, write_kv=write_kv_op, attention=_run(self.wrapper))
 
 
