@@ -68,3 +68,43 @@ def test_triton_decode_backend_gives_the_reference_tokens():
         return run_engine(Engine(TINY, config, torch.device("cpu")), requests)
 
     assert greedy("triton") == greedy("torch")
+
+
+def test_plan_reuse_only_when_the_page_lists_match():
+    from resident.backends.layout import PlanReuse
+
+    reuse = PlanReuse()
+    first = paged_layout([([5, 9], 20, 1), ([7], 3, 1)], page_size=16, pad_to=4)
+    assert not reuse.reusable(4, first)  # nothing planned yet
+    reuse.planned(4, first)
+    longer = paged_layout([([5, 9], 21, 1), ([7], 4, 1)], page_size=16, pad_to=4)
+    assert reuse.reusable(4, longer)  # only the last-page lengths moved
+    assert not reuse.reusable(8, longer)  # another bucket, another plan
+    crossed = paged_layout([([5, 9, 4], 33, 1), ([7], 5, 1)], page_size=16, pad_to=4)
+    assert not reuse.reusable(4, crossed)  # a row crossed a page
+    swapped = paged_layout([([7], 4, 1), ([5, 9], 21, 1)], page_size=16, pad_to=4)
+    assert not reuse.reusable(4, swapped)  # same rows, another order
+
+
+
+def test_runner_host_layout_is_the_streams_page_lists():
+    """The fa2 host plan's page lists, read off the runner's staged tables, equal the ones built
+    from the KV streams row by row (decode rows, then padding rows on the sink)."""
+    from resident.server.protocol import AddRequest, SamplingParams
+
+    config = EngineConfig(decode_buckets=(1, 2, 4, 8), max_num_seqs=8, resident_planning="off")
+    engine = Engine(TINY, config, torch.device("cpu"))
+    for index, length in enumerate((15, 16, 31)):  # KV lengths 16, 17, 32 at the first decode
+        engine.add_request(AddRequest(f"r{index}", [7] * length, SamplingParams(max_tokens=9)))
+    while any(r.is_prefilling for r in engine.requests.values()) or engine.scheduler.waiting:
+        engine.step()
+    plan = engine.scheduler.schedule()
+    assert plan.kind == "decode" and len(plan.rows) == 3
+    runner = engine.runner
+    width = runner._stage_decode(plan, 4)
+    got = runner._host_layout(plan, 4, width)
+    want = paged_layout([(engine.kv.streams[row.request.request_id].pages,
+                          row.request.num_computed + 1, 1) for row in plan.rows], 16, pad_to=4)
+    for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"):
+        assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+    assert got.kv_last_page_len.tolist() == [16, 1, 16, 1]

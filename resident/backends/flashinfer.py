@@ -4,8 +4,9 @@ decode backend.
 Both plan on the host: the plan reads each row's page count and last-page length from host
 tensors and writes the schedule into the wrapper's buffers. A decode bucket's wrapper is built
 with `use_cuda_graph`, so its buffers never move and a captured graph replays its `run` after a
-fresh `plan`. The plan runs every step: a plan is cheap to skip only when no row changed and no
-row crossed a page, and we do not skip it.
+`plan`. A decode step whose page lists equal the bucket's last plan's (no row changed and none
+crossed a page) skips the plan and writes only the last-page lengths (layout.PlanReuse says why
+that is exact); at high concurrency some row crosses a page nearly every step.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
 from resident.backends.fla_prefill import fla_prefill_ops
-from resident.backends.layout import PagedLayout
+from resident.backends.layout import PagedLayout, PlanReuse
 from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops
 from resident.model.config import ModelConfig
 from resident.model.ops import ModelOps, write_kv_op
@@ -92,16 +93,20 @@ class FlashInferDecode(DecodeKernels):
         flashinfer = _import_flashinfer()
         device = workspace.device
         self.heads = heads
-        self.wrappers, self._ops = {}, {}
+        self.wrappers, self._ops, self._last_page_len = {}, {}, {}
+        self.reuse = PlanReuse()
+        self.num_plans = self.num_plans_reused = 0
         for bucket in buckets:
             def int_buffer(size: int) -> torch.Tensor:
                 return torch.zeros(size, dtype=torch.int32, device=device)
 
+            # the graph-mode wrapper keeps these buffers and plans into them
+            self._last_page_len[bucket] = int_buffer(bucket)
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False,
                 paged_kv_indptr_buffer=int_buffer(bucket + 1),
                 paged_kv_indices_buffer=int_buffer(bucket * max_pages_per_row),
-                paged_kv_last_page_len_buffer=int_buffer(bucket), backend="fa2")
+                paged_kv_last_page_len_buffer=self._last_page_len[bucket], backend="fa2")
             self.wrappers[bucket] = wrapper
             ops = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
             self._ops[bucket] = decode_gemm_ops(ops, bucket)
@@ -110,7 +115,13 @@ class FlashInferDecode(DecodeKernels):
         return self._ops[bucket]
 
     def plan_decode(self, bucket: int, layout: PagedLayout) -> None:
+        if self.reuse.reusable(bucket, layout):
+            self._last_page_len[bucket].copy_(layout.kv_last_page_len, non_blocking=True)
+            self.num_plans_reused += 1
+            return
         self.wrappers[bucket].plan(*self.heads.plan_args(layout), **self.heads.plan_kwargs())
+        self.reuse.planned(bucket, layout)
+        self.num_plans += 1
 
 
 def flashinfer_workspace(device: torch.device) -> torch.Tensor:

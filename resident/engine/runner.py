@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from resident.backends import PagedLayout, PrefillStep, StepKernels, paged_layout
+from resident.backends import PagedLayout, PrefillStep, StepKernels
+from resident.backends.layout import table_layout
 from resident.config import EngineConfig
 from resident.engine.graphs import DecodeGraphs
 from resident.engine.request import Request
@@ -120,15 +121,19 @@ class StepRunner:
             pages[start // page_size] * page_size + start % page_size
             for pages, start in zip(page_lists, starts, strict=True)]
         buf.state_slots_cpu[:num_rows] = [self.states.slots[rid] for rid in ids]
-        tables = buf.block_tables_cpu
-        for row_index, pages in enumerate(page_lists):
-            tables[row_index, :len(pages)] = pages
         padding = slice(num_rows, bucket)
         buf.input_ids_cpu[padding] = 0
         buf.positions_cpu[padding] = 0
         buf.kv_write_loc_cpu[padding] = SINK_PAGE * page_size
         buf.state_slots_cpu[padding] = SINK_SLOT
-        tables[padding, 0] = SINK_PAGE
+        return self._stage_tables(page_lists, bucket)
+
+    def _stage_tables(self, page_lists: list[list[int]], bucket: int) -> int:
+        """Block-table rows, then padding rows on the sink page; returns the width."""
+        tables = self.buffers.block_tables_cpu
+        for row_index, pages in enumerate(page_lists):
+            tables[row_index, :len(pages)] = pages
+        tables[len(page_lists):bucket, 0] = SINK_PAGE
         return max(map(len, page_lists), default=1)
 
     def _stage_row(self, row_index: int, first: int, num_new: int, request: Request) -> int:
@@ -195,10 +200,22 @@ class StepRunner:
             max_query_len=1,
         )
 
-    def _decode_layout(self, plan: StepPlan, bucket: int) -> PagedLayout:
-        rows = [(self.kv.streams[row.request.request_id].pages,
-                 row.request.num_computed + row.num_new, row.num_new) for row in plan.rows]
-        return paged_layout(rows, self.page_size, pad_to=bucket)
+    def _host_layout(self, plan: StepPlan, num_rows: int, width: int) -> PagedLayout:
+        """FlashInfer's page lists from the staged host tables: the plan's rows, then padding
+        rows (one token on the sink) up to num_rows."""
+        count = len(plan.rows)
+        kv_lens = np.ones(num_rows, np.int64)
+        q_lens = np.ones(num_rows, np.int64)
+        kv_lens[:count] = [row.request.num_computed + row.num_new for row in plan.rows]
+        q_lens[:count] = [row.num_new for row in plan.rows]
+        return table_layout(self.buffers.block_tables_cpu[:num_rows, :width], kv_lens, q_lens,
+                            self.page_size)
+
+    def _plan_attention(self, plan: StepPlan, bucket: int, width: int) -> None:
+        """The decode backend's host plan, if it needs one, from tables staged on the host."""
+        decode = self.kernels.decode
+        if decode.host_plan:
+            decode.plan_decode(bucket, self._host_layout(plan, bucket, width))
 
     # -- the host-planned step --------------------------------------------------------------
 
@@ -209,27 +226,21 @@ class StepRunner:
             bucket = self.bucket_for(len(plan.rows))
             width = self._stage_decode(plan, bucket)
             self._upload(bucket, bucket, width, None)
-            return self.run_decode(plan, bucket, width)
+            self._plan_attention(plan, bucket, width)
+            return self.run_decode(bucket, width)
         num_tokens, width, num_sampling = self._stage(plan)
         num_rows = len(plan.rows)
         self._upload(num_tokens, num_rows, width, num_sampling)
         prefill = self.kernels.prefill
-        layout = None
-        if prefill.needs_layout:
-            rows = [(self.kv.streams[row.request.request_id].pages,
-                     row.request.num_computed + row.num_new, row.num_new) for row in plan.rows]
-            layout = paged_layout(rows, self.page_size)
+        layout = self._host_layout(plan, num_rows, width) if prefill.needs_layout else None
         step = PrefillStep(self.buffers.query_start_loc_cpu[:num_rows + 1].copy(), layout)
         meta = self._varlen_meta(num_tokens, num_rows, width, num_sampling)
         return self.execute(self.buffers.input_ids_gpu[:num_tokens], meta,
                             prefill.ops(step))
 
-    def run_decode(self, plan: StepPlan, bucket: int, width: int) -> torch.Tensor:
-        """A decode bucket whose inputs are in the fixed buffers: its host attention plan (if
-        the backend needs one), then the graph's replay or the eager forward."""
-        decode = self.kernels.decode
-        if decode.host_plan:
-            decode.plan_decode(bucket, self._decode_layout(plan, bucket))
+    def run_decode(self, bucket: int, width: int) -> torch.Tensor:
+        """A decode bucket whose inputs (and host attention plan, if any) are in place: the
+        graph's replay or the eager forward."""
         if self.graphs is not None and self.graphs.has(bucket):
             return self.graphs.replay(bucket)
         return self._decode_forward(bucket, width)
@@ -262,7 +273,10 @@ class StepRunner:
             buf.block_tables_gpu[:bucket, :staged.width], buf.positions_gpu[:bucket],
             buf.kv_write_loc_gpu[:bucket], buf.state_slots_gpu[:bucket],
         )
-        logits = self.run_decode(plan, bucket, staged.width)
+        if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
+            page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
+            self._plan_attention(plan, bucket, self._stage_tables(page_lists, bucket))
+        logits = self.run_decode(bucket, staged.width)
         advance_lengths_ref(planner.store_gpu, staged.slot_ids_gpu,
                             [p.length_col for p in layout.pools if p.appends])
         return logits, self.decode_meta(bucket, staged.width)
@@ -285,8 +299,7 @@ class StepRunner:
             empty = StepPlan([], "decode")
             self._stage_decode(empty, bucket)
             self._upload(bucket, bucket, self.max_pages, None)
-            if decode.host_plan:
-                decode.plan_decode(bucket, self._decode_layout(empty, bucket))
+            self._plan_attention(empty, bucket, 1)
 
         def describe(bucket: int) -> str:
             plan = "yes" if decode.host_plan else "no"

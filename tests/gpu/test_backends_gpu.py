@@ -82,6 +82,36 @@ def test_flashinfer_decode_matches_reference(heads, lengths):
     assert _rel_err(got, want) < 1e-2
 
 
+def test_flashinfer_decode_plan_reuse_is_exact():
+    """Steps whose page lists match the bucket's last plan skip the plan: their outputs equal a
+    fresh plan's bit for bit, across steps that cross a page and steps that do not."""
+    from resident.backends.flashinfer import FlashInferDecode, flashinfer_workspace
+    from resident.backends.layout import PlanReuse
+
+    generator = torch.Generator().manual_seed(11)
+    num_heads, num_kv_heads, head_dim = SHAPES[0]
+    bucket, starts = 4, [13, 30, 200]  # rows cross a page at different steps
+    kv = torch.randn(64, 2, PAGE, num_kv_heads, head_dim, generator=generator)
+    kv = kv.to(DEVICE, torch.bfloat16)
+    pages = [list(range(1 + 16 * row, 17 + 16 * row)) for row in range(len(starts))]
+    reusing, fresh = (FlashInferDecode(_heads(*SHAPES[0]), flashinfer_workspace(DEVICE),
+                                       (bucket,), max_pages_per_row=16) for _ in range(2))
+    for step in range(20):
+        lengths = [start + step + 1 for start in starts]
+        layout = paged_layout([(row_pages, n, 1) for row_pages, n in zip(pages, lengths,
+                                                                          strict=True)],
+                              PAGE, pad_to=bucket)
+        query = torch.randn(bucket, num_heads, head_dim, generator=generator)
+        query = query.to(DEVICE, torch.bfloat16)
+        fresh.reuse = PlanReuse()  # forgets its last plan: plans every step
+        outputs = []
+        for decode in (reusing, fresh):
+            decode.plan_decode(bucket, layout)
+            outputs.append(decode.ops(bucket).attention(query, kv, None, head_dim**-0.5))
+        assert torch.equal(outputs[0], outputs[1]), f"step {step}"
+    assert reusing.num_plans_reused > 10 and fresh.num_plans_reused == 0
+
+
 @pytest.mark.parametrize("heads", SHAPES)
 def test_flashinfer_prefill_matches_reference(heads):
     from resident.backends.flashinfer import FlashInferPrefill, flashinfer_workspace
