@@ -52,53 +52,60 @@ def _labels(frame: pd.DataFrame, manifest: dict[str, Any]) -> dict[str, str]:
             for arm in stats.arm_order(frame, manifest)}
 
 
-def _spread(values: pd.Series) -> tuple[float, float, float]:
+def _panels(frame: pd.DataFrame, manifest: dict[str, Any], path: Path,
+            title: str) -> tuple[Figure, list[tuple[Any, str]]] | None:
+    """A figure with one panel per plotted cell, as (axis, cell) pairs; with no ok run to plot,
+    writes the empty figure and returns None."""
+    cells = _plotted_cells(frame, manifest)
+    if not cells:
+        _empty(path, title)
+        return None
+    fig, axes = _figure(len(cells), title)
+    return fig, list(zip(axes, cells, strict=True))
+
+
+def _median_bar(ax, x: float, values: pd.Series, **style: Any) -> None:
+    """A median marker at x with a min-max bar; nothing for no values."""
+    if values.empty:
+        return
     median = float(values.median())
-    return median, median - float(values.min()), float(values.max()) - median
+    low, high = median - float(values.min()), float(values.max()) - median
+    ax.errorbar([x], [median], yerr=[[low], [high]], **style)
 
 
 def plot_tok_s(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> None:
     """Output tok/s per cell (one panel each) per arm: median marker, min-max error bar."""
-    title = "Output tok/s per arm: median over ok runs, bars min-max"
-    cells = _plotted_cells(frame, manifest)
-    if not cells:
-        _empty(path, title)
+    panels = _panels(frame, manifest, path,
+                     "Output tok/s per arm: median over ok runs, bars min-max")
+    if panels is None:
         return
-    fig, axes = _figure(len(cells), title)
+    fig, cells = panels
     labels = _labels(frame, manifest)
-    for ax, cell in zip(axes, cells, strict=True):
+    for ax, cell in cells:
         for i, arm in enumerate(stats.arm_order(frame, manifest)):
-            tok = _ok_runs(frame, cell, arm)["output_tok_s"].dropna()
-            if tok.empty:
-                continue
-            median, low, high = _spread(tok)
-            ax.errorbar([i], [median], yerr=[[low], [high]], fmt="o", capsize=5, markersize=7,
-                        color=_COLORS[i % len(_COLORS)], label=labels[arm])
+            _median_bar(ax, i, _ok_runs(frame, cell, arm)["output_tok_s"].dropna(), fmt="o",
+                        capsize=5, markersize=7, color=_COLORS[i % len(_COLORS)],
+                        label=labels[arm])
         _arm_axis(ax, frame, manifest, cell)
         ax.set_ylabel("output tok/s")
-    _legend(fig, axes)
+    _legend(fig, [ax for ax, _ in cells])
     fig.savefig(path, dpi=110)
 
 
 def plot_itl(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> None:
     """ITL p50 and mean per cell (one panel each) per arm: median over ok runs, min-max bars."""
-    title = "Inter-token latency per arm: median over ok runs, bars min-max"
-    cells = _plotted_cells(frame, manifest)
-    if not cells:
-        _empty(path, title)
+    panels = _panels(frame, manifest, path,
+                     "Inter-token latency per arm: median over ok runs, bars min-max")
+    if panels is None:
         return
-    fig, axes = _figure(len(cells), title)
-    for ax, cell in zip(axes, cells, strict=True):
+    fig, cells = panels
+    for ax, cell in cells:
         for i, arm in enumerate(stats.arm_order(frame, manifest)):
             runs = _ok_runs(frame, cell, arm)
             for offset, column, marker, name in ((-0.12, "itl_p50_ms", "o", "ITL p50"),
                                                  (0.12, "itl_mean_ms", "s", "ITL mean")):
-                values = runs[column].dropna()
-                if values.empty:
-                    continue
-                median, low, high = _spread(values)
-                ax.errorbar([i + offset], [median], yerr=[[low], [high]], fmt=marker,
-                            capsize=4, markersize=6, color=_COLORS[i % len(_COLORS)],
+                _median_bar(ax, i + offset, runs[column].dropna(), fmt=marker, capsize=4,
+                            markersize=6, color=_COLORS[i % len(_COLORS)],
                             markerfacecolor="white" if marker == "s" else None, label=name)
         _arm_axis(ax, frame, manifest, cell)
         ax.set_ylabel("ITL (ms)")
