@@ -95,7 +95,7 @@ class FlashInferDecode(DecodeKernels):
         self.heads = heads
         self.wrappers, self._ops, self._last_page_len = {}, {}, {}
         self.reuse = PlanReuse()
-        self.num_plans = self.num_plans_reused = 0
+        self.num_plans_reused = 0
         for bucket in buckets:
             def int_buffer(size: int) -> torch.Tensor:
                 return torch.zeros(size, dtype=torch.int32, device=device)
@@ -121,7 +121,6 @@ class FlashInferDecode(DecodeKernels):
             return
         self.wrappers[bucket].plan(*self.heads.plan_args(layout), **self.heads.plan_kwargs())
         self.reuse.planned(bucket, layout)
-        self.num_plans += 1
 
 
 def flashinfer_workspace(device: torch.device) -> torch.Tensor:

@@ -20,10 +20,6 @@ class PagedLayout:
     kv_indices: torch.Tensor  # [sum pages] int32 (cpu)
     kv_last_page_len: torch.Tensor  # [B] int32 (cpu): tokens in each row's last page
 
-    @property
-    def num_rows(self) -> int:
-        return self.kv_last_page_len.shape[0]
-
 
 def table_layout(tables: np.ndarray, kv_lens: np.ndarray, q_lens: np.ndarray,
                  page_size: int) -> PagedLayout:
