@@ -1,21 +1,30 @@
 """Decode step profile: where a decode step's time goes, in process, without the HTTP server.
 
     python -m resident.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
-                                   [--set knob=value ...] [--json FILE]
+                                   [--set knob=value ...] [--json FILE] [--cprofile DIR]
 
 For each concurrency c the engine takes c requests, prefills them, then runs decode steps with
 all c rows. It reports the wall time of a decode step (scheduling, host staging, the host
 attention plan if any, the graph replay, sampling and its one sync), the GPU kernel time inside
 it (torch.profiler over PROFILED steps: kernels and their count), and the roofline of
 `resident info` at the same context. Step wall minus GPU busy is host time the GPU waits for.
+It also times the prefill steps of the c prompts (wall, ending in the first token's sync).
+
+With --cprofile DIR, once the timed steps are done, it runs decode steps and then one fresh
+prompt's prefill under cProfile and writes the costliest Python functions of each to
+DIR/decode_c{c}.txt and DIR/prefill_c{c}.txt: where the host time of a step goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -55,24 +64,64 @@ def _gpu_per_step(engine: Engine) -> tuple[float, float, list[dict]]:
     return busy_us / 1e3 / PROFILED, len(kernels) / PROFILED, top_rows
 
 
-def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int) -> dict:
-    generator = torch.Generator().manual_seed(concurrency)
-    vocab = engine.model_config.vocab_size
-    steps = 2 * (TIMED + PROFILED) + 16
-    for index in range(concurrency):
-        prompt = torch.randint(0, vocab, (prompt_len,), generator=generator).tolist()
-        engine.add_request(AddRequest(f"c{concurrency}-{index}", prompt,
-                                      SamplingParams(max_tokens=steps, ignore_eos=True)))
+def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_tokens: int) -> None:
+    generator = torch.Generator().manual_seed(count)
+    for index in range(count):
+        prompt = torch.randint(0, engine.model_config.vocab_size, (prompt_len,),
+                               generator=generator).tolist()
+        engine.add_request(AddRequest(f"{tag}-{index}", prompt,
+                                      SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+
+
+def _prefill(engine: Engine) -> tuple[float, int]:
+    """(seconds, steps) until every request has its prompt computed."""
+    start, steps = time.perf_counter(), 0
     while engine.scheduler.waiting or any(r.num_computed < len(r.prompt_ids)
                                           for r in engine.requests.values()):
         engine.step()
+        steps += 1
+    return time.perf_counter() - start, steps
+
+
+def _write_cprofile(profiler: cProfile.Profile, path: Path) -> None:
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    path.write_text(text.getvalue())
+
+
+def _cprofile_steps(engine: Engine, concurrency: int, prompt_len: int, out: Path) -> None:
+    """Decode steps, then (the batch aborted) one fresh prompt's prefill, under cProfile."""
+    profiler = cProfile.Profile()
+    profiler.runcall(_decode_steps, engine, TIMED)
+    _write_cprofile(profiler, out / f"decode_c{concurrency}.txt")
+    _abort_all(engine)
+    _add_prompts(engine, f"p{concurrency}", 1, prompt_len, 1)
+    profiler = cProfile.Profile()
+    profiler.runcall(_prefill, engine)
+    _write_cprofile(profiler, out / f"prefill_c{concurrency}.txt")
+    _abort_all(engine)
+
+
+def _abort_all(engine: Engine) -> None:
+    for request_id in list(engine.requests):
+        engine.abort(request_id)
+
+
+def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
+                        cprofile_dir: Path | None = None) -> dict:
+    steps = 3 * (TIMED + PROFILED) + 16
+    _add_prompts(engine, f"c{concurrency}", concurrency, prompt_len, steps)
+    prefill_s, prefill_steps = _prefill(engine)
     _decode_steps(engine, 8)  # warm
     before = dict(engine.counters)
     step_s = _decode_steps(engine, TIMED)
     decode_steps = engine.counters["steps_decode"] - before.get("steps_decode", 0)
     gpu_ms, kernels, top = _gpu_per_step(engine)
-    for request_id in list(engine.requests):
-        engine.abort(request_id)
+    if cprofile_dir is not None:
+        _cprofile_steps(engine, concurrency, prompt_len, cprofile_dir)
+    _abort_all(engine)
     context = prompt_len + 8 + TIMED
     roofline = model_facts(engine.model_config, context=context,
                            batches=(concurrency,)).roofline[0]
@@ -82,6 +131,7 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int) -> di
         "gpu_busy_ms": round(gpu_ms, 3), "kernels_per_step": round(kernels, 1),
         "host_gap_ms": round(step_s * 1e3 - gpu_ms, 3),
         "roofline_ms": round(roofline.ms_per_step, 3), "context": context,
+        "prefill_ms": round(prefill_s * 1e3, 2), "prefill_steps": prefill_steps,
         "top_kernels": top,
     }
 
@@ -93,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("resident.bench needs a CUDA device", file=sys.stderr)
@@ -101,16 +152,20 @@ def main(argv: list[str] | None = None) -> int:
     config = build_engine_config(model_yaml_knobs(args.model), None,
                                  parse_set_options(args.knobs))
     engine = Engine(model, config, torch.device("cuda"))
-    rows = [profile_concurrency(engine, int(c), args.prompt_len)
+    if args.cprofile:
+        args.cprofile.mkdir(parents=True, exist_ok=True)
+    rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile)
             for c in args.concurrency.split(",")]
     knobs = {k: engine.config.to_dict()[k] for k in
              ("attention_backend", "cuda_graphs", "compile", "resident_planning")}
     print(json.dumps(knobs))
-    header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "roofline ms")
+    header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "roofline ms",
+              "prefill ms")
     print(" ".join(f"{h:>11}" for h in header))
     for row in rows:
         values = (row["concurrency"], row["step_ms"], row["tok_s"], row["gpu_busy_ms"],
-                  row["kernels_per_step"], row["host_gap_ms"], row["roofline_ms"])
+                  row["kernels_per_step"], row["host_gap_ms"], row["roofline_ms"],
+                  row["prefill_ms"])
         print(" ".join(f"{v:>11}" for v in values))
     if args.json:
         with open(args.json, "w") as handle:

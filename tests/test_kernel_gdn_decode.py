@@ -97,6 +97,39 @@ def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim):
     assert not torch.allclose(pool[SLOTS[:-1]], start[SLOTS[:-1]])
 
 
+def _raw_gate_case(gen, rows, hv, dtype, device):
+    """(a, b, A_log, dt_bias) as the GDN layer hands them over, a spanning softplus's cut at 20."""
+    a = torch.linspace(-30, 30, rows * hv).view(rows, hv)
+    b, a_log, dt_bias = (torch.randn(rows, hv, generator=gen), torch.randn(hv, generator=gen),
+                         torch.randn(hv, generator=gen))
+    return a.to(device, dtype), b.to(device, dtype), a_log.to(device), dt_bias.to(device, dtype)
+
+
+@pytest.mark.parametrize("device, dtype, rows", [
+    ("cpu", torch.float32, 4),
+    pytest.param("cuda", torch.bfloat16, 16, marks=pytest.mark.gpu),
+])
+def test_gated_delta_rule_decode_computes_the_gates(device, dtype, rows):
+    from resident.model.dense import gdn_gates
+
+    gen = torch.Generator().manual_seed(rows)
+    hk, hv, k_dim, v_dim = (2, 4, 16, 24) if device == "cpu" else (HEADS, HEADS, HEAD_DIM,
+                                                                      HEAD_DIM)
+    pool = (torch.randn(max(NUM_SLOTS, rows + 1), hv, k_dim, v_dim, generator=gen) * 0.1)
+    pool = pool.to(device)
+    ref_pool = pool.clone()
+    query, key, value = _gdn_inputs(gen, rows, hk, hv, k_dim, v_dim, dtype, device)[:3]
+    a, b, a_log, dt_bias = _raw_gate_case(gen, rows, hv, dtype, device)
+    slots = list(range(1, rows + 1))
+    state_slots, qsl = _decode_meta(slots, device)
+    out = gated_delta_rule_decode(query, key, value, a, b, pool, state_slots, qsl, 1,
+                                  gate_params=(a_log, dt_bias))
+    want = gated_delta_rule_ref(query, key, value, *gdn_gates(a, b, a_log, dt_bias), ref_pool,
+                                state_slots, qsl, 1)
+    assert _rel_err(out, want) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert _rel_err(pool, ref_pool) < (1e-5 if dtype == torch.float32 else 1e-3)
+
+
 def test_gated_delta_rule_decode_fp64_pool():
     """A fp64 model (CPU parity runs) keeps fp64 through the kernel."""
     gen = torch.Generator().manual_seed(64)
@@ -132,11 +165,11 @@ def test_tiny_model_decode_with_kernels_matches_reference():
             return conv_ref_op(x, weight, pool, meta)
         return causal_conv_decode(x, weight, pool, meta.state_slots, meta.query_start_loc, 1)
 
-    def delta_rule(query, key, value, log_decay, beta, pool, meta):
+    def delta_rule(query, key, value, a, b, a_log, dt_bias, pool, meta):
         if meta.max_query_len != 1:
-            return gated_delta_rule_ref_op(query, key, value, log_decay, beta, pool, meta)
-        return gated_delta_rule_decode(query, key, value, log_decay, beta, pool,
-                                       meta.state_slots, meta.query_start_loc, 1)
+            return gated_delta_rule_ref_op(query, key, value, a, b, a_log, dt_bias, pool, meta)
+        return gated_delta_rule_decode(query, key, value, a, b, pool, meta.state_slots,
+                                       meta.query_start_loc, 1, gate_params=(a_log, dt_bias))
 
     config = load_model_config("tiny")
     ours = ModelDriver(load_model(config, "cpu", torch.float32,

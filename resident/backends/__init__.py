@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep, StepKernels
 from resident.backends.layout import PagedLayout, paged_layout
 from resident.config import EngineConfig
 from resident.model.config import ModelConfig
+from resident.model.dense import gdn_gates
 
 __all__ = ["DecodeKernels", "PagedLayout", "PrefillKernels", "PrefillStep", "StepKernels",
            "build_kernels", "paged_layout"]
 
 
 def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
-                  device: torch.device) -> StepKernels:
+                  device: torch.device, gates: Callable = gdn_gates) -> StepKernels:
     """The resolved config's prefill kernels (by device) and decode kernels (by
     attention_backend). On CPU, `triton` (allowed only under TRITON_INTERPRET, for tests) runs
     every decode kernel in the interpreter. On CUDA the GDN decode kernels are Triton's under
     every backend, and `triton` and `flashinfer` run the narrow projections of buckets of at
-    most 16 rows on the skinny Triton GEMM."""
+    most 16 rows on the skinny Triton GEMM. `gates` is the model's dense.gdn_gates, for the
+    prefill GDN op (the decode kernel computes the gates itself)."""
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
@@ -40,7 +44,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
 
     heads = HeadShape.of(model, config.page_size, dtype)
     workspace = flashinfer_workspace(device)
-    prefill = FlashInferPrefill(heads, workspace)
+    prefill = FlashInferPrefill(heads, workspace, gates)
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages)

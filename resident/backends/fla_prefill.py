@@ -9,14 +9,19 @@ those by tensor identity, and a reused buffer with new contents would hit a stal
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
+from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
 
 
-def fla_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device) -> ModelOps:
+def fla_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device,
+                    gates: Callable = gdn_gates) -> ModelOps:
+    """The step's GDN ops; `gates` is the model's (compiled) dense.gdn_gates."""
     from fla.modules.causal_conv1d import causal_conv1d
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -32,8 +37,9 @@ def fla_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device) -> Mo
         conv_pool[meta.state_slots] = final.to(conv_pool.dtype)
         return y[0]
 
-    def gated_delta_rule(query, key, value, log_decay, beta, state_pool: torch.Tensor,
+    def gated_delta_rule(query, key, value, a, b, a_log, dt_bias, state_pool: torch.Tensor,
                          meta: StepMeta) -> torch.Tensor:
+        log_decay, beta = gates(a, b, a_log, dt_bias)
         initial = state_pool[meta.state_slots]  # [B, Hv, Dk, Dv]
         out, final = chunk_gated_delta_rule(
             query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), log_decay.unsqueeze(0),

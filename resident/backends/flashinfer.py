@@ -12,15 +12,16 @@ that is exact); at high concurrency some row crosses a page nearly every step.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
 from resident.backends.fla_prefill import fla_prefill_ops
 from resident.backends.layout import PagedLayout, PlanReuse
-from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops
+from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops, write_kv_triton_op
 from resident.model.config import ModelConfig
-from resident.model.ops import ModelOps, write_kv_op
+from resident.model.ops import ModelOps
 
 WORKSPACE_BYTES = 128 * 2**20
 
@@ -68,9 +69,9 @@ class FlashInferPrefill(PrefillKernels):
 
     needs_layout = True
 
-    def __init__(self, heads: HeadShape, workspace: torch.Tensor) -> None:
+    def __init__(self, heads: HeadShape, workspace: torch.Tensor, gates: Callable) -> None:
         flashinfer = _import_flashinfer()
-        self.heads, self.device = heads, workspace.device
+        self.heads, self.device, self.gates = heads, workspace.device, gates
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
                                                                       backend="fa2")
 
@@ -78,8 +79,9 @@ class FlashInferPrefill(PrefillKernels):
         layout = step.layout
         self.wrapper.plan(layout.qo_indptr, *self.heads.plan_args(layout), causal=True,
                           **self.heads.plan_kwargs())
-        gdn = fla_prefill_ops(step.query_start_loc_cpu, self.device)
-        return dataclasses.replace(gdn, write_kv=write_kv_op, attention=_run(self.wrapper))
+        gdn = fla_prefill_ops(step.query_start_loc_cpu, self.device, self.gates)
+        return dataclasses.replace(gdn, write_kv=write_kv_triton_op,
+                                   attention=_run(self.wrapper))
 
 
 class FlashInferDecode(DecodeKernels):

@@ -8,18 +8,24 @@ import dataclasses
 from resident.backends.base import DecodeKernels
 from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
-from resident.kernels.gemv import MIN_DOT, skinny_linear
-from resident.model.ops import ModelOps, narrow_linear_ref, write_kv_op
+from resident.kernels.gemv import MIN_DOT, skinny_linear_partials
+from resident.kernels.kv_write import write_kv
+from resident.model.ops import ModelOps, narrow_linear_ref
 from resident.model.step import StepMeta
+
+
+def write_kv_triton_op(kv_layer, key, value, meta: StepMeta) -> None:
+    write_kv(kv_layer, key, value, meta.kv_write_loc)
 
 
 def conv_decode_op(x, weight, conv_pool, meta: StepMeta):
     return causal_conv_decode(x, weight, conv_pool, meta.state_slots, meta.query_start_loc, 1)
 
 
-def gated_delta_rule_decode_op(query, key, value, log_decay, beta, state_pool, meta: StepMeta):
-    return gated_delta_rule_decode(query, key, value, log_decay, beta, state_pool,
-                                   meta.state_slots, meta.query_start_loc, 1)
+def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_pool,
+                               meta: StepMeta):
+    return gated_delta_rule_decode(query, key, value, a, b, state_pool, meta.state_slots,
+                                   meta.query_start_loc, 1, gate_params=(a_log, dt_bias))
 
 
 def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float):
@@ -27,14 +33,15 @@ def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float):
                                   scale)
 
 
-GDN_DECODE_OPS = ModelOps(write_kv=write_kv_op, conv=conv_decode_op,
+GDN_DECODE_OPS = ModelOps(write_kv=write_kv_triton_op, conv=conv_decode_op,
                           gated_delta_rule=gated_delta_rule_decode_op)
 
 
 def decode_gemm_ops(ops: ModelOps, bucket: int) -> ModelOps:
     """A bucket of at most 16 rows runs its narrow projections on the skinny Triton GEMM
-    (measured against cuBLAS in results/2026-11-29-h200-0.8b-backends/gemv_bench.json)."""
-    narrow = skinny_linear if bucket <= MIN_DOT else narrow_linear_ref
+    (measured against cuBLAS in results/2026-11-29-h200-0.8b-backends/gemv_bench.json), its
+    split-K partials added up by the norm that follows."""
+    narrow = skinny_linear_partials if bucket <= MIN_DOT else narrow_linear_ref
     return dataclasses.replace(ops, narrow_linear=narrow)
 
 

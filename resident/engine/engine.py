@@ -98,7 +98,8 @@ class Engine:
         self.kv = KVPool(config.num_kv_pages, config.page_size)
         self.states = StatePool(config.num_state_slots)
         self.positions = Positions()
-        self.kernels = build_kernels(config, model_config, self.dtype, device)
+        self.kernels = build_kernels(config, model_config, self.dtype, device,
+                                     self.model.dense.gdn_gates)
         self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
                                  self.positions, self.kernels)
         self.planner, self.planning_reason = self._build_planner()

@@ -27,6 +27,7 @@ CONV_NUM_WARPS = 4
 GDN_BLOCK_DV = 32
 GDN_NUM_WARPS = 4
 L2NORM_EPS = 1e-6  # as `l2norm` in gdn.py: inside the rsqrt of the sum of squares
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's F.softplus: x itself above it
 
 
 def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
@@ -111,12 +112,13 @@ def causal_conv_decode(
 
 @triton.jit
 def _gdn_decode_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd, stride_gt, stride_gh, stride_bt, stride_bh,
     stride_sn, stride_sh, stride_sk, stride_sv, stride_ot, stride_oh, stride_od,
     group, k_dim, v_dim, scale, eps,
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, COMPUTE: tl.constexpr,
+    RAW_GATES: tl.constexpr,
 ):
     """One program: row `pid0`, value head `pid1`, value columns [pid2 * BLOCK_DV, +BLOCK_DV)."""
     row = tl.program_id(0)
@@ -138,7 +140,13 @@ def _gdn_decode_kernel(
     v = tl.load(v_ptr + row * stride_vt + head * stride_vh + offs_v * stride_vd,
                 mask=mask_v, other=0.0).to(COMPUTE)  # [BV]
     g = tl.load(g_ptr + row * stride_gt + head * stride_gh).to(COMPUTE)
-    b = tl.load(beta_ptr + row * stride_bt + head * stride_bh).to(COMPUTE)
+    b = tl.load(beta_ptr + row * stride_bt + head * stride_bh)
+    if RAW_GATES:  # g holds a, b holds b: the gates as dense.gdn_gates computes them
+        x = g + tl.load(dt_bias_ptr + head).to(COMPUTE)
+        softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
+        g = -tl.exp(tl.load(a_log_ptr + head).to(COMPUTE)) * softplus
+        b = tl.sigmoid(b.to(COMPUTE)).to(b.dtype)  # rounded to b's dtype, as b.sigmoid() is
+    b = b.to(COMPUTE)
 
     state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
                   + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)  # [BK, BV]
@@ -156,16 +164,21 @@ def gated_delta_rule_decode(
     query: torch.Tensor,  # [B, Hk, Dk]
     key: torch.Tensor,  # [B, Hk, Dk]
     value: torch.Tensor,  # [B, Hv, Dv]
-    log_decay: torch.Tensor,  # [B, Hv] fp32
-    beta: torch.Tensor,  # [B, Hv]
+    log_decay: torch.Tensor,  # [B, Hv] fp32 (a, with gate_params)
+    beta: torch.Tensor,  # [B, Hv] (b, with gate_params)
     state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] fp32 (fp64 for a fp64 model); updated
     state_slots: torch.Tensor,  # [B] int64
     query_start_loc: torch.Tensor,  # [B+1]: unused (decode rows own one token each)
     max_query_len: int,
     *,
     out: torch.Tensor | None = None,  # [B, Hv, Dv] in value's dtype; allocated when None
+    gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,  # (A_log, dt_bias) [Hv]
 ) -> torch.Tensor:  # [B, Hv, Dv]
     """One gated delta rule step per row, `gated_delta_rule_ref` for decode.
+
+    With gate_params, log_decay and beta are the layer's raw projections a and b, and the
+    kernel computes dense.gdn_gates itself (g = -exp(A_log) * softplus(a + dt_bias), beta =
+    sigmoid(b)): the gates then cost no kernel of their own.
 
     Per row and value head h (key head h // (Hv // Hk)), q and k l2-normed, q scaled by Dk**-0.5:
     S = state * exp(g); S += k (x) ((v - S^T k) * beta); out = S^T q; S written back to
@@ -179,12 +192,14 @@ def gated_delta_rule_decode(
     o = torch.empty_like(value, memory_format=torch.contiguous_format) if out is None else out
     block_dv = min(GDN_BLOCK_DV, triton.next_power_of_2(v_dim))
     grid = (rows, num_v_heads, triton.cdiv(v_dim, block_dv))
+    a_log, dt_bias = gate_params if gate_params is not None else (log_decay, log_decay)
     _gdn_decode_kernel[grid](
-        query, key, value, log_decay, beta, state_pool, state_slots, o,
+        query, key, value, log_decay, beta, a_log, dt_bias, state_pool, state_slots, o,
         *query.stride(), *key.stride(), *value.stride(), *log_decay.stride(), *beta.stride(),
         *state_pool.stride(), *o.stride(),
         num_v_heads // num_k_heads, k_dim, v_dim, k_dim**-0.5, L2NORM_EPS,
         BLOCK_DK=triton.next_power_of_2(k_dim), BLOCK_DV=block_dv,
-        COMPUTE=_compute_dtype(state_pool.dtype), num_warps=GDN_NUM_WARPS,
+        COMPUTE=_compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
+        num_warps=GDN_NUM_WARPS,
     )
     return o

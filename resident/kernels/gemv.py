@@ -5,19 +5,49 @@ these shapes on the H200 move the 0.8B model's projection weights at about 1.4 T
 results/2026-11-29-h200-0.8b-backends), a third of the copy bandwidth. This kernel streams each
 weight tile once through `tl.dot` (M padded to 16 rows, which costs nothing in a bandwidth-bound
 loop) and splits K across programs when N alone gives too few of them to fill the GPU; the
-partial sums go to an fp32 scratch that a second kernel adds up and casts.
+partial sums go to an fp32 scratch. On the decode step the next residual add + norm adds them up
+(skinny_linear_partials), so the split costs no kernel; skinny_linear sums them in a second one.
 
-Not on the step path yet: `python -m resident.kernels.bench_gemv` measures it against cuBLAS.
+`python -m resident.kernels.bench_gemv` measures it against cuBLAS, with the weights cycled
+through more memory than the L2 holds (as in a decode step) and a sweep of tiles.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
 MIN_DOT = 16
-TARGET_PROGRAMS = 264  # two waves of the H200's 132 SMs
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvTile:
+    """A launch shape: block_n output columns by block_k of K per loop step; K is split across
+    programs until the grid has about target_programs of them (0: never split)."""
+
+    block_n: int = 32
+    block_k: int = 256
+    num_warps: int = 4
+    num_stages: int = 3
+    target_programs: int = 264  # two waves of the H200's 132 SMs
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            value = getattr(self, name)
+            if value < MIN_DOT or value & (value - 1):
+                raise ValueError(f"GemvTile.{name} must be a power of two >= {MIN_DOT}, "
+                                 f"got {value}")
+        if self.target_programs < 0:
+            raise ValueError(f"GemvTile.target_programs must be >= 0, got "
+                             f"{self.target_programs}")
+
+
+# Best of the cold-L2 sweep for all three narrow 0.8B projections (out_proj, o_proj: 5.4 us
+# against cuBLAS's 12.6; down: 6.0 against 8.0; results/2026-11-29-h200-0.8b-backends)
+DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
 
 
 @triton.jit
@@ -55,41 +85,64 @@ def _sum_splits_kernel(partial, out, M, N, stride_ps, stride_pm, stride_om,
     tl.store(out + m * stride_om + n, acc.to(out.dtype.element_ty), mask=mask)
 
 
-def gemv_splits(n: int, k: int, block_n: int, block_k: int) -> int:
-    """How many K splits bring the grid to about TARGET_PROGRAMS programs."""
-    n_blocks = triton.cdiv(n, block_n)
-    k_blocks = triton.cdiv(k, block_k)
-    return max(1, min(k_blocks, triton.cdiv(TARGET_PROGRAMS, n_blocks)))
+def gemv_splits(n: int, k: int, tile: GemvTile) -> int:
+    """How many K splits bring the grid to about tile.target_programs programs."""
+    n_blocks = triton.cdiv(n, tile.block_n)
+    k_blocks = triton.cdiv(k, tile.block_k)
+    return max(1, min(k_blocks, triton.cdiv(tile.target_programs, n_blocks)))
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, block_n: int = 32,
-                  block_k: int = 256) -> torch.Tensor:
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
+                  tile: GemvTile = DEFAULT_TILE) -> torch.Tensor:
     """x [M, K] (M <= 16, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
     accumulated in fp32."""
+    splits, k_per_split = _split(x, weight, tile)
+    num_rows, n = x.shape[0], weight.shape[0]
+    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
+    if splits == 1:
+        _launch(x, weight, tile, out.unsqueeze(0), k_per_split)
+        return out
+    partials = torch.empty(splits, num_rows, n, dtype=torch.float32, device=x.device)
+    _launch(x, weight, tile, partials, k_per_split)
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
+        partials, out, num_rows, n, partials.stride(0), partials.stride(1), out.stride(0),
+        NUM_SPLITS=splits, BLOCK=block, num_warps=4,
+    )
+    return out
+
+
+def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
+                           tile: GemvTile = DEFAULT_TILE) -> torch.Tensor:
+    """As skinny_linear, but -> the fp32 partial sums [S, M, N] of its S K-splits, left for the
+    consumer to add up (DenseOps.add_rms_norm does, inside its fused kernel)."""
+    splits, k_per_split = _split(x, weight, tile)
+    partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
+                           device=x.device)
+    _launch(x, weight, tile, partials, k_per_split)
+    return partials
+
+
+def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile) -> tuple[int, int]:
+    """(splits, K per split) after checking the operands."""
     num_rows, k = x.shape
-    n = weight.shape[0]
     if num_rows > MIN_DOT:
         raise ValueError(f"skinny_linear takes at most {MIN_DOT} rows, got {num_rows}")
     if weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must share a "
                          f"contiguous K")
-    out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
-    splits = gemv_splits(n, k, block_n, block_k)
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    splits = triton.cdiv(k, k_per_split)
-    target = out if splits == 1 else torch.empty(splits, num_rows, n, dtype=torch.float32,
-                                                 device=x.device)
-    stride_split = 0 if splits == 1 else target.stride(0)
-    stride_row = out.stride(0) if splits == 1 else target.stride(1)
-    _gemv_kernel[(triton.cdiv(n, block_n), splits)](
-        x, weight, target, num_rows, n, k, x.stride(0), weight.stride(0), stride_row,
-        stride_split, K_TILES=k_per_split // block_k, BLOCK_M=MIN_DOT, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4, num_stages=3,
+    splits = gemv_splits(weight.shape[0], k, tile)
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), tile.block_k) * tile.block_k
+    return triton.cdiv(k, k_per_split), k_per_split
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
+            k_per_split: int) -> None:
+    """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype."""
+    (splits, num_rows, n), k = target.shape, x.shape[1]
+    _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
+        x, weight, target, num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1),
+        target.stride(0), K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT,
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
     )
-    if splits > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
-            target, out, num_rows, n, target.stride(0), target.stride(1), out.stride(0),
-            NUM_SPLITS=splits, BLOCK=block, num_warps=4,
-        )
-    return out

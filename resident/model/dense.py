@@ -34,7 +34,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual): a layer's residual add fused into its norm."""
+    """(rms_norm(x + residual), x + residual): a layer's residual add fused into its norm.
+    x is [T, H], or a split-K projection's fp32 partial sums [S, T, H], added up here (and
+    rounded to the activation dtype, as a finished projection would be) so that no kernel of
+    its own does it."""
+    if x.dim() == 3:
+        x = x.sum(0).to(residual.dtype)
     summed = x + residual
     return rms_norm(summed, weight, eps), summed
 

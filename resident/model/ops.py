@@ -16,6 +16,7 @@ import torch
 
 from resident.kernels.attention import paged_attention_ref, write_kv_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
+from resident.model.dense import gdn_gates
 from resident.model.step import StepMeta
 
 narrow_linear_ref = torch.nn.functional.linear
@@ -41,9 +42,11 @@ def conv_ref_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
                            meta.max_query_len)
 
 
-def gated_delta_rule_ref_op(query, key, value, log_decay, beta, state_pool: torch.Tensor,
+def gated_delta_rule_ref_op(query, key, value, a, b, a_log, dt_bias, state_pool: torch.Tensor,
                             meta: StepMeta) -> torch.Tensor:
-    """[T, Hv, Dv]: the gated delta rule over each row's tokens, pool updated in place."""
+    """[T, Hv, Dv]: the gated delta rule over each row's tokens, pool updated in place. a, b
+    [T, Hv] are the layer's raw gate projections (see dense.gdn_gates)."""
+    log_decay, beta = gdn_gates(a, b, a_log, dt_bias)
     return gated_delta_rule_ref(query, key, value, log_decay, beta, state_pool,
                                 meta.state_slots, meta.query_start_loc, meta.max_query_len)
 
@@ -58,5 +61,7 @@ class ModelOps:
     gated_delta_rule: Callable = gated_delta_rule_ref_op
     # (x, weight) -> x @ weight.T for the projections whose output is narrower than their input
     # (GDN out_proj, attention o_proj, MLP down): cuBLAS picks a split-K kernel for these at a
-    # few rows that a skinny Triton kernel beats (resident/kernels/gemv.py)
+    # few rows that a skinny Triton kernel beats (resident/kernels/gemv.py). It may return the
+    # fp32 split-K partials [S, T, H] instead of [T, H]: each of these outputs goes straight
+    # into DenseOps.add_rms_norm, which adds them up inside its own kernel.
     narrow_linear: Callable = narrow_linear_ref

@@ -158,9 +158,8 @@ class GatedDeltaNet(nn.Module):
         key = key.view(num_tokens, self.num_k_heads, self.k_head_dim)
         value = value.view(num_tokens, self.num_v_heads, self.v_head_dim)
 
-        log_decay, beta = self.dense.gdn_gates(a, b, self.A_log, self.dt_bias)
-        out = ops.gated_delta_rule(query, key, value, log_decay, beta, cache.recurrent[layer],
-                                   meta)
+        out = ops.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias,
+                                   cache.recurrent[layer], meta)
         z = z.view(num_tokens, self.num_v_heads, self.v_head_dim)
         out = self.dense.gated_rms_norm(out, z, self.norm.weight, self.norm.eps)
         return ops.narrow_linear(out.reshape(num_tokens, self.value_dim),

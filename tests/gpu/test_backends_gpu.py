@@ -22,6 +22,7 @@ from resident.engine.engine import Engine
 from resident.kernels.attention import paged_attention_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
 from resident.model.config import load_model_config
+from resident.model.dense import gdn_gates
 from resident.model.step import build_step_meta
 
 from model_driver import run_engine
@@ -157,9 +158,10 @@ def _gdn_case(generator, starts, news, conv_dim=6144, heads=(16, 16), dims=(128,
     qkv = (randn(num_tokens, num_k_heads, k_dim).bfloat16(),
            randn(num_tokens, num_k_heads, k_dim).bfloat16(),
            randn(num_tokens, num_v_heads, v_dim).bfloat16())
-    log_decay = -torch.rand(num_tokens, num_v_heads, generator=generator).to(DEVICE) * 0.5
-    beta = torch.rand(num_tokens, num_v_heads, generator=generator).to(DEVICE).bfloat16()
-    return meta, conv_pool, state_pool, x, weight, qkv, log_decay, beta
+    # the layer's raw gate projections a, b and its A_log, dt_bias (dense.gdn_gates)
+    gates = (randn(num_tokens, num_v_heads).bfloat16(), randn(num_tokens, num_v_heads).bfloat16(),
+             randn(num_v_heads, scale=0.5) - 1.0, randn(num_v_heads).bfloat16())
+    return meta, conv_pool, state_pool, x, weight, qkv, gates
 
 
 def test_fla_prefill_matches_reference():
@@ -167,8 +169,7 @@ def test_fla_prefill_matches_reference():
 
     generator = torch.Generator().manual_seed(7)
     starts, news = [0, 0, 300, 17, 0], [200, 1, 70, 1, 513]
-    meta, conv_pool, state_pool, x, weight, qkv, log_decay, beta = _gdn_case(generator, starts,
-                                                                             news)
+    meta, conv_pool, state_pool, x, weight, qkv, gates = _gdn_case(generator, starts, news)
     ops = fla_prefill_ops(meta.query_start_loc.cpu().numpy(), DEVICE)
     ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
     want_conv = causal_conv_ref(x, weight, ref_conv, meta.state_slots, meta.query_start_loc,
@@ -177,9 +178,9 @@ def test_fla_prefill_matches_reference():
     assert _rel_err(got_conv, want_conv) < 1e-2
     torch.testing.assert_close(conv_pool, ref_conv)  # the window is copied, not computed
 
-    want = gated_delta_rule_ref(*qkv, log_decay, beta, ref_state, meta.state_slots,
+    want = gated_delta_rule_ref(*qkv, *gdn_gates(*gates), ref_state, meta.state_slots,
                                 meta.query_start_loc, meta.max_query_len)
-    got = ops.gated_delta_rule(*qkv, log_decay, beta, state_pool, meta)
+    got = ops.gated_delta_rule(*qkv, *gates, state_pool, meta)
     assert _rel_err(got, want) < 2e-2
     assert _rel_err(state_pool, ref_state) < 1e-2
 
