@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 from resident.kernels.gemv import (  # noqa: E402
     GemvTile,
+    gated_norm_linear_partials,
     gemv_splits,
     skinny_linear,
     skinny_linear_partials,
@@ -78,3 +79,66 @@ def test_tile_names_a_bad_value():
         GemvTile(block_k=96)
     with pytest.raises(ValueError, match="target_programs"):
         GemvTile(target_programs=-1)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_gated_partials_are_the_mlp_down_projection(rows):
+    generator = torch.Generator().manual_seed(rows)
+    k = 160
+    gate_up = torch.randn(rows, 2 * k + 8, generator=generator).to(DEVICE)[:, :2 * k]
+    weight = torch.randn(40, k, generator=generator).to(DEVICE)
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up) @ weight.T
+    got = skinny_linear_partials(gate_up, weight, GemvTile(16, 64, target_programs=6),
+                                 gated=True)
+    assert got.shape[0] > 1  # the split is exercised too
+    torch.testing.assert_close(got.sum(0), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="holding gate and up"):
+        skinny_linear_partials(gate_up[:, :k], weight, gated=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16])
+def test_gated_partials_bf16_gpu(rows):
+    gate_up = torch.randn(rows, 2 * 3584, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(1024, 3584, device="cuda", dtype=torch.bfloat16) * 3584**-0.5
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up) @ weight.float().T
+    got = skinny_linear_partials(gate_up, weight, gated=True).sum(0)
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("rows, target_programs", [(1, 0), (3, 12)])
+def test_gated_norm_partials_are_the_gdn_output_projection(rows, target_programs):
+    from resident.model.dense import gated_rms_norm
+
+    generator = torch.Generator().manual_seed(rows)
+    heads, head_dim, n = 4, 16, 40
+    x = torch.randn(rows, heads, head_dim, generator=generator).to(DEVICE)
+    wide = torch.randn(rows, 3 * heads * head_dim, generator=generator).to(DEVICE)
+    gate = wide[:, heads * head_dim:2 * heads * head_dim].view(rows, heads, head_dim)
+    norm_weight = torch.randn(head_dim, generator=generator).to(DEVICE)
+    weight = torch.randn(n, heads * head_dim, generator=generator).to(DEVICE)
+    want = gated_rms_norm(x, gate, norm_weight, 1e-6).reshape(rows, -1) @ weight.T
+    got = gated_norm_linear_partials(x, gate, norm_weight, 1e-6, weight,
+                                     GemvTile(16, 64, target_programs=target_programs))
+    assert got.shape[0] == (1 if target_programs == 0 else 4)  # one head a K tile
+    torch.testing.assert_close(got.sum(0), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="heads packed"):
+        gated_norm_linear_partials(x, gate.transpose(1, 2).contiguous().transpose(1, 2),
+                                   norm_weight, 1e-6, weight)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16])
+def test_gated_norm_partials_bf16_gpu(rows):
+    from resident.model.dense import gated_rms_norm
+
+    x = torch.randn(rows, 16, 128, device="cuda", dtype=torch.bfloat16)
+    gate = torch.randn(rows, 16, 128, device="cuda", dtype=torch.bfloat16)
+    norm_weight = torch.rand(128, device="cuda", dtype=torch.bfloat16) + 0.5
+    weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) * 2048**-0.5
+    want = gated_rms_norm(x.float(), gate.float(), norm_weight.float(), 1e-6)
+    want = want.reshape(rows, -1) @ weight.float().T
+    got = gated_norm_linear_partials(x, gate, norm_weight, 1e-6, weight).sum(0)
+    assert ((got - want).norm() / want.norm()).item() < 1e-2

@@ -50,10 +50,17 @@ class GemvTile:
 DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
 
 
+PLAIN, SILU_MUL, GATED_RMS_NORM = 0, 1, 2  # what the kernel does to x before the product
+
+
 @triton.jit
-def _gemv_kernel(x, w, out, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
-                 K_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
+                 stride_zm, eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """PROLOGUE SILU_MUL: x is [M, 2K] = (gate, up) and the GEMM's input is silu(gate) * up.
+    GATED_RMS_NORM: each BLOCK_K of x is one head, and the input is
+    norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm). Both in fp32, rounded
+    once to x's dtype."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -63,8 +70,22 @@ def _gemv_kernel(x, w, out, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
     for tile in range(K_TILES):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :],
-                         mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
+        x_mask = (offs_m[:, None] < M) & k_mask[None, :]
+        x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
+                         other=0.0)
+        if PROLOGUE == 1:
+            gate = x_tile.to(tl.float32)
+            up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
+                         other=0.0).to(tl.float32)
+            x_tile = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
+        if PROLOGUE == 2:
+            head = x_tile.to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(head * head, axis=1) / BLOCK_K + eps)  # [BM]
+            normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(tl.float32)
+            gate = tl.load(z + offs_m[:, None] * stride_zm + offs_k[None, :], mask=x_mask,
+                           other=0.0).to(tl.float32)
+            scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(tl.float32)
+            x_tile = (scale[None, :] * normed * gate * tl.sigmoid(gate)).to(x.dtype.element_ty)
         w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
                          mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
         acc += tl.dot(x_tile, tl.trans(w_tile))
@@ -113,36 +134,68 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
 
 
 def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
-                           tile: GemvTile = DEFAULT_TILE) -> torch.Tensor:
+                           tile: GemvTile = DEFAULT_TILE, *, gated: bool = False) -> torch.Tensor:
     """As skinny_linear, but -> the fp32 partial sums [S, M, N] of its S K-splits, left for the
-    consumer to add up (DenseOps.add_rms_norm does, inside its fused kernel)."""
-    splits, k_per_split = _split(x, weight, tile)
+    consumer to add up (DenseOps.add_rms_norm does, inside its fused kernel). With gated, x is
+    an MLP's [M, 2K] gate_up and the product is (silu(gate) * up) @ weight^T: the MLP's down
+    projection with its activation in the same kernel."""
+    splits, k_per_split = _split(x, weight, tile, gated)
     partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
                            device=x.device)
-    _launch(x, weight, tile, partials, k_per_split)
+    _launch(x, weight, tile, partials, k_per_split, SILU_MUL if gated else PLAIN)
     return partials
 
 
-def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile) -> tuple[int, int]:
+def gated_norm_linear_partials(
+    x: torch.Tensor,  # [M, H, D]: the GDN output per value head
+    gate: torch.Tensor,  # [M, H, D]: z, heads packed in each row (a row may sit in a wider one)
+    norm_weight: torch.Tensor,  # [D]
+    eps: float,
+    weight: torch.Tensor,  # [N, H * D]
+    tile: GemvTile = DEFAULT_TILE,
+) -> torch.Tensor:  # [S, M, N] fp32 partial sums
+    """out_proj(gated_rms_norm(x, gate)) in one kernel: each K tile of the product is one head,
+    normed and gated as it is loaded."""
+    num_rows, num_heads, head_dim = x.shape
+    if not x.is_contiguous() or gate.stride(2) != 1 or gate.stride(1) != head_dim:
+        raise ValueError(f"x {tuple(x.shape)} must be contiguous and gate's heads packed, got "
+                         f"strides {x.stride()} and {gate.stride()}")
+    if head_dim < MIN_DOT or head_dim & (head_dim - 1):
+        raise ValueError(f"the fused GDN output norm takes a power-of-two value head dim >= "
+                         f"{MIN_DOT} (one head a K tile), got {head_dim}")
+    tile = dataclasses.replace(tile, block_k=head_dim)
+    flat = x.view(num_rows, num_heads * head_dim)
+    splits, k_per_split = _split(flat, weight, tile)
+    partials = torch.empty(splits, num_rows, weight.shape[0], dtype=torch.float32,
+                           device=x.device)
+    _launch(flat, weight, tile, partials, k_per_split, GATED_RMS_NORM, gate, norm_weight, eps)
+    return partials
+
+
+def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
+           gated: bool = False) -> tuple[int, int]:
     """(splits, K per split) after checking the operands."""
-    num_rows, k = x.shape
+    num_rows, k = x.shape[0], weight.shape[1]
     if num_rows > MIN_DOT:
         raise ValueError(f"skinny_linear takes at most {MIN_DOT} rows, got {num_rows}")
-    if weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
+    if x.shape[1] != (2 * k if gated else k) or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must share a "
-                         f"contiguous K")
+                         f"contiguous K{' (x holding gate and up)' if gated else ''}")
     splits = gemv_splits(weight.shape[0], k, tile)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), tile.block_k) * tile.block_k
     return triton.cdiv(k, k_per_split), k_per_split
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
-            k_per_split: int) -> None:
+            k_per_split: int, prologue: int = PLAIN, gate: torch.Tensor | None = None,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype."""
-    (splits, num_rows, n), k = target.shape, x.shape[1]
+    (splits, num_rows, n), k = target.shape, weight.shape[1]
     _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
-        x, weight, target, num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1),
-        target.stride(0), K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT,
-        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps,
-        num_stages=tile.num_stages,
+        x, weight, target, x if gate is None else gate,
+        x if norm_weight is None else norm_weight, num_rows, n, k, x.stride(0),
+        weight.stride(0), target.stride(1), target.stride(0),
+        0 if gate is None else gate.stride(0), eps, K_TILES=k_per_split // tile.block_k,
+        BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PROLOGUE=prologue,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )

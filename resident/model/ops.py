@@ -65,3 +65,11 @@ class ModelOps:
     # fp32 split-K partials [S, T, H] instead of [T, H]: each of these outputs goes straight
     # into DenseOps.add_rms_norm, which adds them up inside its own kernel.
     narrow_linear: Callable = narrow_linear_ref
+    # (gate_up [T, 2I], down weight [H, I]) -> down(silu(gate) * up), the MLP's activation and
+    # down projection in one kernel; returns what narrow_linear does. None: the MLP runs
+    # DenseOps.silu_mul, then narrow_linear.
+    silu_mul_linear: Callable | None = None
+    # (out [T, Hv, Dv], z [T, Hv, Dv], norm weight, eps, out_proj weight) -> out_proj of the GDN
+    # output norm, the norm inside the projection's kernel; returns what narrow_linear does.
+    # None: DenseOps.gated_rms_norm, then narrow_linear.
+    gated_norm_linear: Callable | None = None

@@ -67,8 +67,10 @@ class MLP(nn.Module):
         fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
-        hidden = self.dense.silu_mul(F.linear(x, self.gate_up_weight))
-        return ops.narrow_linear(hidden, self.down_proj.weight)
+        gate_up = F.linear(x, self.gate_up_weight)
+        if ops.silu_mul_linear is not None:
+            return ops.silu_mul_linear(gate_up, self.down_proj.weight)
+        return ops.narrow_linear(self.dense.silu_mul(gate_up), self.down_proj.weight)
 
 
 class Attention(nn.Module):
@@ -161,6 +163,9 @@ class GatedDeltaNet(nn.Module):
         out = ops.gated_delta_rule(query, key, value, a, b, self.A_log, self.dt_bias,
                                    cache.recurrent[layer], meta)
         z = z.view(num_tokens, self.num_v_heads, self.v_head_dim)
+        if ops.gated_norm_linear is not None:
+            return ops.gated_norm_linear(out, z, self.norm.weight, self.norm.eps,
+                                         self.out_proj.weight)
         out = self.dense.gated_rms_norm(out, z, self.norm.weight, self.norm.eps)
         return ops.narrow_linear(out.reshape(num_tokens, self.value_dim),
                                  self.out_proj.weight)
