@@ -21,6 +21,7 @@ from resident.backends.fla_prefill import fla_prefill_ops
 from resident.backends.layout import PagedLayout, PlanReuse
 from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops, write_kv_triton_op
 from resident.model.config import ModelConfig
+from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
 
 WORKSPACE_BYTES = 128 * 2**20
@@ -69,7 +70,9 @@ class FlashInferPrefill(PrefillKernels):
 
     needs_layout = True
 
-    def __init__(self, heads: HeadShape, workspace: torch.Tensor, gates: Callable) -> None:
+    def __init__(self, heads: HeadShape, workspace: torch.Tensor,
+                 gates: Callable = gdn_gates) -> None:
+        """gates: the model's (compiled) dense.gdn_gates, for fla's GDN prefill."""
         flashinfer = _import_flashinfer()
         self.heads, self.device, self.gates = heads, workspace.device, gates
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
