@@ -45,12 +45,14 @@ class GemvTile:
                              f"{self.target_programs}")
 
 
-# Best of the cold-L2 sweep for all three narrow 0.8B projections (out_proj, o_proj: 5.4 us
-# against cuBLAS's 12.6; down: 6.0 against 8.0; results/2026-11-29-h200-0.8b-backends)
+# Within 0.12 us of the cold-L2 sweep's best for all three narrow 0.8B projections (out_proj,
+# o_proj: 5.4 us against cuBLAS's 12.6; down: 6.0 against 8.0;
+# results/2026-11-29-h200-0.8b-fusions/gemv_cold.json)
 DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
 
 
-PLAIN, SILU_MUL, GATED_RMS_NORM = 0, 1, 2  # what the kernel does to x before the product
+# what the kernel does to x before the product
+PLAIN, SILU_MUL, GATED_RMS_NORM = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -73,12 +75,12 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         x_mask = (offs_m[:, None] < M) & k_mask[None, :]
         x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
                          other=0.0)
-        if PROLOGUE == 1:
+        if PROLOGUE == SILU_MUL:
             gate = x_tile.to(tl.float32)
             up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
                          other=0.0).to(tl.float32)
             x_tile = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
-        if PROLOGUE == 2:
+        if PROLOGUE == GATED_RMS_NORM:
             head = x_tile.to(tl.float32)
             rstd = tl.rsqrt(tl.sum(head * head, axis=1) / BLOCK_K + eps)  # [BM]
             normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(tl.float32)
@@ -187,7 +189,7 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
-            k_per_split: int, prologue: int = PLAIN, gate: torch.Tensor | None = None,
+            k_per_split: int, prologue: tl.constexpr = PLAIN, gate: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
