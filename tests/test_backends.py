@@ -70,6 +70,22 @@ def test_triton_decode_backend_gives_the_reference_tokens():
     assert greedy("triton") == greedy("torch")
 
 
+def test_small_decode_buckets_fuse_their_projections():
+    """Buckets of at most 16 rows take the skinny GEMMs with their fused norms and activation
+    (so the engine test above runs them); wider ones keep cuBLAS and the separate dense ops."""
+    from resident.backends.triton_decode import TritonDecode
+    from resident.kernels.gemv import add_norm_linear, skinny_linear_partials
+
+    decode = TritonDecode((1, 16, 32))
+    for bucket in (1, 16):
+        ops = decode.ops(bucket)
+        assert ops.add_norm_linear is add_norm_linear
+        assert ops.narrow_linear is skinny_linear_partials
+        assert ops.silu_mul_linear is not None and ops.gated_norm_linear is not None
+    wide = decode.ops(32)
+    assert (wide.add_norm_linear, wide.silu_mul_linear, wide.gated_norm_linear) == (None,) * 3
+
+
 def test_plan_reuse_only_when_the_page_lists_match():
     from resident.backends.layout import PlanReuse
 

@@ -1,12 +1,20 @@
 """Skinny GEMM for decode: y[M, N] = x[M, K] @ w[N, K]^T with M (the rows of a decode bucket) small.
 
-At M = 1..16 a projection is a weight read: 2 N K bytes for 2 M N K flops. cuBLAS's kernels for
-these shapes on the H200 move the 0.8B model's projection weights at about 1.4 TB/s (see
-results/2026-11-29-h200-0.8b-backends), a third of the copy bandwidth. This kernel streams each
-weight tile once through `tl.dot` (M padded to 16 rows, which costs nothing in a bandwidth-bound
-loop) and splits K across programs when N alone gives too few of them to fill the GPU; the
-partial sums go to an fp32 scratch. On the decode step the next residual add + norm adds them up
-(skinny_linear_partials), so the split costs no kernel; skinny_linear sums them in a second one.
+At M = 1..16 a projection is a weight read: 2 N K bytes for 2 M N K flops. This kernel streams
+each weight tile once through `tl.dot` (M padded to 16 rows, which costs nothing in a
+bandwidth-bound loop) and splits K across programs when N alone gives too few of them to fill
+the GPU; the partial sums go to an fp32 scratch.
+
+On the H200 every such GEMM costs at least about 5 us whatever its size (launch, DRAM latency,
+tail; results/2026-11-29-h200-0.8b-fusions), and the graph adds about 1 us between kernels, so a
+decode step is cheaper with fewer kernels. The kernel therefore takes the elementwise work on
+either side of a projection into its prologue (see _gemv_kernel), and leaves its split-K sums
+for the next add + norm:
+- add_norm_linear: a block's opening residual add + RMSNorm, then in_proj / qkv / gate_up;
+- skinny_linear_partials(gated=True): the MLP's silu-mul, then down;
+- gated_norm_linear_partials: the GDN output norm, then out_proj;
+- skinny_linear_partials: o_proj.
+skinny_linear (a finished [M, N]) is for the bench and the tests.
 
 `python -m resident.kernels.bench_gemv` measures it against cuBLAS, with the weights cycled
 through more memory than the L2 holds (as in a decode step) and a sweep of tiles.
@@ -49,32 +57,48 @@ class GemvTile:
 # o_proj: 5.4 us against cuBLAS's 12.6; down: 6.0 against 8.0;
 # results/2026-11-29-h200-0.8b-fusions/gemv_cold.json)
 DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
+# The sweep's best for all three wide ones (in_proj, qkv, gate_up): no split, 5.6-6.4 us
+WIDE_TILE = GemvTile(block_n=64, block_k=256, num_warps=4, num_stages=4, target_programs=0)
 
 
 # what the kernel does to x before the product
-PLAIN, SILU_MUL, GATED_RMS_NORM = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+PLAIN, SILU_MUL, GATED_RMS_NORM, ADD_RMS_NORM = (tl.constexpr(0), tl.constexpr(1),
+                                                 tl.constexpr(2), tl.constexpr(3))
 
 
 @triton.jit
-def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
-                 stride_zm, eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr):
-    """PROLOGUE SILU_MUL: x is [M, 2K] = (gate, up) and the GEMM's input is silu(gate) * up.
-    GATED_RMS_NORM: each BLOCK_K of x is one head, and the input is
-    norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm). Both in fp32, rounded
-    once to x's dtype."""
+def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, stride_wn,
+                 stride_om, stride_os, stride_zm, eps, K_TILES: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PROLOGUE: tl.constexpr, NUM_PARTS: tl.constexpr):
+    """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
+    dtype:
+    - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
+    - GATED_RMS_NORM: each BLOCK_K of x is one head; the input is
+      norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
+    - ADD_RMS_NORM: x is NUM_PARTS split-K partials [S, M, K] (or [M, K]) of the last
+      projection and z the residual stream; summed = sum(x) + z goes to `summed` and the input
+      is rms_norm(summed) * (1 + norm_w) (DenseOps.add_rms_norm). The row's 1/rms scales the
+      finished sums, so one pass over K does both; K is not split."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
     for tile in range(K_TILES):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x_mask = (offs_m[:, None] < M) & k_mask[None, :]
-        x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
-                         other=0.0)
+        if PROLOGUE == ADD_RMS_NORM:
+            x_tile, tile_sumsq = _add_norm_tile(x, z, norm_w, summed, offs_m, offs_k, k_mask,
+                                                x_mask, stride_xs, stride_xm, stride_zm,
+                                                pid_n == 0, NUM_PARTS, BLOCK_M, BLOCK_K)
+            sumsq += tile_sumsq
+        else:
+            x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
+                             other=0.0)
         if PROLOGUE == SILU_MUL:
             gate = x_tile.to(tl.float32)
             up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
@@ -91,9 +115,32 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
                          mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
         acc += tl.dot(x_tile, tl.trans(w_tile))
+    if PROLOGUE == ADD_RMS_NORM:
+        acc = acc * tl.rsqrt(sumsq / K + eps)[:, None]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_norm_tile(x, residual, norm_w, summed, offs_m, offs_k, k_mask, x_mask, stride_xs,
+                   stride_xm, stride_rm, write_summed, NUM_PARTS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(the tile of (sum(x) + residual) * (1 + norm_w) in the residual's dtype, its rows' sums
+    of squares); stores the tile of sum(x) + residual when write_summed."""
+    part = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for split in tl.static_range(NUM_PARTS):
+        part += tl.load(x + split * stride_xs + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=x_mask, other=0.0).to(tl.float32)
+    act = residual.dtype.element_ty
+    rows = offs_m[:, None] * stride_rm + offs_k[None, :]
+    added = part.to(act).to(tl.float32) + tl.load(residual + rows, mask=x_mask,
+                                                    other=0.0).to(tl.float32)
+    added = added.to(act)  # the residual stream is kept in the activations' dtype
+    tl.store(summed + rows, added, mask=x_mask & write_summed)
+    added = added.to(tl.float32)
+    scale = 1.0 + tl.load(norm_w + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    return (added * scale[None, :]).to(act), tl.sum(added * added, axis=1)
 
 
 @triton.jit
@@ -170,8 +217,35 @@ def gated_norm_linear_partials(
     splits, k_per_split = _split(flat, weight, tile)
     partials = torch.empty(splits, num_rows, weight.shape[0], dtype=torch.float32,
                            device=x.device)
-    _launch(flat, weight, tile, partials, k_per_split, GATED_RMS_NORM, gate, norm_weight, eps)
+    _launch(flat, weight, tile, partials, k_per_split, GATED_RMS_NORM, z=gate,
+            norm_weight=norm_weight, eps=eps)
     return partials
+
+
+def add_norm_linear(
+    x: torch.Tensor,  # [M, H], or the last projection's fp32 split-K partials [S, M, H]
+    residual: torch.Tensor,  # [M, H]: the residual stream, in the activations' dtype
+    norm_weight: torch.Tensor,  # [H]: a zero-centred RMSNorm's weight
+    eps: float,
+    weight: torch.Tensor,  # [N, H]
+    tile: GemvTile = WIDE_TILE,
+) -> tuple[torch.Tensor, torch.Tensor]:  # [M, N], [M, H] in residual's dtype
+    """(rms_norm(x + residual) @ weight^T, x + residual): DenseOps.add_rms_norm and the
+    projection after it in one kernel, for the wide projections that open a block (GDN
+    in_proj, attention qkv, MLP gate_up)."""
+    parts = x if x.dim() == 3 else x.unsqueeze(0)
+    if parts.shape[1:] != residual.shape or not residual.is_contiguous() or \
+            not parts[0].is_contiguous():
+        raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must be "
+                         f"contiguous [M, H] (x may be [S, M, H] partials)")
+    tile = dataclasses.replace(tile, target_programs=0)  # the 1/rms needs the whole row
+    splits, k_per_split = _split(parts[0], weight, tile)
+    out = torch.empty(residual.shape[0], weight.shape[0], dtype=residual.dtype,
+                      device=residual.device)
+    summed = torch.empty_like(residual)
+    _launch(x, weight, tile, out.unsqueeze(0), k_per_split, ADD_RMS_NORM, z=residual,
+            norm_weight=norm_weight, eps=eps, summed=summed)
+    return out, summed
 
 
 def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
@@ -189,15 +263,19 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
-            k_per_split: int, prologue: tl.constexpr = PLAIN, gate: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
-    """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype."""
+            k_per_split: int, prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+            summed: torch.Tensor | None = None) -> None:
+    """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype.
+    x is [M, K] ([M, 2K] for SILU_MUL), or for ADD_RMS_NORM the partials [P, M, K]; z,
+    norm_weight, eps and summed are the prologue's (see _gemv_kernel)."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
+    parts = x if x.dim() == 3 else x.unsqueeze(0)
     _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
-        x, weight, target, x if gate is None else gate,
-        x if norm_weight is None else norm_weight, num_rows, n, k, x.stride(0),
-        weight.stride(0), target.stride(1), target.stride(0),
-        0 if gate is None else gate.stride(0), eps, K_TILES=k_per_split // tile.block_k,
-        BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, PROLOGUE=prologue,
+        x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
+        x if summed is None else summed, num_rows, n, k, parts.stride(0), parts.stride(1),
+        weight.stride(0), target.stride(1), target.stride(0), 0 if z is None else z.stride(0),
+        eps, K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k, PROLOGUE=prologue, NUM_PARTS=parts.shape[0],
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )

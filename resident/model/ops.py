@@ -73,3 +73,8 @@ class ModelOps:
     # output norm, the norm inside the projection's kernel; returns what narrow_linear does.
     # None: DenseOps.gated_rms_norm, then narrow_linear.
     gated_norm_linear: Callable | None = None
+    # (x or the last projection's partials, residual, norm weight, eps, weight) ->
+    # (rms_norm(x + residual) @ weight.T, x + residual): a block's opening norm inside its first
+    # projection (GDN in_proj, attention qkv, MLP gate_up). None: DenseOps.add_rms_norm, then
+    # F.linear.
+    add_norm_linear: Callable | None = None

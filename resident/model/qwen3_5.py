@@ -14,6 +14,8 @@ the GDN recurrence in the state's dtype (fp32), RoPE tables in fp32 cast to the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -46,6 +48,30 @@ def fuse_linears(owner: nn.Module, name: str, linears: list[nn.Linear]) -> None:
         start += rows
 
 
+@dataclass(frozen=True)
+class BlockInput:
+    """A block's input before its RMSNorm: the last block's output x (or the fp32 split-K
+    partials [S, T, hidden] of its projection) and the residual stream (None before the first
+    layer)."""
+
+    x: torch.Tensor
+    residual: torch.Tensor | None
+    norm: RMSNorm
+
+    def project(self, weight: torch.Tensor, dense: DenseOps,
+                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the block's opening projection of its normed input, the residual stream after the
+        add); one kernel where the ops fuse the norm into the projection."""
+        norm = self.norm
+        if self.residual is None:
+            h, residual = dense.rms_norm(self.x, norm.weight, norm.eps), self.x
+        elif ops.add_norm_linear is not None:
+            return ops.add_norm_linear(self.x, self.residual, norm.weight, norm.eps, weight)
+        else:
+            h, residual = dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
+        return F.linear(h, weight), residual
+
+
 class GatedRMSNorm(nn.Module):
     """GDN output norm weights (not zero-centred); the norm is DenseOps.gated_rms_norm."""
 
@@ -66,11 +92,12 @@ class MLP(nn.Module):
     def fuse_projections(self) -> None:
         fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor, ops: ModelOps) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_weight)
+    def forward(self, block: BlockInput,
+                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
+        gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
         if ops.silu_mul_linear is not None:
-            return ops.silu_mul_linear(gate_up, self.down_proj.weight)
-        return ops.narrow_linear(self.dense.silu_mul(gate_up), self.down_proj.weight)
+            return ops.silu_mul_linear(gate_up, self.down_proj.weight), residual
+        return ops.narrow_linear(self.dense.silu_mul(gate_up), self.down_proj.weight), residual
 
 
 class Attention(nn.Module):
@@ -98,14 +125,15 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, hidden]
+        block: BlockInput,
         rope: tuple[torch.Tensor, torch.Tensor],
         meta: StepMeta,
         cache: ModelCache,
         ops: ModelOps,
-    ) -> torch.Tensor:
-        num_tokens, head_dim = x.shape[0], self.head_dim
-        query_gate, key, value = F.linear(x, self.qkv_weight).split(self.split, dim=-1)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, hidden] (or partials), residual
+        qkv, residual = block.project(self.qkv_weight, self.dense, ops)
+        num_tokens, head_dim = qkv.shape[0], self.head_dim
+        query_gate, key, value = qkv.split(self.split, dim=-1)
         query, gate = query_gate.view(num_tokens, self.num_heads, 2 * head_dim).chunk(2, dim=-1)
         query, key = self.dense.qk_norm_rope(
             query, key.view(num_tokens, self.num_kv_heads, head_dim), self.q_norm.weight,
@@ -115,7 +143,7 @@ class Attention(nn.Module):
         kv_layer = cache.kv[self.cache_index]
         ops.write_kv(kv_layer, key, value, meta)
         out = self.dense.sigmoid_gate(ops.attention(query, kv_layer, meta, head_dim**-0.5), gate)
-        return ops.narrow_linear(out.reshape(num_tokens, -1), self.o_proj.weight)
+        return ops.narrow_linear(out.reshape(num_tokens, -1), self.o_proj.weight), residual
 
 
 class GatedDeltaNet(nn.Module):
@@ -150,10 +178,11 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("conv_weight", self.conv1d.weight.detach().squeeze(1),
                              persistent=False)
 
-    def forward(self, x: torch.Tensor, meta: StepMeta, cache: ModelCache,
-                ops: ModelOps) -> torch.Tensor:
-        num_tokens, layer = x.shape[0], self.cache_index
-        mixed_qkv, z, b, a = F.linear(x, self.in_proj_weight).split(self.split, dim=-1)
+    def forward(self, block: BlockInput, meta: StepMeta, cache: ModelCache,
+                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
+        projected, residual = block.project(self.in_proj_weight, self.dense, ops)
+        num_tokens, layer = projected.shape[0], self.cache_index
+        mixed_qkv, z, b, a = projected.split(self.split, dim=-1)
         mixed = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta)
         query, key, value = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         query = query.view(num_tokens, self.num_k_heads, self.k_head_dim)
@@ -165,10 +194,10 @@ class GatedDeltaNet(nn.Module):
         z = z.view(num_tokens, self.num_v_heads, self.v_head_dim)
         if ops.gated_norm_linear is not None:
             return ops.gated_norm_linear(out, z, self.norm.weight, self.norm.eps,
-                                         self.out_proj.weight)
+                                         self.out_proj.weight), residual
         out = self.dense.gated_rms_norm(out, z, self.norm.weight, self.norm.eps)
         return ops.narrow_linear(out.reshape(num_tokens, self.value_dim),
-                                 self.out_proj.weight)
+                                 self.out_proj.weight), residual
 
 
 class DecoderLayer(nn.Module):
@@ -187,18 +216,12 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope, meta: StepMeta,
                 cache: ModelCache, ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(mlp output, residual before it): the next layer adds the two inside its norm."""
-        norm = self.input_layernorm
-        if residual is None:
-            h, residual = self.dense.rms_norm(x, norm.weight, norm.eps), x
-        else:
-            h, residual = self.dense.add_rms_norm(x, residual, norm.weight, norm.eps)
+        block = BlockInput(x, residual, self.input_layernorm)
         if self.is_attention:
-            h = self.self_attn(h, rope, meta, cache, ops)
+            h, residual = self.self_attn(block, rope, meta, cache, ops)
         else:
-            h = self.linear_attn(h, meta, cache, ops)
-        norm = self.post_attention_layernorm
-        h, residual = self.dense.add_rms_norm(h, residual, norm.weight, norm.eps)
-        return self.mlp(h, ops), residual
+            h, residual = self.linear_attn(block, meta, cache, ops)
+        return self.mlp(BlockInput(h, residual, self.post_attention_layernorm), ops)
 
 
 class TextModel(nn.Module):
