@@ -8,7 +8,10 @@ all c rows. It reports the wall time of a decode step (scheduling, host staging,
 attention plan if any, the graph replay, sampling and its one sync), the GPU kernel time inside
 it (torch.profiler over PROFILED steps: kernels and their count), and the roofline of
 `resident info` at the same context. Step wall minus GPU busy is host time the GPU waits for.
-It also times the prefill steps of the c prompts (wall, ending in the first token's sync).
+It also times the prefill of the c prompts (`prefill_ms`, first-use compiles included), and,
+warm, one fresh prompt alone to its first token: wall (`fresh_prefill_ms`, the TTFT at c=1
+without the server) and its GPU kernel time (`fresh_prefill_gpu_ms`); the difference is host
+time the prefill makes the GPU wait for.
 
 With --cprofile DIR, once the timed steps are done, it runs decode steps and then one fresh
 prompt's prefill under cProfile and writes the costliest Python functions of each to
@@ -46,22 +49,29 @@ def _decode_steps(engine: Engine, count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
-def _gpu_per_step(engine: Engine) -> tuple[float, float, list[dict]]:
-    """(GPU kernel ms, kernels, the TOP_KERNELS costliest kernel names) per decode step, from
-    torch.profiler."""
+def _kernel_profile(run, count: int) -> tuple[float, float, list[dict]]:
+    """(GPU kernel ms, kernels, the TOP_KERNELS costliest kernel names) per one of the `count`
+    units of work `run` does, from torch.profiler."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(PROFILED):
-            engine.step()
+        run()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for event in kernels:
         by_name.setdefault(event.name, []).append(event.device_time_total)
     top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
-    top_rows = [{"kernel": name[:90], "us_per_step": round(sum(times) / PROFILED, 1),
-                 "calls_per_step": len(times) / PROFILED} for name, times in top]
+    top_rows = [{"kernel": name[:90], "us_per_step": round(sum(times) / count, 1),
+                 "calls_per_step": len(times) / count} for name, times in top]
     busy_us = sum(e.device_time_total for e in kernels)
-    return busy_us / 1e3 / PROFILED, len(kernels) / PROFILED, top_rows
+    return busy_us / 1e3 / count, len(kernels) / count, top_rows
+
+
+def _fresh_prefill_s(engine: Engine, prompt_len: int) -> float:
+    """Seconds for one fresh prompt, alone, to its first token."""
+    _add_prompts(engine, "fresh", 1, prompt_len, 1)
+    seconds, _ = _prefill(engine)
+    _abort_all(engine)
+    return seconds
 
 
 def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_tokens: int) -> None:
@@ -118,10 +128,13 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     before = dict(engine.counters)
     step_s = _decode_steps(engine, TIMED)
     decode_steps = engine.counters["steps_decode"] - before.get("steps_decode", 0)
-    gpu_ms, kernels, top = _gpu_per_step(engine)
+    gpu_ms, kernels, top = _kernel_profile(lambda: _decode_steps(engine, PROFILED), PROFILED)
     if cprofile_dir is not None:
         _cprofile_steps(engine, concurrency, prompt_len, cprofile_dir)
     _abort_all(engine)
+    fresh_s = _fresh_prefill_s(engine, prompt_len)
+    fresh_gpu_ms, fresh_kernels, _ = _kernel_profile(
+        lambda: _fresh_prefill_s(engine, prompt_len), 1)
     context = prompt_len + 8 + TIMED
     roofline = model_facts(engine.model_config, context=context,
                            batches=(concurrency,)).roofline[0]
@@ -132,6 +145,8 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
         "host_gap_ms": round(step_s * 1e3 - gpu_ms, 3),
         "roofline_ms": round(roofline.ms_per_step, 3), "context": context,
         "prefill_ms": round(prefill_s * 1e3, 2), "prefill_steps": prefill_steps,
+        "fresh_prefill_ms": round(fresh_s * 1e3, 2),
+        "fresh_prefill_gpu_ms": round(fresh_gpu_ms, 2), "fresh_prefill_kernels": fresh_kernels,
         "top_kernels": top,
     }
 
@@ -160,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
              ("attention_backend", "cuda_graphs", "compile", "resident_planning")}
     print(json.dumps(knobs))
     header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "roofline ms",
-              "prefill ms")
+              "prefill ms", "gpu ms")
     print(" ".join(f"{h:>11}" for h in header))
     for row in rows:
         values = (row["concurrency"], row["step_ms"], row["tok_s"], row["gpu_busy_ms"],
                   row["kernels_per_step"], row["host_gap_ms"], row["roofline_ms"],
-                  row["prefill_ms"])
+                  row["fresh_prefill_ms"], row["fresh_prefill_gpu_ms"])
         print(" ".join(f"{v:>11}" for v in values))
     if args.json:
         with open(args.json, "w") as handle:
