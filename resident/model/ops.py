@@ -5,6 +5,10 @@ The engine builds one ModelOps per kind of step: prefill and mixed steps get var
 (Triton or FlashInfer decode attention, the Triton GDN decode kernels) bound to that bucket's
 fixed buffers. Every op takes the step's StepMeta, so a backend reads what it needs from it and
 carries any host-side plan in its own closure. The defaults are the torch references.
+
+The optional `*_linear` ops take the elementwise work on either side of a projection into its
+GEMM (the skinny Triton GEMM of decode buckets of at most 16 rows: fewer kernels a step). None
+keeps the separate DenseOps call and the plain GEMM.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class ModelOps:
     # (GDN out_proj, attention o_proj, MLP down): cuBLAS picks a split-K kernel for these at a
     # few rows that a skinny Triton kernel beats (resident/kernels/gemv.py). It may return the
     # fp32 split-K partials [S, T, H] instead of [T, H]: each of these outputs goes straight
-    # into DenseOps.add_rms_norm, which adds them up inside its own kernel.
+    # into the next add + norm (DenseOps.add_rms_norm or add_norm_linear), which adds them up.
     narrow_linear: Callable = narrow_linear_ref
     # (gate_up [T, 2I], down weight [H, I]) -> down(silu(gate) * up), the MLP's activation and
     # down projection in one kernel; returns what narrow_linear does. None: the MLP runs
