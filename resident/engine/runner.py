@@ -5,6 +5,8 @@ Every step rebuilds each row's tokens, positions, block-table row, KV write loca
 slot into host staging arrays (numpy views of pinned memory on CUDA), then copies what the step
 uses into device buffers that never move, so a captured graph can read them. A decode-only step
 pads to the smallest decode bucket that holds it; padding rows point at the sink page and slot.
+Its four per-row arrays sit side by side in one bucket-sized block (DecodeInputs), so a decode
+step uploads in two contiguous copies: that block and the block-table rows.
 With `cuda_graphs` on, each bucket's forward is a captured graph (graphs.py) replayed after the
 host staging and, for a host-planned attention backend, the attention plan.
 """
@@ -43,6 +45,21 @@ class HostCopy:
     recurrent: torch.Tensor  # [num_linear_layers, Hv, Dk, Dv]
 
 
+@dataclass(frozen=True)
+class DecodeInputs:
+    """A decode bucket's per-row inputs: views of one [4 * bucket] block, device or host."""
+
+    block: torch.Tensor | np.ndarray  # [4 * bucket]: the four below, in this order
+    input_ids: torch.Tensor | np.ndarray  # [bucket]
+    positions: torch.Tensor | np.ndarray
+    kv_write_loc: torch.Tensor | np.ndarray
+    state_slots: torch.Tensor | np.ndarray
+
+    @classmethod
+    def of(cls, flat, bucket: int) -> DecodeInputs:
+        return cls(flat[:4 * bucket], *(flat[i * bucket:(i + 1) * bucket] for i in range(4)))
+
+
 class StepBuffers:
     """Fixed-address device buffers a step reads, and their host staging twins."""
 
@@ -52,6 +69,9 @@ class StepBuffers:
         def pair(*shape: int, dtype=torch.int64) -> tuple[torch.Tensor, np.ndarray]:
             host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
             return torch.zeros(shape, dtype=dtype, device=device), host.numpy()
+
+        # a decode bucket's inputs (DecodeInputs): each bucket reads its own fixed views
+        self.decode_gpu, self.decode_cpu = pair(4 * max_rows)
 
         self.input_ids_gpu, self.input_ids_cpu = pair(max_tokens)
         self.positions_gpu, self.positions_cpu = pair(max_tokens)
@@ -109,23 +129,24 @@ class StepRunner:
         """A decode step's rows (one token each) then padding rows, staged with one list per
         array rather than row by row: this is the host plan's hot loop at high concurrency.
         Returns the block-table width."""
-        buf, page_size, num_rows = self.buffers, self.page_size, len(plan.rows)
+        page_size, num_rows = self.page_size, len(plan.rows)
+        host = DecodeInputs.of(self.buffers.decode_cpu, bucket)
         requests = [row.request for row in plan.rows]
         ids = [r.request_id for r in requests]
         page_lists = [self.kv.streams[rid].pages for rid in ids]
         starts = [r.num_computed for r in requests]
-        buf.input_ids_cpu[:num_rows] = [r.output_ids[-1] for r in requests]
-        buf.positions_cpu[:num_rows] = [self.positions.position(rid, start)
-                                        for rid, start in zip(ids, starts, strict=True)]
-        buf.kv_write_loc_cpu[:num_rows] = [
+        host.input_ids[:num_rows] = [r.output_ids[-1] for r in requests]
+        host.positions[:num_rows] = [self.positions.position(rid, start)
+                                     for rid, start in zip(ids, starts, strict=True)]
+        host.kv_write_loc[:num_rows] = [
             pages[start // page_size] * page_size + start % page_size
             for pages, start in zip(page_lists, starts, strict=True)]
-        buf.state_slots_cpu[:num_rows] = [self.states.slots[rid] for rid in ids]
+        host.state_slots[:num_rows] = [self.states.slots[rid] for rid in ids]
         padding = slice(num_rows, bucket)
-        buf.input_ids_cpu[padding] = 0
-        buf.positions_cpu[padding] = 0
-        buf.kv_write_loc_cpu[padding] = SINK_PAGE * page_size
-        buf.state_slots_cpu[padding] = SINK_SLOT
+        host.input_ids[padding] = 0
+        host.positions[padding] = 0
+        host.kv_write_loc[padding] = SINK_PAGE * page_size
+        host.state_slots[padding] = SINK_SLOT
         return self._stage_tables(page_lists, bucket)
 
     def _stage_tables(self, page_lists: list[list[int]], bucket: int) -> int:
@@ -152,25 +173,31 @@ class StepRunner:
         buf.query_start_loc_cpu[row_index + 1] = end
         return len(pages)
 
-    def _upload(self, num_tokens: int, num_rows: int, width: int,
-                num_logits: int | None) -> None:
-        """Copies the staged host arrays the step reads; a decode step (num_logits None)
-        reads aranges in place of token rows, query starts and logits rows."""
+    def _upload(self, num_tokens: int, num_rows: int, num_logits: int) -> None:
+        """Copies the staged host arrays a varlen step reads."""
         buf = self.buffers
-        names = ["input_ids", "positions", "kv_write_loc"]
+        names = ["input_ids", "positions", "kv_write_loc", "token_seq"]
         copies = [(getattr(buf, f"{n}_gpu")[:num_tokens], getattr(buf, f"{n}_cpu")[:num_tokens])
                   for n in names]
-        copies += [(buf.state_slots_gpu[:num_rows], buf.state_slots_cpu[:num_rows]),
-                   (buf.block_tables_gpu[:num_rows, :width],
-                    buf.block_tables_cpu[:num_rows, :width])]
-        if num_logits is not None:
-            copies += [
-                (buf.token_seq_gpu[:num_tokens], buf.token_seq_cpu[:num_tokens]),
-                (buf.query_start_loc_gpu[:num_rows + 1], buf.query_start_loc_cpu[:num_rows + 1]),
-                (buf.logits_indices_gpu[:num_logits], buf.logits_indices_cpu[:num_logits]),
-            ]
-        for device_view, host_view in copies:
-            device_view.copy_(torch.from_numpy(host_view), non_blocking=True)
+        copies += [
+            (buf.state_slots_gpu[:num_rows], buf.state_slots_cpu[:num_rows]),
+            (buf.query_start_loc_gpu[:num_rows + 1], buf.query_start_loc_cpu[:num_rows + 1]),
+            (buf.logits_indices_gpu[:num_logits], buf.logits_indices_cpu[:num_logits]),
+        ]
+        _copy_all(copies + [self._table_rows(num_rows)])
+
+    def _upload_decode(self, bucket: int) -> None:
+        """A decode bucket's two copies: its inputs block and its block-table rows (token rows,
+        query starts and logits rows are aranges on the device)."""
+        buf = self.buffers
+        _copy_all([(buf.decode_gpu[:4 * bucket], buf.decode_cpu[:4 * bucket]),
+                   self._table_rows(bucket)])
+
+    def _table_rows(self, num_rows: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Whole rows, so the copy is one contiguous run (columns past a row's pages are never
+        read); a [rows, width] slice would make torch stage it through temporaries."""
+        buf = self.buffers
+        return buf.block_tables_gpu[:num_rows], buf.block_tables_cpu[:num_rows]
 
     def _varlen_meta(self, num_tokens: int, num_rows: int, width: int,
                      num_logits: int) -> StepMeta:
@@ -188,14 +215,14 @@ class StepRunner:
 
     def decode_meta(self, bucket: int, width: int) -> StepMeta:
         """A decode bucket's StepMeta over the fixed buffers: what its graph reads."""
-        buf = self.buffers
+        inputs = DecodeInputs.of(self.buffers.decode_gpu, bucket)
         return StepMeta(
-            positions=buf.positions_gpu[:bucket],
+            positions=inputs.positions,
             token_seq=self.arange_gpu[:bucket],
             query_start_loc=self.arange_gpu[:bucket + 1],
-            block_tables=buf.block_tables_gpu[:bucket, :width],
-            kv_write_loc=buf.kv_write_loc_gpu[:bucket],
-            state_slots=buf.state_slots_gpu[:bucket],
+            block_tables=self.buffers.block_tables_gpu[:bucket, :width],
+            kv_write_loc=inputs.kv_write_loc,
+            state_slots=inputs.state_slots,
             logits_indices=self.arange_gpu[:bucket],
             max_query_len=1,
         )
@@ -225,12 +252,12 @@ class StepRunner:
         if plan.kind == "decode":
             bucket = self.bucket_for(len(plan.rows))
             width = self._stage_decode(plan, bucket)
-            self._upload(bucket, bucket, width, None)
+            self._upload_decode(bucket)
             self._plan_attention(plan, bucket, width)
             return self.run_decode(bucket, width)
         num_tokens, width, num_sampling = self._stage(plan)
         num_rows = len(plan.rows)
-        self._upload(num_tokens, num_rows, width, num_sampling)
+        self._upload(num_tokens, num_rows, num_sampling)
         prefill = self.kernels.prefill
         layout = self._host_layout(plan, num_rows, width) if prefill.needs_layout else None
         step = PrefillStep(self.buffers.query_start_loc_cpu[:num_rows + 1].copy(), layout)
@@ -248,7 +275,8 @@ class StepRunner:
     def _decode_forward(self, bucket: int, width: int) -> torch.Tensor:
         meta = self.decode_meta(bucket, width)
         with torch.inference_mode():
-            hidden = self.model(self.buffers.input_ids_gpu[:bucket], meta, self.cache,
+            input_ids = DecodeInputs.of(self.buffers.decode_gpu, bucket).input_ids
+            hidden = self.model(input_ids, meta, self.cache,
                                 self.kernels.decode.ops(bucket))
             return self.model.compute_logits(hidden)
 
@@ -261,17 +289,18 @@ class StepRunner:
         buf, layout = self.buffers, planner.layout
         bucket = staged.slot_ids_gpu.shape[0]
         num_rows = len(plan.rows)
-        buf.input_ids_cpu[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
-        buf.input_ids_cpu[num_rows:bucket] = 0
-        buf.input_ids_gpu[:bucket].copy_(torch.from_numpy(buf.input_ids_cpu[:bucket]),
-                                         non_blocking=True)
+        host = DecodeInputs.of(buf.decode_cpu, bucket)
+        device = DecodeInputs.of(buf.decode_gpu, bucket)
+        host.input_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
+        host.input_ids[num_rows:bucket] = 0
+        device.input_ids.copy_(torch.from_numpy(host.input_ids), non_blocking=True)
         pool = layout.pool(layout.position_pool)
         scatter_cells_ref(planner.store_gpu, staged.cells_gpu)
         gather_rows_ref(
             planner.store_gpu, staged.slot_ids_gpu, pool.length_col, layout.offset_col,
             layout.state_col, pool.span_start, staged.width, self.page_size,
-            buf.block_tables_gpu[:bucket, :staged.width], buf.positions_gpu[:bucket],
-            buf.kv_write_loc_gpu[:bucket], buf.state_slots_gpu[:bucket],
+            buf.block_tables_gpu[:bucket, :staged.width], device.positions,
+            device.kv_write_loc, device.state_slots,
         )
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
@@ -298,7 +327,7 @@ class StepRunner:
         def prepare(bucket: int) -> None:
             empty = StepPlan([], "decode")
             self._stage_decode(empty, bucket)
-            self._upload(bucket, bucket, self.max_pages, None)
+            self._upload_decode(bucket)
             self._plan_attention(empty, bucket, 1)
 
         def describe(bucket: int) -> str:
@@ -338,6 +367,11 @@ class StepRunner:
     def drop(self, request_id: str) -> None:
         """Forgets an offloaded request's host copy (it finished or was aborted)."""
         self._host_copies.pop(request_id, None)
+
+
+def _copy_all(copies: list[tuple[torch.Tensor, np.ndarray]]) -> None:
+    for device_view, host_view in copies:
+        device_view.copy_(torch.from_numpy(host_view), non_blocking=True)
 
 
 def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
