@@ -81,9 +81,10 @@ def test_small_decode_buckets_fuse_their_projections():
         ops = decode.ops(bucket)
         assert ops.add_norm_linear is add_norm_linear
         assert ops.narrow_linear is skinny_linear_partials
-        assert ops.silu_mul_linear is not None and ops.gated_norm_linear is not None
+        assert None not in (ops.silu_mul_linear, ops.gated_norm_linear, ops.sigmoid_gate_linear)
     wide = decode.ops(32)
-    assert (wide.add_norm_linear, wide.silu_mul_linear, wide.gated_norm_linear) == (None,) * 3
+    assert (wide.add_norm_linear, wide.silu_mul_linear, wide.gated_norm_linear,
+            wide.sigmoid_gate_linear) == (None,) * 4
 
 
 def test_plan_reuse_only_when_the_page_lists_match():

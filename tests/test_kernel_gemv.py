@@ -17,6 +17,7 @@ from resident.kernels.gemv import (  # noqa: E402
     add_norm_linear,
     gated_norm_linear_partials,
     gemv_splits,
+    sigmoid_gate_linear_partials,
     skinny_linear,
     skinny_linear_partials,
 )
@@ -125,7 +126,7 @@ def test_gated_norm_partials_are_the_gdn_output_projection(rows, target_programs
                                      GemvTile(16, 64, target_programs=target_programs))
     assert got.shape[0] == (1 if target_programs == 0 else 4)  # one head a K tile
     torch.testing.assert_close(got.sum(0), want, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="heads packed"):
+    with pytest.raises(ValueError, match="each head's values contiguous"):
         gated_norm_linear_partials(x, gate.transpose(1, 2).contiguous().transpose(1, 2),
                                    norm_weight, 1e-6, weight)
 
@@ -180,3 +181,32 @@ def test_add_norm_linear_bf16_gpu(rows):
     # one bf16 ulp at most: the fp32 sums of the partials may round the other way
     torch.testing.assert_close(summed.float(), want_summed.float(), atol=2e-2, rtol=2e-2)
     assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_sigmoid_gate_partials_are_the_gated_attention_output_projection(rows):
+    from resident.model.dense import sigmoid_gate
+
+    generator = torch.Generator().manual_seed(rows)
+    heads, head_dim, n = 4, 24, 40
+    out = torch.randn(rows, heads, head_dim, generator=generator).to(DEVICE)
+    # the gate is the second half of each head's [query, gate] pair, as the layer splits it
+    query_gate = torch.randn(rows, heads, 2 * head_dim, generator=generator).to(DEVICE)
+    gate = query_gate[..., head_dim:]
+    weight = torch.randn(n, heads * head_dim, generator=generator).to(DEVICE)
+    want = sigmoid_gate(out, gate).reshape(rows, -1) @ weight.T
+    got = sigmoid_gate_linear_partials(out, gate, weight,
+                                       GemvTile(16, 32, target_programs=6)).sum(0)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16])
+def test_sigmoid_gate_partials_bf16_gpu(rows):
+    query_gate = torch.randn(rows, 8, 512, device="cuda", dtype=torch.bfloat16)
+    out = torch.randn(rows, 8, 256, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) * 2048**-0.5
+    gate = query_gate[..., 256:]
+    want = (out.float() * torch.sigmoid(gate.float())).reshape(rows, -1) @ weight.float().T
+    got = sigmoid_gate_linear_partials(out, gate, weight).sum(0)
+    assert ((got - want).norm() / want.norm()).item() < 1e-2

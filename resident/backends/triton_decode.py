@@ -12,6 +12,7 @@ from resident.kernels.gemv import (
     MIN_DOT,
     add_norm_linear,
     gated_norm_linear_partials,
+    sigmoid_gate_linear_partials,
     skinny_linear_partials,
 )
 from resident.kernels.kv_write import write_kv
@@ -49,15 +50,18 @@ def silu_mul_skinny_linear(gate_up, weight):
 def decode_gemm_ops(ops: ModelOps, bucket: int) -> ModelOps:
     """A bucket of at most 16 rows runs its narrow projections on the skinny Triton GEMM
     (measured against cuBLAS in results/2026-11-29-h200-0.8b-backends/gemv_bench.json), its
-    split-K partials added up by the norm that follows; the MLP's silu-mul, the GDN output norm
-    and each block's opening add + norm run inside their projections' kernels."""
+    split-K partials added up by the norm that follows; the MLP's silu-mul, the GDN output norm,
+    the attention output gate and each block's opening add + norm run inside their
+    projections' kernels."""
     if bucket > MIN_DOT:
         return dataclasses.replace(ops, narrow_linear=narrow_linear_ref, silu_mul_linear=None,
-                                   gated_norm_linear=None, add_norm_linear=None)
+                                   gated_norm_linear=None, add_norm_linear=None,
+                                   sigmoid_gate_linear=None)
     return dataclasses.replace(ops, narrow_linear=skinny_linear_partials,
                                silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
-                               add_norm_linear=add_norm_linear)
+                               add_norm_linear=add_norm_linear,
+                               sigmoid_gate_linear=sigmoid_gate_linear_partials)
 
 
 class TritonDecode(DecodeKernels):

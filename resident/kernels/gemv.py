@@ -13,7 +13,7 @@ for the next add + norm:
 - add_norm_linear: a block's opening residual add + RMSNorm, then in_proj / qkv / gate_up;
 - skinny_linear_partials(gated=True): the MLP's silu-mul, then down;
 - gated_norm_linear_partials: the GDN output norm, then out_proj;
-- skinny_linear_partials: o_proj.
+- sigmoid_gate_linear_partials: the gated attention's output gate, then o_proj.
 skinny_linear (a finished [M, N]) is for the bench and the tests.
 
 `python -m resident.kernels.bench_gemv` measures it against cuBLAS, with the weights cycled
@@ -62,20 +62,23 @@ WIDE_TILE = GemvTile(block_n=64, block_k=256, num_warps=4, num_stages=4, target_
 
 
 # what the kernel does to x before the product
-PLAIN, SILU_MUL, GATED_RMS_NORM, ADD_RMS_NORM = (tl.constexpr(0), tl.constexpr(1),
-                                                 tl.constexpr(2), tl.constexpr(3))
+PLAIN, SILU_MUL, GATED_RMS_NORM, ADD_RMS_NORM, SIGMOID_GATE = (
+    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3), tl.constexpr(4))
 
 
 @triton.jit
 def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, stride_wn,
-                 stride_om, stride_os, stride_zm, eps, K_TILES: tl.constexpr,
+                 stride_om, stride_os, stride_zm, stride_zh, eps, K_TILES: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PROLOGUE: tl.constexpr, NUM_PARTS: tl.constexpr):
+                 PROLOGUE: tl.constexpr, NUM_PARTS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
     - GATED_RMS_NORM: each BLOCK_K of x is one head; the input is
       norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
+    - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
+    z, where a prologue reads it, is [M, heads, HEAD_DIM] with rows stride_zm and heads stride_zh
+    apart (a head's HEAD_DIM values contiguous).
     - ADD_RMS_NORM: x is NUM_PARTS split-K partials [S, M, K] (or [M, K]) of the last
       projection and z the residual stream; summed = sum(x) + z goes to `summed` and the input
       is rms_norm(summed) * (1 + norm_w) (DenseOps.add_rms_norm). The row's 1/rms scales the
@@ -108,10 +111,12 @@ def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, st
             head = x_tile.to(tl.float32)
             rstd = tl.rsqrt(tl.sum(head * head, axis=1) / BLOCK_K + eps)  # [BM]
             normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(tl.float32)
-            gate = tl.load(z + offs_m[:, None] * stride_zm + offs_k[None, :], mask=x_mask,
-                           other=0.0).to(tl.float32)
+            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM)
             scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(tl.float32)
             x_tile = (scale[None, :] * normed * gate * tl.sigmoid(gate)).to(x.dtype.element_ty)
+        if PROLOGUE == SIGMOID_GATE:
+            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM)
+            x_tile = (x_tile.to(tl.float32) * tl.sigmoid(gate)).to(x.dtype.element_ty)
         w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
                          mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
         acc += tl.dot(x_tile, tl.trans(w_tile))
@@ -120,6 +125,14 @@ def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, st
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_heads(z, offs_m, offs_k, mask, stride_zm, stride_zh, HEAD_DIM: tl.constexpr):
+    """The [BM, BK] fp32 tile of z [M, heads, HEAD_DIM] at flat columns offs_k."""
+    columns = (offs_k // HEAD_DIM) * stride_zh + offs_k % HEAD_DIM
+    return tl.load(z + offs_m[:, None] * stride_zm + columns[None, :], mask=mask,
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -206,9 +219,7 @@ def gated_norm_linear_partials(
     """out_proj(gated_rms_norm(x, gate)) in one kernel: each K tile of the product is one head,
     normed and gated as it is loaded."""
     num_rows, num_heads, head_dim = x.shape
-    if not x.is_contiguous() or gate.stride(2) != 1 or gate.stride(1) != head_dim:
-        raise ValueError(f"x {tuple(x.shape)} must be contiguous and gate's heads packed, got "
-                         f"strides {x.stride()} and {gate.stride()}")
+    _check_gated(x, gate)
     if head_dim < MIN_DOT or head_dim & (head_dim - 1):
         raise ValueError(f"the fused GDN output norm takes a power-of-two value head dim >= "
                          f"{MIN_DOT} (one head a K tile), got {head_dim}")
@@ -220,6 +231,30 @@ def gated_norm_linear_partials(
     _launch(flat, weight, tile, partials, k_per_split, GATED_RMS_NORM, z=gate,
             norm_weight=norm_weight, eps=eps)
     return partials
+
+
+def sigmoid_gate_linear_partials(
+    x: torch.Tensor,  # [M, H, D]: attention's output
+    gate: torch.Tensor,  # [M, H, D]: its output gate (a strided view, each head's D contiguous)
+    weight: torch.Tensor,  # [N, H * D]
+    tile: GemvTile = DEFAULT_TILE,
+) -> torch.Tensor:  # [S, M, N] fp32 partial sums
+    """o_proj(x * sigmoid(gate)) in one kernel: the gated attention's output gate applied as
+    each tile of x is loaded."""
+    _check_gated(x, gate)
+    flat = x.view(x.shape[0], -1)
+    splits, k_per_split = _split(flat, weight, tile)
+    partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
+                           device=x.device)
+    _launch(flat, weight, tile, partials, k_per_split, SIGMOID_GATE, z=gate)
+    return partials
+
+
+def _check_gated(x: torch.Tensor, gate: torch.Tensor) -> None:
+    if not x.is_contiguous() or gate.shape != x.shape or gate.stride(2) != 1:
+        raise ValueError(f"x {tuple(x.shape)} must be contiguous and gate {tuple(gate.shape)} "
+                         f"the same shape with each head's values contiguous, got strides "
+                         f"{x.stride()} and {gate.stride()}")
 
 
 def add_norm_linear(
@@ -275,7 +310,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         x if summed is None else summed, num_rows, n, k, parts.stride(0), parts.stride(1),
         weight.stride(0), target.stride(1), target.stride(0), 0 if z is None else z.stride(0),
-        eps, K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
+        0 if z is None or z.dim() < 3 else z.stride(1), eps,
+        K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, PROLOGUE=prologue, NUM_PARTS=parts.shape[0],
+        HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )

@@ -82,3 +82,7 @@ class ModelOps:
     # projection (GDN in_proj, attention qkv, MLP gate_up). None: DenseOps.add_rms_norm, then
     # F.linear.
     add_norm_linear: Callable | None = None
+    # (attention out [T, H, D], gate [T, H, D], o_proj weight) -> o_proj(out * sigmoid(gate)),
+    # the gated attention's output gate inside the projection's kernel; returns what
+    # narrow_linear does. None: DenseOps.sigmoid_gate, then narrow_linear.
+    sigmoid_gate_linear: Callable | None = None
