@@ -59,6 +59,7 @@ class GemvTile:
 DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
 # The sweep's best for all three wide ones (in_proj, qkv, gate_up): no split, 5.6-6.4 us
 WIDE_TILE = GemvTile(block_n=64, block_k=256, num_warps=4, num_stages=4, target_programs=0)
+ADD_NORM_MAX_STAGES = 2
 
 
 # what the kernel does to x before the product
@@ -273,7 +274,11 @@ def add_norm_linear(
             not parts[0].is_contiguous():
         raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must be "
                          f"contiguous [M, H] (x may be [S, M, H] partials)")
-    tile = dataclasses.replace(tile, target_programs=0)  # the 1/rms needs the whole row
+    # no split: the 1/rms needs the whole row; at most 2 stages: the pipeliner buffers each of
+    # the partials' fp32 tiles per stage (450 KB of shared memory at 4 stages and 7 partials,
+    # over the H200's 227 KB: python -m resident.kernels.compile_check)
+    tile = dataclasses.replace(tile, target_programs=0, num_stages=min(tile.num_stages,
+                                                                       ADD_NORM_MAX_STAGES))
     splits, k_per_split = _split(parts[0], weight, tile)
     out = torch.empty(residual.shape[0], weight.shape[0], dtype=residual.dtype,
                       device=residual.device)
@@ -292,8 +297,14 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
     if x.shape[1] != (2 * k if gated else k) or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must share a "
                          f"contiguous K{' (x holding gate and up)' if gated else ''}")
-    splits = gemv_splits(weight.shape[0], k, tile)
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), tile.block_k) * tile.block_k
+    return split_plan(weight.shape[0], k, tile)
+
+
+def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
+    """(splits, K per split) of an [N, K] weight: gemv_splits rounded to whole K tiles, which
+    can leave fewer splits than asked."""
+    k_per_split = triton.cdiv(triton.cdiv(k, gemv_splits(n, k, tile)), tile.block_k)
+    k_per_split *= tile.block_k
     return triton.cdiv(k, k_per_split), k_per_split
 
 

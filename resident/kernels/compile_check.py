@@ -1,0 +1,131 @@
+"""Compiles the decode step's Triton kernels for a GPU target, without a GPU.
+
+    python -m resident.kernels.compile_check [--model qwen3.5-0.8b] [--arch 90]
+
+The interpreter (TRITON_INTERPRET=1, the CPU tests) checks what a kernel computes, not whether
+the GPU compiler takes it: a constexpr branch, a helper's tuple return or a tile's shared memory
+can still fail there. This runs Triton's own compiler and ptxas on each kernel variant a decode
+step launches, at the model's shapes, and prints each one's shared memory against the limit. It
+needs no driver; run it with TRITON_INTERPRET unset (the kernels must be JIT functions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from resident.kernels import gdn_decode, gemv, kv_write
+from resident.model.config import ModelConfig, load_model_config
+
+HOPPER_SHARED_BYTES = 232448  # per block, opt-in maximum on sm_90
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel launch as the decode step makes it: argument types and constexprs."""
+
+    name: str
+    kernel: triton.JITFunction
+    types: dict[str, str]  # every non-constexpr argument: "*bf16", "i32", "fp32", ...
+    constexprs: dict[str, object]
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def compile(self, target: GPUTarget):
+        signature = {name: self.types.get(name, "constexpr") for name in self.kernel.arg_names}
+        missing = [n for n, t in signature.items() if t == "constexpr" and n not in self.constexprs]
+        if missing:
+            raise ValueError(f"{self.name}: no type or constexpr for {missing}")
+        source = ASTSource(fn=self.kernel, signature=signature, constexprs=self.constexprs)
+        return triton.compile(source, target=target, options={"num_warps": self.num_warps,
+                                                               "num_stages": self.num_stages})
+
+
+def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *, x: str = "*bf16",
+          out: str = "*fp32", num_parts: int = 1, head_dim: int = 1) -> Variant:
+    _, k_per_split = gemv.split_plan(n, k, tile)
+    types = {"x": x, "w": "*bf16", "out": out, "z": "*bf16", "norm_w": "*bf16",
+             "summed": "*bf16", "eps": "fp32"}
+    types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xs", "stride_xm", "stride_wn",
+                                     "stride_om", "stride_os", "stride_zm", "stride_zh")}
+    return Variant(name, gemv._gemv_kernel, types, {
+        "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
+        "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
+        "NUM_PARTS": num_parts, "HEAD_DIM": head_dim}, tile.num_warps, tile.num_stages)
+
+
+def decode_variants(config: ModelConfig) -> list[Variant]:
+    """The Triton kernels of a decode bucket of at most 16 rows, at the model's shapes."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    q_dim = config.num_attention_heads * config.head_dim
+    in_proj = config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads
+    narrow = gemv.DEFAULT_TILE
+    wide = gemv.dataclasses.replace(gemv.WIDE_TILE, num_stages=gemv.ADD_NORM_MAX_STAGES)
+    by_head = gemv.dataclasses.replace(narrow, block_k=config.linear_value_head_dim)
+    # the most partials an opening norm reads: those of down, o_proj or out_proj before it
+    most_parts = max(gemv.split_plan(hidden, k, narrow)[0]
+                     for k in (inter, q_dim, config.linear_value_dim))
+    variants = [
+        _gemv("gdn in_proj + add_rms_norm", in_proj, hidden, wide, gemv.ADD_RMS_NORM,
+              x="*fp32", out="*bf16", num_parts=most_parts),
+        _gemv("gdn out_proj + gated_rms_norm", hidden, config.linear_value_dim, by_head,
+              gemv.GATED_RMS_NORM, head_dim=config.linear_value_head_dim),
+        _gemv("attn qkv + add_rms_norm", 2 * q_dim + 2 * config.num_key_value_heads
+              * config.head_dim, hidden, wide, gemv.ADD_RMS_NORM, x="*fp32", out="*bf16",
+              num_parts=most_parts),
+        _gemv("attn o_proj + sigmoid gate", hidden, q_dim, narrow, gemv.SIGMOID_GATE,
+              head_dim=config.head_dim),
+        _gemv("mlp gate_up + add_rms_norm", 2 * inter, hidden, wide, gemv.ADD_RMS_NORM,
+              x="*fp32", out="*bf16", num_parts=most_parts),
+        _gemv("mlp down + silu_mul", hidden, inter, narrow, gemv.SILU_MUL),
+        _gemv("plain skinny GEMM", hidden, q_dim, narrow, gemv.PLAIN),
+    ]
+    gdn_types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr",
+                                             "a_log_ptr", "dt_bias_ptr", "out_ptr")}
+    gdn_types |= {"state_ptr": "*fp32", "slots_ptr": "*i64", "scale": "fp32", "eps": "fp32"}
+    gdn_types |= {arg: "i32" for arg in gdn_decode._gdn_decode_kernel.arg_names
+                  if arg.startswith("stride_") or arg in ("group", "k_dim", "v_dim")}
+    variants.append(Variant("gdn decode + gates", gdn_decode._gdn_decode_kernel, gdn_types, {
+        "BLOCK_DK": triton.next_power_of_2(config.linear_key_head_dim),
+        "BLOCK_DV": gdn_decode.GDN_BLOCK_DV, "COMPUTE": triton.language.float32,
+        "RAW_GATES": True}, gdn_decode.GDN_NUM_WARPS))
+    kv_width = config.num_key_value_heads * config.head_dim
+    variants.append(Variant("kv write", kv_write._write_kv_kernel, {
+        "kv": "*bf16", "key": "*bf16", "value": "*bf16", "loc": "*i64", "stride_key": "i64",
+        "stride_value": "i64", "stride_page": "i64", "stride_kv": "i64", "stride_slot": "i64"},
+        {"PAGE": 16, "WIDTH": kv_width, "BLOCK": triton.next_power_of_2(kv_width)}))
+    return variants
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen3.5-0.8b")
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability, e.g. 90")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("compile_check: unset TRITON_INTERPRET (the kernels must be JIT functions)",
+              file=sys.stderr)
+        return 2
+    target = GPUTarget("cuda", args.arch, 32)
+    failed = 0
+    for variant in decode_variants(load_model_config(args.model)):
+        try:
+            shared = variant.compile(target).metadata.shared
+        except Exception as error:  # a compiler error names the kernel, then we go on
+            failed += 1
+            print(f"FAIL {variant.name}: {type(error).__name__}: {error}", flush=True)
+            continue
+        verdict = "ok" if shared <= HOPPER_SHARED_BYTES else "TOO MUCH SHARED MEMORY"
+        failed += verdict != "ok"
+        print(f"{verdict:>4} {variant.name}: {shared} bytes shared", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
