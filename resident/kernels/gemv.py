@@ -78,12 +78,12 @@ def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, st
     - GATED_RMS_NORM: each BLOCK_K of x is one head; the input is
       norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
-    z, where a prologue reads it, is [M, heads, HEAD_DIM] with rows stride_zm and heads stride_zh
-    apart (a head's HEAD_DIM values contiguous).
     - ADD_RMS_NORM: x is NUM_PARTS split-K partials [S, M, K] (or [M, K]) of the last
-      projection and z the residual stream; summed = sum(x) + z goes to `summed` and the input
-      is rms_norm(summed) * (1 + norm_w) (DenseOps.add_rms_norm). The row's 1/rms scales the
-      finished sums, so one pass over K does both; K is not split."""
+      projection and z the residual stream [M, K]; summed = sum(x) + z goes to `summed` and the
+      input is rms_norm(summed) * (1 + norm_w) (DenseOps.add_rms_norm). The row's 1/rms scales
+      the finished sums, so one pass over K does both; K is not split.
+    For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
+    head's HEAD_DIM values contiguous)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
