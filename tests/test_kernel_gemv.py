@@ -26,12 +26,16 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16])
-@pytest.mark.parametrize("n, k, block_k", [(40, 300, 64), (70, 64, 64)])
-def test_matches_torch_fp32(rows, n, k, block_k):
+@pytest.mark.parametrize("n, k, block_k, unroll", [(40, 300, 64, 1), (40, 300, 64, 3),
+                                                    (70, 64, 64, 1)])
+def test_matches_torch_fp32(rows, n, k, block_k, unroll):
     generator = torch.Generator().manual_seed(rows * n)
     x = torch.randn(rows, k, generator=generator).to(DEVICE)
     weight = torch.randn(n + 5, k, generator=generator).to(DEVICE)[:n]  # a row-slice view
-    got = skinny_linear(x, weight, GemvTile(block_n=16, block_k=block_k))
+    # unrolled: one program runs all 5 K tiles, 3 at a time (a remainder of 2)
+    tile = GemvTile(block_n=16, block_k=block_k, target_programs=0 if unroll > 1 else 264,
+                    unroll=unroll)
+    got = skinny_linear(x, weight, tile)
     torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-4)
 
 
@@ -81,6 +85,8 @@ def test_tile_names_a_bad_value():
         GemvTile(block_k=96)
     with pytest.raises(ValueError, match="target_programs"):
         GemvTile(target_programs=-1)
+    with pytest.raises(ValueError, match="unroll"):
+        GemvTile(unroll=0)
 
 
 @pytest.mark.parametrize("rows", [1, 5])

@@ -26,9 +26,10 @@ from resident.model.config import ModelConfig, load_model_config
 COLD_BYTES = 256 << 20
 SMEM_BYTES = 160 << 10  # a pipelined tile set above this does not fit beside the H200's L1
 STAGES = 4
-TILES = tuple(GemvTile(block_n, block_k, 8 if block_n * block_k >= 32768 else 4, STAGES, target)
-              for block_n, block_k, target in itertools.product(
-                  (16, 32, 64), (128, 256, 512), (0, 264))
+TILES = tuple(GemvTile(block_n, block_k, 8 if block_n * block_k >= 32768 else 4, STAGES, target,
+                       unroll)
+              for block_n, block_k, target, unroll in itertools.product(
+                  (16, 32, 64), (128, 256, 512), (0, 264), (1, 4))
               if STAGES * (16 + block_n) * block_k * 2 <= SMEM_BYTES)
 
 
@@ -58,7 +59,7 @@ def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
 
 def tile_name(tile: GemvTile) -> str:
     return (f"{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} "
-            f"p{tile.target_programs}")
+            f"p{tile.target_programs} u{tile.unroll}")
 
 
 def bench_shape(name: str, n: int, k: int, rows: list[int]) -> list[dict]:

@@ -57,7 +57,8 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *, x: str = 
     return Variant(name, gemv._gemv_kernel, types, {
         "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
-        "NUM_PARTS": num_parts, "HEAD_DIM": head_dim}, tile.num_warps, tile.num_stages)
+        "NUM_PARTS": num_parts, "HEAD_DIM": head_dim, "UNROLL": tile.unroll}, tile.num_warps,
+        tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:

@@ -41,6 +41,9 @@ class GemvTile:
     num_warps: int = 4
     num_stages: int = 3
     target_programs: int = 264  # two waves of the H200's 132 SMs
+    # K tiles unrolled: with M=16 the kernel is register MMA fed by plain loads (no cp.async),
+    # so only unrolling lets a program have several tiles' loads in flight at once
+    unroll: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -48,6 +51,8 @@ class GemvTile:
             if value < MIN_DOT or value & (value - 1):
                 raise ValueError(f"GemvTile.{name} must be a power of two >= {MIN_DOT}, "
                                  f"got {value}")
+        if self.unroll < 1:
+            raise ValueError(f"GemvTile.unroll must be >= 1, got {self.unroll}")
         if self.target_programs < 0:
             raise ValueError(f"GemvTile.target_programs must be >= 0, got "
                              f"{self.target_programs}")
@@ -71,7 +76,8 @@ PLAIN, SILU_MUL, GATED_RMS_NORM, ADD_RMS_NORM, SIGMOID_GATE = (
 def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, stride_wn,
                  stride_om, stride_os, stride_zm, stride_zh, eps, K_TILES: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PROLOGUE: tl.constexpr, NUM_PARTS: tl.constexpr, HEAD_DIM: tl.constexpr):
+                 PROLOGUE: tl.constexpr, NUM_PARTS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 UNROLL: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -91,7 +97,7 @@ def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, st
     sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
-    for tile in range(K_TILES):
+    for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x_mask = (offs_m[:, None] < M) & k_mask[None, :]
@@ -323,7 +329,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         weight.stride(0), target.stride(1), target.stride(0), 0 if z is None else z.stride(0),
         0 if z is None or z.dim() < 3 else z.stride(1), eps,
         K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, PROLOGUE=prologue, NUM_PARTS=parts.shape[0],
+        BLOCK_K=tile.block_k, PROLOGUE=prologue, NUM_PARTS=parts.shape[0], UNROLL=tile.unroll,
         HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
