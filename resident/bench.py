@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from resident.bench_io import require_cuda, write_json
 from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
 from resident.engine.engine import Engine
 from resident.info import model_facts
@@ -107,11 +108,9 @@ def _cprofile_steps(engine: Engine, concurrency: int, prompt_len: int, out: Path
     profiler.runcall(_decode_steps, engine, TIMED)
     _write_cprofile(profiler, out / f"decode_c{concurrency}.txt")
     _abort_all(engine)
-    _add_prompts(engine, f"p{concurrency}", 1, prompt_len, 1)
     profiler = cProfile.Profile()
-    profiler.runcall(_prefill, engine)
+    profiler.runcall(_fresh_prefill_s, engine, prompt_len)
     _write_cprofile(profiler, out / f"prefill_c{concurrency}.txt")
-    _abort_all(engine)
 
 
 def _abort_all(engine: Engine) -> None:
@@ -160,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("resident.bench needs a CUDA device", file=sys.stderr)
+    if not require_cuda("resident.bench"):
         return 2
     model = load_model_config(args.model)
     config = build_engine_config(model_yaml_knobs(args.model), None,
@@ -182,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                   row["kernels_per_step"], row["host_gap_ms"], row["roofline_ms"],
                   row["fresh_prefill_ms"], row["fresh_prefill_gpu_ms"])
         print(" ".join(f"{v:>11}" for v in values))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"knobs": knobs, "rows": rows}, handle, indent=1)
+    write_json(args.json, {"knobs": knobs, "rows": rows})
     return 0
 
 

@@ -12,7 +12,6 @@ are the 0.8B model's (8 query heads over 2 kv heads of 256, bf16, pages of 16); 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,6 +20,7 @@ import torch
 
 from resident.backends.flashinfer import FlashInferDecode, HeadShape, flashinfer_workspace
 from resident.backends.layout import paged_layout
+from resident.bench_io import require_cuda, write_json
 from resident.kernels.decode_attention import decode_scratch, paged_decode_attention
 
 REPEAT, SAMPLES = 20, 15
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=640)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("resident.kernels.bench needs a CUDA device", file=sys.stderr)
+    if not require_cuda("resident.kernels.bench"):
         return 2
     device = torch.device("cuda")
     rows = [bench_bucket(int(b), args.context, device) for b in args.buckets.split(",")]
@@ -98,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['batch']:>6} {row['triton_us']:>10} {row['fa2_us']:>8} "
               f"{row['triton_over_fa2']:>6} {row['fa2_plan_host_us']:>12}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
+    write_json(args.json, rows)
     return 0
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from resident.bench_io import require_cuda, write_json
 from resident.kernels.bench import graph_time_us
 from resident.kernels.gemv import GemvTile, skinny_linear
 from resident.model.config import ModelConfig, load_model_config
@@ -93,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("resident.kernels.bench_gemv needs a CUDA device", file=sys.stderr)
+    if not require_cuda("resident.kernels.bench_gemv"):
         return 2
     rows = [int(r) for r in args.rows.split(",")]
     results = []
@@ -106,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>12} {row['rows']:>3} {row['cublas_us']:>10} {row['triton_us']:>10} "
                   f"{row['best_tile']:>22} {row['cublas_tb_s']:>12} {row['triton_tb_s']:>12}",
                   flush=True)
-        if args.json:
-            with open(args.json, "w") as handle:
-                json.dump(results, handle, indent=1)
+        write_json(args.json, results)  # after each shape: a killed sweep keeps its rows
     return 0
 
 
