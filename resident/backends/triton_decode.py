@@ -16,7 +16,7 @@ from resident.kernels.gemv import (
     skinny_linear_partials,
 )
 from resident.kernels.kv_write import write_kv
-from resident.model.ops import ModelOps, narrow_linear_ref
+from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
 
 
@@ -48,15 +48,13 @@ def silu_mul_skinny_linear(gate_up, weight):
 
 
 def decode_gemm_ops(ops: ModelOps, bucket: int) -> ModelOps:
-    """A bucket of at most 16 rows runs its narrow projections on the skinny Triton GEMM
-    (measured against cuBLAS in results/2026-11-29-h200-0.8b-backends/gemv_bench.json), its
-    split-K partials added up by the norm that follows; the MLP's silu-mul, the GDN output norm,
-    the attention output gate and each block's opening add + norm run inside their
-    projections' kernels."""
+    """A bucket of at most 16 rows runs its projections on the skinny Triton GEMM (measured
+    against cuBLAS in results/2026-11-29-h200-0.8b-fusions/gemv_cold.json), its split-K partials
+    added up by the norm that follows; the MLP's silu-mul, the GDN output norm, the attention
+    output gate and each block's opening add + norm run inside their projections' kernels.
+    Wider buckets keep `ops` as given: cuBLAS and the separate dense ops."""
     if bucket > MIN_DOT:
-        return dataclasses.replace(ops, narrow_linear=narrow_linear_ref, silu_mul_linear=None,
-                                   gated_norm_linear=None, add_norm_linear=None,
-                                   sigmoid_gate_linear=None)
+        return ops
     return dataclasses.replace(ops, narrow_linear=skinny_linear_partials,
                                silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,

@@ -47,9 +47,9 @@ class HostCopy:
 
 @dataclass(frozen=True)
 class DecodeInputs:
-    """A decode bucket's per-row inputs: views of one [4 * bucket] block, device or host."""
+    """A decode bucket's per-row inputs: views of one [4 * bucket] block (flat[:4 * bucket],
+    these four in this order), device or host."""
 
-    block: torch.Tensor | np.ndarray  # [4 * bucket]: the four below, in this order
     input_ids: torch.Tensor | np.ndarray  # [bucket]
     positions: torch.Tensor | np.ndarray
     kv_write_loc: torch.Tensor | np.ndarray
@@ -57,7 +57,7 @@ class DecodeInputs:
 
     @classmethod
     def of(cls, flat, bucket: int) -> DecodeInputs:
-        return cls(flat[:4 * bucket], *(flat[i * bucket:(i + 1) * bucket] for i in range(4)))
+        return cls(*(flat[i * bucket:(i + 1) * bucket] for i in range(4)))
 
 
 class StepBuffers:
