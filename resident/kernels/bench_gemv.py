@@ -6,7 +6,8 @@ The shapes are the model's fused projections. A decode step reads each weight on
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
 (several times the H200's 50 MB L2); the calls are replayed inside a CUDA graph
 (resident.kernels.bench.graph_time_us), bf16. Each shape sweeps TILES at the first row count and
-times the best tile and cuBLAS at every row count. TB/s counts the weight bytes only.
+times the best tile and cuBLAS at every row count; a tile whose pipeline does not fit in shared
+memory is skipped (named on stderr). TB/s counts the weight bytes only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 from resident.bench_io import require_cuda, write_json
 from resident.kernels.bench import graph_time_us
@@ -57,6 +59,15 @@ def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
     return graph_time_us(run) / len(weights)
 
 
+def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) -> float | None:
+    """cold_time_us of one tile, or None where its pipeline does not fit in shared memory."""
+    try:
+        return cold_time_us(lambda a, w: skinny_linear(a, w, tile), x, weights)
+    except OutOfResources as err:
+        print(f"skip {tile_name(tile)}: {err}", file=sys.stderr)
+        return None
+
+
 def tile_name(tile: GemvTile) -> str:
     return (f"{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} "
             f"p{tile.target_programs} u{tile.unroll}")
@@ -67,8 +78,8 @@ def bench_shape(name: str, n: int, k: int, rows: list[int]) -> list[dict]:
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
                for _ in range(copies)]
     sweep_x = torch.randn(rows[0], k, device="cuda", dtype=torch.bfloat16)
-    sweep = {tile: cold_time_us(lambda x, w, t=tile: skinny_linear(x, w, t), sweep_x, weights)
-             for tile in TILES}
+    sweep = {tile: sweep_time_us(tile, sweep_x, weights) for tile in TILES}
+    sweep = {tile: us for tile, us in sweep.items() if us is not None}
     best = min(sweep, key=sweep.get)
     gbytes = 2 * n * k / 1e9
     results = []
