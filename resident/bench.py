@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile)
             for c in args.concurrency.split(",")]
     knobs = {k: engine.config.to_dict()[k] for k in
-             ("attention_backend", "cuda_graphs", "compile", "resident_planning")}
+             ("attention_backend", "decode_gemm", "cuda_graphs", "compile",
+              "resident_planning")}
     print(json.dumps(knobs))
     header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "roofline ms",
               "prefill ms", "gpu ms")

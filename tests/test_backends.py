@@ -70,21 +70,29 @@ def test_triton_decode_backend_gives_the_reference_tokens():
     assert greedy("triton") == greedy("torch")
 
 
-def test_small_decode_buckets_fuse_their_projections():
-    """Buckets of at most 16 rows take the skinny GEMMs with their fused norms and activation
-    (so the engine test above runs them); wider ones keep cuBLAS and the separate dense ops."""
+def test_decode_gemm_picks_the_small_buckets_projections():
+    """Buckets of at most 16 rows take the skinny GEMMs, with their fused norms and activation
+    under `fused` (so the engine test above runs them); wider buckets and `cublas` keep cuBLAS
+    and the separate dense ops."""
     from resident.backends.triton_decode import TritonDecode
-    from resident.kernels.gemv import add_norm_linear, skinny_linear_partials
+    from resident.kernels.gemv import skinny_linear_partials
+    from resident.model.ops import narrow_linear_ref
 
-    decode = TritonDecode((1, 16, 32))
+    def fused_ops(ops):
+        return (ops.silu_mul_linear, ops.gated_norm_linear, ops.sigmoid_gate_linear)
+
     for bucket in (1, 16):
-        ops = decode.ops(bucket)
-        assert ops.add_norm_linear is add_norm_linear
-        assert ops.narrow_linear is skinny_linear_partials
-        assert None not in (ops.silu_mul_linear, ops.gated_norm_linear, ops.sigmoid_gate_linear)
-    wide = decode.ops(32)
-    assert (wide.add_norm_linear, wide.silu_mul_linear, wide.gated_norm_linear,
-            wide.sigmoid_gate_linear) == (None,) * 4
+        fused = TritonDecode((bucket,), "fused").ops(bucket)
+        assert fused.narrow_linear is skinny_linear_partials
+        assert None not in fused_ops(fused)
+        skinny = TritonDecode((bucket,), "skinny").ops(bucket)
+        assert skinny.narrow_linear is skinny_linear_partials
+        assert fused_ops(skinny) == (None,) * 3
+        cublas = TritonDecode((bucket,), "cublas").ops(bucket)
+        assert cublas.narrow_linear is narrow_linear_ref
+        assert fused_ops(cublas) == (None,) * 3
+    wide = TritonDecode((32,), "fused").ops(32)
+    assert wide.narrow_linear is narrow_linear_ref and fused_ops(wide) == (None,) * 3
 
 
 def test_plan_reuse_only_when_the_page_lists_match():

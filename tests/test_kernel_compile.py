@@ -1,6 +1,7 @@
 """Every Triton kernel a small decode bucket launches compiles for the H200 (sm_90) with shared
-memory to spare: Triton's compiler and ptxas, no GPU needed. The interpreter tests check the
-numbers; this catches what only the GPU compiler sees (450 KB of shared memory, once)."""
+memory to spare and no register spills: Triton's compiler and ptxas, no GPU needed. The
+interpreter tests check the numbers; this catches what only the GPU compiler sees (450 KB of
+shared memory once, and a fused prologue that spilled 7 KB a thread)."""
 
 from __future__ import annotations
 
@@ -28,4 +29,4 @@ def test_decode_kernels_compile_for_hopper(model):
         capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) >= 9 and all(line.startswith("  ok ") for line in lines), result.stdout
+    assert len(lines) >= 6 and all(line.startswith("  ok ") for line in lines), result.stdout

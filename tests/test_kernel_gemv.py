@@ -14,7 +14,6 @@ pytest.importorskip("triton")
 
 from resident.kernels.gemv import (  # noqa: E402
     GemvTile,
-    add_norm_linear,
     gated_norm_linear_partials,
     gemv_splits,
     sigmoid_gate_linear_partials,
@@ -150,43 +149,6 @@ def test_gated_norm_partials_bf16_gpu(rows):
     want = want.reshape(rows, -1) @ weight.float().T
     got = gated_norm_linear_partials(x, gate, norm_weight, 1e-6, weight).sum(0)
     assert ((got - want).norm() / want.norm()).item() < 1e-2
-
-
-@pytest.mark.parametrize("num_parts", [0, 3])  # 0: x is [M, H] itself
-def test_add_norm_linear_is_the_norm_then_the_projection(num_parts):
-    from resident.model.dense import add_rms_norm
-
-    generator = torch.Generator().manual_seed(num_parts)
-    rows, hidden, n = 3, 96, 72
-    shape = (num_parts, rows, hidden) if num_parts else (rows, hidden)
-    x = torch.randn(*shape, generator=generator).to(DEVICE)
-    residual = torch.randn(rows, hidden, generator=generator).to(DEVICE)
-    norm_weight = torch.randn(hidden, generator=generator).to(DEVICE) * 0.1
-    weight = torch.randn(n, hidden, generator=generator).to(DEVICE)
-    normed, want_summed = add_rms_norm(x, residual, norm_weight, 1e-6)
-    got, summed = add_norm_linear(x, residual, norm_weight, 1e-6, weight,
-                                  GemvTile(16, 32, target_programs=0))
-    torch.testing.assert_close(summed, want_summed, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(got, normed @ weight.T, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="must be contiguous"):
-        add_norm_linear(x, residual.T.contiguous().T, norm_weight, 1e-6, weight)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 16])
-def test_add_norm_linear_bf16_gpu(rows):
-    from resident.model.dense import add_rms_norm
-
-    partials = torch.randn(4, rows, 1024, device="cuda")
-    residual = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
-    norm_weight = torch.randn(1024, device="cuda", dtype=torch.bfloat16) * 0.1
-    weight = torch.randn(8224, 1024, device="cuda", dtype=torch.bfloat16) * 1024**-0.5
-    normed, want_summed = add_rms_norm(partials, residual, norm_weight, 1e-6)
-    want = normed.float() @ weight.float().T
-    got, summed = add_norm_linear(partials, residual, norm_weight, 1e-6, weight)
-    # one bf16 ulp at most: the fp32 sums of the partials may round the other way
-    torch.testing.assert_close(summed.float(), want_summed.float(), atol=2e-2, rtol=2e-2)
-    assert ((got.float() - want).norm() / want.norm()).item() < 1e-2
 
 
 @pytest.mark.parametrize("rows", [1, 3])

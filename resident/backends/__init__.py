@@ -22,8 +22,8 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     attention_backend). On CPU, `triton` (allowed only under TRITON_INTERPRET, for tests) runs
     every decode kernel in the interpreter. On CUDA the GDN decode kernels are Triton's under
     every backend, and `triton` and `flashinfer` run the narrow projections of buckets of at
-    most 16 rows on the skinny Triton GEMM. `gates` is the model's dense.gdn_gates, for the
-    prefill GDN op (the decode kernel computes the gates itself)."""
+    most 16 rows as decode_gemm says (triton_decode.decode_gemm_ops). `gates` is the model's
+    dense.gdn_gates, for the prefill GDN op (the decode kernel computes the gates itself)."""
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
@@ -31,7 +31,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         decode = RefDecode()
         if name == "triton":
             from resident.backends.triton_decode import TritonDecode
-            decode = TritonDecode(config.decode_buckets)
+            decode = TritonDecode(config.decode_buckets, config.decode_gemm)
         return StepKernels(RefPrefill(), decode)
 
     from resident.backends.flashinfer import (
@@ -47,9 +47,10 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     prefill = FlashInferPrefill(heads, workspace, gates)
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
-        decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages)
+        decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,
+                                  config.decode_gemm)
     elif name == "triton":
-        decode = TritonDecode(config.decode_buckets)
+        decode = TritonDecode(config.decode_buckets, config.decode_gemm)
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return StepKernels(prefill, decode)

@@ -94,7 +94,7 @@ class FlashInferDecode(DecodeKernels):
     host_plan = True
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor, buckets: tuple[int, ...],
-                 max_pages_per_row: int) -> None:
+                 max_pages_per_row: int, decode_gemm: str = "fused") -> None:
         flashinfer = _import_flashinfer()
         device = workspace.device
         self.heads = heads
@@ -114,7 +114,7 @@ class FlashInferDecode(DecodeKernels):
                 paged_kv_last_page_len_buffer=self._last_page_len[bucket], backend="fa2")
             self.wrappers[bucket] = wrapper
             ops = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
-            self._ops[bucket] = decode_gemm_ops(ops, bucket)
+            self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm)
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

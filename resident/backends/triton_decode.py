@@ -10,7 +10,6 @@ from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gemv import (
     MIN_DOT,
-    add_norm_linear,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
     skinny_linear_partials,
@@ -47,27 +46,29 @@ def silu_mul_skinny_linear(gate_up, weight):
     return skinny_linear_partials(gate_up, weight, gated=True)
 
 
-def decode_gemm_ops(ops: ModelOps, bucket: int) -> ModelOps:
-    """A bucket of at most 16 rows runs its projections on the skinny Triton GEMM (measured
-    against cuBLAS in results/2026-11-29-h200-0.8b-fusions/gemv_cold.json), its split-K partials
-    added up by the norm that follows; the MLP's silu-mul, the GDN output norm, the attention
-    output gate and each block's opening add + norm run inside their projections' kernels.
-    Wider buckets keep `ops` as given: cuBLAS and the separate dense ops."""
-    if bucket > MIN_DOT:
+def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "fused") -> ModelOps:
+    """The decode_gemm knob. A bucket of at most 16 rows runs its narrow projections (out_proj,
+    o_proj, down) on the skinny Triton GEMM (measured against cuBLAS in
+    results/2026-11-29-h200-0.8b-fusions/gemv_cold.json), its split-K partials added up by the
+    add + norm that follows; under `fused` the MLP's silu-mul, the GDN output norm and the
+    attention output gate run inside those projections' kernels. The wide projections stay on
+    cuBLAS (as fast there). `cublas` and wider buckets keep `ops` as given."""
+    if bucket > MIN_DOT or decode_gemm == "cublas":
         return ops
-    return dataclasses.replace(ops, narrow_linear=skinny_linear_partials,
-                               silu_mul_linear=silu_mul_skinny_linear,
+    ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
+    if decode_gemm == "skinny":
+        return ops
+    return dataclasses.replace(ops, silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
-                               add_norm_linear=add_norm_linear,
                                sigmoid_gate_linear=sigmoid_gate_linear_partials)
 
 
 class TritonDecode(DecodeKernels):
     name = "triton"
 
-    def __init__(self, buckets: tuple[int, ...]) -> None:
+    def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "fused") -> None:
         ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention_decode_op)
-        self._ops = {bucket: decode_gemm_ops(ops, bucket) for bucket in buckets}
+        self._ops = {bucket: decode_gemm_ops(ops, bucket, decode_gemm) for bucket in buckets}
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

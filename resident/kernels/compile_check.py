@@ -4,20 +4,29 @@
 
 The interpreter (TRITON_INTERPRET=1, the CPU tests) checks what a kernel computes, not whether
 the GPU compiler takes it: a constexpr branch, a helper's tuple return or a tile's shared memory
-can still fail there. This runs Triton's own compiler and ptxas on each kernel variant a decode
-step launches, at the model's shapes, and prints each one's shared memory against the limit. It
-needs no driver; run it with TRITON_INTERPRET unset (the kernels must be JIT functions).
+can still fail there, and a kernel that compiles can still spill registers to local memory,
+which made the fused add + norm GEMM prologue run ten times slower than its weight read
+(results/2026-11-29-h200-0.8b-fusions). This runs Triton's own compiler and ptxas on each
+kernel variant a decode step launches, at the model's shapes, and prints each one's shared
+memory against the limit and its registers and spill bytes; shared memory over the limit or a
+spill fails it. It needs no driver; run it with TRITON_INTERPRET unset (the kernels must be JIT
+functions).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from resident.kernels import gdn_decode, gemv, kv_write
@@ -47,43 +56,30 @@ class Variant:
                                                                "num_stages": self.num_stages})
 
 
-def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *, x: str = "*bf16",
-          out: str = "*fp32", num_parts: int = 1, head_dim: int = 1) -> Variant:
+def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
+          head_dim: int = 1) -> Variant:
     _, k_per_split = gemv.split_plan(n, k, tile)
-    types = {"x": x, "w": "*bf16", "out": out, "z": "*bf16", "norm_w": "*bf16",
-             "summed": "*bf16", "eps": "fp32"}
-    types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xs", "stride_xm", "stride_wn",
-                                     "stride_om", "stride_os", "stride_zm", "stride_zh")}
+    types = {"x": "*bf16", "w": "*bf16", "out": "*fp32", "z": "*bf16", "norm_w": "*bf16",
+             "eps": "fp32"}
+    types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
+                                     "stride_os", "stride_zm", "stride_zh")}
     return Variant(name, gemv._gemv_kernel, types, {
         "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
-        "NUM_PARTS": num_parts, "HEAD_DIM": head_dim, "UNROLL": tile.unroll}, tile.num_warps,
-        tile.num_stages)
+        "HEAD_DIM": head_dim, "UNROLL": tile.unroll}, tile.num_warps, tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
     """The Triton kernels of a decode bucket of at most 16 rows, at the model's shapes."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q_dim = config.num_attention_heads * config.head_dim
-    in_proj = config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads
     narrow = gemv.DEFAULT_TILE
-    wide = gemv.dataclasses.replace(gemv.WIDE_TILE, num_stages=gemv.ADD_NORM_MAX_STAGES)
     by_head = gemv.dataclasses.replace(narrow, block_k=config.linear_value_head_dim)
-    # the most partials an opening norm reads: those of down, o_proj or out_proj before it
-    most_parts = max(gemv.split_plan(hidden, k, narrow)[0]
-                     for k in (inter, q_dim, config.linear_value_dim))
     variants = [
-        _gemv("gdn in_proj + add_rms_norm", in_proj, hidden, wide, gemv.ADD_RMS_NORM,
-              x="*fp32", out="*bf16", num_parts=most_parts),
         _gemv("gdn out_proj + gated_rms_norm", hidden, config.linear_value_dim, by_head,
               gemv.GATED_RMS_NORM, head_dim=config.linear_value_head_dim),
-        _gemv("attn qkv + add_rms_norm", 2 * q_dim + 2 * config.num_key_value_heads
-              * config.head_dim, hidden, wide, gemv.ADD_RMS_NORM, x="*fp32", out="*bf16",
-              num_parts=most_parts),
         _gemv("attn o_proj + sigmoid gate", hidden, q_dim, narrow, gemv.SIGMOID_GATE,
               head_dim=config.head_dim),
-        _gemv("mlp gate_up + add_rms_norm", 2 * inter, hidden, wide, gemv.ADD_RMS_NORM,
-              x="*fp32", out="*bf16", num_parts=most_parts),
         _gemv("mlp down + silu_mul", hidden, inter, narrow, gemv.SILU_MUL),
         _gemv("plain skinny GEMM", hidden, q_dim, narrow, gemv.PLAIN),
     ]
@@ -117,15 +113,35 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for variant in decode_variants(load_model_config(args.model)):
         try:
-            shared = variant.compile(target).metadata.shared
+            compiled = variant.compile(target)
+            registers, spilled = ptxas_usage(compiled.asm["ptx"], args.arch)
         except Exception as error:  # a compiler error names the kernel, then we go on
             failed += 1
             print(f"FAIL {variant.name}: {type(error).__name__}: {error}", flush=True)
             continue
-        verdict = "ok" if shared <= HOPPER_SHARED_BYTES else "TOO MUCH SHARED MEMORY"
+        shared = compiled.metadata.shared
+        verdict = ("TOO MUCH SHARED MEMORY" if shared > HOPPER_SHARED_BYTES
+                   else "SPILLS" if spilled else "ok")
         failed += verdict != "ok"
-        print(f"{verdict:>4} {variant.name}: {shared} bytes shared", flush=True)
+        print(f"{verdict:>4} {variant.name}: {shared} bytes shared, {registers} registers, "
+              f"{spilled} bytes spilled", flush=True)
     return 1 if failed else 0
+
+
+def ptxas_usage(ptx: str, arch: int) -> tuple[int, int]:
+    """(registers per thread, bytes of spill stores) that ptxas reports for the kernel."""
+    gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "kernel.ptx"
+        source.write_text(ptx)
+        report = subprocess.run([get_ptxas(arch).path, "-v", f"-arch={gpu}", str(source), "-o",
+                                 str(source.with_suffix(".cubin"))],
+                                capture_output=True, text=True, check=True).stderr
+    registers = re.search(r"Used (\d+) registers", report)
+    spilled = re.search(r"(\d+) bytes spill stores", report)
+    if registers is None or spilled is None:
+        raise RuntimeError(f"no register report from ptxas: {report!r}")
+    return int(registers.group(1)), int(spilled.group(1))
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@ the GPU; the partial sums go to an fp32 scratch.
 
 On the H200 every such GEMM costs at least about 5 us whatever its size (launch, DRAM latency,
 tail; results/2026-11-29-h200-0.8b-fusions), and the graph adds about 1 us between kernels, so a
-decode step is cheaper with fewer kernels. The kernel therefore takes the elementwise work on
-either side of a projection into its prologue (see _gemv_kernel), and leaves its split-K sums
-for the next add + norm:
-- add_norm_linear: a block's opening residual add + RMSNorm, then in_proj / qkv / gate_up;
+decode step is cheaper with fewer kernels. The kernel therefore takes the elementwise work just
+before a projection into its prologue (see _gemv_kernel), and leaves its split-K sums for the
+next add + norm (DenseOps.add_rms_norm):
 - skinny_linear_partials(gated=True): the MLP's silu-mul, then down;
 - gated_norm_linear_partials: the GDN output norm, then out_proj;
 - sigmoid_gate_linear_partials: the gated attention's output gate, then o_proj.
-skinny_linear (a finished [M, N]) is for the bench and the tests.
+skinny_linear (a finished [M, N]) is for the bench and the tests. A block's opening add + norm
+stays its own kernel: in the prologue of the wide projection after it, the [16, BLOCK_K] fp32
+tiles of the partials spilled registers (python -m resident.kernels.compile_check reports
+spills), and a c=1 step's skinny GEMMs took 3.1 of its 3.5 ms of GPU time
+(results/2026-11-29-h200-0.8b-fusions).
 
 `python -m resident.kernels.bench_gemv` measures it against cuBLAS, with the weights cycled
 through more memory than the L2 holds (as in a decode step) and a sweep of tiles.
@@ -62,53 +65,38 @@ class GemvTile:
 # o_proj: 5.4 us against cuBLAS's 12.6; down: 6.0 against 8.0;
 # results/2026-11-29-h200-0.8b-fusions/gemv_cold.json)
 DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
-# The sweep's best for all three wide ones (in_proj, qkv, gate_up): no split, 5.6-6.4 us
-WIDE_TILE = GemvTile(block_n=64, block_k=256, num_warps=4, num_stages=4, target_programs=0)
-ADD_NORM_MAX_STAGES = 2
 
 
 # what the kernel does to x before the product
-PLAIN, SILU_MUL, GATED_RMS_NORM, ADD_RMS_NORM, SIGMOID_GATE = (
-    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3), tl.constexpr(4))
+PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
+    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3))
 
 
 @triton.jit
-def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, stride_wn,
-                 stride_om, stride_os, stride_zm, stride_zh, eps, K_TILES: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PROLOGUE: tl.constexpr, NUM_PARTS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 UNROLL: tl.constexpr):
+def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
+                 stride_zm, stride_zh, eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
     - GATED_RMS_NORM: each BLOCK_K of x is one head; the input is
       norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
-    - ADD_RMS_NORM: x is NUM_PARTS split-K partials [S, M, K] (or [M, K]) of the last
-      projection and z the residual stream [M, K]; summed = sum(x) + z goes to `summed` and the
-      input is rms_norm(summed) * (1 + norm_w) (DenseOps.add_rms_norm). The row's 1/rms scales
-      the finished sums, so one pass over K does both; K is not split.
     For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
     head's HEAD_DIM values contiguous)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
     for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x_mask = (offs_m[:, None] < M) & k_mask[None, :]
-        if PROLOGUE == ADD_RMS_NORM:
-            x_tile, tile_sumsq = _add_norm_tile(x, z, norm_w, summed, offs_m, offs_k, k_mask,
-                                                x_mask, stride_xs, stride_xm, stride_zm,
-                                                pid_n == 0, NUM_PARTS, BLOCK_M, BLOCK_K)
-            sumsq += tile_sumsq
-        else:
-            x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
-                             other=0.0)
+        x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
+                         other=0.0)
         if PROLOGUE == SILU_MUL:
             gate = x_tile.to(tl.float32)
             up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
@@ -127,8 +115,6 @@ def _gemv_kernel(x, w, out, z, norm_w, summed, M, N, K, stride_xs, stride_xm, st
         w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
                          mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
         acc += tl.dot(x_tile, tl.trans(w_tile))
-    if PROLOGUE == ADD_RMS_NORM:
-        acc = acc * tl.rsqrt(sumsq / K + eps)[:, None]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
@@ -140,27 +126,6 @@ def _load_heads(z, offs_m, offs_k, mask, stride_zm, stride_zh, HEAD_DIM: tl.cons
     columns = (offs_k // HEAD_DIM) * stride_zh + offs_k % HEAD_DIM
     return tl.load(z + offs_m[:, None] * stride_zm + columns[None, :], mask=mask,
                    other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _add_norm_tile(x, residual, norm_w, summed, offs_m, offs_k, k_mask, x_mask, stride_xs,
-                   stride_xm, stride_rm, write_summed, NUM_PARTS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(the tile of (sum(x) + residual) * (1 + norm_w) in the residual's dtype, its rows' sums
-    of squares); stores the tile of sum(x) + residual when write_summed."""
-    part = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    for split in tl.static_range(NUM_PARTS):
-        part += tl.load(x + split * stride_xs + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=x_mask, other=0.0).to(tl.float32)
-    act = residual.dtype.element_ty
-    rows = offs_m[:, None] * stride_rm + offs_k[None, :]
-    added = part.to(act).to(tl.float32) + tl.load(residual + rows, mask=x_mask,
-                                                    other=0.0).to(tl.float32)
-    added = added.to(act)  # the residual stream is kept in the activations' dtype
-    tl.store(summed + rows, added, mask=x_mask & write_summed)
-    added = added.to(tl.float32)
-    scale = 1.0 + tl.load(norm_w + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    return (added * scale[None, :]).to(act), tl.sum(added * added, axis=1)
 
 
 @triton.jit
@@ -264,36 +229,6 @@ def _check_gated(x: torch.Tensor, gate: torch.Tensor) -> None:
                          f"{x.stride()} and {gate.stride()}")
 
 
-def add_norm_linear(
-    x: torch.Tensor,  # [M, H], or the last projection's fp32 split-K partials [S, M, H]
-    residual: torch.Tensor,  # [M, H]: the residual stream, in the activations' dtype
-    norm_weight: torch.Tensor,  # [H]: a zero-centred RMSNorm's weight
-    eps: float,
-    weight: torch.Tensor,  # [N, H]
-    tile: GemvTile = WIDE_TILE,
-) -> tuple[torch.Tensor, torch.Tensor]:  # [M, N], [M, H] in residual's dtype
-    """(rms_norm(x + residual) @ weight^T, x + residual): DenseOps.add_rms_norm and the
-    projection after it in one kernel, for the wide projections that open a block (GDN
-    in_proj, attention qkv, MLP gate_up)."""
-    parts = x if x.dim() == 3 else x.unsqueeze(0)
-    if parts.shape[1:] != residual.shape or not residual.is_contiguous() or \
-            not parts[0].is_contiguous():
-        raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} must be "
-                         f"contiguous [M, H] (x may be [S, M, H] partials)")
-    # no split: the 1/rms needs the whole row; at most 2 stages: the pipeliner buffers each of
-    # the partials' fp32 tiles per stage (450 KB of shared memory at 4 stages and 7 partials,
-    # over the H200's 227 KB: python -m resident.kernels.compile_check)
-    tile = dataclasses.replace(tile, target_programs=0, num_stages=min(tile.num_stages,
-                                                                       ADD_NORM_MAX_STAGES))
-    splits, k_per_split = _split(parts[0], weight, tile)
-    out = torch.empty(residual.shape[0], weight.shape[0], dtype=residual.dtype,
-                      device=residual.device)
-    summed = torch.empty_like(residual)
-    _launch(x, weight, tile, out.unsqueeze(0), k_per_split, ADD_RMS_NORM, z=residual,
-            norm_weight=norm_weight, eps=eps, summed=summed)
-    return out, summed
-
-
 def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
            gated: bool = False) -> tuple[int, int]:
     """(splits, K per split) after checking the operands."""
@@ -316,20 +251,17 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
             k_per_split: int, prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-            summed: torch.Tensor | None = None) -> None:
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype.
-    x is [M, K] ([M, 2K] for SILU_MUL), or for ADD_RMS_NORM the partials [P, M, K]; z,
-    norm_weight, eps and summed are the prologue's (see _gemv_kernel)."""
+    x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the prologue's (see
+    _gemv_kernel)."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
-    parts = x if x.dim() == 3 else x.unsqueeze(0)
     _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
-        x if summed is None else summed, num_rows, n, k, parts.stride(0), parts.stride(1),
-        weight.stride(0), target.stride(1), target.stride(0), 0 if z is None else z.stride(0),
-        0 if z is None or z.dim() < 3 else z.stride(1), eps,
+        num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),
+        0 if z is None else z.stride(0), 0 if z is None or z.dim() < 3 else z.stride(1), eps,
         K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, PROLOGUE=prologue, NUM_PARTS=parts.shape[0], UNROLL=tile.unroll,
+        BLOCK_K=tile.block_k, PROLOGUE=prologue, UNROLL=tile.unroll,
         HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )

@@ -67,7 +67,7 @@ class ModelOps:
     # (GDN out_proj, attention o_proj, MLP down): cuBLAS picks a split-K kernel for these at a
     # few rows that a skinny Triton kernel beats (resident/kernels/gemv.py). It may return the
     # fp32 split-K partials [S, T, H] instead of [T, H]: each of these outputs goes straight
-    # into the next add + norm (DenseOps.add_rms_norm or add_norm_linear), which adds them up.
+    # into the next add + norm (DenseOps.add_rms_norm), which adds them up.
     narrow_linear: Callable = narrow_linear_ref
     # (gate_up [T, 2I], down weight [H, I]) -> down(silu(gate) * up), the MLP's activation and
     # down projection in one kernel; returns what narrow_linear does. None: the MLP runs
@@ -77,11 +77,6 @@ class ModelOps:
     # output norm, the norm inside the projection's kernel; returns what narrow_linear does.
     # None: DenseOps.gated_rms_norm, then narrow_linear.
     gated_norm_linear: Callable | None = None
-    # (x or the last projection's partials, residual, norm weight, eps, weight) ->
-    # (rms_norm(x + residual) @ weight.T, x + residual): a block's opening norm inside its first
-    # projection (GDN in_proj, attention qkv, MLP gate_up). None: DenseOps.add_rms_norm, then
-    # F.linear.
-    add_norm_linear: Callable | None = None
     # (attention out [T, H, D], gate [T, H, D], o_proj weight) -> o_proj(out * sigmoid(gate)),
     # the gated attention's output gate inside the projection's kernel; returns what
     # narrow_linear does. None: DenseOps.sigmoid_gate, then narrow_linear.

@@ -58,15 +58,13 @@ class BlockInput:
     residual: torch.Tensor | None
     norm: RMSNorm
 
-    def project(self, weight: torch.Tensor, dense: DenseOps,
-                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
+    def project(self, weight: torch.Tensor,
+                dense: DenseOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(the block's opening projection of its normed input, the residual stream after the
-        add); one kernel where the ops fuse the norm into the projection."""
+        add)."""
         norm = self.norm
         if self.residual is None:
             h, residual = dense.rms_norm(self.x, norm.weight, norm.eps), self.x
-        elif ops.add_norm_linear is not None:
-            return ops.add_norm_linear(self.x, self.residual, norm.weight, norm.eps, weight)
         else:
             h, residual = dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
         return F.linear(h, weight), residual
@@ -94,7 +92,7 @@ class MLP(nn.Module):
 
     def forward(self, block: BlockInput,
                 ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
-        gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
+        gate_up, residual = block.project(self.gate_up_weight, self.dense)
         if ops.silu_mul_linear is not None:
             return ops.silu_mul_linear(gate_up, self.down_proj.weight), residual
         return ops.narrow_linear(self.dense.silu_mul(gate_up), self.down_proj.weight), residual
@@ -131,7 +129,7 @@ class Attention(nn.Module):
         cache: ModelCache,
         ops: ModelOps,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, hidden] (or partials), residual
-        qkv, residual = block.project(self.qkv_weight, self.dense, ops)
+        qkv, residual = block.project(self.qkv_weight, self.dense)
         num_tokens, head_dim = qkv.shape[0], self.head_dim
         query_gate, key, value = qkv.split(self.split, dim=-1)
         query, gate = query_gate.view(num_tokens, self.num_heads, 2 * head_dim).chunk(2, dim=-1)
@@ -183,7 +181,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, block: BlockInput, meta: StepMeta, cache: ModelCache,
                 ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
-        projected, residual = block.project(self.in_proj_weight, self.dense, ops)
+        projected, residual = block.project(self.in_proj_weight, self.dense)
         num_tokens, layer = projected.shape[0], self.cache_index
         mixed_qkv, z, b, a = projected.split(self.split, dim=-1)
         mixed = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta)
