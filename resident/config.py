@@ -32,7 +32,7 @@ _CHOICES = {
     "attention_backend": ("auto", "flashinfer", "triton", "torch"),
     "cuda_graphs": ("auto", "on", "off"),
     "compile": ("auto", "on", "off"),
-    "decode_gemm": ("fused", "skinny", "cublas"),
+    "decode_gemm": ("skinny", "fused", "cublas"),
 }
 
 
@@ -56,8 +56,9 @@ class EngineConfig:
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
     compile: str = "auto"  # torch.compile of the dense parts; auto: on for CUDA
     # projections of decode buckets <= 16 rows under triton and flashinfer: the skinny Triton
-    # GEMM with the elementwise op before it in its prologue (fused) or apart (skinny), or cuBLAS
-    decode_gemm: str = "fused"
+    # GEMM with the elementwise op before it apart (skinny) or in its prologue (fused: slower on
+    # the H200, results/2026-11-29-h200-0.8b-fusions), or cuBLAS
+    decode_gemm: str = "skinny"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     step_thread_cores: str = ""  # CPU list for the engine core's step threads
     seed: int = 0  # seeds sampling for requests that bring no seed

@@ -56,15 +56,17 @@ def test_paged_layout_ignores_pages_past_the_length():
     assert layout.kv_last_page_len.tolist() == [1]
 
 
-def test_triton_decode_backend_gives_the_reference_tokens():
-    """Prefill on the references, decode buckets on the Triton kernels (interpreted on CPU)."""
+@pytest.mark.parametrize("decode_gemm", ["skinny", "fused"])
+def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
+    """Prefill on the references, decode buckets on the Triton kernels (interpreted on CPU),
+    the projections on the skinny GEMM with and without its prologues."""
     generator = torch.Generator().manual_seed(3)
     requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
                           6) for i, n in enumerate((5, 40, 17))}
 
     def greedy(backend: str) -> dict[str, list[int]]:
         config = EngineConfig(attention_backend=backend, decode_buckets=(1, 2, 4),
-                              max_num_seqs=4, resident_planning="off")
+                              max_num_seqs=4, resident_planning="off", decode_gemm=decode_gemm)
         return run_engine(Engine(TINY, config, torch.device("cpu")), requests)
 
     assert greedy("triton") == greedy("torch")

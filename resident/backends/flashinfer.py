@@ -94,7 +94,7 @@ class FlashInferDecode(DecodeKernels):
     host_plan = True
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor, buckets: tuple[int, ...],
-                 max_pages_per_row: int, decode_gemm: str = "fused") -> None:
+                 max_pages_per_row: int, decode_gemm: str = "skinny") -> None:
         flashinfer = _import_flashinfer()
         device = workspace.device
         self.heads = heads

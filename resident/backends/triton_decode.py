@@ -46,13 +46,14 @@ def silu_mul_skinny_linear(gate_up, weight):
     return skinny_linear_partials(gate_up, weight, gated=True)
 
 
-def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "fused") -> ModelOps:
+def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny") -> ModelOps:
     """The decode_gemm knob. A bucket of at most 16 rows runs its narrow projections (out_proj,
     o_proj, down) on the skinny Triton GEMM (measured against cuBLAS in
     results/2026-11-29-h200-0.8b-fusions/gemv_cold.json), its split-K partials added up by the
     add + norm that follows; under `fused` the MLP's silu-mul, the GDN output norm and the
-    attention output gate run inside those projections' kernels. The wide projections stay on
-    cuBLAS (as fast there). `cublas` and wider buckets keep `ops` as given."""
+    attention output gate run inside those projections' kernels, which measured slower: 1.31 ms
+    of GPU time a c=1 step on the 0.8B against 1.03 (results/2026-11-29-h200-0.8b-fusions). The
+    wide projections stay on cuBLAS (as fast there). `cublas` and wider buckets keep `ops`."""
     if bucket > MIN_DOT or decode_gemm == "cublas":
         return ops
     ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
@@ -66,7 +67,7 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "fused") -> M
 class TritonDecode(DecodeKernels):
     name = "triton"
 
-    def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "fused") -> None:
+    def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny") -> None:
         ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention_decode_op)
         self._ops = {bucket: decode_gemm_ops(ops, bucket, decode_gemm) for bucket in buckets}
 

@@ -7,9 +7,9 @@ the GPU; the partial sums go to an fp32 scratch.
 
 On the H200 every such GEMM costs at least about 5 us whatever its size (launch, DRAM latency,
 tail; results/2026-11-29-h200-0.8b-fusions), and the graph adds about 1 us between kernels, so a
-decode step is cheaper with fewer kernels. The kernel therefore takes the elementwise work just
-before a projection into its prologue (see _gemv_kernel), and leaves its split-K sums for the
-next add + norm (DenseOps.add_rms_norm):
+decode step could be cheaper with fewer kernels. The kernel leaves its split-K sums for the
+next add + norm (DenseOps.add_rms_norm), and can take the elementwise work just before a
+projection into its prologue (see _gemv_kernel; decode_gemm=fused):
 - skinny_linear_partials(gated=True): the MLP's silu-mul, then down;
 - gated_norm_linear_partials: the GDN output norm, then out_proj;
 - sigmoid_gate_linear_partials: the gated attention's output gate, then o_proj.
@@ -17,7 +17,10 @@ skinny_linear (a finished [M, N]) is for the bench and the tests. A block's open
 stays its own kernel: in the prologue of the wide projection after it, the [16, BLOCK_K] fp32
 tiles of the partials spilled registers (python -m resident.kernels.compile_check reports
 spills), and a c=1 step's skinny GEMMs took 3.1 of its 3.5 ms of GPU time
-(results/2026-11-29-h200-0.8b-fusions).
+(results/2026-11-29-h200-0.8b-fusions). The three prologues above do not spill, but still
+measured slower than their separate elementwise kernels: the 48 GEMMs of a c=1 step took 514
+us with them against 181 without, and the elementwise kernels they replace took under 80; the
+engine's default (decode_gemm=skinny) runs them apart.
 
 `python -m resident.kernels.bench_gemv` measures it against cuBLAS, with the weights cycled
 through more memory than the L2 holds (as in a decode step) and a sweep of tiles.

@@ -11,7 +11,9 @@ to the activation dtype, the GDN decay in fp32.
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -37,9 +39,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     """(rms_norm(x + residual), x + residual): a layer's residual add fused into its norm.
     x is [T, H], or a split-K projection's fp32 partial sums [S, T, H], added up here (and
     rounded to the activation dtype, as a finished projection would be) so that no kernel of
-    its own does it."""
+    its own does it: as S pointwise adds, which Inductor puts in the norm's kernel (x.sum(0),
+    a reduction over another dim than the norm's, took a kernel of its own)."""
     if x.dim() == 3:
-        x = x.sum(0).to(residual.dtype)
+        x = functools.reduce(operator.add, x.unbind(0)).to(residual.dtype)
     summed = x + residual
     return rms_norm(summed, weight, eps), summed
 
