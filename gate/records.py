@@ -51,6 +51,8 @@ class RunRecord:
     output_tokens: int = 0
     wall_s: float | None = None
     steps: dict[str, int] = field(default_factory=dict)  # server steps by kind over the run
+    # the server's mean wall ms inside a step of each kind over the run (resident's /metrics)
+    step_ms: dict[str, float] = field(default_factory=dict)
     sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
     gpu: GpuSample | None = None
     server_tracebacks: int = 0  # in the arm's server log so far

@@ -24,6 +24,7 @@ import aiohttp
 from gate.arms import Arm
 
 HOST = "127.0.0.1"
+STEP_KINDS = ("decode", "prefill", "mixed")
 
 
 class ServerFailed(RuntimeError):
@@ -175,8 +176,24 @@ def parse_metrics(text: str) -> dict[str, float]:
     return samples
 
 
-def step_counts(metrics: dict[str, float]) -> dict[str, int]:
-    """Server steps by kind from resident's /metrics (empty for servers without them)."""
-    return {kind: int(metrics[f'resident_steps_total{{kind="{kind}"}}'])
-            for kind in ("decode", "prefill", "mixed")
-            if f'resident_steps_total{{kind="{kind}"}}' in metrics}
+@dataclass(frozen=True)
+class EngineSteps:
+    """resident's step counters by kind, from its /metrics (empty for other servers)."""
+
+    counts: dict[str, int]
+    seconds: dict[str, float]  # wall time inside the engine's steps
+
+    @classmethod
+    def parse(cls, metrics: dict[str, float]) -> EngineSteps:
+        def by_kind(name: str) -> dict[str, float]:
+            return {kind: metrics[f'{name}{{kind="{kind}"}}'] for kind in STEP_KINDS
+                    if f'{name}{{kind="{kind}"}}' in metrics}
+        return cls({k: int(v) for k, v in by_kind("resident_steps_total").items()},
+                   by_kind("resident_step_seconds_total"))
+
+    def since(self, before: EngineSteps) -> tuple[dict[str, int], dict[str, float]]:
+        """(steps by kind, mean ms a step by kind) between `before` and this reading."""
+        steps = {k: n - before.counts.get(k, 0) for k, n in self.counts.items()}
+        step_ms = {k: round(1e3 * (s - before.seconds.get(k, 0.0)) / steps[k], 3)
+                   for k, s in self.seconds.items() if steps.get(k)}
+        return steps, step_ms

@@ -26,7 +26,7 @@ from gate.placement import (
     resolve_placement,
 )
 from gate.records import RUNS_FILE, RunRecord, append_run, read_runs, write_manifest
-from gate.server import LaunchSpec, Server, ServerFailed, clean_environment, step_counts
+from gate.server import EngineSteps, LaunchSpec, Server, ServerFailed, clean_environment
 from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
 
 WORKTREES = Path(".gate/worktrees")
@@ -192,13 +192,13 @@ class Session:
         siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
                                set(os.sched_getaffinity(0)))
         gpu = GpuSampler(placement.gpu)
-        before = step_counts(await server.metrics())
+        before = EngineSteps.parse(await server.metrics())
         started = time.time()
         siblings.start()
         gpu.start()
         result: RunResult = await run_load(server.url, spec)
         gpu_sample, busy = gpu.stop(), siblings.stop()
-        after = step_counts(await server.metrics())
+        steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
         tracebacks, recompiles = scan_log(server.log_path)
         ok = result.num_failed < result.num_requests and server.alive()
         return RunRecord(
@@ -208,7 +208,7 @@ class Session:
             itl_mean_ms=result.itl_mean_ms, ttft_p50_ms=result.ttft_p50_ms,
             num_requests=result.num_requests, num_failed=result.num_failed,
             output_tokens=result.output_tokens, wall_s=result.wall_s,
-            steps={k: after[k] - before.get(k, 0) for k in after},
+            steps=steps, step_ms=step_ms,
             sibling_busy_cpus=busy, gpu=gpu_sample, server_tracebacks=tracebacks,
             recompile_limit_lines=recompiles, planner_off=planner_off,
             log_tail=None if ok else server.log_tail(), started_at=started,

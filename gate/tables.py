@@ -70,10 +70,11 @@ def _fmt_pct(value: float | None) -> str:
     return f"{value * 100:+.1f}%"
 
 
-def _fmt_itl(p50: float | None, mean: float | None) -> str:
-    if p50 is None or mean is None or math.isnan(p50) or math.isnan(mean):
-        return "-"
-    return f"{p50:.2f}/{mean:.2f}"
+def _fmt_pair(first: float | None, second: float | None, missing: str = "-") -> str:
+    """"a/b" to 2 decimals (ITL p50/mean, server step decode/prefill); `missing` for neither."""
+    if all(value is None or math.isnan(value) for value in (first, second)):
+        return missing
+    return f"{_fmt(first, 2)}/{_fmt(second, 2)}"
 
 
 def _plural(count: int, noun: str) -> str:
@@ -198,8 +199,10 @@ def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list
     by_run = {int(r["run"]): r for _, r in runs.iterrows()}
     tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
     return [label, f"s{session + 1}", *tok,
-            _fmt_itl(_median(ok["itl_p50_ms"]), _median(ok["itl_mean_ms"])),
+            _fmt_pair(_median(ok["itl_p50_ms"]), _median(ok["itl_mean_ms"])),
             _fmt(_median(ok["ttft_p50_ms"]), 1),
+            _fmt_pair(_median(ok["engine_decode_ms"]), _median(ok["engine_prefill_ms"]),
+                     missing="n/a"),
             _fmt(_median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
             _failed_text(runs)]
 
@@ -209,7 +212,7 @@ def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
     in_cell = frame[frame["cell"] == cell]
     run_numbers = sorted(int(n) for n in set(in_cell["run"]))
     header = ["arm", "session", *(f"tok/s r{n}" for n in run_numbers), "ITL p50/mean ms",
-              "TTFT p50 ms", "sibling busy CPUs", "failed"]
+              "TTFT p50 ms", "server step ms decode/prefill", "sibling busy CPUs", "failed"]
     digits = _tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
     rows = []
     for arm in _cell_arms(frame, manifest, cell):
@@ -256,8 +259,11 @@ def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
     flagged = stats.planner_off_arms(frame, manifest)
     parts = [_title(manifest, "per-session runs"), header_line(manifest), _arms_line(manifest),
              "Each row is one arm's server in one round (s1 is the first). tok/s per run "
-             "(`failed`: the run could not be measured); ITL, TTFT and sibling busy CPUs are "
-             "medians over the row's runs; failed counts failed requests (and failed runs)."]
+             "(`failed`: the run could not be measured); ITL, TTFT, server step and sibling "
+             "busy CPUs are medians over the row's runs; server step is the server's mean wall "
+             "time in one engine step of that kind over the run (n/a: the server does not "
+             "report it), for ITL and TTFT to be read against; failed counts failed requests "
+             "(and failed runs)."]
     parts += [_sessions_block(frame, manifest, cell, flagged)
               for cell in stats.cell_order(frame, manifest)]
     failed = _failed_runs_section(frame, flagged)
@@ -279,7 +285,7 @@ def summary_cells(row: dict[str, Any], baseline: str) -> list[str]:
         digits = _tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
         tok = (f"{_fmt_tok(row['tok_s_median'], digits)} [{_fmt_tok(row['tok_s_min'], digits)}"
                f"-{_fmt_tok(row['tok_s_max'], digits)}]")
-    return [row["cell"], label, tok, _fmt_itl(row["itl_p50_ms"], row["itl_mean_ms"]),
+    return [row["cell"], label, tok, _fmt_pair(row["itl_p50_ms"], row["itl_mean_ms"]),
             _fmt(row["ttft_p50_ms"], 1), "" if is_base else _fmt_pct(row["vs_main"]),
             "baseline" if is_base else row["verdict"]]
 

@@ -64,6 +64,10 @@ def test_a_session_writes_everything(session):
     assert [r.arm for r in runs if r.concurrency == 1 and r.run == 1] == [
         "main", "head", "head", "main"]  # ABBA
     assert all(r.steps.get("decode", 0) > 0 for r in runs)
+    # the servers' step times, from /metrics: every run decodes, and at c=1 each request's
+    # prompt is a prefill step of its own
+    assert all(r.step_ms.get("decode", 0) > 0 for r in runs)
+    assert all(r.step_ms.get("prefill", 0) > 0 for r in runs if r.concurrency == 1)
     for name in ("manifest.json", "sessions.md", "summary.md", "paired.md", "tok_s.png",
                  "itl.png"):
         assert (out / name).is_file(), name

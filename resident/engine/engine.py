@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ def size_kv_pages(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
 
 NODE = "llm"
 KV_POOL_KEY = "kv"
+STEP_KINDS = ("decode", "prefill", "mixed")
 
 
 def planner_refusal(config: EngineConfig, resources) -> str | None:
@@ -112,6 +114,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._arrivals = 0
         self.counters: Counter[str] = Counter()
+        self.step_seconds: Counter[str] = Counter()
 
     def _build_planner(self) -> tuple[ResidentPlanner | None, str]:
         refusal = planner_refusal(self.config, (self.kv, self.states, self.positions))
@@ -176,9 +179,17 @@ class Engine:
     # -- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step: schedule, run, sample (which waits for the GPU), emit. Its wall time
+        adds to the stats' step_seconds of its kind."""
+        started = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan.rows:
             return []
+        outputs = self._run(plan)
+        self.step_seconds[plan.kind] += time.perf_counter() - started
+        return outputs
+
+    def _run(self, plan) -> list[RequestOutput]:
         if self.planner and plan.kind == "decode":
             return self._resident_step(plan)
         logits = self.runner.run(plan)
@@ -241,8 +252,8 @@ class Engine:
             "kv_pages_free": self.kv.num_free,
             "gdn_slots_used": self.states.num_used,
             "gdn_slots_free": self.states.num_free,
-            "steps": {kind: self.counters[f"steps_{kind}"]
-                      for kind in ("decode", "prefill", "mixed")},
+            "steps": {kind: self.counters[f"steps_{kind}"] for kind in STEP_KINDS},
+            "step_seconds": {kind: self.step_seconds[kind] for kind in STEP_KINDS},
             "generated_tokens": self.counters["generated_tokens"],
             "offloads": scheduler.num_offloads,
             "reloads": scheduler.num_reloads,

@@ -266,6 +266,8 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     "gdn_slots_used": ("resident_gdn_slots_used", "gauge", "GDN state slots in use."),
     "gdn_slots_free": ("resident_gdn_slots_free", "gauge", "GDN state slots free."),
     "steps": ("resident_steps", "counter", "Engine steps by kind."),
+    "step_seconds": ("resident_step_seconds", "counter",
+                     "Wall seconds of engine steps by kind, schedule to sampled tokens."),
     "generated_tokens": ("resident_generated_tokens", "counter", "Tokens generated."),
     "offloads": ("resident_offloads", "counter", "Requests offloaded."),
     "reloads": ("resident_reloads", "counter", "Requests reloaded."),
