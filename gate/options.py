@@ -25,26 +25,26 @@ ConfigOpt = Annotated[Path | None, typer.Option(
 AaOpt = Annotated[bool | None, typer.Option(
     "--aa/--no-aa", help="Add a second copy of the baseline to measure the noise floor.",
     rich_help_panel=ARMS)]
-ModelOpt = Annotated[str | None, typer.Option(help="Model config or directory [tiny].",
+ModelOpt = Annotated[str | None, typer.Option(help="Model config or directory \\[tiny].",
                                               rich_help_panel=CELLS)]
-DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda [cpu].", rich_help_panel=CELLS)]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda \\[cpu].", rich_help_panel=CELLS)]
 ConcurrencyOpt = Annotated[str | None, typer.Option(
-    help="Concurrencies, one cell each [1,16,64].", rich_help_panel=CELLS)]
-PromptLenOpt = Annotated[int | None, typer.Option(help="Prompt tokens [512].",
+    help="Concurrencies, one cell each \\[1,16,64].", rich_help_panel=CELLS)]
+PromptLenOpt = Annotated[int | None, typer.Option(help="Prompt tokens \\[512].",
                                                   rich_help_panel=CELLS)]
-OutputLenOpt = Annotated[int | None, typer.Option(help="Output tokens, ignore_eos [256].",
+OutputLenOpt = Annotated[int | None, typer.Option(help="Output tokens, ignore_eos \\[256].",
                                                   rich_help_panel=CELLS)]
-SessionsOpt = Annotated[int | None, typer.Option(help="Rounds [2].", rich_help_panel=CELLS)]
-RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round [2].",
+SessionsOpt = Annotated[int | None, typer.Option(help="Rounds \\[2].", rich_help_panel=CELLS)]
+RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round \\[2].",
                                              rich_help_panel=CELLS)]
 RequestsOpt = Annotated[int | None, typer.Option(
-    help="Requests per run [max(8, requests-per-slot x concurrency)].", rich_help_panel=CELLS)]
+    help="Requests per run \\[max(8, requests-per-slot x concurrency)].", rich_help_panel=CELLS)]
 RequestsPerSlotOpt = Annotated[int | None, typer.Option(
-    help="Requests per run per unit of concurrency, when --requests is not given [4].",
+    help="Requests per run per unit of concurrency, when --requests is not given \\[4].",
     rich_help_panel=CELLS)]
-SeedOpt = Annotated[int | None, typer.Option(help="Prompt seed base [0].", rich_help_panel=CELLS)]
+SeedOpt = Annotated[int | None, typer.Option(help="Prompt seed base \\[0].", rich_help_panel=CELLS)]
 StartupOpt = Annotated[float | None, typer.Option(
-    "--startup-timeout", help="Seconds a server may take to answer /health [600].",
+    "--startup-timeout", help="Seconds a server may take to answer /health \\[600].",
     rich_help_panel=ARMS)]
 ServerCpusOpt = Annotated[str | None, typer.Option(help="CPU list for the servers.",
                                                    rich_help_panel=PLACEMENT)]
@@ -54,9 +54,9 @@ ApiCoreOpt = Annotated[str | None, typer.Option(help="CPU for the API process.",
                                                 rich_help_panel=PLACEMENT)]
 ClientCpusOpt = Annotated[str | None, typer.Option(help="CPU list for the load client.",
                                                    rich_help_panel=PLACEMENT)]
-GpuOpt = Annotated[str | None, typer.Option(help="GPU index [0 with --device cuda].",
+GpuOpt = Annotated[str | None, typer.Option(help="GPU index \\[0 with --device cuda].",
                                             rich_help_panel=PLACEMENT)]
-NameOpt = Annotated[str | None, typer.Option(help="Session name [gate].")]
-OutOpt = Annotated[str | None, typer.Option(help="Output directory [results/<name>-<time>].")]
+NameOpt = Annotated[str | None, typer.Option(help="Session name \\[gate].")]
+OutOpt = Annotated[str | None, typer.Option(help="Output directory \\[results/<name>-<time>].")]
 FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", help="How the summary prints on stdout: table, json or md.")]
