@@ -15,6 +15,7 @@ import torch
 
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
+from resident.provenance import source_digest
 
 from model_driver import greedy_alone
 from server_fixture import ROOT, Server, get, metrics, post, run, stream
@@ -197,6 +198,8 @@ def test_debug_config_and_models(server):
     assert config["dtype"] == "float64" and config["planning_mode"] == "resident"
     assert config["knobs_changed"] == {"dtype": "float64"}
     assert config["resident_package_path"] == str(ROOT / "resident")
+    assert config["source_digest"] == source_digest(ROOT / "resident")
+    assert isinstance(config["git_dirty"], bool)  # the tests run from a checkout
     assert len(config["weights_fingerprint"]) == 16
     status, models = run(get(server.url + "/v1/models"))
     assert models["data"][0] == {"id": "tiny", "object": "model", "owned_by": "resident",

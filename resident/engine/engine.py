@@ -6,15 +6,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import subprocess
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import torch
 
-import resident
 from resident.backends import build_kernels
 from resident.config import EngineConfig
 from resident.engine.request import Request
@@ -27,6 +24,7 @@ from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
 from resident.model.weights import load_model, resolve_dtype, weights_fingerprint
 from resident.planner import ResidentPlanner
+from resident.provenance import describe
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool
@@ -66,17 +64,6 @@ def planner_refusal(config: EngineConfig, resources) -> str | None:
         if reason:
             return f"{reason}: every step is host-planned"
     return None
-
-
-def git_commit(directory: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(directory), "rev-parse", "HEAD"],
-                             capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
 
 
 class Engine:
@@ -278,7 +265,6 @@ class Engine:
         mode = "resident" if self.planner else "off"
         reason = (f"resident planning on {NODE}: {self.planning_reason}" if self.planner
                   else self.planning_reason)
-        package = Path(resident.__file__).resolve().parent
         return {
             "model": self.model_config.name,
             "max_model_len": self.config.max_model_len,
@@ -294,8 +280,7 @@ class Engine:
             "host_plan_free": not self.kernels.decode.host_plan,
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
-            "resident_package_path": str(package),
-            "git_commit": git_commit(package.parent),
+            **describe(),  # the package path, its commit, git_dirty, source_digest
             "weights_fingerprint": self.fingerprint,
             "torch_version": torch.__version__,
             "torch_num_threads": torch.get_num_threads(),
