@@ -58,8 +58,9 @@ def test_paged_layout_ignores_pages_past_the_length():
 
 @pytest.mark.parametrize("decode_gemm", ["skinny", "fused"])
 def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
-    """Prefill on the references, decode buckets on the Triton kernels (interpreted on CPU),
-    the projections on the skinny GEMM with and without its prologues."""
+    """Prefill on the references but its GDN conv (the Triton varlen kernel), decode buckets on
+    the Triton kernels (all interpreted on CPU), the projections on the skinny GEMM with and
+    without its prologues."""
     generator = torch.Generator().manual_seed(3)
     requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
                           6) for i, n in enumerate((5, 40, 17))}

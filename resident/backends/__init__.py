@@ -11,6 +11,7 @@ from resident.backends.layout import PagedLayout, paged_layout
 from resident.config import EngineConfig
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
+from resident.model.ops import ModelOps
 
 __all__ = ["DecodeKernels", "PagedLayout", "PrefillKernels", "PrefillStep", "StepKernels",
            "build_kernels", "paged_layout"]
@@ -20,19 +21,21 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
                   device: torch.device, gates: Callable = gdn_gates) -> StepKernels:
     """The resolved config's prefill kernels (by device) and decode kernels (by
     attention_backend). On CPU, `triton` (allowed only under TRITON_INTERPRET, for tests) runs
-    every decode kernel in the interpreter. On CUDA the GDN decode kernels are Triton's under
-    every backend, and `triton` and `flashinfer` run the narrow projections of buckets of at
-    most 16 rows as decode_gemm says (triton_decode.decode_gemm_ops). `gates` is the model's
-    dense.gdn_gates, for the prefill GDN op (the decode kernel computes the gates itself)."""
+    every decode kernel, and the prefill's GDN conv, in the interpreter. On CUDA the GDN conv
+    (prefill and decode) and the GDN decode recurrence are Triton's under every backend, and
+    `triton` and `flashinfer` run the narrow projections of buckets of at most 16 rows as
+    decode_gemm says (triton_decode.decode_gemm_ops). `gates` is the model's dense.gdn_gates,
+    for the prefill GDN op (the decode kernel computes the gates itself)."""
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
     if device.type != "cuda":
-        decode = RefDecode()
-        if name == "triton":
-            from resident.backends.triton_decode import TritonDecode
-            decode = TritonDecode(config.decode_buckets, config.decode_gemm)
-        return StepKernels(RefPrefill(), decode)
+        if name != "triton":
+            return StepKernels(RefPrefill(), RefDecode())
+        from resident.backends.gdn_prefill import conv_varlen_op
+        from resident.backends.triton_decode import TritonDecode
+        return StepKernels(RefPrefill(ModelOps(conv=conv_varlen_op)),
+                           TritonDecode(config.decode_buckets, config.decode_gemm))
 
     from resident.backends.flashinfer import (
         FlashInferDecode,

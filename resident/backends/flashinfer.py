@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
-from resident.backends.fla_prefill import fla_prefill_ops
+from resident.backends.gdn_prefill import gdn_prefill_ops
 from resident.backends.layout import PagedLayout, PlanReuse
 from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops, write_kv_triton_op
 from resident.model.config import ModelConfig
@@ -66,7 +66,7 @@ def _run(wrapper):
 
 
 class FlashInferPrefill(PrefillKernels):
-    """FlashInfer causal paged prefill for attention; fla for GDN (see fla_prefill)."""
+    """FlashInfer causal paged prefill for attention; fla for GDN (see gdn_prefill)."""
 
     needs_layout = True
 
@@ -82,7 +82,7 @@ class FlashInferPrefill(PrefillKernels):
         layout = step.layout
         self.wrapper.plan(layout.qo_indptr, *self.heads.plan_args(layout), causal=True,
                           **self.heads.plan_kwargs())
-        gdn = fla_prefill_ops(step.query_start_loc_cpu, self.device, self.gates)
+        gdn = gdn_prefill_ops(step.query_start_loc_cpu, self.device, self.gates)
         return dataclasses.replace(gdn, write_kv=write_kv_triton_op,
                                    attention=_run(self.wrapper))
 

@@ -7,8 +7,11 @@ from resident.model.ops import ModelOps
 
 
 class RefPrefill(PrefillKernels):
+    def __init__(self, ops: ModelOps | None = None) -> None:
+        self._ops = ops or ModelOps()
+
     def ops(self, step: PrefillStep) -> ModelOps:
-        return ModelOps()
+        return self._ops
 
 
 class RefDecode(DecodeKernels):

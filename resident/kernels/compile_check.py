@@ -5,12 +5,12 @@
 The interpreter (TRITON_INTERPRET=1, the CPU tests) checks what a kernel computes, not whether
 the GPU compiler takes it: a constexpr branch, a helper's tuple return or a tile's shared memory
 can still fail there, and a kernel that compiles can still spill registers to local memory,
-which made the fused add + norm GEMM prologue run ten times slower than its weight read
-(results/2026-11-29-h200-0.8b-fusions). This runs Triton's own compiler and ptxas on each
-kernel variant a decode step launches, at the model's shapes, and prints each one's shared
-memory against the limit and its registers and spill bytes; shared memory over the limit or a
-spill fails it. It needs no driver; run it with TRITON_INTERPRET unset (the kernels must be JIT
-functions).
+which made the fused add + norm GEMM prologue about ten times slower than its weight read
+(results/2026-11-29-h200-0.8b-decode-gemm). This runs Triton's own compiler and ptxas on each
+kernel variant a decode step launches, and the prefill's GDN conv, at the model's shapes, and
+prints each one's shared memory against the limit, its registers and its spill bytes; shared
+memory over the limit or a spill fails it. It needs no driver; run it with TRITON_INTERPRET
+unset (the kernels must be JIT functions).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from resident.kernels import gdn_decode, gemv, kv_write
+from resident.kernels import conv_varlen, gdn_decode, gemv, kv_write
 from resident.model.config import ModelConfig, load_model_config
 
 HOPPER_SHARED_BYTES = 232448  # per block, opt-in maximum on sm_90
@@ -70,7 +70,8 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
-    """The Triton kernels of a decode bucket of at most 16 rows, at the model's shapes."""
+    """The Triton kernels of a decode bucket of at most 16 rows, and the prefill's GDN conv, at
+    the model's shapes."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q_dim = config.num_attention_heads * config.head_dim
     narrow = gemv.DEFAULT_TILE
@@ -92,12 +93,33 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "BLOCK_DK": triton.next_power_of_2(config.linear_key_head_dim),
         "BLOCK_DV": gdn_decode.GDN_BLOCK_DV, "COMPUTE": triton.language.float32,
         "RAW_GATES": True}, gdn_decode.GDN_NUM_WARPS))
+    variants += _conv_varlen_variants(config)
     kv_width = config.num_key_value_heads * config.head_dim
     variants.append(Variant("kv write", kv_write._write_kv_kernel, {
         "kv": "*bf16", "key": "*bf16", "value": "*bf16", "loc": "*i64", "stride_key": "i64",
         "stride_value": "i64", "stride_page": "i64", "stride_kv": "i64", "stride_slot": "i64"},
         {"PAGE": 16, "WIDTH": kv_width, "BLOCK": triton.next_power_of_2(kv_width)}))
     return variants
+
+
+def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:
+    """The prefill's GDN conv (not a decode kernel, but on the same path to the GPU)."""
+    width = config.linear_conv_kernel_dim
+    strides = ("stride_xt", "stride_xc", "stride_pn", "stride_pc", "stride_pw", "channels")
+    pointers = {"x_ptr": "*bf16", "pool_ptr": "*bf16", "slots_ptr": "*i64", "qsl_ptr": "*i64"}
+    state = Variant("prefill conv state", conv_varlen._conv_state_kernel,
+                    pointers | {name: "i32" for name in strides},
+                    {"WIDTH": width, "BLOCK_W": triton.next_power_of_2(width),
+                     "BLOCK_C": gdn_decode.CONV_BLOCK_C}, gdn_decode.CONV_NUM_WARPS)
+    kernel = conv_varlen._conv_varlen_kernel
+    types = pointers | {"w_ptr": "*bf16", "seq_ptr": "*i64", "y_ptr": "*bf16"}
+    types |= {arg: "i32" for arg in kernel.arg_names
+              if arg.startswith("stride_") or arg in ("num_tokens", "channels")}
+    conv = Variant("prefill conv", kernel, types, {
+        "WIDTH": width, "BLOCK_T": conv_varlen.CONV_BLOCK_T,
+        "BLOCK_C": gdn_decode.CONV_BLOCK_C, "COMPUTE": triton.language.float32},
+        gdn_decode.CONV_NUM_WARPS)
+    return [conv, state]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ L2NORM_EPS = 1e-6  # as `l2norm` in gdn.py: inside the rsqrt of the sum of squar
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's F.softplus: x itself above it
 
 
-def _compute_dtype(dtype: torch.dtype) -> tl.dtype:
+def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     """fp32 accumulation, fp64 only for a fp64 model (CPU parity runs)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
 
@@ -105,7 +105,7 @@ def causal_conv_decode(
         conv_pool.stride(0), conv_pool.stride(1), conv_pool.stride(2), y.stride(0), y.stride(1),
         channels, width,
         BLOCK_C=CONV_BLOCK_C, BLOCK_W=triton.next_power_of_2(width),
-        COMPUTE=_compute_dtype(weight.dtype), num_warps=CONV_NUM_WARPS,
+        COMPUTE=compute_dtype(weight.dtype), num_warps=CONV_NUM_WARPS,
     )
     return y
 
@@ -199,7 +199,7 @@ def gated_delta_rule_decode(
         *state_pool.stride(), *o.stride(),
         num_v_heads // num_k_heads, k_dim, v_dim, k_dim**-0.5, L2NORM_EPS,
         BLOCK_DK=triton.next_power_of_2(k_dim), BLOCK_DV=block_dv,
-        COMPUTE=_compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
+        COMPUTE=compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
         num_warps=GDN_NUM_WARPS,
     )
     return o

@@ -3,8 +3,8 @@
 Kernels at the 0.8B shapes (head_dim 256, 8 query heads over 2 kv heads; GDN 16 heads of
 128 x 128, conv 6144 wide) and at odd ones, bf16 activations with fp32 GDN state:
   - FlashInfer fa2 decode (the `flashinfer` backend) and paged prefill (every backend's prefill);
-  - fla's causal_conv1d and chunk_gated_delta_rule over varlen rows with slot-pool states,
-    including rows that continue from a state (chunked prefill).
+  - the GDN prefill (our varlen conv, fla's chunk_gated_delta_rule) over varlen rows with
+    slot-pool states, including rows that continue from a state (chunked prefill).
 Then the engine at 0.8B: greedy outputs for 32 prompts at concurrency 1 are identical with
 cuda_graphs on and off, for each decode backend and with resident planning off and auto.
 """
@@ -164,13 +164,13 @@ def _gdn_case(generator, starts, news, conv_dim=6144, heads=(16, 16), dims=(128,
     return meta, conv_pool, state_pool, x, weight, qkv, gates
 
 
-def test_fla_prefill_matches_reference():
-    from resident.backends.fla_prefill import fla_prefill_ops
+def test_gdn_prefill_matches_reference():
+    from resident.backends.gdn_prefill import gdn_prefill_ops
 
     generator = torch.Generator().manual_seed(7)
     starts, news = [0, 0, 300, 17, 0], [200, 1, 70, 1, 513]
     meta, conv_pool, state_pool, x, weight, qkv, gates = _gdn_case(generator, starts, news)
-    ops = fla_prefill_ops(meta.query_start_loc.cpu().numpy(), DEVICE)
+    ops = gdn_prefill_ops(meta.query_start_loc.cpu().numpy(), DEVICE)
     ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
     want_conv = causal_conv_ref(x, weight, ref_conv, meta.state_slots, meta.query_start_loc,
                                 meta.max_query_len)

@@ -1,10 +1,12 @@
-"""GDN prefill with fla-core: `causal_conv1d` and `chunk_gated_delta_rule` over varlen rows.
+"""GDN prefill over varlen rows: the conv on our Triton kernel, the delta rule with fla-core.
 
-fla takes one state per row ([N, ...]) rather than a slot-indexed pool, so each layer gathers its
-rows' states from the pool, runs, and scatters the final states back (prefill steps are eager, so
-the gather's copy is allowed here). `cu_seqlens` is a fresh device tensor every step, with its
-host twin beside it so fla computes its chunk indices without reading the device: fla caches
-those by tensor identity, and a reused buffer with new contents would hit a stale entry.
+The conv (resident/kernels/conv_varlen.py) reads and updates each row's window in its pool slot.
+fla's `chunk_gated_delta_rule` takes one state per row ([N, ...]) rather than a slot-indexed
+pool, so each layer gathers its rows' states from the pool, runs, and scatters the final states
+back (prefill steps are eager, so the gather's copy is allowed here). `cu_seqlens` is a fresh
+device tensor every step, with its host twin beside it so fla computes its chunk indices without
+reading the device: fla caches those by tensor identity, and a reused buffer with new contents
+would hit a stale entry.
 """
 
 from __future__ import annotations
@@ -14,28 +16,25 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from resident.kernels.conv_varlen import causal_conv_varlen
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
 
 
-def fla_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device,
+def conv_varlen_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
+                   meta: StepMeta) -> torch.Tensor:
+    return causal_conv_varlen(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
+                              meta.token_seq)
+
+
+def gdn_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device,
                     gates: Callable = gdn_gates) -> ModelOps:
     """The step's GDN ops; `gates` is the model's (compiled) dense.gdn_gates."""
-    from fla.modules.causal_conv1d import causal_conv1d
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     cu_seqlens_cpu = torch.from_numpy(np.ascontiguousarray(query_start_loc_cpu, np.int64))
     cu_seqlens = cu_seqlens_cpu.to(device, non_blocking=True)
-
-    def conv(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
-             meta: StepMeta) -> torch.Tensor:
-        initial = conv_pool[meta.state_slots]  # [B, C, W]
-        y, final = causal_conv1d(x.unsqueeze(0), weight, initial_state=initial,
-                                 output_final_state=True, activation="silu",
-                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-        conv_pool[meta.state_slots] = final.to(conv_pool.dtype)
-        return y[0]
 
     def gated_delta_rule(query, key, value, a, b, a_log, dt_bias, state_pool: torch.Tensor,
                          meta: StepMeta) -> torch.Tensor:
@@ -49,4 +48,4 @@ def fla_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device,
         state_pool[meta.state_slots] = final.to(state_pool.dtype)
         return out[0]
 
-    return ModelOps(conv=conv, gated_delta_rule=gated_delta_rule)
+    return ModelOps(conv=conv_varlen_op, gated_delta_rule=gated_delta_rule)
