@@ -66,13 +66,14 @@ def _run(wrapper):
 
 
 class FlashInferPrefill(PrefillKernels):
-    """FlashInfer causal paged prefill for attention; fla for GDN (see gdn_prefill)."""
+    """FlashInfer causal paged prefill for attention; GDN as gdn_prefill runs it (our varlen
+    conv, fla's chunked delta rule)."""
 
     needs_layout = True
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor,
                  gates: Callable = gdn_gates) -> None:
-        """gates: the model's (compiled) dense.gdn_gates, for fla's GDN prefill."""
+        """gates: the model's (compiled) dense.gdn_gates, for fla's delta rule."""
         flashinfer = _import_flashinfer()
         self.heads, self.device, self.gates = heads, workspace.device, gates
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",

@@ -176,11 +176,7 @@ def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
     consumer to add up (DenseOps.add_rms_norm does, inside its fused kernel). With gated, x is
     an MLP's [M, 2K] gate_up and the product is (silu(gate) * up) @ weight^T: the MLP's down
     projection with its activation in the same kernel."""
-    splits, k_per_split = _split(x, weight, tile, gated)
-    partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
-                           device=x.device)
-    _launch(x, weight, tile, partials, k_per_split, SILU_MUL if gated else PLAIN)
-    return partials
+    return _launch_partials(x, weight, tile, SILU_MUL if gated else PLAIN, gated=gated)
 
 
 def gated_norm_linear_partials(
@@ -199,13 +195,8 @@ def gated_norm_linear_partials(
         raise ValueError(f"the fused GDN output norm takes a power-of-two value head dim >= "
                          f"{MIN_DOT} (one head a K tile), got {head_dim}")
     tile = dataclasses.replace(tile, block_k=head_dim)
-    flat = x.view(num_rows, num_heads * head_dim)
-    splits, k_per_split = _split(flat, weight, tile)
-    partials = torch.empty(splits, num_rows, weight.shape[0], dtype=torch.float32,
-                           device=x.device)
-    _launch(flat, weight, tile, partials, k_per_split, GATED_RMS_NORM, z=gate,
-            norm_weight=norm_weight, eps=eps)
-    return partials
+    return _launch_partials(x.view(num_rows, num_heads * head_dim), weight, tile,
+                            GATED_RMS_NORM, z=gate, norm_weight=norm_weight, eps=eps)
 
 
 def sigmoid_gate_linear_partials(
@@ -217,11 +208,17 @@ def sigmoid_gate_linear_partials(
     """o_proj(x * sigmoid(gate)) in one kernel: the gated attention's output gate applied as
     each tile of x is loaded."""
     _check_gated(x, gate)
-    flat = x.view(x.shape[0], -1)
-    splits, k_per_split = _split(flat, weight, tile)
+    return _launch_partials(x.view(x.shape[0], -1), weight, tile, SIGMOID_GATE, z=gate)
+
+
+def _launch_partials(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
+                     prologue: tl.constexpr, *, gated: bool = False,
+                     **prologue_args) -> torch.Tensor:
+    """The [S, M, N] fp32 partial sums of x @ weight^T after `prologue` (see _launch)."""
+    splits, k_per_split = _split(x, weight, tile, gated)
     partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
                            device=x.device)
-    _launch(flat, weight, tile, partials, k_per_split, SIGMOID_GATE, z=gate)
+    _launch(x, weight, tile, partials, k_per_split, prologue, **prologue_args)
     return partials
 
 

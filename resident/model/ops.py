@@ -6,8 +6,8 @@ The engine builds one ModelOps per kind of step: prefill and mixed steps get var
 fixed buffers. Every op takes the step's StepMeta, so a backend reads what it needs from it and
 carries any host-side plan in its own closure. The defaults are the torch references.
 
-The optional `*_linear` ops take the elementwise work on either side of a projection into its
-GEMM (the skinny Triton GEMM of decode buckets of at most 16 rows: fewer kernels a step). None
+The optional `*_linear` ops take the elementwise work just before a projection into its GEMM
+(the skinny Triton GEMM of decode buckets of at most 16 rows, under decode_gemm=fused). None
 keeps the separate DenseOps call and the plain GEMM.
 """
 
