@@ -112,13 +112,23 @@ async def _drive(session, url: str, spec: LoadSpec, prompts: list[list[int]]):
     return results
 
 
-async def run_load(url: str, spec: LoadSpec) -> RunResult:
-    """Warm-up, then the measured requests at `spec.concurrency`."""
+def _client(spec: LoadSpec) -> aiohttp.ClientSession:
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
     timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
     connector = aiohttp.TCPConnector(limit=spec.concurrency + 4)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout,
-                                     connector=connector) as session:
+    return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
+
+
+async def warm_up(url: str, spec: LoadSpec) -> None:
+    """Only the warm-up requests (spec.num_warmup of them, their own prompts), so that a caller
+    can read the server's counters between the warm-up and the measured requests."""
+    async with _client(spec) as session:
+        await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
+
+
+async def run_load(url: str, spec: LoadSpec) -> RunResult:
+    """Warm-up, then the measured requests at `spec.concurrency`."""
+    async with _client(spec) as session:
         if spec.num_warmup:
             await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
         start = time.perf_counter()

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from gate.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.config import GateConfig
-from gate.load import LoadSpec, RunResult, run_load
+from gate.load import LoadSpec, RunResult, run_load, warm_up
 from gate.placement import (
     Placement,
     default_placement,
@@ -173,6 +173,10 @@ class Session:
                         prompt_len=config.prompt_len, output_len=config.output_len,
                         vocab_size=vocab, seed=config.seed * 1000 + session,
                         num_warmup=concurrency)
+        # warmed before the first run's counters are read, so its server step times and GPU
+        # samples cover its own requests only
+        await warm_up(server.url, spec)
+        spec = dataclasses.replace(spec, num_warmup=0)
         failed = 0
         for run in range(1, config.runs + 1):
             if not server.alive():
@@ -183,7 +187,6 @@ class Session:
             failed += not record.ok
             self.console.log(f"round {session} {arm.name} c={concurrency} run {run}: "
                              f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
-            spec = dataclasses.replace(spec, num_warmup=0)  # warm once a cell
         return failed
 
     async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, session: int,

@@ -2,6 +2,7 @@
 
     python -m resident.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
                                    [--set knob=value ...] [--json FILE] [--cprofile DIR]
+                                   [--no-gc-freeze]
 
 For each concurrency c the engine takes c requests, prefills them, then runs decode steps with
 all c rows. It reports the wall time of a decode step (scheduling, host staging, the host
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import json
 import pstats
@@ -34,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from resident.bench_io import require_cuda, write_json
 from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
-from resident.engine.engine import Engine
+from resident.engine.engine import Engine, freeze_heap
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.server.protocol import AddRequest, SamplingParams
@@ -48,6 +50,26 @@ def _decode_steps(engine: Engine, count: int) -> float:
     for _ in range(count):
         engine.step()
     return (time.perf_counter() - start) / count
+
+
+class GcPauses:
+    """Wall seconds the garbage collector ran while this is entered (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.seconds, self._started = 0.0, 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def _kernel_profile(run, count: int) -> tuple[float, float, list[dict]]:
@@ -125,7 +147,8 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     prefill_s, prefill_steps = _prefill(engine)
     _decode_steps(engine, 8)  # warm
     before = dict(engine.counters)
-    step_s = _decode_steps(engine, TIMED)
+    with GcPauses() as pauses:
+        step_s = _decode_steps(engine, TIMED)
     decode_steps = engine.counters["steps_decode"] - before.get("steps_decode", 0)
     gpu_ms, kernels, top = _kernel_profile(lambda: _decode_steps(engine, PROFILED), PROFILED)
     if cprofile_dir is not None:
@@ -142,6 +165,7 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
         "step_ms": round(step_s * 1e3, 3), "tok_s": round(concurrency / step_s, 1),
         "gpu_busy_ms": round(gpu_ms, 3), "kernels_per_step": round(kernels, 1),
         "host_gap_ms": round(step_s * 1e3 - gpu_ms, 3),
+        "gc_ms_per_step": round(pauses.seconds * 1e3 / TIMED, 3),
         "roofline_ms": round(roofline.ms_per_step, 3), "context": context,
         "prefill_ms": round(prefill_s * 1e3, 2), "prefill_steps": prefill_steps,
         "fresh_prefill_ms": round(fresh_s * 1e3, 2),
@@ -158,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="leave the startup heap to the garbage collector (the engine core "
+                             "freezes it), to measure what the freeze saves")
     args = parser.parse_args(argv)
     if not require_cuda("resident.bench"):
         return 2
@@ -165,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     config = build_engine_config(model_yaml_knobs(args.model), None,
                                  parse_set_options(args.knobs))
     engine = Engine(model, config, torch.device("cuda"))
+    if not args.no_gc_freeze:
+        freeze_heap()  # as the engine core does
     if args.cprofile:
         args.cprofile.mkdir(parents=True, exist_ok=True)
     rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile)
@@ -173,13 +202,13 @@ def main(argv: list[str] | None = None) -> int:
              ("attention_backend", "decode_gemm", "cuda_graphs", "compile",
               "resident_planning")}
     print(json.dumps(knobs))
-    header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "roofline ms",
-              "prefill ms", "gpu ms")
+    header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "gc ms",
+              "roofline ms", "prefill ms", "gpu ms")
     print(" ".join(f"{h:>11}" for h in header))
     for row in rows:
         values = (row["concurrency"], row["step_ms"], row["tok_s"], row["gpu_busy_ms"],
-                  row["kernels_per_step"], row["host_gap_ms"], row["roofline_ms"],
-                  row["fresh_prefill_ms"], row["fresh_prefill_gpu_ms"])
+                  row["kernels_per_step"], row["host_gap_ms"], row["gc_ms_per_step"],
+                  row["roofline_ms"], row["fresh_prefill_ms"], row["fresh_prefill_gpu_ms"])
         print(" ".join(f"{v:>11}" for v in values))
     write_json(args.json, {"knobs": knobs, "rows": rows})
     return 0

@@ -21,6 +21,7 @@ import yaml
 from resident.model.config import ModelConfig
 
 DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+DEFAULT_PREFILL_BUCKETS = (64, 128, 256, 512, 1024, 2048)
 CPU_KV_PAGES = 4096
 MAX_DEFAULT_MODEL_LEN = 32768
 
@@ -31,6 +32,7 @@ _CHOICES = {
     "row_check": ("off", "on"),
     "attention_backend": ("auto", "flashinfer", "triton", "torch"),
     "cuda_graphs": ("auto", "on", "off"),
+    "padded_prefill": ("auto", "on", "off"),
     "compile": ("auto", "on", "off"),
     "decode_gemm": ("skinny", "fused", "cublas"),
 }
@@ -54,6 +56,12 @@ class EngineConfig:
     row_check: str = "off"  # debug: sync after each resident step and compare rows with streams
     attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
+    # a prefill step of one fresh row (nothing computed yet) runs padded to the smallest
+    # prefill bucket that holds it, on kernels that need no host plan: fixed shapes, so under
+    # cuda_graphs each bucket is a captured graph too. auto: on for CUDA. Buckets above
+    # prefill_token_budget are dropped.
+    padded_prefill: str = "auto"
+    prefill_buckets: tuple[int, ...] = DEFAULT_PREFILL_BUCKETS
     compile: str = "auto"  # torch.compile of the dense parts; auto: on for CUDA
     # projections of decode buckets <= 16 rows under triton and flashinfer: the skinny Triton
     # GEMM with the elementwise op before it apart (skinny) or in its prologue (fused: slower on
@@ -82,10 +90,8 @@ class EngineConfig:
             raise ValueError("knob num_state_slots: needs at least 2 (slot 0 is the sink)")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"knob kv_cache_gib: must be > 0, got {self.kv_cache_gib}")
-        buckets = self.decode_buckets
-        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
-            raise ValueError(f"knob decode_buckets: must be increasing positive ints, got "
-                             f"{','.join(map(str, buckets))}")
+        _check_buckets("decode_buckets", self.decode_buckets, allow_empty=False)
+        _check_buckets("prefill_buckets", self.prefill_buckets, allow_empty=True)
         for knob in ("api_core", "step_thread_cores"):
             parse_cpu_list(getattr(self, knob), knob)
 
@@ -110,6 +116,9 @@ class EngineConfig:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
         pages = self.num_kv_pages or (CPU_KV_PAGES if device_type == "cpu" else 0)
+        padded = self.padded_prefill
+        if padded == "auto":
+            padded = "on" if device_type == "cuda" else "off"
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if device_type == "cuda" else "torch"
@@ -120,9 +129,19 @@ class EngineConfig:
             num_state_slots=self.num_state_slots or self.max_num_seqs + 1,
             attention_backend=backend,
             cuda_graphs=_resolve_graphs(self.cuda_graphs, backend, device_type),
+            padded_prefill=padded,
+            prefill_buckets=tuple(b for b in self.prefill_buckets
+                                  if b <= self.prefill_token_budget) if padded == "on" else (),
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
         )
+
+
+def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> None:
+    if ((not buckets and not allow_empty) or any(b < 1 for b in buckets)
+            or list(buckets) != sorted(set(buckets))):
+        raise ValueError(f"knob {knob}: must be increasing positive ints, got "
+                         f"{','.join(map(str, buckets)) or 'nothing'}")
 
 
 def _resolve_graphs(knob: str, backend: str, device_type: str) -> str:

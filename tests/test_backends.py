@@ -73,6 +73,25 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
     assert greedy("triton") == greedy("torch")
 
 
+def test_padded_prefill_on_the_triton_conv_gives_the_reference_tokens():
+    """Fresh prefills padded to their bucket, the GDN conv on the Triton varlen kernel (it must
+    keep the padding out of the row's window), against unpadded prefills on the references."""
+    generator = torch.Generator().manual_seed(4)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          4) for i, n in enumerate((5, 16, 29))}
+
+    def greedy(backend: str, padded: str) -> dict[str, list[int]]:
+        config = EngineConfig(attention_backend=backend, decode_buckets=(1,), max_num_seqs=1,
+                              resident_planning="off", padded_prefill=padded,
+                              prefill_buckets=(8, 32))
+        engine = Engine(TINY, config, torch.device("cpu"))
+        outputs = run_engine(engine, requests, concurrency=1)
+        assert engine.runner.num_padded_prefills == (len(requests) if padded == "on" else 0)
+        return outputs
+
+    assert greedy("triton", "on") == greedy("torch", "off")
+
+
 def test_decode_gemm_picks_the_small_buckets_projections():
     """Buckets of at most 16 rows take the skinny GEMMs, with their fused norms and activation
     under `fused` (so the engine test above runs them); wider buckets and `cublas` keep cuBLAS

@@ -113,3 +113,20 @@ def test_seeded_sampling_is_reproducible():
     while engine.has_work():
         tokens += [t for out in engine.step() for t in out.new_token_ids]
     assert tokens != first
+
+
+def test_padded_fresh_prefill_gives_the_model_alone_tokens(workload, reference_model):
+    """One request at a time, so every prompt's first step is one fresh row: padded to its
+    prefill bucket (padding on the sink page and slot, past the row's end), it must give the
+    tokens of the unpadded model. The 100-token prompt's first 64-token chunk pads nothing
+    and samples nothing; its second chunk is no longer fresh and runs unpadded."""
+    requests, expected = workload
+    long_prompt = torch.randint(0, TINY.vocab_size, (100,),
+                                generator=torch.Generator().manual_seed(5)).tolist()
+    requests = {**requests, "long": (long_prompt, 4)}
+    expected = {**expected, "long": greedy_alone(reference_model, long_prompt, 4)}
+    engine = make_engine(padded_prefill="on", prefill_buckets=(8, 16, 64),
+                         prefill_token_budget=64)
+    assert run(engine, requests, concurrency=1) == expected
+    assert engine.runner.num_padded_prefills == len(requests)
+    assert engine.stats()["steps"]["prefill"] == len(requests) + 1

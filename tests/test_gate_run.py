@@ -68,6 +68,8 @@ def test_a_session_writes_everything(session):
     # prompt is a prefill step of its own
     assert all(r.step_ms.get("decode", 0) > 0 for r in runs)
     assert all(r.step_ms.get("prefill", 0) > 0 for r in runs if r.concurrency == 1)
+    # the warm-up comes before the first run's counters are read: one prefill a request
+    assert all(r.steps.get("prefill") == r.num_requests for r in runs if r.concurrency == 1)
     for name in ("manifest.json", "sessions.md", "summary.md", "paired.md", "tok_s.png",
                  "itl.png"):
         assert (out / name).is_file(), name

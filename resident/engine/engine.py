@@ -4,6 +4,7 @@ order by the engine-core process."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -64,6 +65,15 @@ def planner_refusal(config: EngineConfig, resources) -> str | None:
         if reason:
             return f"{reason}: every step is host-planned"
     return None
+
+
+def freeze_heap() -> None:
+    """Moves every object alive now (the model, the graphs, the compiled code) where Python's
+    garbage collector never walks it: otherwise each full collection during serving traverses
+    them all, a pause inside some step. For the process that serves one engine, once it is
+    built (vLLM and SGLang do the same after capture); not for tests that build many."""
+    gc.collect()
+    gc.freeze()
 
 
 class Engine:
@@ -241,6 +251,7 @@ class Engine:
             "gdn_slots_free": self.states.num_free,
             "steps": {kind: self.counters[f"steps_{kind}"] for kind in STEP_KINDS},
             "step_seconds": {kind: self.step_seconds[kind] for kind in STEP_KINDS},
+            "prefills_padded": self.runner.num_padded_prefills,
             "generated_tokens": self.counters["generated_tokens"],
             "offloads": scheduler.num_offloads,
             "reloads": scheduler.num_reloads,
@@ -276,6 +287,8 @@ class Engine:
             "planning_reason": reason,
             "attention_backend": self.config.attention_backend,
             "cuda_graphs": self.runner.graphs.buckets if self.runner.graphs else [],
+            "prefill_graphs": (self.runner.prefill_graphs.buckets
+                               if self.runner.prefill_graphs else []),
             # decode buckets whose attention reads pages and lengths on the device
             "host_plan_free": not self.kernels.decode.host_plan,
             "dtype": str(self.dtype).removeprefix("torch."),

@@ -1,12 +1,14 @@
-"""DecodeGraphs: one CUDA graph per decode bucket, captured over the runner's fixed buffers.
+"""StepGraphs: one CUDA graph per bucket of one kind of step, captured over the runner's fixed
+buffers.
 
-A decode step of bucket b is the same launches every time: only the contents of the input
-buffers (token ids, positions, KV write locations, block tables, state slots, and for a
-host-planned attention backend its plan buffers) change. Each bucket is warmed once eagerly
-(torch.compile and Triton autotuning happen there, outside the capture), then captured. Buckets
-are captured largest first into one memory pool, so the smaller graphs reuse the largest one's
-intermediate memory: only one graph's outputs are alive at a time, because the engine samples
-from a step's logits before it replays the next.
+A decode step of bucket b, or a fresh prefill padded to bucket b tokens, is the same launches
+every time: only the contents of the input buffers (token ids, positions, KV write locations,
+block tables, state slots, the row's end, and for a host-planned attention backend its plan
+buffers) change. Each bucket is warmed once eagerly (torch.compile and Triton autotuning happen
+there, outside the capture), then captured. A kind's buckets are captured largest first into
+one memory pool, so the smaller graphs reuse the largest one's intermediate memory: only one
+graph's outputs are alive at a time, because the engine samples from a step's logits before it
+runs the next. Decode and prefill graphs keep separate pools.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import torch
 log = logging.getLogger("resident.graphs")
 
 
-class DecodeGraphs:
-    def __init__(self) -> None:
+class StepGraphs:
+    def __init__(self, kind: str) -> None:
+        """kind names the steps in the capture log: decode or prefill."""
+        self.kind = kind
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
 
@@ -44,13 +48,13 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=pool):
                 self._logits[bucket] = forward(bucket)
             self._graphs[bucket] = graph
-            log.info("captured decode bucket %d: %s", bucket, describe(bucket))
+            log.info("captured %s bucket %d: %s", self.kind, bucket, describe(bucket))
         torch.cuda.synchronize()
 
     def has(self, bucket: int) -> bool:
         return bucket in self._graphs
 
     def replay(self, bucket: int) -> torch.Tensor:
-        """[bucket, vocab] logits, valid until the next replay of any bucket."""
+        """The bucket's logits, valid until the next replay of any bucket of this kind."""
         self._graphs[bucket].replay()
         return self._logits[bucket]

@@ -8,6 +8,7 @@ A token's KV location is `page * page_size + offset`.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def write_kv_ref(
@@ -49,3 +50,22 @@ def paged_attention_ref(
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("tkgl,tlkd->tkgd", probs, values)
     return out.reshape(num_tokens, num_heads, head_dim).to(query.dtype)
+
+
+def causal_self_attention(
+    query: torch.Tensor,  # [T, H, D]
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    scale: float,
+) -> torch.Tensor:  # [T, H, D]
+    """Causal attention of one row that starts at position 0 over its own keys, with no pages
+    to read: a fresh prefill (runner.py's prefill buckets). Tokens after the row's end (a
+    bucket's padding) see the row, never the other way round, so they cannot change it."""
+    group = query.shape[1] // key.shape[1]
+
+    def heads_first(x: torch.Tensor) -> torch.Tensor:  # [T, h, D] -> [1, H, T, D]
+        return x.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+
+    out = F.scaled_dot_product_attention(query.transpose(0, 1).unsqueeze(0), heads_first(key),
+                                         heads_first(value), is_causal=True, scale=scale)
+    return out[0].transpose(0, 1)

@@ -81,3 +81,7 @@ class ModelOps:
     # the gated attention's output gate inside the projection's kernel; returns what
     # narrow_linear does. None: DenseOps.sigmoid_gate, then narrow_linear.
     sigmoid_gate_linear: Callable | None = None
+    # (query [T, H, D], key, value [T, Hkv, D], scale) -> [T, H, D]: causal attention of one row
+    # starting at position 0 over its own keys, for a fresh prefill bucket (the keys are in the
+    # cache too, written as usual). None: the paged `attention`.
+    self_attention: Callable | None = None

@@ -56,7 +56,7 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
 def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: str):
     import torch
 
-    from resident.engine.engine import Engine
+    from resident.engine.engine import Engine, freeze_heap
 
     cores = parse_cpu_list(config.step_thread_cores, "step_thread_cores")
     if cores:
@@ -65,6 +65,7 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
     engine = Engine(model_config, config, torch.device(device_name))
+    freeze_heap()
     log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
              model_config.name, device_name, engine.dtype, engine.fingerprint,
              torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
