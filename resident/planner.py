@@ -250,6 +250,12 @@ class ResidentPlanner:
         plan.state = "flushed"
         return StagedStep(self.slot_ids_gpu[:len(plan.slot_ids)], self.cells_gpu, width)
 
+    def stage_idle(self, bucket: int) -> None:
+        """An all-padding step of the bucket for a graph's capture: every row the sink, every
+        staged cell the trash cell (not the step path: it writes the device buffers directly)."""
+        self.slot_ids_gpu[:bucket].fill_(SINK_ROW)
+        self.cells_gpu.copy_(torch.tensor([SINK_ROW, self.layout.trash_col, 0]))
+
     def _host_row(self, rid: str) -> tuple[np.ndarray, dict[str, int]]:
         """The row as the host streams say it should be, and each pool's page count."""
         layout = self.layout

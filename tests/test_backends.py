@@ -92,6 +92,26 @@ def test_padded_prefill_on_the_triton_conv_gives_the_reference_tokens():
     assert greedy("triton", "on") == greedy("torch", "off")
 
 
+def test_resident_planning_on_the_triton_kernels_gives_the_host_planned_tokens():
+    """The resident ops as Triton kernels (interpreted) around the Triton decode buckets, with
+    the row check comparing every row each step read against the host streams."""
+    generator = torch.Generator().manual_seed(5)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          6) for i, n in enumerate((5, 40, 17))}
+
+    def greedy(planning: str) -> tuple[dict[str, list[int]], Engine]:
+        config = EngineConfig(attention_backend="triton", decode_buckets=(1, 2, 4),
+                              max_num_seqs=4, resident_planning=planning, row_check="on")
+        engine = Engine(TINY, config, torch.device("cpu"))
+        return run_engine(engine, requests), engine
+
+    resident, engine = greedy("auto")
+    assert engine.runner.resident_ops.use_triton
+    counts = engine.rowcheck_counts()
+    assert counts["steps"] > 0 and counts["mismatches"] == 0
+    assert resident == greedy("off")[0]
+
+
 def test_decode_gemm_picks_the_small_buckets_projections():
     """Buckets of at most 16 rows take the skinny GEMMs, with their fused norms and activation
     under `fused` (so the engine test above runs them); wider buckets and `cublas` keep cuBLAS

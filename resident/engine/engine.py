@@ -99,11 +99,11 @@ class Engine:
         self.positions = Positions()
         self.kernels = build_kernels(config, model_config, self.dtype, device,
                                      self.model.dense.gdn_gates)
-        self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
-                                 self.positions, self.kernels)
         self.planner, self.planning_reason = self._build_planner()
+        self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
+                                 self.positions, self.kernels, self.planner)
         if self.runner.graphs is not None:
-            self.runner.capture_graphs("resident" if self.planner else "off")
+            self.runner.capture_graphs()
         self.row_check = (RowCheck(self.planner, {KV_POOL_KEY: self.kv})
                           if self.planner and config.row_check == "on" else None)
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
@@ -198,7 +198,7 @@ class Engine:
         request_ids = [row.request.request_id for row in plan.rows]
         resident = self.planner.plan(request_ids, self.runner.bucket_for(len(request_ids)))
         staged = self.planner.flush(resident)
-        logits, meta = self.runner.execute_resident(plan, self.planner, staged)
+        logits, meta = self.runner.execute_resident(plan, staged)
 
         def after_commit() -> None:  # streams advanced; finished requests not yet released
             self.planner.commit(resident)

@@ -32,8 +32,8 @@ from resident.backends.layout import table_layout
 from resident.config import EngineConfig
 from resident.engine.graphs import StepGraphs
 from resident.engine.request import Request
+from resident.engine.resident_ops import ResidentOps
 from resident.engine.scheduler import StepPlan
-from resident.kernels.resident import advance_lengths_ref, gather_rows_ref, scatter_cells_ref
 from resident.model.cache import ModelCache
 from resident.model.ops import ModelOps
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
@@ -97,11 +97,17 @@ class StepRunner:
 
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, config: EngineConfig,
                  kv: KVPool, states: StatePool, positions: Positions,
-                 kernels: StepKernels) -> None:
+                 kernels: StepKernels, planner: ResidentPlanner | None = None) -> None:
+        """With a planner, every decode bucket runs the resident ops around its forward
+        (resident_ops.py), in its graph under cuda_graphs."""
         self.model, self.cache, self.config = model, cache, config
         self.kv, self.states, self.positions = kv, states, positions
         self.kernels = kernels
         self.device = cache.kv.device
+        self.planner = planner
+        use_triton = self.device.type == "cuda" or kernels.decode.name == "triton"
+        self.resident_ops = (ResidentOps(planner, config.page_size, use_triton)
+                             if planner else None)
         self.page_size = config.page_size
         max_rows = max(config.max_num_seqs, config.max_decode_rows)
         max_tokens = config.prefill_token_budget + config.max_decode_rows
@@ -318,7 +324,18 @@ class StepRunner:
         graph's replay or the eager forward."""
         if self.graphs is not None and self.graphs.has(bucket):
             return self.graphs.replay(bucket)
-        return self._decode_forward(bucket, width)
+        return self._bucket_forward(bucket, width)
+
+    def _bucket_forward(self, bucket: int, width: int) -> torch.Tensor:
+        """The bucket's forward, between the resident ops when planning is resident."""
+        if self.resident_ops is None:
+            return self._decode_forward(bucket, width)
+        device = DecodeInputs.of(self.buffers.decode_gpu, bucket)
+        self.resident_ops.before(bucket, width, self.buffers.block_tables_gpu[:bucket, :width],
+                                 device.positions, device.kv_write_loc, device.state_slots)
+        logits = self._decode_forward(bucket, width)
+        self.resident_ops.after(bucket)
+        return logits
 
     def run_fresh(self, bucket: int) -> torch.Tensor:
         """A staged prefill bucket: the graph's replay or the eager forward; [1, vocab]."""
@@ -337,32 +354,22 @@ class StepRunner:
 
     # -- the resident decode step -----------------------------------------------------------
 
-    def execute_resident(self, plan: StepPlan, planner: ResidentPlanner,
-                         staged: StagedStep) -> tuple[torch.Tensor, StepMeta]:
-        """A resident decode step over the same fixed buffers: scatter staged cells, gather
-        the rows by slot, run the bucket, advance the stored lengths."""
-        buf, layout = self.buffers, planner.layout
+    def execute_resident(self, plan: StepPlan, staged: StagedStep) -> tuple[torch.Tensor,
+                                                                           StepMeta]:
+        """A resident decode step over the same fixed buffers, after planner.flush staged it:
+        the token ids' H2D, fa2's host plan if the backend needs one, then the bucket (its
+        graph records scatter, gather, forward and advance)."""
         bucket = staged.slot_ids_gpu.shape[0]
         num_rows = len(plan.rows)
-        host = DecodeInputs.of(buf.decode_cpu, bucket)
-        device = DecodeInputs.of(buf.decode_gpu, bucket)
+        host = DecodeInputs.of(self.buffers.decode_cpu, bucket)
+        device = DecodeInputs.of(self.buffers.decode_gpu, bucket)
         host.input_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
         host.input_ids[num_rows:bucket] = 0
         device.input_ids.copy_(torch.from_numpy(host.input_ids), non_blocking=True)
-        pool = layout.pool(layout.position_pool)
-        scatter_cells_ref(planner.store_gpu, staged.cells_gpu)
-        gather_rows_ref(
-            planner.store_gpu, staged.slot_ids_gpu, pool.length_col, layout.offset_col,
-            layout.state_col, pool.span_start, staged.width, self.page_size,
-            buf.block_tables_gpu[:bucket, :staged.width], device.positions,
-            device.kv_write_loc, device.state_slots,
-        )
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
             self._plan_attention(plan, bucket, self._stage_tables(page_lists, bucket))
         logits = self.run_decode(bucket, staged.width)
-        advance_lengths_ref(planner.store_gpu, staged.slot_ids_gpu,
-                            [p.length_col for p in layout.pools if p.appends])
         return logits, self.decode_meta(bucket, staged.width)
 
     # -- execution --------------------------------------------------------------------------
@@ -375,9 +382,10 @@ class StepRunner:
 
     # -- CUDA graphs ------------------------------------------------------------------------
 
-    def capture_graphs(self, planning: str) -> None:
+    def capture_graphs(self) -> None:
         """Captures every decode bucket (largest first) over the fixed, full-width buffers,
-        then every prefill bucket."""
+        with the resident ops when there is a planner, then every prefill bucket."""
+        planning = "resident" if self.planner else "off"
         decode = self.kernels.decode
 
         def prepare(bucket: int) -> None:
@@ -385,13 +393,15 @@ class StepRunner:
             self._stage_decode(empty, bucket)
             self._upload_decode(bucket)
             self._plan_attention(empty, bucket, 1)
+            if self.planner:
+                self.planner.stage_idle(bucket)
 
         def describe(bucket: int) -> str:
-            plan = "yes" if decode.host_plan else "no"
-            return f"planning {planning}, host attention plan {plan} ({decode.name})"
+            free = "no" if decode.host_plan else "yes"
+            return f"planning {planning}, host_plan_free {free} ({decode.name})"
 
         self.graphs.capture(self.config.decode_buckets, prepare,
-                            lambda bucket: self._decode_forward(bucket, self.max_pages),
+                            lambda bucket: self._bucket_forward(bucket, self.max_pages),
                             describe)
         self.prefill_graphs.capture(self.config.prefill_buckets, self._prepare_fresh,
                                     self.run_fresh, lambda bucket: "one fresh row, no host plan")

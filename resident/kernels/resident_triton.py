@@ -31,18 +31,20 @@ def scatter_cells_triton(store: torch.Tensor, cells: torch.Tensor) -> None:
 @triton.jit
 def _gather_rows_kernel(store, slot_ids, block_tables, bt_stride, positions, kv_write_loc,
                         state_slots, num_cols, length_col, offset_col, state_col, span_start,
-                        page_size, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+                        page_size, width, MAX_WIDTH: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     base = store + tl.load(slot_ids + row) * num_cols
     length = tl.load(base + length_col)
     tl.store(positions + row, tl.load(base + offset_col) + length)
     tl.store(state_slots + row, tl.load(base + state_col))
-    column = tl.minimum(length // page_size, WIDTH - 1)
+    column = tl.minimum(length // page_size, width - 1)
     page = tl.load(base + span_start + column)
     tl.store(kv_write_loc + row, page * page_size + length % page_size)
-    for start in tl.static_range(0, WIDTH, BLOCK):  # WIDTH is the bucket's span: static
+    # width is a runtime value (one compile for every width a step reads); MAX_WIDTH, the
+    # columns from the span's start to the row's end, is fixed by the store's shape
+    for start in tl.static_range(0, MAX_WIDTH, BLOCK):
         j = start + tl.arange(0, BLOCK)
-        mask = j < WIDTH
+        mask = j < width
         pages = tl.load(base + span_start + j, mask=mask)
         tl.store(block_tables + row * bt_stride + j, pages.to(block_tables.dtype.element_ty),
                  mask=mask)
@@ -57,7 +59,7 @@ def gather_rows_triton(store, slot_ids, length_col, offset_col, state_col, span_
     _gather_rows_kernel[(slot_ids.shape[0],)](
         store, slot_ids, block_tables, block_tables.stride(0), positions, kv_write_loc,
         state_slots, store.shape[1], length_col, offset_col, state_col, span_start, page_size,
-        WIDTH=width, BLOCK=128)
+        width, MAX_WIDTH=store.shape[1] - span_start, BLOCK=128)
 
 
 @triton.jit

@@ -230,29 +230,81 @@ def _prompts() -> dict[str, tuple[list[int], int]]:
                       MAX_TOKENS) for i, n in enumerate(lengths)}
 
 
-def _greedy(**knobs) -> dict[str, list[int]]:
+def _engine(**knobs) -> Engine:
     config = EngineConfig(kv_cache_gib=2.0, max_num_seqs=8, decode_buckets=(1, 2, 4, 8),
                           max_model_len=4096, **knobs)
     engine = Engine(MODEL, config, DEVICE)
-    if knobs.get("cuda_graphs") == "on":
+    if config.cuda_graphs == "on":
         assert engine.runner.graphs.buckets == [1, 2, 4, 8]
         assert engine.runner.prefill_graphs.buckets == [64, 128, 256, 512, 1024, 2048]
-    outputs = run_engine(engine, _prompts(), concurrency=1)
-    assert engine.runner.num_padded_prefills == NUM_PROMPTS  # every prompt fits a bucket
+    assert (engine.planner is not None) == (config.resident_planning == "auto")
+    return engine
+
+
+def _release(engine: Engine) -> None:
     del engine
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def _greedy(concurrency: int = 1, **knobs) -> dict[str, list[int]]:
+    engine = _engine(**knobs)
+    outputs = run_engine(engine, _prompts(), concurrency=concurrency)
+    if concurrency == 1:
+        assert engine.runner.num_padded_prefills == NUM_PROMPTS  # every prompt fits a bucket
+    _release(engine)
     return outputs
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 def test_greedy_identical_with_and_without_graphs(backend):
+    """Graphs on and off, then the resident step (its graphs record scatter, gather, forward
+    and advance; fa2 still plans on the host under flashinfer)."""
     eager = _greedy(attention_backend=backend, cuda_graphs="off", resident_planning="off")
     graphs = _greedy(attention_backend=backend, cuda_graphs="on", resident_planning="off")
     assert graphs == eager
-    if backend == "triton":  # the resident step replays the same graphs
-        assert _greedy(attention_backend=backend, cuda_graphs="on",
-                       resident_planning="auto") == eager
+    assert _greedy(attention_backend=backend, cuda_graphs="on",
+                   resident_planning="auto") == eager
+
+
+def test_resident_at_concurrency_8_against_a_main_vs_main_yardstick():
+    """At concurrency 8 rows share buckets, so batch composition decides rounding: the
+    yardstick is host-planned against itself; the resident step must match it as well."""
+    off = _greedy(8, attention_backend="triton", resident_planning="off")
+    yardstick = sum(a == b for a, b in zip(
+        off.values(), _greedy(8, attention_backend="triton", resident_planning="off").values(),
+        strict=True))
+    resident = _greedy(8, attention_backend="triton", resident_planning="auto")
+    same = sum(resident[rid] == tokens for rid, tokens in off.items())
+    print(f"concurrency 8: resident vs off {same}/{NUM_PROMPTS}, "
+          f"off vs off {yardstick}/{NUM_PROMPTS}")
+    assert same == yardstick
+
+
+@pytest.mark.parametrize("pressure, knobs, check", [
+    ("kv", {"kv_cache_gib": 0.02, "prefill_token_budget": 512},
+     lambda counts: counts["offloads"] > 0 and counts["slot_releases"] > 0),
+    ("slot", {"decode_order": "turns", "max_num_seqs": 64},
+     lambda counts: counts["displaced"] > 0),
+])
+def test_row_check_finds_nothing_under_pressure(pressure, knobs, check):
+    """At least 5,000 resident steps with the row check (a sync and a compare of every row a
+    step read against the host streams), under KV pressure (offloads give slots up) or slot
+    pressure (64 requests over buckets of at most 8 rows)."""
+    generator = torch.Generator().manual_seed(11)
+    requests = {f"q{i}": (torch.randint(0, MODEL.vocab_size, (int(n),),
+                                        generator=generator).tolist(), 96)
+                for i, n in enumerate(torch.randint(16, 300, (64,), generator=generator))}
+    engine = _engine(**{"attention_backend": "triton", "resident_planning": "auto",
+                        "row_check": "on", **knobs})
+    steps = 0
+    while steps < 5000:
+        run_engine(engine, {f"{rid}-{steps}": r for rid, r in requests.items()})
+        steps = engine.rowcheck_counts()["steps"]
+    counts = engine.rowcheck_counts()
+    print(f"{pressure} pressure: {counts}")
+    _release(engine)
+    assert counts["mismatches"] == 0 and check(counts)
 
 
 # -- the fused decode path against the reference ops -------------------------------------------
