@@ -58,5 +58,8 @@ GpuOpt = Annotated[str | None, typer.Option(help="GPU index \\[0 with --device c
                                             rich_help_panel=PLACEMENT)]
 NameOpt = Annotated[str | None, typer.Option(help="Session name \\[gate].")]
 OutOpt = Annotated[str | None, typer.Option(help="Output directory \\[results/<name>-<time>].")]
+ResumeOpt = Annotated[bool, typer.Option(
+    "--resume", help="Continue the session in --out: keep its whole rounds, run the rest up "
+    "to --sessions (raise it to add rounds); its arms, cells and load must match.")]
 FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", help="How the summary prints on stdout: table, json or md.")]

@@ -85,6 +85,14 @@ def append_run(directory: Path, record: RunRecord) -> None:
         out.flush()
 
 
+def rewrite_runs(directory: Path, records: list[RunRecord]) -> None:
+    """Replaces runs.jsonl with these records (a resumed session drops a partial round)."""
+    path = directory / RUNS_FILE
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text("".join(record.to_json() + "\n" for record in records))
+    temporary.replace(path)
+
+
 def read_runs(directory: Path) -> list[RunRecord]:
     path = directory / RUNS_FILE
     if not path.is_file():

@@ -1,6 +1,12 @@
 """One gate session: rounds of alternated arms, each round with a fresh Inductor cache shared by
 its arms and its own prompt seed; each arm's server started once a round and serving all its
 cells' runs; every run appended to runs.jsonl as it finishes.
+
+A session can be resumed (`--resume`): the rounds runs.jsonl holds whole stay, a partial round
+is dropped and run again, and the remaining rounds run, up to --sessions (which may be raised to
+add rounds). Every resumed server must report the weights fingerprint and, for a resident arm,
+the package source digest that the manifest recorded, so rounds run days or machines apart
+still measure the same code and weights; each resumption is logged in the manifest.
 """
 
 from __future__ import annotations
@@ -25,12 +31,36 @@ from gate.placement import (
     read_topology,
     resolve_placement,
 )
-from gate.records import RUNS_FILE, RunRecord, append_run, read_runs, write_manifest
+from gate.records import (
+    RUNS_FILE,
+    RunRecord,
+    append_run,
+    read_manifest,
+    read_runs,
+    rewrite_runs,
+    write_manifest,
+)
 from gate.server import EngineSteps, LaunchSpec, Server, ServerFailed, clean_environment
 from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
 
 WORKTREES = Path(".gate/worktrees")
 INDUCTOR = Path(".gate/inductor")
+
+
+# what must match between a session's manifest and a run that resumes it
+RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
+               "runs", "requests", "seed")
+
+
+def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
+                     runs: int) -> int:
+    """How many leading rounds hold a record (ok or failed) of every arm, cell and run."""
+    have = {(r.session, r.arm, r.concurrency, r.run) for r in records}
+    count = 0
+    while all((count, arm, cell, run) in have for arm in arms for cell in cells
+              for run in range(1, runs + 1)):
+        count += 1
+    return count
 
 
 def round_order(arms: list[Arm], session: int) -> list[Arm]:
@@ -98,19 +128,59 @@ class Session:
 
     # -- the session ------------------------------------------------------------------------
 
-    def run(self) -> int:
-        """Runs every round; returns the number of failed runs."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.manifest = self._base_manifest(clean_environment()[1])
-        write_manifest(self.out, self.manifest)
+    def run(self, resume: bool = False) -> int:
+        """Runs every round (with resume, those runs.jsonl does not hold whole); returns the
+        number of failed runs."""
+        removed_env = clean_environment()[1]
+        first = self._resume(removed_env) if resume else self._start(removed_env)
         failed = 0
-        for session in range(self.config.sessions):
+        for session in range(first, self.config.sessions):
             cache = (self.repo / INDUCTOR / self.out.name / f"round-{session}").resolve()
             cache.mkdir(parents=True, exist_ok=True)
             for position, arm in enumerate(round_order(self.arms, session)):
                 failed += asyncio.run(self._serve_arm(arm, session, position, cache))
             shutil.rmtree(cache, ignore_errors=True)
         return failed
+
+    def _start(self, removed_env: list[str]) -> int:
+        if (self.out / RUNS_FILE).exists():
+            raise ValueError(f"--out {self.out} already holds a session: pass --resume to "
+                             f"continue it, or choose another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.manifest = self._base_manifest(removed_env)
+        write_manifest(self.out, self.manifest)
+        return 0
+
+    def _resume(self, removed_env: list[str]) -> int:
+        """Checks the session in --out is this one; keeps its whole rounds, drops a partial
+        one. Returns the first round to run."""
+        if not (self.out / RUNS_FILE).exists():
+            raise ValueError(f"--resume: {self.out} holds no session to resume")
+        manifest = read_manifest(self.out)
+        fresh = self._base_manifest(removed_env)
+        for key in RESUME_KEYS + ("arms",):
+            ours, theirs = fresh[key], manifest[key]
+            if key == "arms":  # the code itself is checked by digest as each server starts
+                ours, theirs = ([[a["name"], a["spec"], a["knobs"]] for a in arms]
+                                for arms in (ours, theirs))
+            if ours != theirs:
+                raise ValueError(f"--resume: {key} is {ours} here but {theirs} in {self.out}")
+        records = read_runs(self.out)
+        first = completed_rounds(records, [a.name for a in self.arms],
+                                 self.config.concurrency, self.config.runs)
+        rewrite_runs(self.out, [r for r in records if r.session < first])
+        fingerprints = [a["debug_config"].get("weights_fingerprint")
+                        for a in manifest["arms"] if a.get("debug_config")]
+        self._fingerprint = fingerprints[0] if fingerprints else None
+        manifest["sessions"] = self.config.sessions
+        manifest.setdefault("resumed", []).append({
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
+            "command": self.command_line, "host": fresh["host"],
+            "versions": fresh["versions"], "removed_env": removed_env})
+        self.manifest = manifest
+        write_manifest(self.out, manifest)
+        self.console.log(f"resuming {self.out} at round {first} of {self.config.sessions}")
+        return first
 
     async def _serve_arm(self, arm: Arm, session: int, position: int, cache: Path) -> int:
         config = self.config
@@ -148,6 +218,11 @@ class Session:
         if arm.kind != "resident":
             return False
         debug = await server.get_json("/debug/config") or {}
+        recorded = (entry.get("debug_config") or {}).get("source_digest")
+        if recorded and debug.get("source_digest") != recorded:
+            raise ServerFailed(f"{arm.name}: its package's source digest "
+                               f"{debug.get('source_digest')} differs from {recorded}, which "
+                               f"the session's earlier rounds ran", server.log_tail())
         entry["debug_config"] = debug
         expected = str((arm.tree / "resident").resolve())
         if debug.get("resident_package_path") != expected:

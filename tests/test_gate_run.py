@@ -126,6 +126,38 @@ def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     assert not gate_servers_running()
 
 
+def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
+    """One round, then a fake partial second round (as a session killed mid-round leaves),
+    then --resume with two rounds: the partial round is dropped and run again."""
+    out = tmp_path / "resumed"
+    one_round = ["run", "--arm", "main=.", "--concurrency", "1", "--runs", "2", "--out",
+                 str(out), *SHORT]
+    result = invoke(*one_round, "--sessions", "1")
+    assert result.exit_code == 0, result.output
+    again = invoke(*one_round, "--sessions", "1")
+    assert again.exit_code == 2 and "--resume" in " ".join(again.output.split())
+    partial = json.loads(read_runs(out)[0].to_json()) | {"session": 1, "output_tok_s": -1.0}
+    with (out / "runs.jsonl").open("a") as runs_file:
+        runs_file.write(json.dumps(partial) + "\n")
+    wrong = invoke(*one_round, "--sessions", "2", "--resume", "--prompt-len", "8")
+    assert wrong.exit_code == 2 and "prompt_len" in " ".join(wrong.output.split())
+    result = invoke(*one_round, "--sessions", "2", "--resume")
+    assert result.exit_code == 0, result.output
+    runs = read_runs(out)
+    assert [(r.session, r.run, r.ok) for r in runs] == [
+        (0, 1, True), (0, 2, True), (1, 1, True), (1, 2, True)]
+    assert all(r.output_tok_s > 0 for r in runs)
+    manifest = read_manifest(out)
+    assert manifest["sessions"] == 2 and manifest["resumed"][0]["from_round"] == 1
+    assert "s2" in (out / "sessions.md").read_text()
+    # a third round on other code than the first two ran is refused, arm by arm
+    manifest["arms"][0]["debug_config"]["source_digest"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    result = invoke(*one_round, "--sessions", "3", "--resume")
+    assert result.exit_code == 1
+    assert all("source digest" in r.error for r in read_runs(out) if r.session == 2)
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--arm", "main"], "expected NAME=SPEC"),
     (["run", "--arm", "main=somewhere"], "SPEC must be git:<ref>, path:<dir>"),

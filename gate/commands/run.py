@@ -40,6 +40,7 @@ def run(
     gpu: opt.GpuOpt = None,
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
+    resume: opt.ResumeOpt = False,
     output_format: opt.FormatOpt = OutputFormat.table,
 ) -> None:
     """Gate arms against the baseline: alternated rounds, per-round Inductor caches, pinned
@@ -61,7 +62,10 @@ def run(
         os.sched_setaffinity(0, session.placement.client_cpus)
     console.log(f"session {session.out}: arms {', '.join(a.name for a in session.arms)}, "
                 f"placement {session.placement.to_dict()}")
-    failed = session.run()
+    try:
+        failed = session.run(resume)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
     rows = write_reports(session.out)
     print_summary(rows, read_manifest(session.out), output_format)
     console.log(f"wrote {session.out}")

@@ -231,8 +231,8 @@ def _prompts() -> dict[str, tuple[list[int], int]]:
 
 
 def _engine(**knobs) -> Engine:
-    config = EngineConfig(kv_cache_gib=2.0, max_num_seqs=8, decode_buckets=(1, 2, 4, 8),
-                          max_model_len=4096, **knobs)
+    config = EngineConfig(**{"kv_cache_gib": 2.0, "max_num_seqs": 8,
+                             "decode_buckets": (1, 2, 4, 8), "max_model_len": 4096, **knobs})
     engine = Engine(MODEL, config, DEVICE)
     if config.cuda_graphs == "on":
         assert engine.runner.graphs.buckets == [1, 2, 4, 8]
