@@ -198,11 +198,13 @@ class Engine:
         request_ids = [row.request.request_id for row in plan.rows]
         resident = self.planner.plan(request_ids, self.runner.bucket_for(len(request_ids)))
         staged = self.planner.flush(resident)
-        logits, meta = self.runner.execute_resident(plan, staged)
+        logits = self.runner.execute_resident(plan, staged)
 
         def after_commit() -> None:  # streams advanced; finished requests not yet released
             self.planner.commit(resident)
             if self.row_check:
+                bucket = staged.slot_ids_gpu.shape[0]
+                meta = self.runner.decode_meta(bucket, staged.width)  # what the step read
                 self.row_check.check(plan, resident, meta)
 
         return self._finish_step(plan, logits, after_commit)

@@ -354,8 +354,7 @@ class StepRunner:
 
     # -- the resident decode step -----------------------------------------------------------
 
-    def execute_resident(self, plan: StepPlan, staged: StagedStep) -> tuple[torch.Tensor,
-                                                                           StepMeta]:
+    def execute_resident(self, plan: StepPlan, staged: StagedStep) -> torch.Tensor:
         """A resident decode step over the same fixed buffers, after planner.flush staged it:
         the token ids' H2D, fa2's host plan if the backend needs one, then the bucket (its
         graph records scatter, gather, forward and advance)."""
@@ -369,8 +368,7 @@ class StepRunner:
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
             self._plan_attention(plan, bucket, self._stage_tables(page_lists, bucket))
-        logits = self.run_decode(bucket, staged.width)
-        return logits, self.decode_meta(bucket, staged.width)
+        return self.run_decode(bucket, staged.width)
 
     # -- execution --------------------------------------------------------------------------
 
