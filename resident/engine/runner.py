@@ -398,9 +398,14 @@ class StepRunner:
             free = "no" if decode.host_plan else "yes"
             return f"planning {planning}, host_plan_free {free} ({decode.name})"
 
+        # full width: a replay serves rows of any length. A planner's rows hold at most its
+        # span of pages, fewer than max_pages when the KV pool is small
+        width = self.max_pages
+        if self.planner:
+            layout = self.planner.layout
+            width = min(width, layout.pool(layout.position_pool).span)
         self.graphs.capture(self.config.decode_buckets, prepare,
-                            lambda bucket: self._bucket_forward(bucket, self.max_pages),
-                            describe)
+                            lambda bucket: self._bucket_forward(bucket, width), describe)
         self.prefill_graphs.capture(self.config.prefill_buckets, self._prepare_fresh,
                                     self.run_fresh, lambda bucket: "one fresh row, no host plan")
 
