@@ -101,11 +101,42 @@ class StagedStep:
 
 
 @dataclass
+class _Staging:
+    """One ring entry: whole rows, and the slot ids + cells block (pinned on CUDA). Entries
+    the last step staged are reset to the trash cell before the next; the rest stay trash."""
+
+    rows_cpu: torch.Tensor  # [B, C]
+    staging_cpu: torch.Tensor  # [B + 3 * capacity]
+    rows: np.ndarray
+    slot_ids: np.ndarray  # [B]
+    cells: np.ndarray  # [capacity, 3]
+    trash: tuple[int, int, int]
+    num_dirty: int = 0
+
+    @classmethod
+    def allocate(cls, max_bucket: int, cols: int, size: int, pin: bool,
+                 trash_col: int) -> _Staging:
+        rows_cpu = torch.zeros(max_bucket, cols, dtype=torch.int64, pin_memory=pin)
+        staging_cpu = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
+        block = staging_cpu.numpy()
+        cells = block[max_bucket:].reshape(-1, 3)
+        trash = (SINK_ROW, trash_col, 0)
+        cells[:] = trash
+        return cls(rows_cpu, staging_cpu, rows_cpu.numpy(), block[:max_bucket], cells, trash)
+
+    def stage(self, slot_ids: list[int], cells: list[tuple[int, int, int]]) -> None:
+        self.slot_ids[:len(slot_ids)] = slot_ids
+        self.cells[:self.num_dirty] = self.trash
+        if cells:
+            self.cells[:len(cells)] = cells
+        self.num_dirty = len(cells)
+
+
+@dataclass
 class _Slot:
     owner: str | None = None
     last_read: int = -1  # seq of the last plan that read this slot
     taken: int = -1  # order in which the owner took it (ties in displacement)
-    pages_written: dict[str, int] = field(default_factory=dict)
 
 
 class ResidentPlanner:
@@ -118,20 +149,24 @@ class ResidentPlanner:
         self.layout = build_layout([(k, span, appends) for k, (_, span, appends) in pools.items()],
                                    position_pool)
         self.num_rows = 2 * max_bucket + 1
+        self._append_cols = np.array([p.length_col for p in self.layout.pools if p.appends])
         pin = device.type == "cuda"
         cols = self.layout.num_cols
         self.store_gpu = torch.zeros(self.num_rows, cols, dtype=torch.int64, device=device)
         self.mirror_cpu = np.zeros((self.num_rows, cols), dtype=np.int64)
+        # block-table cells of each slot's row the device holds, per pool (layout order)
+        self.pages_written_cpu = np.zeros((self.num_rows, len(pools)), dtype=np.int64)
         # the largest flush: B whole rows plus a cells row of every narrow cell and one
         # block-table column per pool for each of the B rows
         self.cell_capacity = max_bucket * (self.layout.num_narrow + len(pools))
-        self._ring = [(torch.zeros(max_bucket, cols, dtype=torch.int64, pin_memory=pin),
-                       torch.zeros(self.cell_capacity, 3, dtype=torch.int64, pin_memory=pin),
-                       torch.zeros(max_bucket, dtype=torch.int64, pin_memory=pin))
+        # a step's slot ids then its staged cells, one block so one H2D sends both
+        staging = max_bucket + 3 * self.cell_capacity
+        self._ring = [_Staging.allocate(max_bucket, cols, staging, pin, self.layout.trash_col)
                       for _ in range(2)]
         self._ring_index = 0
-        self.cells_gpu = torch.zeros(self.cell_capacity, 3, dtype=torch.int64, device=device)
-        self.slot_ids_gpu = torch.zeros(max_bucket, dtype=torch.int64, device=device)
+        self.staging_gpu = torch.zeros(staging, dtype=torch.int64, device=device)
+        self.slot_ids_gpu = self.staging_gpu[:max_bucket]  # [max_bucket]
+        self.cells_gpu = self.staging_gpu[max_bucket:].view(self.cell_capacity, 3)
         self._slots = [_Slot() for _ in range(self.num_rows)]
         self._slot_of: dict[str, int] = {}
         self._free: deque[int] = deque(range(1, self.num_rows))
@@ -224,29 +259,26 @@ class ResidentPlanner:
         per contiguous run of whole rows, and records them in the mirror."""
         if plan.state != "planned":
             raise RuntimeError(f"plan {plan.seq} is {plan.state}, not planned")
-        rows_cpu, cells_cpu, slots_cpu = self._ring[self._ring_index]
+        ring = self._ring[self._ring_index]
         self._ring_index ^= 1
         whole = [(slot, rid) for rid, slot in zip(plan.request_ids, plan.slot_ids, strict=False)
                  if rid in plan.new_slots or rid in self._stale]
         whole_slots = {slot for slot, _ in whole}
         cells: list[tuple[int, int, int]] = []
-        width = 1
-        for rid, slot in zip(plan.request_ids, plan.slot_ids, strict=False):
-            if slot in whole_slots:
-                continue
-            width = max(width, self._stage_cells(rid, slot, cells))
+        width = self._stage_cells(
+            [(rid, slot) for rid, slot in zip(plan.request_ids, plan.slot_ids, strict=False)
+             if slot not in whole_slots], cells)
         whole.sort()
-        rows = rows_cpu.numpy()
         for index, (slot, rid) in enumerate(whole):
-            width = max(width, self._write_row(rid, slot, rows[index]))
+            width = max(width, self._write_row(rid, slot, ring.rows[index]))
             self._stale.discard(rid)
-        self._copy_runs(whole, rows_cpu)
-        self._stage_cell_row(cells, cells_cpu)
+        self._copy_runs(whole, ring.rows_cpu)
+        if len(cells) > self.cell_capacity:
+            raise RuntimeError(f"{len(cells)} staged cells exceed the ring's {self.cell_capacity}")
+        ring.stage(plan.slot_ids, cells)
+        self.staging_gpu.copy_(ring.staging_cpu, non_blocking=True)
         self.counters["rows_written_whole"] += len(whole)
         self.counters["cells_staged"] += len(cells)
-        slots_cpu.numpy()[:len(plan.slot_ids)] = plan.slot_ids
-        self.slot_ids_gpu[:len(plan.slot_ids)].copy_(slots_cpu[:len(plan.slot_ids)],
-                                                     non_blocking=True)
         plan.state = "flushed"
         return StagedStep(self.slot_ids_gpu[:len(plan.slot_ids)], self.cells_gpu, width)
 
@@ -278,27 +310,55 @@ class ResidentPlanner:
         row, num_pages = self._host_row(rid)
         out[:] = row
         self.mirror_cpu[slot] = row
-        self._slots[slot].pages_written = num_pages
+        self.pages_written_cpu[slot] = [num_pages[p.key] for p in self.layout.pools]
         return max(num_pages.values(), default=1)
 
-    def _stage_cells(self, rid: str, slot: int, cells: list[tuple[int, int, int]]) -> int:
-        """Cells of a valid row that differ from the mirror: narrow cells, and block-table
-        columns past those already written (a page crossing)."""
-        row, num_pages = self._host_row(rid)
-        mirror = self.mirror_cpu[slot]
-        first = len(cells)
-        for col in range(self.layout.num_narrow):
-            if mirror[col] != row[col]:
-                cells.append((slot, col, int(row[col])))
-        written = self._slots[slot].pages_written
-        for pool_layout in self.layout.pools:
-            start = pool_layout.span_start
-            for index in range(written.get(pool_layout.key, 0), num_pages[pool_layout.key]):
-                cells.append((slot, start + index, int(row[start + index])))
-        for _, col, value in cells[first:]:
-            mirror[col] = value
-        self._slots[slot].pages_written = num_pages
-        return max(num_pages.values(), default=1)
+    def _stage_cells(self, rows: list[tuple[str, int]],
+                     cells: list[tuple[int, int, int]]) -> int:
+        """Cells of valid rows that differ from the mirror: narrow cells (compared for all
+        rows at once), and block-table columns past those already written (page crossings,
+        a few rows a step). Returns the widest row's pages. This runs for every row of every
+        resident step, so it reads each stream's length and page count and nothing more."""
+        if not rows:
+            return 1
+        layout = self.layout
+        rids = [rid for rid, _ in rows]
+        slots = np.array([slot for _, slot in rows])
+        streams = [self.pools[p.key].streams for p in layout.pools]
+        offsets, state_slots = self.positions.offsets, self.states.slots
+        # [rows, num_narrow] in layout order: each pool's length, the offset, the GDN slot
+        narrow = np.array([*([s[rid].length for rid in rids] for s in streams),
+                           [offsets[rid] for rid in rids],
+                           [state_slots[rid] for rid in rids]]).T
+        changed = narrow != self.mirror_cpu[slots, :layout.num_narrow]
+        if changed.any():
+            changed_rows, changed_cols = np.nonzero(changed)
+            cells.extend(zip(slots[changed_rows].tolist(), changed_cols.tolist(),
+                             narrow[changed_rows, changed_cols].tolist(), strict=True))
+            self.mirror_cpu[slots, :layout.num_narrow] = narrow
+        return max(self._stage_crossings(pool_layout, index, rids, slots, cells)
+                   for index, pool_layout in enumerate(layout.pools))
+
+    def _stage_crossings(self, pool_layout: PoolLayout, index: int, rids: list[str],
+                         slots: np.ndarray, cells: list[tuple[int, int, int]]) -> int:
+        streams = self.pools[pool_layout.key].streams
+        counts = np.array([len(streams[rid].pages) for rid in rids])
+        widest = int(counts.max())
+        if widest > pool_layout.span:
+            rid = rids[int(counts.argmax())]
+            raise RuntimeError(f"request {rid} holds {widest} pages of pool "
+                               f"{pool_layout.key}, more than a row's {pool_layout.span}")
+        written = self.pages_written_cpu[slots, index]
+        if (counts != written).any():
+            for row in np.nonzero(counts > written)[0].tolist():
+                slot, pages = int(slots[row]), streams[rids[row]].pages
+                for column in range(pool_layout.span_start + int(written[row]),
+                                    pool_layout.span_start + int(counts[row])):
+                    value = pages[column - pool_layout.span_start]
+                    cells.append((slot, column, value))
+                    self.mirror_cpu[slot, column] = value
+            self.pages_written_cpu[slots, index] = counts
+        return widest
 
     def _copy_runs(self, whole: list[tuple[int, str]], rows_cpu: torch.Tensor) -> None:
         """One H2D per run of consecutive slots (whole rows sit in slot order in the ring)."""
@@ -310,15 +370,6 @@ class ResidentPlanner:
                                                                   non_blocking=True)
                 start = index
 
-    def _stage_cell_row(self, cells: list[tuple[int, int, int]], cells_cpu: torch.Tensor):
-        if len(cells) > self.cell_capacity:
-            raise RuntimeError(f"{len(cells)} staged cells exceed the ring's {self.cell_capacity}")
-        view = cells_cpu.numpy()
-        view[:] = (SINK_ROW, self.layout.trash_col, 0)
-        if cells:
-            view[:len(cells)] = cells
-        self.cells_gpu.copy_(cells_cpu, non_blocking=True)
-
     # -- after the step ---------------------------------------------------------------------
 
     def commit(self, plan: ResidentPlan) -> None:
@@ -326,11 +377,9 @@ class ResidentPlanner:
         device, and return slots whose last reader this was."""
         if plan.state != "flushed":
             raise RuntimeError(f"plan {plan.seq} is {plan.state}, not flushed")
-        for slot in plan.slot_ids:
-            if slot != SINK_ROW:
-                for pool_layout in self.layout.pools:
-                    if pool_layout.appends:
-                        self.mirror_cpu[slot, pool_layout.length_col] += 1
+        # the rows' slots (distinct), then the bucket's padding on the sink
+        slots = np.array(plan.slot_ids[:len(plan.request_ids)])
+        self.mirror_cpu[slots[:, None], self._append_cols] += 1
         plan.state = "committed"
         self.committed_seq = max(self.committed_seq, plan.seq)
         del self._outstanding[plan.seq]

@@ -303,7 +303,8 @@ def test_a_flush_of_the_largest_step_stages_without_growing():
     rids = [f"r{i}" for i in range(16)]
     for rid in rids:
         sim.start(rid, PAGE)
-    pointers = [t.data_ptr() for entry in sim.planner._ring for t in entry] + [
+    pointers = [t.data_ptr() for entry in sim.planner._ring
+                for t in (entry.rows_cpu, entry.staging_cpu)] + [
         sim.planner.cells_gpu.data_ptr(), sim.planner.store_gpu.data_ptr()]
     for group in (rids[:8], rids[8:], rids[:8]):  # whole rows, then displacement, then again
         plan = sim.plan(group)
@@ -318,7 +319,8 @@ def test_a_flush_of_the_largest_step_stages_without_growing():
     staged = [c for c in sim.planner.cells_gpu.tolist() if c[0] != SINK_ROW]
     assert len(staged) == 8 * 3
     sim.commit(plan)
-    after = [t.data_ptr() for entry in sim.planner._ring for t in entry] + [
+    after = [t.data_ptr() for entry in sim.planner._ring
+                for t in (entry.rows_cpu, entry.staging_cpu)] + [
         sim.planner.cells_gpu.data_ptr(), sim.planner.store_gpu.data_ptr()]
     assert after == pointers
 

@@ -360,11 +360,11 @@ class StepRunner:
         graph records scatter, gather, forward and advance)."""
         bucket = staged.slot_ids_gpu.shape[0]
         num_rows = len(plan.rows)
-        host = DecodeInputs.of(self.buffers.decode_cpu, bucket)
-        device = DecodeInputs.of(self.buffers.decode_gpu, bucket)
-        host.input_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
-        host.input_ids[num_rows:bucket] = 0
-        device.input_ids.copy_(torch.from_numpy(host.input_ids), non_blocking=True)
+        # a bucket's input ids open its DecodeInputs block: [:bucket] of the flat buffers
+        host_ids = self.buffers.decode_cpu[:bucket]
+        host_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
+        host_ids[num_rows:] = 0
+        self.buffers.decode_gpu[:bucket].copy_(torch.from_numpy(host_ids), non_blocking=True)
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
             self._plan_attention(plan, bucket, self._stage_tables(page_lists, bucket))
