@@ -40,9 +40,9 @@ RULE = (
 
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuSample))
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord) if f.name != "gpu")
-_ENGINE_KINDS = ("decode", "prefill")  # step_ms kinds that get a column: engine_<kind>_ms
+ENGINE_KINDS = ("decode", "prefill", "mixed")  # step_ms kinds with a column: engine_<kind>_ms
 RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *(f"gpu_{name}" for name in _GPU_FIELDS),
-               *(f"engine_{kind}_ms" for kind in _ENGINE_KINDS))
+               *(f"engine_{kind}_ms" for kind in ENGINE_KINDS))
 PAIRED_COLUMNS = ("cell", "concurrency", "arm", "session", "arm_tok_s", "base_tok_s", "delta")
 PLANNER_OFF = " (planner off!)"  # appended to a flagged arm's name in every table
 VERDICT_COLUMNS = ("cell", "arm", "rounds", "median_delta", "p_value", "threshold", "verdict")
@@ -78,21 +78,21 @@ def _record_row(record: RunRecord) -> dict:
     row = {name: getattr(record, name) for name in _RECORD_FIELDS}
     gpu = record.gpu or GpuSample()
     row.update({f"gpu_{name}": getattr(gpu, name) for name in _GPU_FIELDS})
-    row.update({f"engine_{kind}_ms": record.step_ms.get(kind) for kind in _ENGINE_KINDS})
+    row.update({f"engine_{kind}_ms": record.step_ms.get(kind) for kind in ENGINE_KINDS})
     row["cell"] = record.cell
     return row
 
 
 def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
     """One row per run record, `gpu` flattened to `gpu_<field>` columns, the server's mean
-    decode and prefill step to `engine_decode_ms` and `engine_prefill_ms`, plus `cell` ("c=16").
+    decode, prefill and mixed step to `engine_<kind>_ms`, plus `cell` ("c=16").
 
     Numbers a failed run lacks are NaN; `steps` and `step_ms` stay dicts per row.
     """
     frame = pd.DataFrame([_record_row(r) for r in records], columns=list(RUN_COLUMNS))
     numeric = ["output_tok_s", "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "wall_s",
                "sibling_busy_cpus", *(f"gpu_{name}" for name in _GPU_FIELDS),
-               *(f"engine_{kind}_ms" for kind in _ENGINE_KINDS)]
+               *(f"engine_{kind}_ms" for kind in ENGINE_KINDS)]
     frame[numeric] = frame[numeric].astype(float)
     frame["ok"] = frame["ok"].astype(bool)
     frame["planner_off"] = frame["planner_off"].astype(bool)

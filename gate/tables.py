@@ -70,11 +70,12 @@ def _fmt_pct(value: float | None) -> str:
     return f"{value * 100:+.1f}%"
 
 
-def _fmt_pair(first: float | None, second: float | None, missing: str = "-") -> str:
-    """"a/b" to 2 decimals (ITL p50/mean, server step decode/prefill); `missing` for neither."""
-    if all(value is None or math.isnan(value) for value in (first, second)):
+def _fmt_slashed(*values: float | None, missing: str = "-") -> str:
+    """"a/b/..." to 2 decimals (ITL p50/mean, server step decode/prefill/mixed); `missing`
+    when none is known."""
+    if all(value is None or math.isnan(value) for value in values):
         return missing
-    return f"{_fmt(first, 2)}/{_fmt(second, 2)}"
+    return "/".join(_fmt(value, 2) for value in values)
 
 
 def _plural(count: int, noun: str) -> str:
@@ -199,10 +200,10 @@ def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list
     by_run = {int(r["run"]): r for _, r in runs.iterrows()}
     tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
     return [label, f"s{session + 1}", *tok,
-            _fmt_pair(_median(ok["itl_p50_ms"]), _median(ok["itl_mean_ms"])),
+            _fmt_slashed(_median(ok["itl_p50_ms"]), _median(ok["itl_mean_ms"])),
             _fmt(_median(ok["ttft_p50_ms"]), 1),
-            _fmt_pair(_median(ok["engine_decode_ms"]), _median(ok["engine_prefill_ms"]),
-                     missing="n/a"),
+            _fmt_slashed(*(_median(ok[f"engine_{kind}_ms"]) for kind in stats.ENGINE_KINDS),
+                         missing="n/a"),
             _fmt(_median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
             _failed_text(runs)]
 
@@ -212,7 +213,8 @@ def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
     in_cell = frame[frame["cell"] == cell]
     run_numbers = sorted(int(n) for n in set(in_cell["run"]))
     header = ["arm", "session", *(f"tok/s r{n}" for n in run_numbers), "ITL p50/mean ms",
-              "TTFT p50 ms", "server step ms decode/prefill", "sibling busy CPUs", "failed"]
+              "TTFT p50 ms", "server step ms decode/prefill/mixed", "sibling busy CPUs",
+              "failed"]
     digits = _tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
     rows = []
     for arm in _cell_arms(frame, manifest, cell):
@@ -285,7 +287,7 @@ def summary_cells(row: dict[str, Any], baseline: str) -> list[str]:
         digits = _tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
         tok = (f"{_fmt_tok(row['tok_s_median'], digits)} [{_fmt_tok(row['tok_s_min'], digits)}"
                f"-{_fmt_tok(row['tok_s_max'], digits)}]")
-    return [row["cell"], label, tok, _fmt_pair(row["itl_p50_ms"], row["itl_mean_ms"]),
+    return [row["cell"], label, tok, _fmt_slashed(row["itl_p50_ms"], row["itl_mean_ms"]),
             _fmt(row["ttft_p50_ms"], 1), "" if is_base else _fmt_pct(row["vs_main"]),
             "baseline" if is_base else row["verdict"]]
 

@@ -58,10 +58,12 @@ def _record(session: int, arm: str, concurrency: int, run: int, tok_s: float | N
         itl_mean_ms=round(itl * 1.05, 3), ttft_p50_ms=round(5.0 + concurrency * 0.5, 3),
         num_requests=4 * concurrency, num_failed=2 if (session, arm, concurrency, run) ==
         (1, "main", 1, 1) else 0, output_tokens=64 * concurrency, wall_s=1.0,
-        steps={"decode": 60, "prefill": 4},
-        # a server that reports no step times (another engine) in main's second session
+        steps={"decode": 60, "prefill": 4} | ({"mixed": 3} if concurrency > 1 else {}),
+        # a server that reports no step times (another engine) in main's second session; at
+        # c=1 no step mixes prefill and decode
         step_ms={} if session == 1 and arm == "main" else
-        {"decode": round(itl * 0.9, 3), "prefill": round(4.0 + concurrency * 0.25, 3)},
+        {"decode": round(itl * 0.9, 3), "prefill": round(4.0 + concurrency * 0.25, 3)}
+        | ({"mixed": round(6.0 + concurrency * 0.5, 3)} if concurrency > 1 else {}),
         sibling_busy_cpus=None if session == 1 and arm == "main" else 0.5 + run * 0.25,
         gpu=GpuSample(sm_clock_mhz=1980.0, power_w=250.0) if concurrency == 16 else None,
         planner_off=arm == "head" and session == 1)
