@@ -119,18 +119,23 @@ def _client(spec: LoadSpec) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
 
 
+async def _warm(session: aiohttp.ClientSession, url: str, spec: LoadSpec) -> None:
+    """spec.num_warmup requests on prompts of their own (salt 1), none of them measured."""
+    await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
+
+
 async def warm_up(url: str, spec: LoadSpec) -> None:
-    """Only the warm-up requests (spec.num_warmup of them, their own prompts), so that a caller
-    can read the server's counters between the warm-up and the measured requests."""
+    """Only the warm-up requests, so that a caller can read the server's counters between the
+    warm-up and the measured requests."""
     async with _client(spec) as session:
-        await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
+        await _warm(session, url, spec)
 
 
 async def run_load(url: str, spec: LoadSpec) -> RunResult:
     """Warm-up, then the measured requests at `spec.concurrency`."""
     async with _client(spec) as session:
         if spec.num_warmup:
-            await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
+            await _warm(session, url, spec)
         start = time.perf_counter()
         results = await _drive(session, url, spec, make_prompts(spec, spec.num_requests, 2))
         wall = time.perf_counter() - start

@@ -149,7 +149,9 @@ class ResidentPlanner:
         self.layout = build_layout([(k, span, appends) for k, (_, span, appends) in pools.items()],
                                    position_pool)
         self.num_rows = 2 * max_bucket + 1
-        self._append_cols = np.array([p.length_col for p in self.layout.pools if p.appends])
+        # the stored-length columns a resident step advances (the appending pools')
+        self.append_cols = np.array([p.length_col for p in self.layout.pools if p.appends],
+                                    dtype=np.int64)
         pin = device.type == "cuda"
         cols = self.layout.num_cols
         self.store_gpu = torch.zeros(self.num_rows, cols, dtype=torch.int64, device=device)
@@ -379,7 +381,7 @@ class ResidentPlanner:
             raise RuntimeError(f"plan {plan.seq} is {plan.state}, not flushed")
         # the rows' slots (distinct), then the bucket's padding on the sink
         slots = np.array(plan.slot_ids[:len(plan.request_ids)])
-        self.mirror_cpu[slots[:, None], self._append_cols] += 1
+        self.mirror_cpu[slots[:, None], self.append_cols] += 1
         plan.state = "committed"
         self.committed_seq = max(self.committed_seq, plan.seq)
         del self._outstanding[plan.seq]

@@ -21,32 +21,33 @@ from resident.planner import ResidentPlanner
 class ResidentOps:
     def __init__(self, planner: ResidentPlanner, page_size: int, use_triton: bool) -> None:
         self.planner, self.page_size, self.use_triton = planner, page_size, use_triton
-        cols = [p.length_col for p in planner.layout.pools if p.appends]
-        self._length_cols = cols
-        self._length_cols_gpu = torch.tensor(cols, dtype=torch.int64,
-                                             device=planner.store_gpu.device)
+        layout = planner.layout
+        self._position_pool = layout.pool(layout.position_pool)
+        self._scatter, self._gather = scatter_cells_ref, gather_rows_ref
+        self._advance = advance_lengths_ref
+        self._length_cols = planner.append_cols.tolist()
+        if use_triton:  # imported here: triton must not load before TRITON_INTERPRET is set
+            from resident.kernels.resident_triton import (
+                advance_lengths_triton,
+                gather_rows_triton,
+                scatter_cells_triton,
+            )
+            self._scatter, self._gather = scatter_cells_triton, gather_rows_triton
+            self._advance = advance_lengths_triton
+            self._length_cols = torch.from_numpy(planner.append_cols).to(planner.store_gpu.device)
 
     def before(self, bucket: int, width: int, block_tables: torch.Tensor,
                positions: torch.Tensor, kv_write_loc: torch.Tensor,
                state_slots: torch.Tensor) -> None:
         """Scatter, then gather the bucket's rows into the given [bucket] (and [bucket, width])
         device views."""
-        planner, layout = self.planner, self.planner.layout
-        pool = layout.pool(layout.position_pool)
-        scatter, gather = scatter_cells_ref, gather_rows_ref
-        if self.use_triton:
-            from resident.kernels.resident_triton import gather_rows_triton, scatter_cells_triton
-            scatter, gather = scatter_cells_triton, gather_rows_triton
-        scatter(planner.store_gpu, planner.cells_gpu)
-        gather(planner.store_gpu, planner.slot_ids_gpu[:bucket], pool.length_col,
-               layout.offset_col, layout.state_col, pool.span_start, width,
-               self.page_size, block_tables, positions, kv_write_loc, state_slots)
+        planner, layout, pool = self.planner, self.planner.layout, self._position_pool
+        self._scatter(planner.store_gpu, planner.cells_gpu)
+        self._gather(planner.store_gpu, planner.slot_ids_gpu[:bucket], pool.length_col,
+                     layout.offset_col, layout.state_col, pool.span_start, width,
+                     self.page_size, block_tables, positions, kv_write_loc, state_slots)
 
     def after(self, bucket: int) -> None:
         """One token more on every row's appending pools (not on the sink's padding rows)."""
-        slot_ids = self.planner.slot_ids_gpu[:bucket]
-        if self.use_triton:
-            from resident.kernels.resident_triton import advance_lengths_triton
-            advance_lengths_triton(self.planner.store_gpu, slot_ids, self._length_cols_gpu)
-        else:
-            advance_lengths_ref(self.planner.store_gpu, slot_ids, self._length_cols)
+        self._advance(self.planner.store_gpu, self.planner.slot_ids_gpu[:bucket],
+                      self._length_cols)

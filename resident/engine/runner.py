@@ -67,6 +67,12 @@ class DecodeInputs:
     def of(cls, flat, bucket: int) -> DecodeInputs:
         return cls(*(flat[i * bucket:(i + 1) * bucket] for i in range(4)))
 
+    @staticmethod
+    def input_ids_of(flat, bucket: int):
+        """`of(flat, bucket).input_ids` without building the other three views (the resident
+        step writes only these)."""
+        return flat[:bucket]
+
 
 class StepBuffers:
     """Fixed-address device buffers a step reads, and their host staging twins."""
@@ -360,11 +366,11 @@ class StepRunner:
         graph records scatter, gather, forward and advance)."""
         bucket = staged.slot_ids_gpu.shape[0]
         num_rows = len(plan.rows)
-        # a bucket's input ids open its DecodeInputs block: [:bucket] of the flat buffers
-        host_ids = self.buffers.decode_cpu[:bucket]
+        host_ids = DecodeInputs.input_ids_of(self.buffers.decode_cpu, bucket)
         host_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
         host_ids[num_rows:] = 0
-        self.buffers.decode_gpu[:bucket].copy_(torch.from_numpy(host_ids), non_blocking=True)
+        DecodeInputs.input_ids_of(self.buffers.decode_gpu, bucket).copy_(
+            torch.from_numpy(host_ids), non_blocking=True)
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
             self._plan_attention(plan, bucket, self._stage_tables(page_lists, bucket))
