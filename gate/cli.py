@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from gate.commands.phases import phases
 from gate.commands.report import report
 from gate.commands.run import run
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="resident-gate: prove an engine change with alternated A/B server arms.")
 app.command()(run)
+app.command()(phases)
 app.command()(report)
 
 

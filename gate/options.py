@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -63,3 +63,14 @@ ResumeOpt = Annotated[bool, typer.Option(
     "to --sessions (raise it to add rounds); its arms, cells and load must match.")]
 FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", help="How the summary prints on stdout: table, json or md.")]
+
+
+# command parameters that are not GateConfig fields, and those named differently
+_NOT_CONFIG = ("config", "resume", "output_format")
+_FIELD_OF = {"arm": "arms"}
+
+
+def gate_options(params: dict[str, Any]) -> dict[str, Any]:
+    """A command's parameters (its `locals()` on entry) as GateConfig fields."""
+    return {_FIELD_OF.get(name, name): value for name, value in params.items()
+            if name not in _NOT_CONFIG}

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gate import tables
+from gate import phases, tables
 
 WIDE = 200  # columns for a summary that no terminal will wrap
 
@@ -56,3 +56,27 @@ def print_summary(rows: list[dict[str, Any]], manifest: dict[str, Any],
         terminal = sys.stdout.isatty()
         Console(file=sys.stdout, width=None if terminal else WIDE).print(
             summary_table(rows, manifest))
+
+
+def print_phases(results: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
+    """A phases session on stdout as `fmt`: its two tables, or json (`{"cells": results}`)."""
+    if fmt == OutputFormat.json:
+        sys.stdout.write(json.dumps({"cells": results}, indent=2) + "\n")
+        return
+    if fmt == OutputFormat.md:
+        sys.stdout.write(phases.phases_md(results, manifest))
+        return
+    arms = [arm["name"] for arm in manifest["arms"]]
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else WIDE)
+    for title, header, rows in (
+            ("ms per decode step by phase", ["cell", "arm", *phases.COLUMNS, "steps"],
+             phases.phase_rows(results, arms)),
+            (f"plan thread, {arms[0]} against each arm",
+             ["cell", "arm", "plan ms", "arm takes", f"of {arms[0]}'s step"],
+             phases.takes_rows(results, arms))):
+        table = Table(title=title, box=box.SIMPLE_HEAD)
+        for index, name in enumerate(header):
+            table.add_column(name, justify="left" if index < 2 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)

@@ -119,6 +119,15 @@ class Server:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             return await _get(session, self.url + path)
 
+    async def post_json(self, path: str) -> dict | None:
+        """POST an empty JSON body; the answer's JSON, or None on any failure."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            try:
+                async with session.post(self.url + path, json={}) as resp:
+                    return await resp.json(content_type=None) if resp.status == 200 else None
+            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+                return None
+
     async def metrics(self) -> dict[str, float]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             try:

@@ -243,17 +243,11 @@ class Session:
 
     async def _cell(self, server: Server, arm: Arm, session: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
-        config = self.config
-        spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
-                        prompt_len=config.prompt_len, output_len=config.output_len,
-                        vocab_size=vocab, seed=config.seed * 1000 + session,
-                        num_warmup=concurrency)
         # warmed before the first run's counters are read, so its server step times and GPU
         # samples cover its own requests only
-        await warm_up(server.url, spec)
-        spec = dataclasses.replace(spec, num_warmup=0)
+        spec = await self._warmed_load(server, concurrency, vocab, session)
         failed = 0
-        for run in range(1, config.runs + 1):
+        for run in range(1, self.config.runs + 1):
             if not server.alive():
                 raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
                                    server.log_tail())
@@ -263,6 +257,17 @@ class Session:
             self.console.log(f"round {session} {arm.name} c={concurrency} run {run}: "
                              f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
         return failed
+
+    async def _warmed_load(self, server: Server, concurrency: int, vocab: int,
+                           session: int) -> LoadSpec:
+        """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
+        config = self.config
+        spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
+                        prompt_len=config.prompt_len, output_len=config.output_len,
+                        vocab_size=vocab, seed=config.seed * 1000 + session,
+                        num_warmup=concurrency)
+        await warm_up(server.url, spec)
+        return dataclasses.replace(spec, num_warmup=0)
 
     async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, session: int,
                        position: int, run: int, planner_off: bool) -> RunRecord:

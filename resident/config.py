@@ -30,6 +30,7 @@ _CHOICES = {
     "decode_order": ("arrival", "turns"),
     "resident_planning": ("off", "auto"),
     "row_check": ("off", "on"),
+    "phase_timing": ("off", "on"),
     "attention_backend": ("auto", "flashinfer", "triton", "torch"),
     "cuda_graphs": ("auto", "on", "off"),
     "padded_prefill": ("auto", "on", "off"),
@@ -54,6 +55,7 @@ class EngineConfig:
     decode_order: str = "arrival"
     resident_planning: str = "auto"
     row_check: str = "off"  # debug: sync after each resident step and compare rows with streams
+    phase_timing: str = "off"  # ms per step of each phase at GET /debug/phases (phases.py)
     attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
     # a prefill step of one fresh row (nothing computed yet) runs padded to the smallest

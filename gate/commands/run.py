@@ -45,16 +45,10 @@ def run(
 ) -> None:
     """Gate arms against the baseline: alternated rounds, per-round Inductor caches, pinned
     cores; writes runs.jsonl, manifest.json, tables and plots, and prints the summary."""
+    given = dict(locals())
     console = Console(stderr=True)
-    given = {"arms": arm, "knobs": knobs, "aa": aa, "model": model, "device": device,
-             "concurrency": concurrency, "prompt_len": prompt_len, "output_len": output_len,
-             "sessions": sessions, "runs": runs, "requests": requests,
-             "requests_per_slot": requests_per_slot, "seed": seed,
-             "startup_timeout": startup_timeout, "server_cpus": server_cpus,
-             "step_cores": step_cores, "api_core": api_core, "client_cpus": client_cpus,
-             "gpu": gpu, "name": name, "out": out}
     try:
-        gate_config = build_gate_config(given, config)
+        gate_config = build_gate_config(opt.gate_options(given), config)
         session = Session(gate_config, Path.cwd(), sys.argv)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

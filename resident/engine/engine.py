@@ -15,6 +15,7 @@ import torch
 
 from resident.backends import build_kernels
 from resident.config import EngineConfig
+from resident.engine.phases import NO_PHASES, PhaseTiming
 from resident.engine.request import Request
 from resident.engine.rowcheck import RowCheck
 from resident.engine.runner import StepRunner
@@ -100,8 +101,9 @@ class Engine:
         self.kernels = build_kernels(config, model_config, self.dtype, device,
                                      self.model.dense.gdn_gates)
         self.planner, self.planning_reason = self._build_planner()
+        self.phases = PhaseTiming() if config.phase_timing == "on" else NO_PHASES
         self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
-                                 self.positions, self.kernels, self.planner)
+                                 self.positions, self.kernels, self.planner, self.phases)
         if self.runner.graphs is not None:
             self.runner.capture_graphs()
         self.row_check = (RowCheck(self.planner, {KV_POOL_KEY: self.kv})
@@ -178,12 +180,17 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One step: schedule, run, sample (which waits for the GPU), emit. Its wall time
         adds to the stats' step_seconds of its kind."""
+        self.phases.open()
         started = time.perf_counter()
         plan = self.scheduler.schedule()
-        if not plan.rows:
-            return []
-        outputs = self._run(plan)
-        self.step_seconds[plan.kind] += time.perf_counter() - started
+        self.phases.lap("schedule")
+        if plan.rows:
+            self.phases.kind(plan.kind)
+            outputs = self._run(plan)
+            self.step_seconds[plan.kind] += time.perf_counter() - started
+        else:
+            outputs = []
+        self.phases.close()
         return outputs
 
     def _run(self, plan) -> list[RequestOutput]:
@@ -192,16 +199,19 @@ class Engine:
         logits = self.runner.run(plan)
         if self.planner:
             self.planner.mark_stale(row.request.request_id for row in plan.rows)
+            self.phases.lap("resident")
         return self._finish_step(plan, logits)
 
     def _resident_step(self, plan) -> list[RequestOutput]:
         request_ids = [row.request.request_id for row in plan.rows]
         resident = self.planner.plan(request_ids, self.runner.bucket_for(len(request_ids)))
         staged = self.planner.flush(resident)
+        self.phases.lap("resident")
         logits = self.runner.execute_resident(plan, staged)
 
         def after_commit() -> None:  # streams advanced; finished requests not yet released
             self.planner.commit(resident)
+            self.phases.lap("resident")
             if self.row_check:
                 bucket = staged.slot_ids_gpu.shape[0]
                 meta = self.runner.decode_meta(bucket, staged.width)  # what the step read
@@ -213,15 +223,24 @@ class Engine:
         """Samples, commits the streams (then the planner's mirror), and emits tokens; a finished
         request is released only after the commit, so its slot cools correctly."""
         sampling = [row.request for row in plan.rows if row.samples]
-        tokens = self.sampler.sample(
-            logits, [(r.request_id, r.params) for r in sampling]) if sampling else []
+        tokens = []
+        if sampling:
+            tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in sampling])
+            self.phases.lap("sampler")
+            tokens = self.phases.event_sync(tokens_gpu.tolist)
+        self.phases.lap("sample_sync")
         self.counters[f"steps_{plan.kind}"] += 1
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
             row.request.num_computed += row.num_new
+        self.phases.lap("commit")
         if after_commit:
             after_commit()
-        return [self._emit(request, token) for request, token in zip(sampling, tokens, strict=True)]
+            self.phases.lap("commit")
+        outputs = [self._emit(request, token)
+                   for request, token in zip(sampling, tokens, strict=True)]
+        self.phases.lap("outputs")
+        return outputs
 
     def _emit(self, request: Request, token: int) -> RequestOutput:
         request.append(token)

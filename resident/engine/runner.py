@@ -31,6 +31,7 @@ from resident.backends import PagedLayout, PrefillStep, StepKernels
 from resident.backends.layout import table_layout
 from resident.config import EngineConfig
 from resident.engine.graphs import StepGraphs
+from resident.engine.phases import NO_PHASES, NoPhases, PhaseTiming
 from resident.engine.request import Request
 from resident.engine.resident_ops import ResidentOps
 from resident.engine.scheduler import StepPlan
@@ -103,10 +104,13 @@ class StepRunner:
 
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, config: EngineConfig,
                  kv: KVPool, states: StatePool, positions: Positions,
-                 kernels: StepKernels, planner: ResidentPlanner | None = None) -> None:
+                 kernels: StepKernels, planner: ResidentPlanner | None = None,
+                 phases: PhaseTiming | NoPhases = NO_PHASES) -> None:
         """With a planner, every decode bucket runs the resident ops around its forward
-        (resident_ops.py), in its graph under cuda_graphs."""
+        (resident_ops.py), in its graph under cuda_graphs. `phases` gets a lap at each seam
+        of a step's plan (phases.py)."""
         self.model, self.cache, self.config = model, cache, config
+        self.phases = phases
         self.kv, self.states, self.positions = kv, states, positions
         self.kernels = kernels
         self.device = cache.kv.device
@@ -176,25 +180,31 @@ class StepRunner:
         """A decode step's rows (one token each) then padding rows, staged with one list per
         array rather than row by row: this is the host plan's hot loop at high concurrency.
         Returns the block-table width."""
-        page_size, num_rows = self.page_size, len(plan.rows)
+        page_size, num_rows, phases = self.page_size, len(plan.rows), self.phases
         host = DecodeInputs.of(self.buffers.decode_cpu, bucket)
         requests = [row.request for row in plan.rows]
         ids = [r.request_id for r in requests]
-        page_lists = [self.kv.streams[rid].pages for rid in ids]
         starts = [r.num_computed for r in requests]
-        host.input_ids[:num_rows] = [r.output_ids[-1] for r in requests]
+        phases.lap("rest")
         host.positions[:num_rows] = [self.positions.position(rid, start)
                                      for rid, start in zip(ids, starts, strict=True)]
+        phases.lap("positions")
+        page_lists = [self.kv.streams[rid].pages for rid in ids]
         host.kv_write_loc[:num_rows] = [
             pages[start // page_size] * page_size + start % page_size
             for pages, start in zip(page_lists, starts, strict=True)]
+        width = self._stage_tables(page_lists, bucket)
+        phases.lap("kv_plan")
         host.state_slots[:num_rows] = [self.states.slots[rid] for rid in ids]
+        phases.lap("gdn_linear")
+        host.input_ids[:num_rows] = [r.output_ids[-1] for r in requests]
         padding = slice(num_rows, bucket)
         host.input_ids[padding] = 0
         host.positions[padding] = 0
         host.kv_write_loc[padding] = SINK_PAGE * page_size
         host.state_slots[padding] = SINK_SLOT
-        return self._stage_tables(page_lists, bucket)
+        phases.lap("declare_admit_pad")
+        return width
 
     def _stage_tables(self, page_lists: list[list[int]], bucket: int) -> int:
         """Block-table rows, then padding rows on the sink page; returns the width."""
@@ -303,27 +313,41 @@ class StepRunner:
     def run(self, plan: StepPlan) -> torch.Tensor:
         """Stages, uploads and runs a host-planned step; [rows, vocab] logits of its sampling
         rows in order (then a decode step's padding rows)."""
+        phases = self.phases
         if plan.kind == "decode":
             bucket = self.bucket_for(len(plan.rows))
             width = self._stage_decode(plan, bucket)
             self._upload_decode(bucket)
+            phases.lap("kv_stage")
             self._plan_attention(plan, bucket, width)
-            return self.run_decode(bucket, width)
+            phases.lap("attention")
+            return self._launch(self.run_decode, bucket, width)
         num_tokens, width, num_sampling = self._stage(plan)
+        phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
         bucket = self.prefill_bucket_for(plan)
         if bucket is not None:
             self._pad_fresh(num_tokens, bucket)
             self.num_padded_prefills += 1
+            phases.lap("declare_admit_pad")
             self._upload(bucket, 1, 1)
-            return self.run_fresh(bucket)[:num_sampling]
+            phases.lap("kv_stage")
+            return self._launch(self.run_fresh, bucket)[:num_sampling]
         num_rows = len(plan.rows)
         self._upload(num_tokens, num_rows, num_sampling)
+        phases.lap("kv_stage")
         prefill = self.kernels.prefill
         layout = self._host_layout(plan, num_rows, width) if prefill.needs_layout else None
         step = PrefillStep(self.buffers.query_start_loc_cpu[:num_rows + 1].copy(), layout)
+        ops = prefill.ops(step)  # the attention plan, and fla's varlen metadata
+        phases.lap("attention")
         meta = self._varlen_meta(num_tokens, num_rows, width, num_sampling)
-        return self.execute(self.buffers.input_ids_gpu[:num_tokens], meta,
-                            prefill.ops(step))
+        phases.lap("rest")
+        return self._launch(self.execute, self.buffers.input_ids_gpu[:num_tokens], meta, ops)
+
+    def _launch(self, forward, *args) -> torch.Tensor:
+        logits = forward(*args)
+        self.phases.lap("launch")
+        return logits
 
     def run_decode(self, bucket: int, width: int) -> torch.Tensor:
         """A decode bucket whose inputs (and host attention plan, if any) are in place: the
@@ -364,17 +388,22 @@ class StepRunner:
         """A resident decode step over the same fixed buffers, after planner.flush staged it:
         the token ids' H2D, fa2's host plan if the backend needs one, then the bucket (its
         graph records scatter, gather, forward and advance)."""
-        bucket = staged.slot_ids_gpu.shape[0]
+        bucket, phases = staged.slot_ids_gpu.shape[0], self.phases
         num_rows = len(plan.rows)
         host_ids = DecodeInputs.input_ids_of(self.buffers.decode_cpu, bucket)
         host_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
         host_ids[num_rows:] = 0
+        phases.lap("declare_admit_pad")
         DecodeInputs.input_ids_of(self.buffers.decode_gpu, bucket).copy_(
             torch.from_numpy(host_ids), non_blocking=True)
+        phases.lap("kv_stage")
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
-            self._plan_attention(plan, bucket, self._stage_tables(page_lists, bucket))
-        return self.run_decode(bucket, staged.width)
+            width = self._stage_tables(page_lists, bucket)
+            phases.lap("kv_plan")
+            self._plan_attention(plan, bucket, width)
+            phases.lap("attention")
+        return self._launch(self.run_decode, bucket, staged.width)
 
     # -- execution --------------------------------------------------------------------------
 

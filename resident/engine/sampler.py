@@ -25,13 +25,15 @@ class Sampler:
     def drop(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, rows: list[tuple[str, SamplingParams]]) -> list[int]:
-        """logits: [>= len(rows), V]; returns one token per row (one host sync per step)."""
+    def sample(self, logits: torch.Tensor,
+               rows: list[tuple[str, SamplingParams]]) -> torch.Tensor:
+        """logits: [>= len(rows), V]; returns [len(rows)] tokens on the logits' device, not
+        yet read back (the caller's one host sync per step)."""
         tokens = logits[:len(rows)].argmax(dim=-1)
         for index, (request_id, params) in enumerate(rows):
             if params.temperature > 0:
                 tokens[index] = self._draw(logits[index], params, self._generators[request_id])
-        return tokens.tolist()
+        return tokens
 
     @staticmethod
     def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):

@@ -346,6 +346,8 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/debug/config", _debug_config)
     app.router.add_get("/debug/rowcheck", _debug_rowcheck)
+    app.router.add_get("/debug/phases", _debug_phases)
+    app.router.add_post("/debug/phases/reset", _debug_phases)
     return app
 
 
@@ -455,6 +457,13 @@ async def _debug_rowcheck(request: web.Request) -> web.Response:
     offloads (all zero while row_check is off, except the planner's own counters)."""
     stats = await _ready_client(request).stats()
     return web.json_response(stats.get("rowcheck", {}))
+
+
+async def _debug_phases(request: web.Request) -> web.Response:
+    """GET: phase timing since the last reset, {"enabled", "kinds": {kind: {key: ms per
+    step}}} (engine/phases.py). POST .../reset: the same, then the sums start over."""
+    section = "phases_reset" if request.method == "POST" else "phases"
+    return web.json_response(await _ready_client(request).stats(section=section))
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -84,14 +84,15 @@ class EngineClient:
             if not finished and self.fatal is None:
                 await self._requests.send_pyobj(AbortRequest(request.request_id))
 
-    async def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+    async def stats(self, timeout: float = 10.0, section: str = "stats") -> dict[str, Any]:
+        """The core's answer to a StatsQuery of that section (protocol.StatsQuery)."""
         if not self.is_ready:
             raise EngineUnavailable(self.fatal or "the engine is still starting")
         nonce = next(self._nonces)
         waiter = asyncio.get_running_loop().create_future()
         self._stats_waiters[nonce] = waiter
         try:
-            await self._requests.send_pyobj(StatsQuery(nonce))
+            await self._requests.send_pyobj(StatsQuery(nonce, section))
             return await asyncio.wait_for(waiter, timeout)
         finally:
             self._stats_waiters.pop(nonce, None)

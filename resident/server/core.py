@@ -2,7 +2,9 @@
 
 It connects to the two pipes the API process bound, builds the engine, sends Ready (or Fatal with
 the traceback), then loops: drain requests (blocking briefly only when idle), run one step,
-send that step's outputs. It exits on Shutdown or when its parent process is gone.
+send that step's outputs. It exits on Shutdown or when its parent process is gone. Under
+`phase_timing` each loop that runs a step is timed from its intake to its outputs sent
+(engine/phases.py); the idle wait is outside it.
 """
 
 from __future__ import annotations
@@ -76,11 +78,13 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
 
 
 def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
-    while True:
+    phases = engine.phases
+    while os.getppid() == parent:
         pending: list[RequestOutput] = []
-        timeout = 0 if engine.has_work() else IDLE_POLL_MS
-        while requests.poll(timeout):
-            timeout = 0
+        if not engine.has_work() and not requests.poll(IDLE_POLL_MS):
+            continue  # idle: waited outside any timed step
+        phases.open()  # a step is timed from this intake to its outputs sent
+        while requests.poll(0):
             message = requests.recv_pyobj()
             if isinstance(message, AddRequest):
                 failed = engine.add_request(message)
@@ -89,13 +93,24 @@ def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> No
             elif isinstance(message, AbortRequest):
                 engine.abort(message.request_id)
             elif isinstance(message, StatsQuery):
-                outputs.send_pyobj(StatsReply(message.nonce, engine.stats()))
+                outputs.send_pyobj(StatsReply(message.nonce, _answer(engine, message.section)))
             elif isinstance(message, Shutdown):
                 return
+        phases.lap("intake")
         if engine.has_work():
             pending.extend(engine.step())
         if pending:
             outputs.send_pyobj(StepOutputs(pending))
-        if os.getppid() != parent:
-            log.warning("the API process is gone; engine core exits")
-            return
+        phases.lap("outputs")
+        phases.close()
+    log.warning("the API process is gone; engine core exits")
+
+
+def _answer(engine, section: str) -> dict:
+    """A StatsQuery's answer: the stats, or the phase timing (then reset, for phases_reset)."""
+    if section == "stats":
+        return engine.stats()
+    report = {"enabled": engine.config.phase_timing == "on", "kinds": engine.phases.report()}
+    if section == "phases_reset":
+        engine.phases.reset()
+    return report

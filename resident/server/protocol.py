@@ -45,9 +45,11 @@ class AbortRequest:
 
 @dataclass(frozen=True)
 class StatsQuery:
-    """Asks the core for its counters (for /metrics) and debug state; answered by StatsReply."""
+    """Asks the core for its counters (for /metrics) and debug state, or (section) its phase
+    timing, read or read then reset; answered by StatsReply."""
 
     nonce: int
+    section: str = "stats"  # stats | phases | phases_reset
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""`resident-gate phases`: where each arm's step time goes, per cell, by the engine's own phase
+timing (GET /debug/phases; resident/engine/phases.py).
+
+One server per arm, started with `phase_timing=on` and placed as `run` places it; per cell a
+warm-up load, then POST /debug/phases/reset, a steady load of the cell's requests, and GET
+/debug/phases. Writes phases.json (every step kind's phases per cell and arm) and phases.md with
+the design's two tables for decode steps: the plan thread's CPU by phase per arm and cell, and
+"plan thread baseline -> arm (ms), arm takes, of the baseline's step". The manifest records the
+session as `run` does, with `"command_kind": "phases"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from gate.arms import Arm
+from gate.load import run_load
+from gate.records import write_manifest
+from gate.server import Server, ServerFailed
+from gate.session import Session
+from gate.tables import _md_table, _title, header_line
+
+PHASES_JSON, PHASES_MD = "phases.json", "phases.md"
+# GET /debug/phases keys, in the design's column order
+COLUMNS = ("step", "event_sync", "main", "gpu", "plan", "kv_plan", "kv_stage", "attention",
+           "gdn_linear", "positions", "resident", "sampler", "declare_admit_pad", "rest")
+
+
+class PhasesSession(Session):
+    """A one-round Session whose cells read /debug/phases instead of recording runs."""
+
+    def __post_init__(self) -> None:
+        self.config = dataclasses.replace(self.config, sessions=1, runs=1)
+        super().__post_init__()
+        self.arms = [dataclasses.replace(a, knobs={**a.knobs, "phase_timing": "on"})
+                     if a.kind == "resident" else a for a in self.arms]
+        self.results: dict[str, dict[str, Any]] = {}  # "c=N" -> arm -> measurement
+
+    def run(self, resume: bool = False) -> int:
+        if resume:
+            raise ValueError("--resume: a phases session runs in one go")
+        if (self.out / PHASES_JSON).exists():
+            raise ValueError(f"--out {self.out} already holds a phases session; choose "
+                             f"another --out")
+        failed = super().run()
+        self.manifest["command_kind"] = "phases"
+        write_manifest(self.out, self.manifest)
+        write_phases(self.out, self.results, self.manifest)
+        return failed
+
+    async def _cell(self, server: Server, arm: Arm, session: int, position: int,
+                    concurrency: int, vocab: int, planner_off: bool) -> int:
+        spec = await self._warmed_load(server, concurrency, vocab, session)
+        if await server.post_json("/debug/phases/reset") is None:
+            raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
+                               f"server with /debug/phases?)", server.log_tail())
+        result = await run_load(server.url, spec)
+        report = await server.get_json("/debug/phases") or {}
+        self.results.setdefault(f"c={concurrency}", {})[arm.name] = {
+            "kinds": report.get("kinds", {}), "enabled": report.get("enabled", False),
+            "output_tok_s": result.output_tok_s, "num_failed": result.num_failed,
+            "planner_off": planner_off}
+        self.console.log(f"{arm.name} c={concurrency}: {result.output_tok_s} tok/s, "
+                         f"{report.get('kinds', {}).get('decode', {}).get('steps', 0)} "
+                         f"decode steps timed")
+        return int(result.num_failed >= result.num_requests)
+
+
+def _decode(results: dict[str, dict[str, Any]], cell: str, arm: str) -> dict[str, float] | None:
+    return results.get(cell, {}).get(arm, {}).get("kinds", {}).get("decode")
+
+
+def phase_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list[str]]:
+    """The first table: one row per cell and arm, ms per decode step of each phase."""
+    rows = []
+    for cell in results:
+        for arm in arms:
+            decode = _decode(results, cell, arm)
+            numbers = [f"{decode[k]:.3f}" for k in COLUMNS] if decode else ["-"] * len(COLUMNS)
+            rows.append([cell, arm, *numbers, str(decode["steps"]) if decode else "0"])
+    return rows
+
+
+def takes_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list[str]]:
+    """The second table: per cell and arm, the plan thread's CPU against the baseline's, what
+    the arm takes off it, and that as a share of the baseline's step."""
+    rows = []
+    for cell in results:
+        base = _decode(results, cell, arms[0])
+        for arm in arms[1:]:
+            head = _decode(results, cell, arm)
+            if not base or not head or not base["plan"] or not base["step"]:
+                rows.append([cell, arm, "-", "-", "-"])
+                continue
+            takes = base["plan"] - head["plan"]
+            rows.append([cell, arm, f"{base['plan']:.3f} -> {head['plan']:.3f}",
+                         f"{takes:.3f} ({takes / base['plan']:.0%})",
+                         f"{takes / base['step']:.1%}"])
+    return rows
+
+
+def phases_md(results: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> str:
+    arms = [a["name"] for a in manifest["arms"]]
+    baseline = arms[0]
+    first = _md_table(["cell", "arm", *COLUMNS, "steps"], phase_rows(results, arms),
+                      "ll" + "r" * (len(COLUMNS) + 1))
+    second = _md_table(["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
+                        f"of {baseline}'s step"], takes_rows(results, arms), "llrrr")
+    return "\n\n".join([
+        _title(manifest, "phases"), header_line(manifest),
+        "ms per decode step, phase timing on, one server per arm, a steady load per cell after "
+        "a warm-up and a reset. `step` and `event_sync` are wall time; the rest is thread CPU "
+        "time. `plan` is the sum of the parts right of it (resident/engine/phases.py says what "
+        "each part holds). Every step kind is in phases.json.",
+        "## Plan thread CPU by phase", first,
+        f"## The plan thread, {baseline} against each arm", second]) + "\n"
+
+
+def write_phases(out: Path, results: dict[str, dict[str, Any]],
+                 manifest: dict[str, Any]) -> None:
+    (out / PHASES_JSON).write_text(json.dumps({"cells": results}, indent=2) + "\n")
+    (out / PHASES_MD).write_text(phases_md(results, manifest))

@@ -1,0 +1,130 @@
+"""Phase timing: where a step's time goes, per step kind (knob `phase_timing`, env
+RESIDENT_PHASE_TIMING).
+
+A step is timed from the engine core's intake to its outputs sent (or from schedule to emit when
+the engine is stepped in process). Two keys are wall time: `step`, and `event_sync`, the wait
+for the GPU when sampling reads the tokens back. The rest is thread CPU time
+(`time.thread_time`), lapped at the seams between phases and charged to the thread role that
+owns each phase:
+
+- `main`: intake, scheduling (the KV admission of the step's tokens included) and outputs;
+- `gpu`: the step's launch (graph replay or eager forward), sampling and its sync, the commit;
+- `plan`: building the step's inputs, in the parts below.
+
+`plan`'s parts: `kv_plan` (block-table rows and KV write locations), `kv_stage` (the staged
+inputs' H2D copies), `attention` (the attention backend's host plan), `gdn_linear` (GDN state
+slots and fla's varlen metadata), `positions`, `resident` (the resident planner's plan, flush
+and commit), `sampler` (the sampler's launches before its sync), `declare_admit_pad` (the
+step's token ids and its padding rows), `rest` (the plan's remainder: buckets, metadata).
+
+The step path is one thread, so the three roles are three shares of one thread's CPU; with
+phase timing off the engine holds `NO_PHASES`, whose methods do nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+PLAN_PARTS = ("kv_plan", "kv_stage", "attention", "gdn_linear", "positions", "resident",
+              "sampler", "declare_admit_pad", "rest")
+MAIN_PARTS = ("intake", "schedule", "outputs")
+GPU_PARTS = ("launch", "sample_sync", "commit")
+ROLES = {"main": MAIN_PARTS, "gpu": GPU_PARTS, "plan": PLAN_PARTS}
+WALL_KEYS = ("step", "event_sync")
+REPORT_KEYS = (*WALL_KEYS, *ROLES, *PLAN_PARTS, "steps")
+
+
+class PhaseTiming:
+    """Sums of each phase per step kind since the last reset. One step is open at a time:
+    `open` starts it (a nested `open` joins the one already open), `lap(part)` charges the
+    thread CPU since the last lap to a part, `close(kind)` files the step under its kind (a
+    step with no kind, an idle loop, is dropped)."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, Counter[str]] = {}
+        self._depth = 0
+        self._kind: str | None = None
+        self._parts: Counter[str] = Counter()
+        self._wall = self._cpu = 0.0
+
+    def open(self) -> None:
+        self._depth += 1
+        if self._depth == 1:
+            self._parts.clear()
+            self._kind = None
+            self._wall, self._cpu = time.perf_counter(), time.thread_time()
+
+    def lap(self, part: str) -> None:
+        now = time.thread_time()
+        self._parts[part] += now - self._cpu
+        self._cpu = now
+
+    def kind(self, kind: str) -> None:
+        """The open step's kind, once its plan is made."""
+        self._kind = kind
+
+    def event_sync(self, wait: Callable[[], T]) -> T:
+        """wait(), the host's wait on the GPU, timed as event_sync (wall)."""
+        start = time.perf_counter()
+        result = wait()
+        self._parts["event_sync"] += time.perf_counter() - start
+        return result
+
+    def close(self) -> None:
+        self._depth -= 1
+        if self._depth or self._kind is None:
+            return
+        sums = self._sums.setdefault(self._kind, Counter())
+        sums.update(self._parts)
+        sums["step"] += time.perf_counter() - self._wall
+        sums["steps"] += 1
+
+    def reset(self) -> None:
+        self._sums.clear()
+
+    def report(self) -> dict[str, dict[str, float]]:
+        """{kind: {key: ms per step}} for every REPORT_KEYS key, `steps` a count."""
+        return {kind: _per_step(sums) for kind, sums in sorted(self._sums.items())}
+
+
+def _per_step(sums: Counter[str]) -> dict[str, float]:
+    steps = sums["steps"]
+    row = {key: 1e3 * sums[key] / steps for key in WALL_KEYS}
+    for role, parts in ROLES.items():
+        row[role] = 1e3 * sum(sums[p] for p in parts) / steps
+    row.update({part: 1e3 * sums[part] / steps for part in PLAN_PARTS})
+    row["steps"] = steps
+    return {key: round(value, 4) if key != "steps" else value for key, value in row.items()}
+
+
+class NoPhases:
+    """Phase timing off: every method does nothing."""
+
+    def open(self) -> None:
+        pass
+
+    def lap(self, part: str) -> None:
+        pass
+
+    def kind(self, kind: str) -> None:
+        pass
+
+    def event_sync(self, wait: Callable[[], T]) -> T:
+        return wait()
+
+    def close(self) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def report(self) -> dict[str, dict[str, float]]:
+        return {}
+
+
+NO_PHASES = NoPhases()

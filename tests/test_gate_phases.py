@@ -1,0 +1,60 @@
+"""`resident-gate phases` through typer's CliRunner against real tiny CPU servers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_gate_run import SHORT, gate_servers_running, invoke
+
+from gate.phases import COLUMNS, PHASES_JSON, PHASES_MD
+from gate.records import read_manifest
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    out = tmp_path_factory.mktemp("phases") / "session"
+    result = invoke("phases", "--arm", "off=.", "--arm", "auto=.",
+                    "--set", "off.resident_planning=off", "--concurrency", "1,2",
+                    "--out", str(out), "--format", "json", *SHORT)
+    return out, result
+
+
+def test_phases_measures_every_arm_and_cell(session):
+    out, result = session
+    assert result.exit_code == 0, result.output
+    cells = json.loads(result.stdout)["cells"]
+    assert cells == json.loads((out / PHASES_JSON).read_text())["cells"]
+    assert sorted(cells) == ["c=1", "c=2"]
+    for cell in cells.values():
+        assert sorted(cell) == ["auto", "off"]
+        for arm, measured in cell.items():
+            decode = measured["kinds"]["decode"]
+            assert measured["enabled"] and measured["num_failed"] == 0
+            assert decode["steps"] > 0 and set(COLUMNS) <= set(decode)
+            assert (decode["resident"] > 0) == (arm == "auto")
+    manifest = read_manifest(out)
+    assert manifest["command_kind"] == "phases"
+    assert [a["knobs"].get("phase_timing") for a in manifest["arms"]] == ["on", "on"]
+    assert not gate_servers_running()
+
+
+def test_phases_md_has_both_tables(session):
+    out, _ = session
+    text = (out / PHASES_MD).read_text()
+    assert "## Plan thread CPU by phase" in text
+    assert "| cell | arm | " + " | ".join(COLUMNS) + " | steps |" in text
+    assert "## The plan thread, off against each arm" in text
+    for cell in ("c=1", "c=2"):
+        assert f"| {cell} | off | " in text
+        assert f"| {cell} | auto | " in text  # in both tables
+    takes = [line for line in text.splitlines() if line.startswith("| c=") and " -> " in line]
+    assert len(takes) == 2  # one row per cell for the one arm against the baseline
+
+
+def test_phases_refuses_a_used_out_and_bad_values(session):
+    out, _ = session
+    again = invoke("phases", "--arm", "off=.", "--out", str(out), *SHORT)
+    assert again.exit_code != 0 and "already holds a phases session" in again.output
+    bad = invoke("phases", "--arm", "off=.", "--concurrency", "0", *SHORT)
+    assert bad.exit_code != 0 and "--concurrency" in bad.output
