@@ -1,5 +1,16 @@
-"""Engine: the model, its caches and pools, the scheduler, the runner and the sampler, stepped in
-order by the engine-core process."""
+"""Engine: the model, its caches and pools, the scheduler, the runner and the sampler, stepped by
+the engine-core process.
+
+A step launches its forward, samples on the device, commits what needs no token value (the
+streams advance; each sampling row takes a pending token, so max_tokens is decided), then reads
+the tokens back, the step's one wait for the GPU, and emits. With `plan_ahead: on` the next step
+is scheduled, and a decode step staged (host arrays and uploads, or the resident planner's plan
+and flush), between the commit and the read-back, while the GPU runs: the host work of a step
+overlaps the GPU work of the one before it. A decode step planned ahead is launched as soon as
+the tokens it reads are emitted, before the engine core sends them and takes in new requests,
+so what is left between two replays is the read-back, the emit and the launch. A request that
+finishes on a stop token (or is aborted) while its row is in the step planned ahead is released
+after that step, which runs its row unsampled (`rows_after_finish`)."""
 
 from __future__ import annotations
 
@@ -9,6 +20,8 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,17 +33,17 @@ from resident.engine.request import Request
 from resident.engine.rowcheck import RowCheck
 from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler
-from resident.engine.scheduler import Scheduler
+from resident.engine.scheduler import Scheduler, StepPlan
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
 from resident.model.weights import load_model, resolve_dtype, weights_fingerprint
-from resident.planner import ResidentPlanner
+from resident.planner import ResidentPlan, ResidentPlanner, StagedStep
 from resident.provenance import describe
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool
-from resident.server.protocol import FINISH_ERROR, AddRequest, RequestOutput
+from resident.server.protocol import FINISH_ABORT, FINISH_ERROR, AddRequest, RequestOutput
 
 log = logging.getLogger("resident.engine")
 
@@ -50,6 +63,17 @@ def size_kv_pages(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
     log.info("num_kv_pages=%d from kv_cache_gib=%s (%d bytes a page)", pages,
              config.kv_cache_gib, per_page)
     return dataclasses.replace(config, num_kv_pages=pages)
+
+
+@dataclass
+class PreparedStep:
+    """A step staged as far as it goes before its token ids are read back."""
+
+    plan: StepPlan
+    launch: Callable[[], torch.Tensor]  # token ids, host attention plan, the forward: logits
+    resident: tuple[ResidentPlan, StagedStep] | None = None  # a resident step's plan and flush
+    logits: torch.Tensor | None = None  # once launched
+    stale: bool = False  # a host-planned step under a planner: its rows are rewritten next time
 
 
 NODE = "llm"
@@ -111,6 +135,11 @@ class Engine:
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
         self.sampler = Sampler(device, config.seed)
         self.requests: dict[str, Request] = {}
+        # plan_ahead: the next step, scheduled (and, for decode, staged) while this one ran,
+        # and the finished requests whose rows that step still holds
+        self._next_plan: StepPlan | None = None
+        self._prepared: PreparedStep | None = None
+        self._zombies: list[Request] = []
         self._arrivals = 0
         self.counters: Counter[str] = Counter()
         self.step_seconds: Counter[str] = Counter()
@@ -168,8 +197,9 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         request = self.requests.get(request_id)
-        if request is not None:
-            self._release(request)
+        if request is not None and request not in self._zombies:
+            request.finish_reason = request.finish_reason or FINISH_ABORT
+            self._finish(request)
             self.counters["aborts"] += 1
 
     def has_work(self) -> bool:
@@ -178,77 +208,115 @@ class Engine:
     # -- one step ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One step: schedule, run, sample (which waits for the GPU), emit. Its wall time
-        adds to the stats' step_seconds of its kind."""
+        """One step: schedule (or take the step planned ahead), launch, sample, commit, plan
+        the next step ahead (plan_ahead), read the tokens back (the one wait for the GPU),
+        emit. Its wall time adds to the stats' step_seconds of its kind."""
         self.phases.open()
         started = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan, self._next_plan = self._next_plan or self.scheduler.schedule(), None
         self.phases.lap("schedule")
+        outputs = []
         if plan.rows:
             self.phases.kind(plan.kind)
             outputs = self._run(plan)
             self.step_seconds[plan.kind] += time.perf_counter() - started
-        else:
-            outputs = []
         self.phases.close()
         return outputs
 
-    def _run(self, plan) -> list[RequestOutput]:
-        if self.planner and plan.kind == "decode":
-            return self._resident_step(plan)
-        logits = self.runner.run(plan)
-        if self.planner:
-            self.planner.mark_stale(row.request.request_id for row in plan.rows)
-            self.phases.lap("resident")
-        return self._finish_step(plan, logits)
+    def _run(self, plan: StepPlan) -> list[RequestOutput]:
+        prepared = self._prepared if self._prepared and self._prepared.plan is plan \
+            else self._prepare(plan)
+        self._prepared = None
+        # [sampling rows (then padding), vocab]
+        logits = prepared.logits if prepared.logits is not None else prepared.launch()
+        # a row whose request finished after this step was planned runs, unsampled
+        sampling = [row.request for row in plan.rows if row.samples]
+        live = [r for r in sampling if not r.finish_reason]
+        if len(live) < len(sampling):
+            logits = logits[[i for i, r in enumerate(sampling) if not r.finish_reason]]
+        tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live]) \
+            if live else None
+        self.phases.lap("sampler")
+        self._commit(plan, prepared, live)
+        if self.config.plan_ahead == "on":
+            self._plan_next()
+        tokens = self.phases.event_sync(tokens_gpu.tolist) if live else []
+        self.phases.lap("sample_sync")
+        outputs = [self._emit(request, token) for request, token in zip(live, tokens, strict=True)]
+        self.phases.lap("outputs")
+        if self._prepared:  # the decode step planned ahead goes before these outputs leave
+            self._prepared.logits = self._prepared.launch()
+        return outputs
 
-    def _resident_step(self, plan) -> list[RequestOutput]:
+    def _prepare(self, plan: StepPlan) -> PreparedStep:
+        """What can be done before the step's token ids are known: a decode step's staging and
+        upload (or the resident planner's plan and flush); a varlen step stages at launch."""
+        if plan.kind != "decode":
+            return PreparedStep(plan, lambda: self.runner.run(plan), stale=bool(self.planner))
+        if not self.planner:
+            staged = self.runner.prepare_decode(plan)
+            return PreparedStep(plan, lambda: self.runner.launch_decode(plan, *staged))
         request_ids = [row.request.request_id for row in plan.rows]
         resident = self.planner.plan(request_ids, self.runner.bucket_for(len(request_ids)))
         staged = self.planner.flush(resident)
         self.phases.lap("resident")
-        logits = self.runner.execute_resident(plan, staged)
+        return PreparedStep(plan, lambda: self.runner.execute_resident(plan, staged),
+                            resident=(resident, staged))
 
-        def after_commit() -> None:  # streams advanced; finished requests not yet released
-            self.planner.commit(resident)
-            self.phases.lap("resident")
-            if self.row_check:
-                bucket = staged.slot_ids_gpu.shape[0]
-                meta = self.runner.decode_meta(bucket, staged.width)  # what the step read
-                self.row_check.check(plan, resident, meta)
-
-        return self._finish_step(plan, logits, after_commit)
-
-    def _finish_step(self, plan, logits, after_commit=None) -> list[RequestOutput]:
-        """Samples, commits the streams (then the planner's mirror), and emits tokens; a finished
-        request is released only after the commit, so its slot cools correctly."""
-        sampling = [row.request for row in plan.rows if row.samples]
-        tokens = []
-        if sampling:
-            tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in sampling])
-            self.phases.lap("sampler")
-            tokens = self.phases.event_sync(tokens_gpu.tolist)
-        self.phases.lap("sample_sync")
+    def _commit(self, plan: StepPlan, prepared: PreparedStep, live: list[Request]) -> None:
+        """What the step did that needs no token value: the streams advance, each sampling row
+        takes a pending token (and length is decided), the planner's mirror follows, and
+        requests that finished while the step was planned ahead are released after it."""
         self.counters[f"steps_{plan.kind}"] += 1
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
             row.request.num_computed += row.num_new
+        for request in live:
+            request.append_pending()
         self.phases.lap("commit")
-        if after_commit:
-            after_commit()
-            self.phases.lap("commit")
-        outputs = [self._emit(request, token)
-                   for request, token in zip(sampling, tokens, strict=True)]
-        self.phases.lap("outputs")
-        return outputs
+        if self.planner:
+            self._commit_planner(plan, prepared)
+            self.phases.lap("resident")
+        zombies, self._zombies = self._zombies, []
+        for request in zombies:
+            self._release(request)
+        self.phases.lap("commit")
+
+    def _commit_planner(self, plan: StepPlan, prepared: PreparedStep) -> None:
+        if prepared.stale:  # a host-planned step moved these streams
+            self.planner.mark_stale(row.request.request_id for row in plan.rows)
+        if prepared.resident:
+            resident, staged = prepared.resident
+            self.planner.commit(resident)
+            if self.row_check:
+                meta = self.runner.decode_meta(staged.slot_ids_gpu.shape[0], staged.width)
+                self.row_check.check(plan, resident, meta)  # what the step read
+
+    def _plan_next(self) -> None:
+        """Schedules the next step while this one runs on the GPU and, for a decode step,
+        stages it: its host staging is written only after the previous step's read-back, which
+        orders every earlier upload from the same host buffers before it."""
+        self._next_plan = self.scheduler.schedule()
+        self.phases.lap("schedule")
+        if self._next_plan.kind == "decode" and self._next_plan.rows:
+            self._prepared = self._prepare(self._next_plan)
 
     def _emit(self, request: Request, token: int) -> RequestOutput:
-        request.append(token)
+        request.resolve(token)
         self.counters["generated_tokens"] += 1
         if request.finish_reason:
-            self._release(request)
+            self._finish(request)
         return RequestOutput(request.request_id, [token], bool(request.finish_reason),
                              request.finish_reason)
+
+    def _finish(self, request: Request) -> None:
+        """A finished or aborted request is released now, or after the step planned ahead
+        that still holds its row."""
+        if self._next_plan and any(row.request is request for row in self._next_plan.rows):
+            self._zombies.append(request)
+            self.counters["rows_after_finish"] += 1
+        else:
+            self._release(request)
 
     def _release(self, request: Request) -> None:
         if self.planner:
@@ -278,6 +346,7 @@ class Engine:
             "reloads": scheduler.num_reloads,
             "aborts": self.counters["aborts"],
             "failed_requests": self.counters["failed_requests"],
+            "rows_after_finish": self.counters["rows_after_finish"],
             "rowcheck": self.rowcheck_counts(),
         }
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from resident.server.protocol import FINISH_LENGTH, FINISH_STOP, SamplingParams
 
+PENDING_TOKEN = -1  # a sampled token not yet read back (append_pending, then resolve)
+
 
 class Status(enum.Enum):
     WAITING = "waiting"  # holds nothing yet
@@ -42,18 +44,25 @@ class Request:
 
     @property
     def is_decode_ready(self) -> bool:
-        return self.num_computed == self.num_tokens - 1 and bool(self.output_ids)
+        return (self.num_computed == self.num_tokens - 1 and bool(self.output_ids)
+                and self.finish_reason is None)
 
     def next_tokens(self, num_new: int) -> list[int]:
         if self.is_prefilling:
             return self.prompt_ids[self.num_computed:self.num_computed + num_new]
         return [self.output_ids[-1]]
 
-    def append(self, token: int) -> None:
-        """Records a sampled token and decides whether the request is done."""
-        self.output_ids.append(token)
+    def append_pending(self) -> None:
+        """A token was sampled on the device and is not read back yet: it takes its place (so
+        the next step can be scheduled around it) and max_tokens is decided, which needs no
+        value."""
+        self.output_ids.append(PENDING_TOKEN)
+        if len(self.output_ids) >= self.params.max_tokens:
+            self.finish_reason = FINISH_LENGTH
+
+    def resolve(self, token: int) -> None:
+        """The pending token's value: a stop or EOS token finishes the request."""
+        self.output_ids[-1] = token
         params = self.params
         if not params.ignore_eos and token in self.eos_token_ids or token in params.stop_token_ids:
             self.finish_reason = FINISH_STOP
-        elif len(self.output_ids) >= params.max_tokens:
-            self.finish_reason = FINISH_LENGTH

@@ -6,7 +6,9 @@ slot into host staging arrays (numpy views of pinned memory on CUDA), then copie
 uses into device buffers that never move, so a captured graph can read them. A decode-only step
 pads to the smallest decode bucket that holds it; padding rows point at the sink page and slot.
 Its four per-row arrays sit side by side in one bucket-sized block (DecodeInputs), so a decode
-step uploads in two contiguous copies: that block and the block-table rows.
+step uploads in three contiguous copies: that block and the block-table rows when it is
+prepared (prepare_decode), its token ids when it is launched (launch_decode), since under
+`plan_ahead` a step is prepared while the one before it runs and its ids are not read back yet.
 With `cuda_graphs` on, each bucket's forward is a captured graph (graphs.py) replayed after the
 host staging and, for a host-planned attention backend, the attention plan.
 
@@ -85,8 +87,11 @@ class StepBuffers:
             host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
             return torch.zeros(shape, dtype=dtype, device=device), host.numpy()
 
-        # a decode bucket's inputs (DecodeInputs): each bucket reads its own fixed views
+        # a decode bucket's inputs (DecodeInputs): each bucket reads its own fixed views. The
+        # token ids upload from their own host array, at launch, once read back: a step staged
+        # ahead writes the block while the last step's ids may still be in flight
         self.decode_gpu, self.decode_cpu = pair(4 * max_rows)
+        self.decode_ids_cpu = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin).numpy()
 
         self.input_ids_gpu, self.input_ids_cpu = pair(max_tokens)
         self.positions_gpu, self.positions_cpu = pair(max_tokens)
@@ -197,9 +202,7 @@ class StepRunner:
         phases.lap("kv_plan")
         host.state_slots[:num_rows] = [self.states.slots[rid] for rid in ids]
         phases.lap("gdn_linear")
-        host.input_ids[:num_rows] = [r.output_ids[-1] for r in requests]
         padding = slice(num_rows, bucket)
-        host.input_ids[padding] = 0
         host.positions[padding] = 0
         host.kv_write_loc[padding] = SINK_PAGE * page_size
         host.state_slots[padding] = SINK_SLOT
@@ -315,13 +318,7 @@ class StepRunner:
         rows in order (then a decode step's padding rows)."""
         phases = self.phases
         if plan.kind == "decode":
-            bucket = self.bucket_for(len(plan.rows))
-            width = self._stage_decode(plan, bucket)
-            self._upload_decode(bucket)
-            phases.lap("kv_stage")
-            self._plan_attention(plan, bucket, width)
-            phases.lap("attention")
-            return self._launch(self.run_decode, bucket, width)
+            return self.launch_decode(plan, *self.prepare_decode(plan))
         num_tokens, width, num_sampling = self._stage(plan)
         phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
         bucket = self.prefill_bucket_for(plan)
@@ -343,6 +340,32 @@ class StepRunner:
         meta = self._varlen_meta(num_tokens, num_rows, width, num_sampling)
         phases.lap("rest")
         return self._launch(self.execute, self.buffers.input_ids_gpu[:num_tokens], meta, ops)
+
+    def prepare_decode(self, plan: StepPlan) -> tuple[int, int]:
+        """Stages and uploads a decode step's rows but their token ids (which may not be read
+        back yet); returns (bucket, width) for launch_decode."""
+        bucket = self.bucket_for(len(plan.rows))
+        width = self._stage_decode(plan, bucket)
+        self._upload_decode(bucket)
+        self.phases.lap("kv_stage")
+        return bucket, width
+
+    def launch_decode(self, plan: StepPlan, bucket: int, width: int) -> torch.Tensor:
+        """A prepared decode step: its token ids, the host attention plan if any, the bucket."""
+        self._upload_ids(plan, bucket)
+        self._plan_attention(plan, bucket, width)
+        self.phases.lap("attention")
+        return self._launch(self.run_decode, bucket, width)
+
+    def _upload_ids(self, plan: StepPlan, bucket: int) -> None:
+        """The decode rows' last tokens (then padding) into the bucket's input ids."""
+        host_ids = self.buffers.decode_ids_cpu[:bucket]
+        host_ids[:len(plan.rows)] = [row.request.output_ids[-1] for row in plan.rows]
+        host_ids[len(plan.rows):] = 0
+        self.phases.lap("declare_admit_pad")
+        DecodeInputs.input_ids_of(self.buffers.decode_gpu, bucket).copy_(
+            torch.from_numpy(host_ids), non_blocking=True)
+        self.phases.lap("kv_stage")
 
     def _launch(self, forward, *args) -> torch.Tensor:
         logits = forward(*args)
@@ -389,14 +412,7 @@ class StepRunner:
         the token ids' H2D, fa2's host plan if the backend needs one, then the bucket (its
         graph records scatter, gather, forward and advance)."""
         bucket, phases = staged.slot_ids_gpu.shape[0], self.phases
-        num_rows = len(plan.rows)
-        host_ids = DecodeInputs.input_ids_of(self.buffers.decode_cpu, bucket)
-        host_ids[:num_rows] = [row.request.output_ids[-1] for row in plan.rows]
-        host_ids[num_rows:] = 0
-        phases.lap("declare_admit_pad")
-        DecodeInputs.input_ids_of(self.buffers.decode_gpu, bucket).copy_(
-            torch.from_numpy(host_ids), non_blocking=True)
-        phases.lap("kv_stage")
+        self._upload_ids(plan, bucket)
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
             width = self._stage_tables(page_lists, bucket)

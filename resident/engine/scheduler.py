@@ -161,7 +161,8 @@ class Scheduler:
             return False
         while self.kv.admit(request.request_id, num_new) is not None:
             in_step = {id(row.request) for row in rows} | {id(request)}
-            victims = [r for r in self.running if id(r) not in in_step]
+            victims = [r for r in self.running  # a finished one is released after its step
+                       if id(r) not in in_step and r.finish_reason is None]
             if not victims:
                 return False
             self._offload(min(victims, key=lambda r: (r.last_run_step, -r.arrival)))

@@ -275,6 +275,9 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     "reloads": ("resident_reloads", "counter", "Requests reloaded."),
     "aborts": ("resident_aborts", "counter", "Requests aborted."),
     "failed_requests": ("resident_failed_requests", "counter", "Requests that failed."),
+    "rows_after_finish": ("resident_rows_after_finish", "counter",
+                          "Rows a step planned ahead ran for a request that finished or was "
+                          "aborted meanwhile (released after that step)."),
 }
 _METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily,

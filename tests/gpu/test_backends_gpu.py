@@ -275,6 +275,17 @@ def test_greedy_identical_with_and_without_graphs(backend):
                    resident_planning="auto") == eager
 
 
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("planning", ["off", "auto"])
+def test_plan_ahead_gives_the_in_order_tokens(backend, planning):
+    """The step staged while the last one runs (its uploads queued behind it on the stream)
+    against the in-order step, with graphs, at concurrency 1 and 8."""
+    for concurrency in (1, 8):
+        knobs = {"attention_backend": backend, "resident_planning": planning}
+        in_order = _greedy(concurrency, **knobs)
+        assert _greedy(concurrency, plan_ahead="on", **knobs) == in_order, concurrency
+
+
 def test_resident_at_concurrency_8_against_a_main_vs_main_yardstick():
     """At concurrency 8 rows share buckets, so batch composition decides rounding: the
     yardstick is host-planned against itself; the resident step must match it as well."""

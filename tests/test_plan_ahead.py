@@ -1,0 +1,111 @@
+"""plan_ahead on CPU (float64): the step planned and staged while the last one runs gives the
+in-order path's greedy tokens, with planning off and auto, under KV and slot pressure, with
+stop tokens that finish requests after their next step was planned, and with aborts; every
+page, slot and request is given back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resident.config import EngineConfig
+from resident.engine.engine import Engine
+from resident.model.config import load_model_config
+from resident.server.protocol import AddRequest, SamplingParams
+
+from model_driver import run_engine
+
+TINY = load_model_config("tiny")
+PRESSURE = {
+    "none": {},
+    "kv": {"num_kv_pages": 14, "prefill_token_budget": 32},
+    "slot": {"decode_buckets": (1, 2, 4, 8), "decode_order": "turns", "max_num_seqs": 24},
+}
+
+
+def make_engine(plan_ahead: str, planning: str, **knobs) -> Engine:
+    config = EngineConfig(dtype="float64", plan_ahead=plan_ahead, resident_planning=planning,
+                          row_check="on" if planning == "auto" else "off", **knobs)
+    return Engine(TINY, config, torch.device("cpu"))
+
+
+def workload(count: int, seed: int) -> dict[str, tuple[list[int], int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 50, (count,), generator=generator).tolist()
+    return {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                      4 + (7 * i) % 23) for i, n in enumerate(lengths)}
+
+
+def assert_all_given_back(engine: Engine) -> None:
+    assert not engine.requests and not engine.has_work()
+    assert engine.kv.num_used == 0 and engine.states.num_used == 0
+    if engine.planner:
+        assert engine.row_check.counts["mismatches"] == 0
+        assert not engine.planner.ledger()["held"]
+
+
+@pytest.mark.parametrize("planning", ["off", "auto"])
+@pytest.mark.parametrize("pressure", sorted(PRESSURE))
+def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
+    requests = workload(24 if pressure == "slot" else 10, seed=len(pressure))
+    concurrency = 24 if pressure == "slot" else 5
+    runs = {}
+    for plan_ahead in ("off", "on"):
+        engine = make_engine(plan_ahead, planning, **PRESSURE[pressure])
+        runs[plan_ahead] = run_engine(engine, requests, concurrency=concurrency)
+        assert_all_given_back(engine)
+        if pressure == "kv":
+            assert engine.scheduler.num_offloads > 0
+        if pressure == "slot" and planning == "auto":
+            assert engine.planner.counters["displaced"] > 0
+    assert runs["on"] == runs["off"]
+
+
+def _stop_tokens_run(plan_ahead: str, planning: str, stops: dict[str, int]):
+    """Each request stops at the token the in-order run gave it at some position."""
+    engine = make_engine(plan_ahead, planning)
+    for rid, (prompt, max_tokens) in workload(6, seed=5).items():
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                stop_token_ids=(stops[rid],) if rid in stops else ())
+        assert engine.add_request(AddRequest(rid, prompt, params)) is None
+    outputs: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return engine, outputs
+
+
+@pytest.mark.parametrize("planning", ["off", "auto"])
+def test_a_request_that_stops_after_its_next_step_was_planned(planning):
+    free_run = run_engine(make_engine("off", planning), workload(6, seed=5))
+    stops = {rid: tokens[len(tokens) // 2] for rid, tokens in free_run.items() if len(tokens) > 4}
+    in_order, want = _stop_tokens_run("off", planning, stops)
+    ahead, got = _stop_tokens_run("on", planning, stops)
+    assert got == want
+    assert any(len(want[rid]) < len(free_run[rid]) for rid in stops)  # some did stop early
+    # their rows ran once more in the step planned ahead, then were given back
+    assert ahead.counters["rows_after_finish"] > 0 == in_order.counters["rows_after_finish"]
+    assert_all_given_back(ahead)
+
+
+@pytest.mark.parametrize("planning", ["off", "auto"])
+def test_an_abort_between_steps_leaves_the_others_alone(planning):
+    requests = workload(6, seed=9)
+    want = run_engine(make_engine("off", planning), requests)
+    engine = make_engine("on", planning)
+    for rid, (prompt, max_tokens) in requests.items():
+        engine.add_request(AddRequest(rid, prompt, SamplingParams(max_tokens=max_tokens,
+                                                                  ignore_eos=True)))
+    got: dict[str, list[int]] = {rid: [] for rid in requests}
+    for step in range(1000):
+        if step == 6:
+            engine.abort("r2")  # its row is in the step planned ahead
+        if not engine.has_work():
+            break
+        for out in engine.step():
+            got[out.request_id].extend(out.new_token_ids)
+    assert engine.counters["aborts"] == 1 and engine.counters["rows_after_finish"] >= 1
+    assert {rid: t for rid, t in got.items() if rid != "r2"} == \
+        {rid: t for rid, t in want.items() if rid != "r2"}
+    assert got["r2"] == want["r2"][:len(got["r2"])]
+    assert_all_given_back(engine)
