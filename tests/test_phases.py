@@ -125,6 +125,21 @@ def test_host_planned_decode_reports_its_plan_parts():
         assert decode[part] > 0, part
 
 
+def test_plan_ahead_times_the_next_steps_plan_inside_this_one():
+    server = Server("--set", "phase_timing=on", "--set", "plan_ahead=on").wait_ready()
+    try:
+        before = _steps(server)
+        _load(server, count=4, concurrency=2)
+        after = _steps(server)
+        kinds = run(get(server.url + "/debug/phases"))[1]["kinds"]
+    finally:
+        server.stop()
+    for kind, row in kinds.items():
+        _assert_sensible(row)
+        assert row["steps"] == after[kind] - before[kind], kind
+    assert kinds["decode"]["resident"] > 0
+
+
 def test_debug_phases_without_phase_timing_is_empty():
     server = Server().wait_ready()
     try:

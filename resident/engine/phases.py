@@ -18,7 +18,9 @@ and commit), `sampler` (the sampler's launches before its sync), `declare_admit_
 step's token ids and its padding rows), `rest` (the plan's remainder: buckets, metadata).
 
 The step path is one thread, so the three roles are three shares of one thread's CPU; with
-phase timing off the engine holds `NO_PHASES`, whose methods do nothing.
+phase timing off the engine holds `NO_PHASES`, whose methods do nothing. Under `plan_ahead`
+a step's record holds the next step's scheduling, staging and (for decode) launch, which run
+inside it, and not its own: the means per step are the same work, shifted by one step.
 """
 
 from __future__ import annotations
