@@ -74,7 +74,9 @@ class EngineConfig:
     # the H200, results/2026-11-29-h200-0.8b-fusions), or cuBLAS
     decode_gemm: str = "skinny"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
-    step_thread_cores: str = ""  # CPU list for the engine core's step threads
+    # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
+    # outside api_core (step_cores in core.py); empty: not pinned
+    step_thread_cores: str = ""
     seed: int = 0  # seeds sampling for requests that bring no seed
 
     def __post_init__(self) -> None:
@@ -99,7 +101,8 @@ class EngineConfig:
         _check_buckets("decode_buckets", self.decode_buckets, allow_empty=False)
         _check_buckets("prefill_buckets", self.prefill_buckets, allow_empty=True)
         for knob in ("api_core", "step_thread_cores"):
-            parse_cpu_list(getattr(self, knob), knob)
+            if getattr(self, knob) != "auto" or knob == "api_core":
+                parse_cpu_list(getattr(self, knob), knob)
 
     @property
     def max_decode_rows(self) -> int:

@@ -18,6 +18,7 @@ from resident.model.config import (
     load_model_config,
     shipped_model_names,
 )
+from resident.server.core import step_cores
 
 
 def test_shipped_configs_have_the_real_structure():
@@ -102,6 +103,10 @@ def test_env_names():
         ({}, {}, {"decode_buckets": "4,2"}, "knob decode_buckets: must be increasing"),
         ({}, {}, {"resident_planning": "on"}, "knob resident_planning: 'on' is not one of"),
         ({}, {}, {"api_core": "a-b"}, "knob api_core: 'a-b' is not a CPU list"),
+        ({}, {}, {"api_core": "auto"}, "knob api_core: 'auto' is not a CPU list"),
+        ({}, {}, {"step_thread_cores": "autox"},
+         "knob step_thread_cores: 'autox' is not a CPU list"),
+        ({}, {}, {"plan_ahead": "auto"}, "knob plan_ahead: 'auto' is not one of"),
         ({}, {}, {"num_kv_pages": "1"}, "knob num_kv_pages: needs at least 2"),
     ],
 )
@@ -123,3 +128,14 @@ def test_resolve_sizes_the_auto_knobs():
     assert EngineConfig().resolve(tiny, "cuda").num_kv_pages == 0  # sized by the core
     with pytest.raises(ValueError, match="max_model_len: 5000 exceeds"):
         EngineConfig(max_model_len=5000).resolve(tiny, "cpu")
+
+
+@pytest.mark.parametrize("knobs, allowed, cores", [
+    ({"step_thread_cores": "auto", "api_core": "3"}, [0, 1, 2, 3], [0, 1]),
+    ({"step_thread_cores": "auto", "api_core": "0"}, [0, 1, 2, 3], [1, 2]),
+    ({"step_thread_cores": "auto", "api_core": "1"}, [0, 1], [0, 1]),  # too few left: all
+    ({"step_thread_cores": "2-3"}, [0, 1, 2, 3], [2, 3]),
+    ({}, [0, 1], []),
+])
+def test_step_thread_cores(knobs, allowed, cores):
+    assert step_cores(EngineConfig(**knobs), allowed) == cores

@@ -60,9 +60,11 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
 
     from resident.engine.engine import Engine, freeze_heap
 
-    cores = parse_cpu_list(config.step_thread_cores, "step_thread_cores")
+    cores = step_cores(config, sorted(os.sched_getaffinity(0)))
     if cores:
         os.sched_setaffinity(0, cores)
+        log.info("step thread on CPUs %s (step_thread_cores=%s)", cores,
+                 config.step_thread_cores)
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
     if device_name == "auto":
         device_name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,6 +77,16 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
     info = engine.info()
     log.info("planning mode: %s (%s)", info["planning_mode"], info["planning_reason"])
     return engine
+
+
+def step_cores(config: EngineConfig, allowed: list[int]) -> list[int]:
+    """The CPUs the engine core pins to: step_thread_cores as given, or for `auto` the two
+    lowest allowed CPUs outside api_core (all allowed CPUs when fewer remain); [] unpinned."""
+    if config.step_thread_cores != "auto":
+        return parse_cpu_list(config.step_thread_cores, "step_thread_cores")
+    api = set(parse_cpu_list(config.api_core, "api_core"))
+    free = [cpu for cpu in allowed if cpu not in api]
+    return free[:2] if len(free) >= 2 else allowed
 
 
 def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
