@@ -31,7 +31,7 @@ _CHOICES = {
     "resident_planning": ("off", "auto"),
     "row_check": ("off", "on"),
     "phase_timing": ("off", "on"),
-    "plan_ahead": ("off", "on"),
+    "plan_ahead": ("off", "on", "launch"),
     "attention_backend": ("auto", "flashinfer", "triton", "torch"),
     "cuda_graphs": ("auto", "on", "off"),
     "padded_prefill": ("auto", "on", "off"),
@@ -57,8 +57,9 @@ class EngineConfig:
     resident_planning: str = "auto"
     row_check: str = "off"  # debug: sync after each resident step and compare rows with streams
     phase_timing: str = "off"  # ms per step of each phase at GET /debug/phases (phases.py)
-    # schedule and stage step N+1 while step N runs on the GPU, before N's tokens are read
-    # back (engine.py). Off by default until it has run on a GPU.
+    # on: schedule and stage step N+1 while step N runs on the GPU, before N's tokens are read
+    # back; launch: also launch a decode step N+1 before that read-back, its token ids gathered
+    # from N's sampled tokens on the device (engine.py). Off by default until run on a GPU.
     plan_ahead: str = "off"
     attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA

@@ -1,7 +1,8 @@
-"""plan_ahead on CPU (float64): the step planned and staged while the last one runs gives the
-in-order path's greedy tokens, with planning off and auto, under KV and slot pressure, with
-stop tokens that finish requests after their next step was planned, and with aborts; every
-page, slot and request is given back."""
+"""plan_ahead on CPU (float64): the step planned and staged while the last one runs (`on`),
+and launched before its tokens are read back with its ids gathered from them on the device
+(`launch`), gives the in-order path's greedy tokens, with planning off and auto, under KV and
+slot pressure, with stop tokens that finish requests after their next step was planned, and
+with aborts; every page, slot and request is given back."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
     requests = workload(24 if pressure == "slot" else 10, seed=len(pressure))
     concurrency = 24 if pressure == "slot" else 5
     runs = {}
-    for plan_ahead in ("off", "on"):
+    for plan_ahead in ("off", "on", "launch"):
         engine = make_engine(plan_ahead, planning, **PRESSURE[pressure])
         runs[plan_ahead] = run_engine(engine, requests, concurrency=concurrency)
         assert_all_given_back(engine)
@@ -59,6 +60,7 @@ def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
         if pressure == "slot" and planning == "auto":
             assert engine.planner.counters["displaced"] > 0
     assert runs["on"] == runs["off"]
+    assert runs["launch"] == runs["off"]
 
 
 def _stop_tokens_run(plan_ahead: str, planning: str, stops: dict[str, int]):
@@ -76,11 +78,12 @@ def _stop_tokens_run(plan_ahead: str, planning: str, stops: dict[str, int]):
 
 
 @pytest.mark.parametrize("planning", ["off", "auto"])
-def test_a_request_that_stops_after_its_next_step_was_planned(planning):
+@pytest.mark.parametrize("mode", ["on", "launch"])
+def test_a_request_that_stops_after_its_next_step_was_planned(planning, mode):
     free_run = run_engine(make_engine("off", planning), workload(6, seed=5))
     stops = {rid: tokens[len(tokens) // 2] for rid, tokens in free_run.items() if len(tokens) > 4}
     in_order, want = _stop_tokens_run("off", planning, stops)
-    ahead, got = _stop_tokens_run("on", planning, stops)
+    ahead, got = _stop_tokens_run(mode, planning, stops)
     assert got == want
     assert any(len(want[rid]) < len(free_run[rid]) for rid in stops)  # some did stop early
     # their rows ran once more in the step planned ahead, then were given back
@@ -89,10 +92,11 @@ def test_a_request_that_stops_after_its_next_step_was_planned(planning):
 
 
 @pytest.mark.parametrize("planning", ["off", "auto"])
-def test_an_abort_between_steps_leaves_the_others_alone(planning):
+@pytest.mark.parametrize("mode", ["on", "launch"])
+def test_an_abort_between_steps_leaves_the_others_alone(planning, mode):
     requests = workload(6, seed=9)
     want = run_engine(make_engine("off", planning), requests)
-    engine = make_engine("on", planning)
+    engine = make_engine(mode, planning)
     for rid, (prompt, max_tokens) in requests.items():
         engine.add_request(AddRequest(rid, prompt, SamplingParams(max_tokens=max_tokens,
                                                                   ignore_eos=True)))

@@ -1,16 +1,24 @@
 """Engine: the model, its caches and pools, the scheduler, the runner and the sampler, stepped by
 the engine-core process.
 
-A step launches its forward, samples on the device, commits what needs no token value (the
-streams advance; each sampling row takes a pending token, so max_tokens is decided), then reads
-the tokens back, the step's one wait for the GPU, and emits. With `plan_ahead: on` the next step
-is scheduled, and a decode step staged (host arrays and uploads, or the resident planner's plan
-and flush), between the commit and the read-back, while the GPU runs: the host work of a step
-overlaps the GPU work of the one before it. A decode step planned ahead is launched as soon as
-the tokens it reads are emitted, before the engine core sends them and takes in new requests,
-so what is left between two replays is the read-back, the emit and the launch. A request that
-finishes on a stop token (or is aborted) while its row is in the step planned ahead is released
-after that step, which runs its row unsampled (`rows_after_finish`)."""
+A step launches its forward, samples on the device and queues the tokens' copy to the host,
+commits what needs no token value (the streams advance; each sampling row takes a pending token,
+so max_tokens is decided), then waits for the tokens, the step's one wait for the GPU, and
+emits. `plan_ahead` overlaps the next step with this one:
+
+- `on`: between the commit and the wait, the next step is scheduled and, if it is a decode
+  step, staged (host arrays and uploads, or the resident planner's plan and flush), while the
+  GPU runs this one; it launches once this step's tokens are emitted, before the engine core
+  sends them and takes in new requests.
+- `launch`: the staged decode step also launches before the wait, its token ids gathered on the
+  device from this step's sampled tokens (runner.SampledTokens), so the GPU goes from one step
+  to the next without waiting for the host.
+
+Host staging is reused safely because every launch moves the read-back's event past its uploads
+(TokenReadback.mark): the wait that returns a step's tokens also frees the host sources of every
+upload queued before it. A request that finishes on a stop token (or is aborted) while its row
+is in the next step, planned or launched, is released after that step, which runs its row
+unsampled (`rows_after_finish`)."""
 
 from __future__ import annotations
 
@@ -31,8 +39,8 @@ from resident.config import EngineConfig
 from resident.engine.phases import NO_PHASES, PhaseTiming
 from resident.engine.request import Request
 from resident.engine.rowcheck import RowCheck
-from resident.engine.runner import StepRunner
-from resident.engine.sampler import Sampler
+from resident.engine.runner import SampledTokens, StepRunner
+from resident.engine.sampler import Sampler, TokenReadback
 from resident.engine.scheduler import Scheduler, StepPlan
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
@@ -67,13 +75,18 @@ def size_kv_pages(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) 
 
 @dataclass
 class PreparedStep:
-    """A step staged as far as it goes before its token ids are read back."""
+    """A step staged as far as it goes before its token ids are known."""
 
     plan: StepPlan
-    launch: Callable[[], torch.Tensor]  # token ids, host attention plan, the forward: logits
+    upload: Callable[[SampledTokens | None], None]  # token ids, the host attention plan
+    forward: Callable[[], torch.Tensor]  # the forward (a decode bucket's replay): logits
     resident: tuple[ResidentPlan, StagedStep] | None = None  # a resident step's plan and flush
     logits: torch.Tensor | None = None  # once launched
     stale: bool = False  # a host-planned step under a planner: its rows are rewritten next time
+
+
+def _no_upload(sampled: SampledTokens | None) -> None:
+    pass
 
 
 NODE = "llm"
@@ -134,6 +147,7 @@ class Engine:
                           if self.planner and config.row_check == "on" else None)
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
         self.sampler = Sampler(device, config.seed)
+        self.readback = TokenReadback(device, max(config.max_num_seqs, config.max_decode_rows))
         self.requests: dict[str, Request] = {}
         # plan_ahead: the next step, scheduled (and, for decode, staged) while this one ran,
         # and the finished requests whose rows that step still holds
@@ -228,39 +242,55 @@ class Engine:
             else self._prepare(plan)
         self._prepared = None
         # [sampling rows (then padding), vocab]
-        logits = prepared.logits if prepared.logits is not None else prepared.launch()
+        logits = prepared.logits if prepared.logits is not None else self._launch(prepared)
         # a row whose request finished after this step was planned runs, unsampled
         sampling = [row.request for row in plan.rows if row.samples]
         live = [r for r in sampling if not r.finish_reason]
         if len(live) < len(sampling):
             logits = logits[[i for i, r in enumerate(sampling) if not r.finish_reason]]
-        tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live]) \
-            if live else None
+        if live:
+            tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live])
+            self.readback.start(tokens_gpu)
         self.phases.lap("sampler")
         self._commit(plan, prepared, live)
-        if self.config.plan_ahead == "on":
+        if self.config.plan_ahead != "off":
             self._plan_next()
-        tokens = self.phases.event_sync(tokens_gpu.tolist) if live else []
+        if self._prepared and live and self.config.plan_ahead == "launch":
+            sampled = SampledTokens(tokens_gpu, {r.request_id: i for i, r in enumerate(live)})
+            self._prepared.logits = self._launch(self._prepared, sampled)
+        tokens = self.phases.event_sync(self.readback.wait) if live else []
         self.phases.lap("sample_sync")
         outputs = [self._emit(request, token) for request, token in zip(live, tokens, strict=True)]
         self.phases.lap("outputs")
-        if self._prepared:  # the decode step planned ahead goes before these outputs leave
-            self._prepared.logits = self._prepared.launch()
+        if self._prepared and self._prepared.logits is None:  # before these outputs leave
+            self._prepared.logits = self._launch(self._prepared)
         return outputs
+
+    def _launch(self, prepared: PreparedStep, sampled: SampledTokens | None = None):
+        """Uploads a prepared step's token ids, moves the read-back's event past them (so the
+        wait that returns the last step's tokens also frees their host sources), runs it."""
+        prepared.upload(sampled)
+        self.readback.mark()
+        return prepared.forward()
 
     def _prepare(self, plan: StepPlan) -> PreparedStep:
         """What can be done before the step's token ids are known: a decode step's staging and
         upload (or the resident planner's plan and flush); a varlen step stages at launch."""
+        runner = self.runner
         if plan.kind != "decode":
-            return PreparedStep(plan, lambda: self.runner.run(plan), stale=bool(self.planner))
+            return PreparedStep(plan, _no_upload, lambda: runner.run(plan),
+                                stale=bool(self.planner))
         if not self.planner:
-            staged = self.runner.prepare_decode(plan)
-            return PreparedStep(plan, lambda: self.runner.launch_decode(plan, *staged))
+            bucket, width = runner.prepare_decode(plan)
+            return PreparedStep(plan, lambda s: runner.upload_decode(plan, bucket, width, s),
+                                lambda: runner.forward_decode(bucket, width))
         request_ids = [row.request.request_id for row in plan.rows]
-        resident = self.planner.plan(request_ids, self.runner.bucket_for(len(request_ids)))
+        resident = self.planner.plan(request_ids, runner.bucket_for(len(request_ids)))
         staged = self.planner.flush(resident)
         self.phases.lap("resident")
-        return PreparedStep(plan, lambda: self.runner.execute_resident(plan, staged),
+        bucket = staged.slot_ids_gpu.shape[0]
+        return PreparedStep(plan, lambda s: runner.upload_resident(plan, staged, s),
+                            lambda: runner.forward_decode(bucket, staged.width),
                             resident=(resident, staged))
 
     def _commit(self, plan: StepPlan, prepared: PreparedStep, live: list[Request]) -> None:

@@ -7,8 +7,9 @@ uses into device buffers that never move, so a captured graph can read them. A d
 pads to the smallest decode bucket that holds it; padding rows point at the sink page and slot.
 Its four per-row arrays sit side by side in one bucket-sized block (DecodeInputs), so a decode
 step uploads in three contiguous copies: that block and the block-table rows when it is
-prepared (prepare_decode), its token ids when it is launched (launch_decode), since under
-`plan_ahead` a step is prepared while the one before it runs and its ids are not read back yet.
+prepared (prepare_decode), its token ids when it is launched (upload_decode), since under
+`plan_ahead` a step is prepared while the one before it runs and its ids are not read back yet
+(under `plan_ahead=launch` they are gathered on the device from that step's sampled tokens).
 With `cuda_graphs` on, each bucket's forward is a captured graph (graphs.py) replayed after the
 host staging and, for a host-planned attention backend, the attention plan.
 
@@ -77,6 +78,15 @@ class DecodeInputs:
         return flat[:bucket]
 
 
+@dataclass(frozen=True)
+class SampledTokens:
+    """A step's sampled tokens still on the device, for the next step's token ids when it
+    launches before they are read back (plan_ahead=launch)."""
+
+    tokens_gpu: torch.Tensor  # [rows], in the order of index_of
+    index_of: dict[str, int]  # request id -> its row in tokens_gpu
+
+
 class StepBuffers:
     """Fixed-address device buffers a step reads, and their host staging twins."""
 
@@ -92,6 +102,10 @@ class StepBuffers:
         # ahead writes the block while the last step's ids may still be in flight
         self.decode_gpu, self.decode_cpu = pair(4 * max_rows)
         self.decode_ids_cpu = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin).numpy()
+        # rows whose ids come from the last step's tokens on the device: k destinations then
+        # k sources, contiguous
+        self.id_rows_gpu, self.id_rows_cpu = pair(2 * max_rows)
+        self.id_values_gpu = torch.zeros(max_rows, dtype=torch.int64, device=device)
 
         self.input_ids_gpu, self.input_ids_cpu = pair(max_tokens)
         self.positions_gpu, self.positions_cpu = pair(max_tokens)
@@ -318,7 +332,9 @@ class StepRunner:
         rows in order (then a decode step's padding rows)."""
         phases = self.phases
         if plan.kind == "decode":
-            return self.launch_decode(plan, *self.prepare_decode(plan))
+            bucket, width = self.prepare_decode(plan)
+            self.upload_decode(plan, bucket, width)
+            return self.forward_decode(bucket, width)
         num_tokens, width, num_sampling = self._stage(plan)
         phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
         bucket = self.prefill_bucket_for(plan)
@@ -343,28 +359,49 @@ class StepRunner:
 
     def prepare_decode(self, plan: StepPlan) -> tuple[int, int]:
         """Stages and uploads a decode step's rows but their token ids (which may not be read
-        back yet); returns (bucket, width) for launch_decode."""
+        back yet); returns (bucket, width) for upload_decode and forward_decode."""
         bucket = self.bucket_for(len(plan.rows))
         width = self._stage_decode(plan, bucket)
         self._upload_decode(bucket)
         self.phases.lap("kv_stage")
         return bucket, width
 
-    def launch_decode(self, plan: StepPlan, bucket: int, width: int) -> torch.Tensor:
-        """A prepared decode step: its token ids, the host attention plan if any, the bucket."""
-        self._upload_ids(plan, bucket)
+    def upload_decode(self, plan: StepPlan, bucket: int, width: int,
+                      sampled: SampledTokens | None = None) -> None:
+        """A prepared decode step's token ids and the host attention plan, if any; then
+        forward_decode(bucket, width) runs it."""
+        self._upload_ids(plan, bucket, sampled)
         self._plan_attention(plan, bucket, width)
         self.phases.lap("attention")
+
+    def forward_decode(self, bucket: int, width: int) -> torch.Tensor:
         return self._launch(self.run_decode, bucket, width)
 
-    def _upload_ids(self, plan: StepPlan, bucket: int) -> None:
-        """The decode rows' last tokens (then padding) into the bucket's input ids."""
-        host_ids = self.buffers.decode_ids_cpu[:bucket]
-        host_ids[:len(plan.rows)] = [row.request.output_ids[-1] for row in plan.rows]
-        host_ids[len(plan.rows):] = 0
+    def _upload_ids(self, plan: StepPlan, bucket: int, sampled: SampledTokens | None) -> None:
+        """The decode rows' last tokens (then padding) into the bucket's input ids: from the
+        host, or for rows the last step sampled and has not read back, from its tokens on the
+        device (one copy when they lead in the same order, else a gather)."""
+        num_rows, buf = len(plan.rows), self.buffers
+        sources = [sampled.index_of.get(row.request.request_id, -1) if sampled else -1
+                   for row in plan.rows]
+        host_ids = buf.decode_ids_cpu[:bucket]
+        host_ids[:num_rows] = [0 if source >= 0 else row.request.output_ids[-1]
+                               for row, source in zip(plan.rows, sources, strict=True)]
+        host_ids[num_rows:] = 0
         self.phases.lap("declare_admit_pad")
-        DecodeInputs.input_ids_of(self.buffers.decode_gpu, bucket).copy_(
-            torch.from_numpy(host_ids), non_blocking=True)
+        ids_gpu = DecodeInputs.input_ids_of(buf.decode_gpu, bucket)
+        ids_gpu.copy_(torch.from_numpy(host_ids), non_blocking=True)
+        moved = [(row, source) for row, source in enumerate(sources) if source >= 0]
+        if moved and sources[:len(moved)] == list(range(len(moved))):
+            ids_gpu[:len(moved)].copy_(sampled.tokens_gpu[:len(moved)])
+        elif moved:
+            count = len(moved)
+            rows_cpu, rows_gpu = buf.id_rows_cpu[:2 * count], buf.id_rows_gpu[:2 * count]
+            rows_cpu[:] = np.array(moved).T.reshape(-1)
+            rows_gpu.copy_(torch.from_numpy(rows_cpu), non_blocking=True)
+            values = buf.id_values_gpu[:count]
+            torch.index_select(sampled.tokens_gpu, 0, rows_gpu[count:], out=values)
+            ids_gpu.index_copy_(0, rows_gpu[:count], values)
         self.phases.lap("kv_stage")
 
     def _launch(self, forward, *args) -> torch.Tensor:
@@ -407,19 +444,19 @@ class StepRunner:
 
     # -- the resident decode step -----------------------------------------------------------
 
-    def execute_resident(self, plan: StepPlan, staged: StagedStep) -> torch.Tensor:
-        """A resident decode step over the same fixed buffers, after planner.flush staged it:
-        the token ids' H2D, fa2's host plan if the backend needs one, then the bucket (its
-        graph records scatter, gather, forward and advance)."""
+    def upload_resident(self, plan: StepPlan, staged: StagedStep,
+                        sampled: SampledTokens | None = None) -> None:
+        """A resident decode step, after planner.flush staged it: its token ids and fa2's host
+        plan if the backend needs one; then forward_decode(bucket, staged.width) runs the
+        bucket (its graph records scatter, gather, forward and advance)."""
         bucket, phases = staged.slot_ids_gpu.shape[0], self.phases
-        self._upload_ids(plan, bucket)
+        self._upload_ids(plan, bucket, sampled)
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
             page_lists = [self.kv.streams[row.request.request_id].pages for row in plan.rows]
             width = self._stage_tables(page_lists, bucket)
             phases.lap("kv_plan")
             self._plan_attention(plan, bucket, width)
             phases.lap("attention")
-        return self._launch(self.run_decode, bucket, staged.width)
 
     # -- execution --------------------------------------------------------------------------
 

@@ -49,3 +49,30 @@ class Sampler:
             scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
         probs = torch.softmax(scaled, dim=-1)
         return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+class TokenReadback:
+    """A step's sampled tokens, copied to pinned host memory behind an event: `start` queues
+    the copy, `mark` moves the event past what the stream took since (the next step's uploads,
+    when that step launches before the read-back, so that waiting also frees their host
+    sources), `wait` blocks until then and returns the tokens. On CPU the copy is done at once."""
+
+    def __init__(self, device: torch.device, max_rows: int) -> None:
+        cuda = device.type == "cuda"
+        self._host = torch.zeros(max_rows, dtype=torch.int64, pin_memory=cuda)
+        self._event = torch.cuda.Event() if cuda else None
+        self._count = 0
+
+    def start(self, tokens: torch.Tensor) -> None:
+        self._count = tokens.shape[0]
+        self._host[:self._count].copy_(tokens, non_blocking=True)
+        self.mark()
+
+    def mark(self) -> None:
+        if self._event is not None:
+            self._event.record()
+
+    def wait(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host[:self._count].tolist()

@@ -278,12 +278,14 @@ def test_greedy_identical_with_and_without_graphs(backend):
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
 @pytest.mark.parametrize("planning", ["off", "auto"])
 def test_plan_ahead_gives_the_in_order_tokens(backend, planning):
-    """The step staged while the last one runs (its uploads queued behind it on the stream)
-    against the in-order step, with graphs, at concurrency 1 and 8."""
+    """The step staged while the last one runs (its uploads queued behind it on the stream),
+    and launched before the last one's tokens are read back (its ids gathered from them on
+    the device), against the in-order step, with graphs, at concurrency 1 and 8."""
     for concurrency in (1, 8):
         knobs = {"attention_backend": backend, "resident_planning": planning}
         in_order = _greedy(concurrency, **knobs)
-        assert _greedy(concurrency, plan_ahead="on", **knobs) == in_order, concurrency
+        for mode in ("on", "launch"):
+            assert _greedy(concurrency, plan_ahead=mode, **knobs) == in_order, (concurrency, mode)
 
 
 def test_resident_at_concurrency_8_against_a_main_vs_main_yardstick():
