@@ -66,17 +66,11 @@ def print_phases(results: dict[str, Any], manifest: dict[str, Any], fmt: OutputF
     if fmt == OutputFormat.md:
         sys.stdout.write(phases.phases_md(results, manifest))
         return
-    arms = [arm["name"] for arm in manifest["arms"]]
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else WIDE)
-    for title, header, rows in (
-            ("ms per decode step by phase", ["cell", "arm", *phases.COLUMNS, "steps"],
-             phases.phase_rows(results, arms)),
-            (f"plan thread, {arms[0]} against each arm",
-             ["cell", "arm", "plan ms", "arm takes", f"of {arms[0]}'s step"],
-             phases.takes_rows(results, arms))):
-        table = Table(title=title, box=box.SIMPLE_HEAD)
-        for index, name in enumerate(header):
+    for spec in phases.phase_tables(results, [arm["name"] for arm in manifest["arms"]]):
+        table = Table(title=spec.title, box=box.SIMPLE_HEAD)
+        for index, name in enumerate(spec.header):
             table.add_column(name, justify="left" if index < 2 else "right")
-        for row in rows:
+        for row in spec.rows:
             table.add_row(*row)
         console.print(table)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,21 +103,39 @@ def takes_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list
     return rows
 
 
-def phases_md(results: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> str:
-    arms = [a["name"] for a in manifest["arms"]]
+@dataclass(frozen=True)
+class PhaseTable:
+    """One of phases.md's tables, as both the markdown and the stdout table render it."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+
+def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[PhaseTable]:
+    """The design's two tables: the plan thread's CPU by phase per arm and cell, and what each
+    arm takes off the baseline's (arms[0]) plan thread."""
     baseline = arms[0]
-    first = _md_table(["cell", "arm", *COLUMNS, "steps"], phase_rows(results, arms),
-                      "ll" + "r" * (len(COLUMNS) + 1))
-    second = _md_table(["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
-                        f"of {baseline}'s step"], takes_rows(results, arms), "llrrr")
+    return [
+        PhaseTable("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
+                   phase_rows(results, arms)),
+        PhaseTable(f"The plan thread, {baseline} against each arm",
+                   ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
+                    f"of {baseline}'s step"], takes_rows(results, arms)),
+    ]
+
+
+def phases_md(results: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> str:
+    tables = phase_tables(results, [a["name"] for a in manifest["arms"]])
     return "\n\n".join([
         _title(manifest, "phases"), header_line(manifest),
         "ms per decode step, phase timing on, one server per arm, a steady load per cell after "
         "a warm-up and a reset. `step` and `event_sync` are wall time; the rest is thread CPU "
         "time. `plan` is the sum of the parts right of it (resident/engine/phases.py says what "
         "each part holds). Every step kind is in phases.json.",
-        "## Plan thread CPU by phase", first,
-        f"## The plan thread, {baseline} against each arm", second]) + "\n"
+        *(part for table in tables for part in (
+            f"## {table.title}",
+            _md_table(table.header, table.rows, "ll" + "r" * (len(table.header) - 2))))]) + "\n"
 
 
 def write_phases(out: Path, results: dict[str, dict[str, Any]],
