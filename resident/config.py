@@ -101,13 +101,18 @@ class EngineConfig:
             raise ValueError(f"knob kv_cache_gib: must be > 0, got {self.kv_cache_gib}")
         _check_buckets("decode_buckets", self.decode_buckets, allow_empty=False)
         _check_buckets("prefill_buckets", self.prefill_buckets, allow_empty=True)
-        for knob in ("api_core", "step_thread_cores"):
-            if getattr(self, knob) != "auto" or knob == "api_core":
-                parse_cpu_list(getattr(self, knob), knob)
+        parse_cpu_list(self.api_core, "api_core")
+        if self.step_thread_cores != "auto":
+            parse_cpu_list(self.step_thread_cores, "step_thread_cores")
 
     @property
     def max_decode_rows(self) -> int:
         return self.decode_buckets[-1]
+
+    @property
+    def max_step_rows(self) -> int:
+        """The most rows (requests) one step can hold, decode or varlen."""
+        return max(self.max_num_seqs, self.max_decode_rows)
 
     def changed(self) -> dict[str, Any]:
         """Knobs that differ from the defaults."""

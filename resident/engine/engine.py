@@ -147,7 +147,7 @@ class Engine:
                           if self.planner and config.row_check == "on" else None)
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
         self.sampler = Sampler(device, config.seed)
-        self.readback = TokenReadback(device, max(config.max_num_seqs, config.max_decode_rows))
+        self.readback = TokenReadback(device, config.max_step_rows)
         self.requests: dict[str, Request] = {}
         # plan_ahead: the next step, scheduled (and, for decode, staged) while this one ran,
         # and the finished requests whose rows that step still holds

@@ -73,8 +73,8 @@ class DecodeInputs:
 
     @staticmethod
     def input_ids_of(flat, bucket: int):
-        """`of(flat, bucket).input_ids` without building the other three views (the resident
-        step writes only these)."""
+        """`of(flat, bucket).input_ids` without building the other three views (a step's
+        token ids upload on their own, at launch)."""
         return flat[:bucket]
 
 
@@ -138,7 +138,7 @@ class StepRunner:
         self.resident_ops = (ResidentOps(planner, config.page_size, use_triton)
                              if planner else None)
         self.page_size = config.page_size
-        max_rows = max(config.max_num_seqs, config.max_decode_rows)
+        max_rows = config.max_step_rows
         max_tokens = config.prefill_token_budget + config.max_decode_rows
         self.max_pages = -(-config.max_model_len // config.page_size)
         self.buffers = StepBuffers(max_tokens, max_rows, self.max_pages, self.device)
@@ -261,10 +261,11 @@ class StepRunner:
         _copy_all(copies + [self._table_rows(num_rows)])
 
     def _upload_decode(self, bucket: int) -> None:
-        """A decode bucket's two copies: its inputs block and its block-table rows (token rows,
-        query starts and logits rows are aranges on the device)."""
+        """A decode bucket's two copies: its inputs block past the token ids (which upload at
+        launch, _upload_ids) and its block-table rows (token rows, query starts and logits
+        rows are aranges on the device)."""
         buf = self.buffers
-        _copy_all([(buf.decode_gpu[:4 * bucket], buf.decode_cpu[:4 * bucket]),
+        _copy_all([(buf.decode_gpu[bucket:4 * bucket], buf.decode_cpu[bucket:4 * bucket]),
                    self._table_rows(bucket)])
 
     def _table_rows(self, num_rows: int) -> tuple[torch.Tensor, np.ndarray]:
