@@ -59,8 +59,9 @@ class EngineConfig:
     phase_timing: str = "off"  # ms per step of each phase at GET /debug/phases (phases.py)
     # on: schedule and stage step N+1 while step N runs on the GPU, before N's tokens are read
     # back; launch: also launch a decode step N+1 before that read-back, its token ids gathered
-    # from N's sampled tokens on the device (engine.py). Off by default until run on a GPU.
-    plan_ahead: str = "off"
+    # from N's sampled tokens on the device (engine.py); the H200's decode step is then the
+    # GPU's (results/2026-11-30-h200-0.8b-ahead)
+    plan_ahead: str = "launch"
     attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
     # a prefill step of one fresh row (nothing computed yet) runs padded to the smallest

@@ -169,6 +169,8 @@ class ResidentPlanner:
         self.staging_gpu = torch.zeros(staging, dtype=torch.int64, device=device)
         self.slot_ids_gpu = self.staging_gpu[:max_bucket]  # [max_bucket]
         self.cells_gpu = self.staging_gpu[max_bucket:].view(self.cell_capacity, 3)
+        # [bucket] views of slot_ids_gpu, made once: a step's flush hands one out
+        self._slot_views = [self.slot_ids_gpu[:bucket] for bucket in range(max_bucket + 1)]
         self._slots = [_Slot() for _ in range(self.num_rows)]
         self._slot_of: dict[str, int] = {}
         self._free: deque[int] = deque(range(1, self.num_rows))
@@ -199,26 +201,8 @@ class ResidentPlanner:
             raise ValueError(f"a resident step of {len(request_ids)} rows in bucket {bucket} "
                              f"(widest {self.max_bucket})")
         seq = next(self._seqs)
-        in_step = set(request_ids)
-        free = list(self._free)
-        new_slots, displaced, taken = [], [], {}
-        for rid in request_ids:
-            if rid in self._slot_of:
-                continue
-            slot = free.pop(0) if free else self._victim(in_step, displaced)
-            if slot is None:
-                raise RuntimeError("no slot to displace: more rows in flight than 2 * B")
-            taken[rid] = slot
-            new_slots.append(rid)
-        # apply: nothing above touched planner state
-        for slot in displaced:
-            self._drop_owner(slot)
-            self.counters["displaced"] += 1
-        for rid, slot in taken.items():
-            if slot in self._free:
-                self._free.remove(slot)
-            self._slots[slot] = _Slot(owner=rid, taken=next(self._takes))
-            self._slot_of[rid] = slot
+        missing = [rid for rid in request_ids if rid not in self._slot_of]
+        new_slots = self._take_slots(missing, set(request_ids)) if missing else []
         slot_ids = [self._slot_of[rid] for rid in request_ids]
         previous = {slot: self._slots[slot].last_read for slot in slot_ids}
         for slot in slot_ids:
@@ -228,6 +212,26 @@ class ResidentPlanner:
                             previous)
         self._outstanding[seq] = plan
         return plan
+
+    def _take_slots(self, missing: list[str], in_step: set[str]) -> list[str]:
+        """Free slots, then displaced ones, for the rows that hold none; checks that every row
+        gets one before it changes anything."""
+        free = list(self._free)
+        displaced, taken = [], {}
+        for rid in missing:
+            slot = free.pop(0) if free else self._victim(in_step, displaced)
+            if slot is None:
+                raise RuntimeError("no slot to displace: more rows in flight than 2 * B")
+            taken[rid] = slot
+        for slot in displaced:
+            self._drop_owner(slot)
+            self.counters["displaced"] += 1
+        for rid, slot in taken.items():
+            if slot in self._free:
+                self._free.remove(slot)
+            self._slots[slot] = _Slot(owner=rid, taken=next(self._takes))
+            self._slot_of[rid] = slot
+        return missing
 
     def _victim(self, in_step: set[str], chosen: list[int]) -> int | None:
         reachable = [
@@ -263,14 +267,15 @@ class ResidentPlanner:
             raise RuntimeError(f"plan {plan.seq} is {plan.state}, not planned")
         ring = self._ring[self._ring_index]
         self._ring_index ^= 1
-        whole = [(slot, rid) for rid, slot in zip(plan.request_ids, plan.slot_ids, strict=False)
-                 if rid in plan.new_slots or rid in self._stale]
-        whole_slots = {slot for slot, _ in whole}
+        num_rows = len(plan.request_ids)
+        rows = list(zip(plan.request_ids, plan.slot_ids[:num_rows], strict=True))
+        whole: list[tuple[int, str]] = []
+        if plan.new_slots or self._stale:
+            new, stale = set(plan.new_slots), self._stale
+            whole = sorted((slot, rid) for rid, slot in rows if rid in new or rid in stale)
+            rows = [(rid, slot) for rid, slot in rows if rid not in new and rid not in stale]
         cells: list[tuple[int, int, int]] = []
-        width = self._stage_cells(
-            [(rid, slot) for rid, slot in zip(plan.request_ids, plan.slot_ids, strict=False)
-             if slot not in whole_slots], cells)
-        whole.sort()
+        width = self._stage_cells(rows, cells)
         for index, (slot, rid) in enumerate(whole):
             width = max(width, self._write_row(rid, slot, ring.rows[index]))
             self._stale.discard(rid)
@@ -282,7 +287,7 @@ class ResidentPlanner:
         self.counters["rows_written_whole"] += len(whole)
         self.counters["cells_staged"] += len(cells)
         plan.state = "flushed"
-        return StagedStep(self.slot_ids_gpu[:len(plan.slot_ids)], self.cells_gpu, width)
+        return StagedStep(self._slot_views[len(plan.slot_ids)], self.cells_gpu, width)
 
     def stage_idle(self, bucket: int) -> None:
         """An all-padding step of the bucket for a graph's capture: every row the sink, every
@@ -317,50 +322,53 @@ class ResidentPlanner:
 
     def _stage_cells(self, rows: list[tuple[str, int]],
                      cells: list[tuple[int, int, int]]) -> int:
-        """Cells of valid rows that differ from the mirror: narrow cells (compared for all
-        rows at once), and block-table columns past those already written (page crossings,
-        a few rows a step). Returns the widest row's pages. This runs for every row of every
+        """Cells of valid rows that differ from the mirror: narrow cells, and block-table
+        columns past those already written (page crossings, a few rows a step), each compared
+        for all rows at once. Returns the widest row's pages. This runs for every row of every
         resident step, so it reads each stream's length and page count and nothing more."""
         if not rows:
             return 1
         layout = self.layout
         rids = [rid for rid, _ in rows]
         slots = np.array([slot for _, slot in rows])
-        streams = [self.pools[p.key].streams for p in layout.pools]
+        pool_streams = [[self.pools[p.key].streams[rid] for rid in rids] for p in layout.pools]
         offsets, state_slots = self.positions.offsets, self.states.slots
-        # [rows, num_narrow] in layout order: each pool's length, the offset, the GDN slot
-        narrow = np.array([*([s[rid].length for rid in rids] for s in streams),
-                           [offsets[rid] for rid in rids],
-                           [state_slots[rid] for rid in rids]]).T
+        # [num_narrow + num_pools, rows]: each pool's length, the offset, the GDN slot (the
+        # narrow cells in layout order), then each pool's page count
+        host = np.array([*([stream.length for stream in streams] for streams in pool_streams),
+                         [offsets[rid] for rid in rids], [state_slots[rid] for rid in rids],
+                         *([len(stream.pages) for stream in streams]
+                           for streams in pool_streams)])
+        narrow, counts = host[:layout.num_narrow].T, host[layout.num_narrow:]
         changed = narrow != self.mirror_cpu[slots, :layout.num_narrow]
         if changed.any():
             changed_rows, changed_cols = np.nonzero(changed)
             cells.extend(zip(slots[changed_rows].tolist(), changed_cols.tolist(),
                              narrow[changed_rows, changed_cols].tolist(), strict=True))
             self.mirror_cpu[slots, :layout.num_narrow] = narrow
-        return max(self._stage_crossings(pool_layout, index, rids, slots, cells)
-                   for index, pool_layout in enumerate(layout.pools))
+        widest = counts.max(axis=1).tolist()
+        for index, pool_layout in enumerate(layout.pools):
+            if widest[index] > pool_layout.span:
+                rid = rids[int(counts[index].argmax())]
+                raise RuntimeError(f"request {rid} holds {widest[index]} pages of pool "
+                                   f"{pool_layout.key}, more than a row's {pool_layout.span}")
+        written = self.pages_written_cpu[slots].T  # [num_pools, rows]
+        if (counts != written).any():  # crossings (or a stream that shrank)
+            for index, pool_layout in enumerate(layout.pools):
+                self._stage_crossings(pool_layout, pool_streams[index], slots, counts[index],
+                                      written[index], cells)
+            self.pages_written_cpu[slots] = counts.T
+        return max(widest)
 
-    def _stage_crossings(self, pool_layout: PoolLayout, index: int, rids: list[str],
-                         slots: np.ndarray, cells: list[tuple[int, int, int]]) -> int:
-        streams = self.pools[pool_layout.key].streams
-        counts = np.array([len(streams[rid].pages) for rid in rids])
-        widest = int(counts.max())
-        if widest > pool_layout.span:
-            rid = rids[int(counts.argmax())]
-            raise RuntimeError(f"request {rid} holds {widest} pages of pool "
-                               f"{pool_layout.key}, more than a row's {pool_layout.span}")
-        written = self.pages_written_cpu[slots, index]
-        if (counts != written).any():
-            for row in np.nonzero(counts > written)[0].tolist():
-                slot, pages = int(slots[row]), streams[rids[row]].pages
-                for column in range(pool_layout.span_start + int(written[row]),
-                                    pool_layout.span_start + int(counts[row])):
-                    value = pages[column - pool_layout.span_start]
-                    cells.append((slot, column, value))
-                    self.mirror_cpu[slot, column] = value
-            self.pages_written_cpu[slots, index] = counts
-        return widest
+    def _stage_crossings(self, pool_layout: PoolLayout, streams: list, slots: np.ndarray,
+                         counts: np.ndarray, written: np.ndarray,
+                         cells: list[tuple[int, int, int]]) -> None:
+        """The block-table columns a pool's rows gained since their last write."""
+        for row in np.nonzero(counts > written)[0].tolist():
+            slot, pages = int(slots[row]), streams[row].pages
+            for column in range(int(written[row]), int(counts[row])):
+                cells.append((slot, pool_layout.span_start + column, pages[column]))
+                self.mirror_cpu[slot, pool_layout.span_start + column] = pages[column]
 
     def _copy_runs(self, whole: list[tuple[int, str]], rows_cpu: torch.Tensor) -> None:
         """One H2D per run of consecutive slots (whole rows sit in slot order in the ring)."""
@@ -385,7 +393,8 @@ class ResidentPlanner:
         plan.state = "committed"
         self.committed_seq = max(self.committed_seq, plan.seq)
         del self._outstanding[plan.seq]
-        self._return_cooled()
+        if self._cooling:
+            self._return_cooled()
 
     def abandon(self, plan: ResidentPlan) -> None:
         """A plan that will not run (never flushed): its new slots go back unread."""

@@ -113,3 +113,32 @@ def test_an_abort_between_steps_leaves_the_others_alone(planning, mode):
         {rid: t for rid, t in want.items() if rid != "r2"}
     assert got["r2"] == want["r2"][:len(got["r2"])]
     assert_all_given_back(engine)
+
+
+def _batches(plan_ahead: str, planning: str, pressure: str) -> list[tuple]:
+    """Every step's kind and rows (request, new tokens), all 12 requests queued before the
+    first step, at most 4 running unless the pressure says otherwise: what a step computes,
+    and in bf16 how it rounds, depends on its batch."""
+    engine = make_engine(plan_ahead, planning, **{"max_num_seqs": 4, **PRESSURE[pressure]})
+    batches = []
+    run = engine._run
+
+    def recording_run(plan):
+        batches.append((plan.kind, [(row.request.request_id, row.num_new) for row in plan.rows]))
+        return run(plan)
+
+    engine._run = recording_run
+    run_engine(engine, workload(12, seed=3))
+    assert_all_given_back(engine)
+    return batches
+
+
+@pytest.mark.parametrize("planning", ["off", "auto"])
+@pytest.mark.parametrize("pressure", sorted(PRESSURE))
+def test_plan_ahead_runs_the_in_order_batches(planning, pressure):
+    """A max_tokens finish is known at commit, so its pages and slot go back before the next
+    step is scheduled: planned ahead or not, the same requests join the same steps (the GPU
+    test's bf16 tokens rely on it)."""
+    in_order = _batches("off", planning, pressure)
+    assert _batches("on", planning, pressure) == in_order
+    assert _batches("launch", planning, pressure) == in_order

@@ -37,7 +37,7 @@ import torch
 from resident.backends import build_kernels
 from resident.config import EngineConfig
 from resident.engine.phases import NO_PHASES, PhaseTiming
-from resident.engine.request import Request
+from resident.engine.request import Request, Status
 from resident.engine.rowcheck import RowCheck
 from resident.engine.runner import SampledTokens, StepRunner
 from resident.engine.sampler import Sampler, TokenReadback
@@ -295,8 +295,8 @@ class Engine:
 
     def _commit(self, plan: StepPlan, prepared: PreparedStep, live: list[Request]) -> None:
         """What the step did that needs no token value: the streams advance, each sampling row
-        takes a pending token (and length is decided), the planner's mirror follows, and
-        requests that finished while the step was planned ahead are released after it."""
+        takes a pending token (and length is decided), the planner's mirror follows; requests
+        that finished on length, or while the step was planned ahead, are released."""
         self.counters[f"steps_{plan.kind}"] += 1
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
@@ -307,8 +307,11 @@ class Engine:
         if self.planner:
             self._commit_planner(plan, prepared)
             self.phases.lap("resident")
+        # the requests max_tokens finished go now (their last token is read back later): every
+        # step that could reuse their pages or slot is queued behind this one on the stream
+        done = [request for request in live if request.finish_reason]
         zombies, self._zombies = self._zombies, []
-        for request in zombies:
+        for request in zombies + done:
             self._release(request)
         self.phases.lap("commit")
 
@@ -334,7 +337,7 @@ class Engine:
     def _emit(self, request: Request, token: int) -> RequestOutput:
         request.resolve(token)
         self.counters["generated_tokens"] += 1
-        if request.finish_reason:
+        if request.finish_reason and request.status is not Status.FINISHED:
             self._finish(request)
         return RequestOutput(request.request_id, [token], bool(request.finish_reason),
                              request.finish_reason)
