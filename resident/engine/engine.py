@@ -16,9 +16,10 @@ emits. `plan_ahead` overlaps the next step with this one:
 
 Host staging is reused safely because every launch moves the read-back's event past its uploads
 (TokenReadback.mark): the wait that returns a step's tokens also frees the host sources of every
-upload queued before it. A request that finishes on a stop token (or is aborted) while its row
-is in the next step, planned or launched, is released after that step, which runs its row
-unsampled (`rows_after_finish`)."""
+upload queued before it. A request that max_tokens finishes is released at the commit, before
+the next step is scheduled, so planned ahead or not the same requests join the same steps. One
+that finishes on a stop token (or is aborted) while its row is in the next step, planned or
+launched, is released after that step, which runs its row unsampled (`rows_after_finish`)."""
 
 from __future__ import annotations
 
