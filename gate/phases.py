@@ -22,7 +22,7 @@ from gate.load import run_load
 from gate.records import write_manifest
 from gate.server import Server, ServerFailed
 from gate.session import Session
-from gate.tables import _md_table, _title, header_line
+from gate.tables import header_line, md_table, page_title
 
 PHASES_JSON, PHASES_MD = "phases.json", "phases.md"
 # GET /debug/phases keys, in the design's column order
@@ -128,14 +128,14 @@ def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[Ph
 def phases_md(results: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> str:
     tables = phase_tables(results, [a["name"] for a in manifest["arms"]])
     return "\n\n".join([
-        _title(manifest, "phases"), header_line(manifest),
+        page_title(manifest, "phases"), header_line(manifest),
         "ms per decode step, phase timing on, one server per arm, a steady load per cell after "
         "a warm-up and a reset. `step` and `event_sync` are wall time; the rest is thread CPU "
         "time. `plan` is the sum of the parts right of it (resident/engine/phases.py says what "
         "each part holds). Every step kind is in phases.json.",
         *(part for table in tables for part in (
             f"## {table.title}",
-            _md_table(table.header, table.rows, "ll" + "r" * (len(table.header) - 2))))]) + "\n"
+            md_table(table.header, table.rows, "ll" + "r" * (len(table.header) - 2))))]) + "\n"
 
 
 def write_phases(out: Path, results: dict[str, dict[str, Any]],

@@ -84,7 +84,7 @@ def _plural(count: int, noun: str) -> str:
 
 # ---- markdown ----
 
-def _md_table(header: list[str], rows: list[list[str]], align: str) -> str:
+def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
     """A pipe table; `align` has one letter a column, l (left) or r (right)."""
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
@@ -108,7 +108,7 @@ def _arms_line(manifest: dict[str, Any]) -> str:
     return f"Baseline {manifest.get('baseline', '?')}; {aa_text}."
 
 
-def _title(manifest: dict[str, Any], what: str) -> str:
+def page_title(manifest: dict[str, Any], what: str) -> str:
     return f"# {manifest.get('name') or 'gate session'}: {what}"
 
 
@@ -226,7 +226,7 @@ def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
     if not rows:
         return f"## {cell}\n\nNo runs."
     align = "ll" + "r" * (len(header) - 2)
-    return f"## {cell}\n\n" + _md_table(header, rows, align)
+    return f"## {cell}\n\n" + md_table(header, rows, align)
 
 
 def _fence(text: str) -> str:
@@ -259,7 +259,7 @@ def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
 def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
     """Per-session blocks: per cell, one row per (arm, session) with each run's tok/s."""
     flagged = stats.planner_off_arms(frame, manifest)
-    parts = [_title(manifest, "per-session runs"), header_line(manifest), _arms_line(manifest),
+    parts = [page_title(manifest, "per-session runs"), header_line(manifest), _arms_line(manifest),
              "Each row is one arm's server in one round (s1 is the first). tok/s per run "
              "(`failed`: the run could not be measured); ITL, TTFT, server step and sibling "
              "busy CPUs are medians over the row's runs; server step is the server's mean wall "
@@ -300,7 +300,7 @@ def _summary_table(rows: list[dict[str, Any]], baseline: str, flagged: set[str])
         cell, _, tok, itl, ttft, vs, verdict = summary_cells(row, baseline)
         numbers = tok if tok == "no ok run" else f"{tok} · {itl} · {ttft}"
         body.append([cell, _label(row["arm"], flagged), numbers, vs, verdict])
-    return _md_table(header, body, "llrrl")
+    return md_table(header, body, "llrrl")
 
 
 def _arm_health(rows: list[dict[str, Any]], arm: str) -> list[str]:
@@ -336,7 +336,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     arms += [row["arm"] for row in rows if row["arm"] not in arms]
     arms = list(dict.fromkeys(arms))
     flagged = stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
-    parts = [_title(manifest, "summary"), header_line(manifest), _arms_line(manifest),
+    parts = [page_title(manifest, "summary"), header_line(manifest), _arms_line(manifest),
              "Over the ok runs of all rounds: tok/s median [min-max] · ITL p50/mean ms · "
              f"TTFT p50 ms. vs {baseline}: the medians' ratio. Verdicts are paired by round "
              "(paired.md)."]
@@ -359,7 +359,7 @@ def _deltas_table(paired: pd.DataFrame, arms: list[str], flagged: set[str]) -> s
                      *(_fmt_pct(by_round[s]) if s in by_round else "-" for s in sessions)])
     if not rows:
         return None
-    return _md_table(["arm", *(f"s{s + 1}" for s in sessions)], rows, "l" + "r" * len(sessions))
+    return md_table(["arm", *(f"s{s + 1}" for s in sessions)], rows, "l" + "r" * len(sessions))
 
 
 def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
@@ -373,7 +373,7 @@ def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
                      _fmt(row["threshold"] * 100, 1) + "%"
                      if not math.isnan(row["threshold"]) else "-",
                      row["verdict"]])
-    return _md_table(header, body, "llrrrrl")
+    return md_table(header, body, "llrrrrl")
 
 
 def _paired_arms(paired: pd.DataFrame, verdicts: pd.DataFrame,
@@ -401,7 +401,7 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
     """
     flagged = stats.manifest_planner_off(manifest) | set(planner_off)
     arms = _paired_arms(paired, verdicts, manifest)
-    parts = [_title(manifest, "paired by round"), stats.RULE, _arms_line(manifest)]
+    parts = [page_title(manifest, "paired by round"), stats.RULE, _arms_line(manifest)]
     if not arms:
         parts.append("No arm besides the baseline.")
     else:

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
-import typer
 from rich.console import Console
 
 from gate import options as opt
-from gate.config import build_gate_config
+from gate.commands.common import bad_parameter, exit_if_failed, open_session
 from gate.output import OutputFormat, print_phases
 from gate.phases import PHASES_MD, PhasesSession
 
@@ -42,21 +37,9 @@ def phases(
     by phase, and what each arm takes off the baseline's), phases.json and manifest.json."""
     given = dict(locals())
     console = Console(stderr=True)
-    try:
-        gate_config = build_gate_config(opt.gate_options(given), config)
-        session = PhasesSession(gate_config, Path.cwd(), sys.argv)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if session.placement.client_cpus:
-        os.sched_setaffinity(0, session.placement.client_cpus)
-    console.log(f"phases {session.out}: arms {', '.join(a.name for a in session.arms)}, "
-                f"placement {session.placement.to_dict()}")
-    try:
+    session = open_session(PhasesSession, given, console, "phases")
+    with bad_parameter():
         failed = session.run()
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
     print_phases(session.results, session.manifest, output_format)
     console.log(f"wrote {session.out / PHASES_MD}")
-    if failed:
-        console.log(f"[red]{failed} cell(s) failed[/red]: " + "; ".join(session.failures[:5]))
-        raise typer.Exit(1)
+    exit_if_failed(console, session, failed, "cell")

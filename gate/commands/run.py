@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
-import typer
 from rich.console import Console
 
 from gate import options as opt
-from gate.config import build_gate_config
+from gate.commands.common import bad_parameter, exit_if_failed, open_session
 from gate.output import OutputFormat, print_summary
 from gate.records import read_manifest
 from gate.session import Session
@@ -47,22 +42,10 @@ def run(
     cores; writes runs.jsonl, manifest.json, tables and plots, and prints the summary."""
     given = dict(locals())
     console = Console(stderr=True)
-    try:
-        gate_config = build_gate_config(opt.gate_options(given), config)
-        session = Session(gate_config, Path.cwd(), sys.argv)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    if session.placement.client_cpus:
-        os.sched_setaffinity(0, session.placement.client_cpus)
-    console.log(f"session {session.out}: arms {', '.join(a.name for a in session.arms)}, "
-                f"placement {session.placement.to_dict()}")
-    try:
+    session = open_session(Session, given, console, "session")
+    with bad_parameter():
         failed = session.run(resume)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
     rows = write_reports(session.out)
     print_summary(rows, read_manifest(session.out), output_format)
     console.log(f"wrote {session.out}")
-    if failed:
-        console.log(f"[red]{failed} run(s) failed[/red]: " + "; ".join(session.failures[:5]))
-        raise typer.Exit(1)
+    exit_if_failed(console, session, failed, "run")
