@@ -109,7 +109,7 @@ class Server:
                         raise ServerFailed(f"{self.arm.name}: not ready within "
                                            f"{self.launch.startup_timeout_s:.0f} s",
                                            self.log_tail())
-                    answer = await _get(session, self.url + path)
+                    answer = await _fetch(session, self.url + path)
                     if answer is not None:
                         break
                     await asyncio.sleep(0.25)
@@ -117,16 +117,12 @@ class Server:
 
     async def get_json(self, path: str) -> dict | None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            return await _get(session, self.url + path)
+            return await _fetch(session, self.url + path)
 
     async def post_json(self, path: str) -> dict | None:
-        """POST an empty JSON body; the answer's JSON, or None on any failure."""
+        """POST an empty JSON body; the answer as get_json gives it."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            try:
-                async with session.post(self.url + path, json={}) as resp:
-                    return await resp.json(content_type=None) if resp.status == 200 else None
-            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
-                return None
+            return await _fetch(session, self.url + path, method="POST")
 
     async def metrics(self) -> dict[str, float]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -157,9 +153,10 @@ class Server:
             os.killpg(self.process.pid, signal.SIGKILL)
 
 
-async def _get(session: aiohttp.ClientSession, url: str) -> dict | None:
+async def _fetch(session: aiohttp.ClientSession, url: str, method: str = "GET") -> dict | None:
+    """The answer's JSON ({"text": ...} when it is not JSON), or None unless it is a 200."""
     try:
-        async with session.get(url) as resp:
+        async with session.request(method, url, json={} if method == "POST" else None) as resp:
             if resp.status != 200:
                 return None
             text = await resp.text()

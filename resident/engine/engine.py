@@ -246,9 +246,10 @@ class Engine:
         logits = prepared.logits if prepared.logits is not None else self._launch(prepared)
         # a row whose request finished after this step was planned runs, unsampled
         sampling = [row.request for row in plan.rows if row.samples]
-        live = [r for r in sampling if not r.finish_reason]
+        kept = [i for i, r in enumerate(sampling) if not r.finish_reason]
+        live = [sampling[i] for i in kept]
         if len(live) < len(sampling):
-            logits = logits[[i for i, r in enumerate(sampling) if not r.finish_reason]]
+            logits = logits[kept]
         if live:
             tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live])
             self.readback.start(tokens_gpu)

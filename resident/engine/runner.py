@@ -329,13 +329,13 @@ class StepRunner:
     # -- the host-planned step --------------------------------------------------------------
 
     def run(self, plan: StepPlan) -> torch.Tensor:
-        """Stages, uploads and runs a host-planned step; [rows, vocab] logits of its sampling
-        rows in order (then a decode step's padding rows)."""
-        phases = self.phases
+        """Stages, uploads and runs a prefill or mixed step; [rows, vocab] logits of its
+        sampling rows in order. A decode step goes through prepare_decode, then upload_decode
+        (or upload_resident) and forward_decode, which the engine may split across steps."""
         if plan.kind == "decode":
-            bucket, width = self.prepare_decode(plan)
-            self.upload_decode(plan, bucket, width)
-            return self.forward_decode(bucket, width)
+            raise ValueError("a decode step runs through prepare_decode, upload_decode and "
+                             "forward_decode")
+        phases = self.phases
         num_tokens, width, num_sampling = self._stage(plan)
         phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
         bucket = self.prefill_bucket_for(plan)
