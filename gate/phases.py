@@ -19,10 +19,10 @@ from typing import Any
 
 from gate.arms import Arm
 from gate.load import run_load
+from gate.markdown import header_line, md_table, page_title
 from gate.records import write_manifest
 from gate.server import Server, ServerFailed
 from gate.session import Session
-from gate.tables import header_line, md_table, page_title
 
 PHASES_JSON, PHASES_MD = "phases.json", "phases.md"
 # GET /debug/phases keys, in the design's column order

@@ -14,102 +14,28 @@ from typing import Any
 import pandas as pd
 
 from gate import plots, stats
+from gate.markdown import (
+    arms_line,
+    cell_arms,
+    fmt,
+    fmt_pct,
+    fmt_slashed,
+    fmt_tok,
+    header_line,
+    label,
+    md_table,
+    median,
+    num,
+    page_title,
+    plural,
+    tok_digits,
+)
 from gate.records import read_manifest, read_runs
 
 SESSIONS_FILE = "sessions.md"
 SUMMARY_FILE = "summary.md"
 PAIRED_FILE = "paired.md"
 LOG_TAIL_LINES = 20
-
-
-# ---- order and labels ----
-
-def _label(arm: str, flagged: set[str]) -> str:
-    return arm + stats.PLANNER_OFF if arm in flagged else arm
-
-
-def _cell_arms(frame: pd.DataFrame, manifest: dict[str, Any], cell: str) -> list[str]:
-    present = set(frame.loc[frame["cell"] == cell, "arm"])
-    return [arm for arm in stats.arm_order(frame, manifest) if arm in present]
-
-
-# ---- numbers ----
-
-def _num(value: Any, digits: int) -> float | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return round(float(value), digits)
-
-
-def _median(series: pd.Series) -> float:
-    values = series.dropna()
-    return float(values.median()) if len(values) else math.nan
-
-
-def _tok_digits(values: list[float | None]) -> int:
-    """Whole tok/s once every value is >= 100 (a tenth is noise there), else one decimal."""
-    present = [v for v in values if v is not None and not math.isnan(v)]
-    return 0 if present and min(present) >= 100 else 1
-
-
-def _fmt_tok(value: float | None, digits: int) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    return f"{value:.{digits}f}"
-
-
-def _fmt(value: float | None, digits: int, missing: str = "-") -> str:
-    if value is None or math.isnan(value):
-        return missing
-    return f"{value:.{digits}f}"
-
-
-def _fmt_pct(value: float | None) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    return f"{value * 100:+.1f}%"
-
-
-def _fmt_slashed(*values: float | None, missing: str = "-") -> str:
-    """"a/b/..." to 2 decimals (ITL p50/mean, server step decode/prefill/mixed); `missing`
-    when none is known."""
-    if all(value is None or math.isnan(value) for value in values):
-        return missing
-    return "/".join(_fmt(value, 2) for value in values)
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-# ---- markdown ----
-
-def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
-    """A pipe table; `align` has one letter a column, l (left) or r (right)."""
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-    rule = ["---:" if a == "r" else "---" for a in align]
-    return "\n".join([line(header), "|" + "|".join(rule) + "|", *(line(r) for r in rows)])
-
-
-def header_line(manifest: dict[str, Any]) -> str:
-    """Model, device, prompt/output lengths, cells and sessions x runs, as one line."""
-    cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
-    return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
-            f"prompt {manifest.get('prompt_len', '?')} tokens, "
-            f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
-            f"{manifest.get('sessions', '?')} sessions x {manifest.get('runs', '?')} runs.")
-
-
-def _arms_line(manifest: dict[str, Any]) -> str:
-    aa = manifest.get("aa_arm")
-    aa_text = f"A/A arm {aa} (a second copy of the baseline)" if aa else "no A/A arm"
-    return f"Baseline {manifest.get('baseline', '?')}; {aa_text}."
-
-
-def page_title(manifest: dict[str, Any], what: str) -> str:
-    return f"# {manifest.get('name') or 'gate session'}: {what}"
 
 
 # ---- summary rows ----
@@ -126,12 +52,12 @@ def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
     ok = runs[runs["ok"]]
     tok = ok["output_tok_s"].dropna()
     return {
-        "tok_s_median": _num(_median(tok), 1),
-        "tok_s_min": _num(tok.min() if len(tok) else None, 1),
-        "tok_s_max": _num(tok.max() if len(tok) else None, 1),
-        "itl_p50_ms": _num(_median(ok["itl_p50_ms"]), 3),
-        "itl_mean_ms": _num(_median(ok["itl_mean_ms"]), 3),
-        "ttft_p50_ms": _num(_median(ok["ttft_p50_ms"]), 2),
+        "tok_s_median": num(median(tok), 1),
+        "tok_s_min": num(tok.min() if len(tok) else None, 1),
+        "tok_s_max": num(tok.max() if len(tok) else None, 1),
+        "itl_p50_ms": num(median(ok["itl_p50_ms"]), 3),
+        "itl_mean_ms": num(median(ok["itl_mean_ms"]), 3),
+        "ttft_p50_ms": num(median(ok["ttft_p50_ms"]), 2),
     }
 
 
@@ -166,10 +92,10 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     for cell in stats.cell_order(frame, manifest):
         in_cell = frame[frame["cell"] == cell]
         base_ok = in_cell[(in_cell["arm"] == baseline) & in_cell["ok"]]
-        base_median = _median(base_ok["output_tok_s"])
-        for arm in _cell_arms(frame, manifest, cell):
+        base_median = median(base_ok["output_tok_s"])
+        for arm in cell_arms(frame, manifest, cell):
             runs = in_cell[in_cell["arm"] == arm]
-            arm_median = _median(runs.loc[runs["ok"], "output_tok_s"])
+            arm_median = median(runs.loc[runs["ok"], "output_tok_s"])
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs),
@@ -183,7 +109,7 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
 # ---- sessions.md ----
 
 def _run_cell(run: pd.Series, digits: int) -> str:
-    return _fmt_tok(run["output_tok_s"], digits) if run["ok"] else "failed"
+    return fmt_tok(run["output_tok_s"], digits) if run["ok"] else "failed"
 
 
 def _failed_text(runs: pd.DataFrame) -> str:
@@ -191,7 +117,7 @@ def _failed_text(runs: pd.DataFrame) -> str:
     failed_runs = int((~runs["ok"]).sum())
     if not failed_runs:
         return str(requests)
-    return f"{requests}, {_plural(failed_runs, 'run')}"
+    return f"{requests}, {plural(failed_runs, 'run')}"
 
 
 def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list[int],
@@ -200,11 +126,11 @@ def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list
     by_run = {int(r["run"]): r for _, r in runs.iterrows()}
     tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
     return [label, f"s{session + 1}", *tok,
-            _fmt_slashed(_median(ok["itl_p50_ms"]), _median(ok["itl_mean_ms"])),
-            _fmt(_median(ok["ttft_p50_ms"]), 1),
-            _fmt_slashed(*(_median(ok[f"engine_{kind}_ms"]) for kind in stats.ENGINE_KINDS),
+            fmt_slashed(median(ok["itl_p50_ms"]), median(ok["itl_mean_ms"])),
+            fmt(median(ok["ttft_p50_ms"]), 1),
+            fmt_slashed(*(median(ok[f"engine_{kind}_ms"]) for kind in stats.ENGINE_KINDS),
                          missing="n/a"),
-            _fmt(_median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
+            fmt(median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
             _failed_text(runs)]
 
 
@@ -215,13 +141,13 @@ def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
     header = ["arm", "session", *(f"tok/s r{n}" for n in run_numbers), "ITL p50/mean ms",
               "TTFT p50 ms", "server step ms decode/prefill/mixed", "sibling busy CPUs",
               "failed"]
-    digits = _tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
+    digits = tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
     rows = []
-    for arm in _cell_arms(frame, manifest, cell):
+    for arm in cell_arms(frame, manifest, cell):
         of_arm = in_cell[in_cell["arm"] == arm]
         for session in sorted(set(of_arm["session"])):
             runs = of_arm[of_arm["session"] == session]
-            rows.append(_session_row(runs, _label(arm, flagged), int(session), run_numbers,
+            rows.append(_session_row(runs, label(arm, flagged), int(session), run_numbers,
                                      digits))
     if not rows:
         return f"## {cell}\n\nNo runs."
@@ -235,7 +161,7 @@ def _fence(text: str) -> str:
 
 
 def _failed_run_block(run: pd.Series, flagged: set[str]) -> str:
-    title = (f"### {_label(run['arm'], flagged)} {run['cell']} s{int(run['session']) + 1} "
+    title = (f"### {label(run['arm'], flagged)} {run['cell']} s{int(run['session']) + 1} "
              f"r{int(run['run'])}")
     parts = [title, "", f"Error: {run['error'] or 'none recorded'}"]
     tail = run["log_tail"]
@@ -259,7 +185,7 @@ def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
 def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
     """Per-session blocks: per cell, one row per (arm, session) with each run's tok/s."""
     flagged = stats.planner_off_arms(frame, manifest)
-    parts = [page_title(manifest, "per-session runs"), header_line(manifest), _arms_line(manifest),
+    parts = [page_title(manifest, "per-session runs"), header_line(manifest), arms_line(manifest),
              "Each row is one arm's server in one round (s1 is the first). tok/s per run "
              "(`failed`: the run could not be measured); ITL, TTFT, server step and sibling "
              "busy CPUs are medians over the row's runs; server step is the server's mean wall "
@@ -284,11 +210,11 @@ def summary_cells(row: dict[str, Any], baseline: str) -> list[str]:
     if row["tok_s_median"] is None:
         tok = "no ok run"
     else:
-        digits = _tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
-        tok = (f"{_fmt_tok(row['tok_s_median'], digits)} [{_fmt_tok(row['tok_s_min'], digits)}"
-               f"-{_fmt_tok(row['tok_s_max'], digits)}]")
-    return [row["cell"], label, tok, _fmt_slashed(row["itl_p50_ms"], row["itl_mean_ms"]),
-            _fmt(row["ttft_p50_ms"], 1), "" if is_base else _fmt_pct(row["vs_main"]),
+        digits = tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
+        tok = (f"{fmt_tok(row['tok_s_median'], digits)} [{fmt_tok(row['tok_s_min'], digits)}"
+               f"-{fmt_tok(row['tok_s_max'], digits)}]")
+    return [row["cell"], label, tok, fmt_slashed(row["itl_p50_ms"], row["itl_mean_ms"]),
+            fmt(row["ttft_p50_ms"], 1), "" if is_base else fmt_pct(row["vs_main"]),
             "baseline" if is_base else row["verdict"]]
 
 
@@ -299,7 +225,7 @@ def _summary_table(rows: list[dict[str, Any]], baseline: str, flagged: set[str])
     for row in rows:
         cell, _, tok, itl, ttft, vs, verdict = summary_cells(row, baseline)
         numbers = tok if tok == "no ok run" else f"{tok} · {itl} · {ttft}"
-        body.append([cell, _label(row["arm"], flagged), numbers, vs, verdict])
+        body.append([cell, label(row["arm"], flagged), numbers, vs, verdict])
     return md_table(header, body, "llrrl")
 
 
@@ -310,8 +236,8 @@ def _arm_health(rows: list[dict[str, Any]], arm: str) -> list[str]:
     # log counts are cumulative per server, so the most one log held is what is known
     in_log = [(max(r["tracebacks"] for r in mine), "traceback"),
               (max(r["recompile_limit_lines"] for r in mine), "recompile-limit line")]
-    return ([_plural(count, noun) for count, noun in failures if count]
-            + [f"{_plural(count, noun)} in one server log" for count, noun in in_log if count])
+    return ([plural(count, noun) for count, noun in failures if count]
+            + [f"{plural(count, noun)} in one server log" for count, noun in in_log if count])
 
 
 def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]) -> list[str]:
@@ -321,7 +247,7 @@ def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]
             continue
         health = _arm_health(rows, arm)
         if health:
-            lines.append(f"- {_label(arm, flagged)}: {', '.join(health)}.")
+            lines.append(f"- {label(arm, flagged)}: {', '.join(health)}.")
         if arm in flagged:
             lines.append(f"- {arm}: resident planning was asked for and did not come on; "
                          "its numbers are the host-planned path's.")
@@ -336,7 +262,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     arms += [row["arm"] for row in rows if row["arm"] not in arms]
     arms = list(dict.fromkeys(arms))
     flagged = stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
-    parts = [page_title(manifest, "summary"), header_line(manifest), _arms_line(manifest),
+    parts = [page_title(manifest, "summary"), header_line(manifest), arms_line(manifest),
              "Over the ok runs of all rounds: tok/s median [min-max] · ITL p50/mean ms · "
              f"TTFT p50 ms. vs {baseline}: the medians' ratio. Verdicts are paired by round "
              "(paired.md)."]
@@ -355,8 +281,8 @@ def _deltas_table(paired: pd.DataFrame, arms: list[str], flagged: set[str]) -> s
         if of_arm.empty:
             continue
         by_round = dict(zip(of_arm["session"], of_arm["delta"], strict=True))
-        rows.append([_label(arm, flagged),
-                     *(_fmt_pct(by_round[s]) if s in by_round else "-" for s in sessions)])
+        rows.append([label(arm, flagged),
+                     *(fmt_pct(by_round[s]) if s in by_round else "-" for s in sessions)])
     if not rows:
         return None
     return md_table(["arm", *(f"s{s + 1}" for s in sessions)], rows, "l" + "r" * len(sessions))
@@ -368,9 +294,9 @@ def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
     body = []
     for arm in arms:
         row = _verdict_lookup(verdicts, cell, arm)
-        body.append([cell, _label(arm, flagged), str(int(row["rounds"])),
-                     _fmt_pct(row["median_delta"]), f"{row['p_value']:.4g}",
-                     _fmt(row["threshold"] * 100, 1) + "%"
+        body.append([cell, label(arm, flagged), str(int(row["rounds"])),
+                     fmt_pct(row["median_delta"]), f"{row['p_value']:.4g}",
+                     fmt(row["threshold"] * 100, 1) + "%"
                      if not math.isnan(row["threshold"]) else "-",
                      row["verdict"]])
     return md_table(header, body, "llrrrrl")
@@ -401,7 +327,7 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
     """
     flagged = stats.manifest_planner_off(manifest) | set(planner_off)
     arms = _paired_arms(paired, verdicts, manifest)
-    parts = [page_title(manifest, "paired by round"), stats.RULE, _arms_line(manifest)]
+    parts = [page_title(manifest, "paired by round"), stats.RULE, arms_line(manifest)]
     if not arms:
         parts.append("No arm besides the baseline.")
     else:

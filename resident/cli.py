@@ -103,14 +103,16 @@ def serve(
     from resident.server.serve import serve as run_server
 
     config = _model_config(model)
+    device_type = _device_type(device.value)
     try:
+        # resolved once, here: a knob that cannot fit the model or the device fails before
+        # anything starts, and the engine core builds from exactly this
         engine_config = build_engine_config(model_yaml_knobs(model), os.environ,
-                                            parse_set_options(knobs or []))
-        # fails now on knobs that cannot fit the model or the device
-        engine_config.resolve(config, _device_type(device.value))
+                                            parse_set_options(knobs or [])
+                                            ).resolve(config, device_type)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--set") from None
-    options = ServeOptions(config, engine_config, device.value, host, port, api_key,
+    options = ServeOptions(config, engine_config, device_type, host, port, api_key,
                            log_level.upper())
     raise typer.Exit(run_server(options))
 

@@ -4,7 +4,9 @@ Precedence, lowest first: the defaults here, the model YAML's `engine:` mapping,
 environment variables (a knob already named `resident_*` keeps one prefix: `resident_planning`
 reads `RESIDENT_PLANNING`), then `--set knob=value`. List knobs take commas
 (`--set decode_buckets=1,2,4`). An unknown knob or a bad value fails at start, naming it.
-Knobs left at 0 or `auto` are sized by `resolve` from the model and the device.
+Knobs left at 0 or `auto` are sized by `EngineConfig.resolve` from the model and the device
+type, once: `resident serve` resolves before it starts anything and hands the resolved config to
+the engine core; an Engine is built from a resolved config.
 """
 
 from __future__ import annotations
@@ -117,21 +119,29 @@ class EngineConfig:
 
     def changed(self) -> dict[str, Any]:
         """Knobs that differ from the defaults."""
-        default = EngineConfig()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
+        return self.changed_from(EngineConfig())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def is_resolved(self) -> bool:
+        """Every auto knob filled (resolve): what an Engine is built from."""
+        return "auto" not in (self.dtype, self.attention_backend, self.cuda_graphs,
+                              self.padded_prefill, self.compile) \
+            and min(self.max_model_len, self.num_kv_pages, self.num_state_slots) > 0
+
     def resolve(self, model: ModelConfig, device_type: str) -> EngineConfig:
-        """Fills the auto knobs that need no device memory reading. num_kv_pages stays 0 on CUDA:
-        the engine core sizes it from kv_cache_gib once it can see the GPU."""
+        """The one place knobs left at 0 or `auto` are filled, from the model and the device
+        type (cpu or cuda); fails naming a knob that cannot fit them. Idempotent: a resolved
+        config resolves to itself."""
+        if device_type not in ("cpu", "cuda"):
+            raise ValueError(f"device {device_type!r} is not cpu or cuda")
         max_len = self.max_model_len or min(model.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
         if max_len > model.max_position_embeddings:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
-        pages = self.num_kv_pages or (CPU_KV_PAGES if device_type == "cpu" else 0)
+        dtype = _resolve_dtype(self.dtype, device_type)
         padded = self.padded_prefill
         if padded == "auto":
             padded = "on" if device_type == "cuda" else "off"
@@ -140,8 +150,9 @@ class EngineConfig:
             backend = "triton" if device_type == "cuda" else "torch"
         return dataclasses.replace(
             self,
+            dtype=dtype,
             max_model_len=max_len,
-            num_kv_pages=pages,
+            num_kv_pages=self.num_kv_pages or _auto_kv_pages(self, model, dtype, device_type),
             num_state_slots=self.num_state_slots or self.max_num_seqs + 1,
             attention_backend=backend,
             cuda_graphs=_resolve_graphs(self.cuda_graphs, backend, device_type),
@@ -151,6 +162,40 @@ class EngineConfig:
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
         )
+
+    def changed_from(self, default: EngineConfig) -> dict[str, Any]:
+        """Knobs whose value differs from `default`'s."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+def _resolve_dtype(name: str, device_type: str) -> str:
+    """`auto` is bfloat16 on CUDA and float32 on CPU; float64 only on CPU."""
+    if name == "auto":
+        return "bfloat16" if device_type == "cuda" else "float32"
+    if name == "float64" and device_type != "cpu":
+        raise ValueError("knob dtype: float64 is for exact tests on CPU only")
+    return name
+
+
+def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: str) -> int:
+    """K and V of every attention layer for one page of tokens."""
+    return (len(model.attention_layers) * 2 * page_size * model.num_key_value_heads
+            * model.head_dim * DTYPE_BYTES[dtype])
+
+
+def _auto_kv_pages(config: EngineConfig, model: ModelConfig, dtype: str, device_type: str) -> int:
+    """CPU_KV_PAGES on CPU; on CUDA as many pages as kv_cache_gib holds."""
+    if device_type == "cpu":
+        return CPU_KV_PAGES
+    pages = int(config.kv_cache_gib * 2**30) // kv_bytes_per_page(model, config.page_size, dtype)
+    if pages < 2:
+        raise ValueError(f"knob kv_cache_gib: {config.kv_cache_gib} GiB holds {pages} KV pages; "
+                         f"needs at least 2 (page 0 is the sink)")
+    return pages
 
 
 def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> None:

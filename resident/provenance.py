@@ -16,9 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import resident
-
-PACKAGE_DIR = Path(resident.__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def _git(directory: Path, *args: str) -> str | None:

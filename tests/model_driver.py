@@ -80,7 +80,7 @@ def run_engine(engine, requests: dict[str, tuple[list[int], int]], max_steps: in
                concurrency: int | None = None) -> dict[str, list[int]]:
     """Greedy tokens of each request (prompt, max_tokens), stepping the engine in process; at
     most `concurrency` requests in it at once (all of them when None)."""
-    from resident.server.protocol import AddRequest, SamplingParams
+    from resident.engine.types import EngineRequest, SamplingParams
 
     pending = list(requests.items())
     outputs: dict[str, list[int]] = {rid: [] for rid in requests}
@@ -89,7 +89,7 @@ def run_engine(engine, requests: dict[str, tuple[list[int], int]], max_steps: in
         while pending and (concurrency is None or active < concurrency):
             rid, (prompt, max_tokens) = pending.pop(0)
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-            assert engine.add_request(AddRequest(rid, prompt, params)) is None
+            assert engine.add_request(EngineRequest(rid, prompt, params)) is None
             active += 1
         if not engine.has_work():
             return outputs

@@ -14,12 +14,11 @@ import tokenizers
 from aiohttp.test_utils import TestClient, TestServer
 from tokenizers import decoders, models, pre_tokenizers
 
-from resident.server.api import ApiError, create_app, parse_completion_request
+from resident.engine.types import SamplingParams
+from resident.server.api import create_app
 from resident.server.client import EngineClient
-from resident.server.protocol import (
-    SamplingParams,
-)
 from resident.server.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from resident.server.validation import ApiError, parse_completion_request
 
 VOCAB = 512
 MAX_LEN = 64

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 from resident.backends import paged_layout  # noqa: E402
 from resident.config import EngineConfig  # noqa: E402
-from resident.engine.engine import Engine  # noqa: E402
+from resident.engine.engine import Engine, build_engine  # noqa: E402
 from resident.model.config import load_model_config  # noqa: E402
 
 from model_driver import run_engine  # noqa: E402
@@ -68,7 +68,7 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
     def greedy(backend: str) -> dict[str, list[int]]:
         config = EngineConfig(attention_backend=backend, decode_buckets=(1, 2, 4),
                               max_num_seqs=4, resident_planning="off", decode_gemm=decode_gemm)
-        return run_engine(Engine(TINY, config, torch.device("cpu")), requests)
+        return run_engine(build_engine(TINY, config, "cpu"), requests)
 
     assert greedy("triton") == greedy("torch")
 
@@ -84,7 +84,7 @@ def test_padded_prefill_on_the_triton_conv_gives_the_reference_tokens():
         config = EngineConfig(attention_backend=backend, decode_buckets=(1,), max_num_seqs=1,
                               resident_planning="off", padded_prefill=padded,
                               prefill_buckets=(8, 32))
-        engine = Engine(TINY, config, torch.device("cpu"))
+        engine = build_engine(TINY, config, "cpu")
         outputs = run_engine(engine, requests, concurrency=1)
         assert engine.runner.num_padded_prefills == (len(requests) if padded == "on" else 0)
         return outputs
@@ -102,11 +102,11 @@ def test_resident_planning_on_the_triton_kernels_gives_the_host_planned_tokens()
     def greedy(planning: str) -> tuple[dict[str, list[int]], Engine]:
         config = EngineConfig(attention_backend="triton", decode_buckets=(1, 2, 4),
                               max_num_seqs=4, resident_planning=planning, row_check="on")
-        engine = Engine(TINY, config, torch.device("cpu"))
+        engine = build_engine(TINY, config, "cpu")
         return run_engine(engine, requests), engine
 
     resident, engine = greedy("auto")
-    assert engine.runner.resident_ops.use_triton
+    assert engine.planning.ops.use_triton
     counts = engine.rowcheck_counts()
     assert counts["steps"] > 0 and counts["mismatches"] == 0
     assert resident == greedy("off")[0]
@@ -157,19 +157,18 @@ def test_plan_reuse_only_when_the_page_lists_match():
 def test_runner_host_layout_is_the_streams_page_lists():
     """The fa2 host plan's page lists, read off the runner's staged tables, equal the ones built
     from the KV streams row by row (decode rows, then padding rows on the sink)."""
-    from resident.server.protocol import AddRequest, SamplingParams
+    from resident.engine.types import EngineRequest, SamplingParams
 
     config = EngineConfig(decode_buckets=(1, 2, 4, 8), max_num_seqs=8, resident_planning="off")
-    engine = Engine(TINY, config, torch.device("cpu"))
+    engine = build_engine(TINY, config, "cpu")
     for index, length in enumerate((15, 16, 31)):  # KV lengths 16, 17, 32 at the first decode
-        engine.add_request(AddRequest(f"r{index}", [7] * length, SamplingParams(max_tokens=9)))
+        engine.add_request(EngineRequest(f"r{index}", [7] * length, SamplingParams(max_tokens=9)))
     while any(r.is_prefilling for r in engine.requests.values()) or engine.scheduler.waiting:
         engine.step()
     plan = engine.scheduler.schedule()
     assert plan.kind == "decode" and len(plan.rows) == 3
-    runner = engine.runner
-    width = runner._stage_decode(plan, 4)
-    got = runner._host_layout(plan, 4, width)
+    width = engine.inputs.stage_decode(plan, 4)
+    got = engine.inputs.host_layout(plan, 4, width)
     want = paged_layout([(engine.kv.streams[row.request.request_id].pages,
                           row.request.num_computed + 1, 1) for row in plan.rows], 16, pad_to=4)
     for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"):

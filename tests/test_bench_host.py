@@ -1,4 +1,4 @@
-"""`python -m resident.bench_host` runs both planning modes on CPU and reports each cell."""
+"""`python -m resident.tools.bench_host` runs both planning modes on CPU and reports each cell."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from resident.bench_host import main
+from resident.tools.bench_host import main
 
 
 def test_reports_off_and_auto_for_each_concurrency(capsys):

@@ -125,9 +125,16 @@ def test_resolve_sizes_the_auto_knobs():
     resolved = EngineConfig(max_num_seqs=10).resolve(tiny, "cpu")
     assert (resolved.max_model_len, resolved.num_kv_pages, resolved.num_state_slots) == (
         4096, 4096, 11)
-    assert EngineConfig().resolve(tiny, "cuda").num_kv_pages == 0  # sized by the core
+    # on CUDA from kv_cache_gib: K and V of the 2 attention layers, 16 tokens a page, bf16
+    per_page = 2 * 2 * 16 * tiny.num_key_value_heads * tiny.head_dim * 2
+    cuda = EngineConfig(kv_cache_gib=0.5).resolve(tiny, "cuda")
+    assert cuda.num_kv_pages == 2**29 // per_page and cuda.dtype == "bfloat16"
+    assert cuda.is_resolved and not EngineConfig().is_resolved
+    assert cuda.resolve(tiny, "cuda") == cuda  # resolving twice changes nothing
     with pytest.raises(ValueError, match="max_model_len: 5000 exceeds"):
         EngineConfig(max_model_len=5000).resolve(tiny, "cpu")
+    with pytest.raises(ValueError, match="kv_cache_gib"):
+        EngineConfig(kv_cache_gib=1e-9).resolve(tiny, "cuda")
 
 
 @pytest.mark.parametrize("knobs, allowed, cores", [

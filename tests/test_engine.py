@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.engine import Engine
+from resident.engine.engine import Engine, build_engine
+from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
-from resident.server.protocol import AddRequest, SamplingParams
 
 from model_driver import greedy_alone
 from model_driver import run_engine as run
@@ -21,7 +21,7 @@ TINY = load_model_config("tiny")
 
 def make_engine(**knobs) -> Engine:
     config = EngineConfig(dtype="float64", **knobs)
-    return Engine(TINY, config, torch.device("cpu"))
+    return build_engine(TINY, config, "cpu")
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:
@@ -69,7 +69,7 @@ def test_turns_share_a_narrow_bucket(workload):
 def test_a_request_that_can_never_fit_fails_alone(workload):
     requests, expected = workload
     engine = make_engine(num_kv_pages=12)
-    too_big = AddRequest("huge", [1] * 150, SamplingParams(max_tokens=100))
+    too_big = EngineRequest("huge", [1] * 150, SamplingParams(max_tokens=100))
     failed = engine.add_request(too_big)
     assert failed.finished and failed.finish_reason == "error"
     assert "can never fit" in failed.error
@@ -81,7 +81,7 @@ def test_abort_frees_pages_and_slots(workload):
     engine = make_engine()
     free_pages, free_slots = engine.kv.num_free, engine.states.num_free
     for rid, (prompt, _) in requests.items():
-        engine.add_request(AddRequest(rid, prompt, SamplingParams(max_tokens=50)))
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(max_tokens=50)))
     for _ in range(3):
         engine.step()
     for rid in requests:
@@ -99,7 +99,7 @@ def test_seeded_sampling_is_reproducible():
 
     def sample() -> list[int]:
         engine = make_engine()
-        engine.add_request(AddRequest("s", prompt, params))
+        engine.add_request(EngineRequest("s", prompt, params))
         tokens = []
         while engine.has_work():
             tokens += [t for out in engine.step() for t in out.new_token_ids]
@@ -110,7 +110,7 @@ def test_seeded_sampling_is_reproducible():
     assert len(first) == 12
     other = dataclasses.replace(params, seed=43)
     engine = make_engine()
-    engine.add_request(AddRequest("s", prompt, other))
+    engine.add_request(EngineRequest("s", prompt, other))
     tokens = []
     while engine.has_work():
         tokens += [t for out in engine.step() for t in out.new_token_ids]

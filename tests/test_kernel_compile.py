@@ -25,7 +25,7 @@ def _has_cuda_backend() -> bool:
 def test_decode_kernels_compile_for_hopper(model):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run(
-        [sys.executable, "-m", "resident.kernels.compile_check", "--model", model, "--arch", "90"],
+        [sys.executable, "-m", "resident.tools.compile_check", "--model", model, "--arch", "90"],
         capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.engine import Engine
+from resident.engine.engine import Engine, build_engine
+from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
-from resident.server.protocol import AddRequest, SamplingParams
 
 from model_driver import run_engine
 
@@ -27,7 +27,7 @@ PRESSURE = {
 def make_engine(plan_ahead: str, planning: str, **knobs) -> Engine:
     config = EngineConfig(dtype="float64", plan_ahead=plan_ahead, resident_planning=planning,
                           row_check="on" if planning == "auto" else "off", **knobs)
-    return Engine(TINY, config, torch.device("cpu"))
+    return build_engine(TINY, config, "cpu")
 
 
 def workload(count: int, seed: int) -> dict[str, tuple[list[int], int]]:
@@ -37,12 +37,12 @@ def workload(count: int, seed: int) -> dict[str, tuple[list[int], int]]:
                       4 + (7 * i) % 23) for i, n in enumerate(lengths)}
 
 
-def assert_all_given_back(engine: Engine) -> None:
+def assert_all_given_back(engine: Engine, planning: str) -> None:
     assert not engine.requests and not engine.has_work()
     assert engine.kv.num_used == 0 and engine.states.num_used == 0
-    if engine.planner:
-        assert engine.row_check.counts["mismatches"] == 0
-        assert not engine.planner.ledger()["held"]
+    if planning == "auto":
+        assert engine.rowcheck_counts()["mismatches"] == 0
+        assert not engine.planning.planner.ledger()["held"]
 
 
 @pytest.mark.parametrize("planning", ["off", "auto"])
@@ -54,11 +54,11 @@ def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
     for plan_ahead in ("off", "on", "launch"):
         engine = make_engine(plan_ahead, planning, **PRESSURE[pressure])
         runs[plan_ahead] = run_engine(engine, requests, concurrency=concurrency)
-        assert_all_given_back(engine)
+        assert_all_given_back(engine, planning)
         if pressure == "kv":
             assert engine.scheduler.num_offloads > 0
         if pressure == "slot" and planning == "auto":
-            assert engine.planner.counters["displaced"] > 0
+            assert engine.rowcheck_counts()["displaced"] > 0
     assert runs["on"] == runs["off"]
     assert runs["launch"] == runs["off"]
 
@@ -69,7 +69,7 @@ def _stop_tokens_run(plan_ahead: str, planning: str, stops: dict[str, int]):
     for rid, (prompt, max_tokens) in workload(6, seed=5).items():
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
                                 stop_token_ids=(stops[rid],) if rid in stops else ())
-        assert engine.add_request(AddRequest(rid, prompt, params)) is None
+        assert engine.add_request(EngineRequest(rid, prompt, params)) is None
     outputs: dict[str, list[int]] = {}
     while engine.has_work():
         for out in engine.step():
@@ -88,7 +88,7 @@ def test_a_request_that_stops_after_its_next_step_was_planned(planning, mode):
     assert any(len(want[rid]) < len(free_run[rid]) for rid in stops)  # some did stop early
     # their rows ran once more in the step planned ahead, then were given back
     assert ahead.counters["rows_after_finish"] > 0 == in_order.counters["rows_after_finish"]
-    assert_all_given_back(ahead)
+    assert_all_given_back(ahead, planning)
 
 
 @pytest.mark.parametrize("planning", ["off", "auto"])
@@ -98,7 +98,7 @@ def test_an_abort_between_steps_leaves_the_others_alone(planning, mode):
     want = run_engine(make_engine("off", planning), requests)
     engine = make_engine(mode, planning)
     for rid, (prompt, max_tokens) in requests.items():
-        engine.add_request(AddRequest(rid, prompt, SamplingParams(max_tokens=max_tokens,
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens,
                                                                   ignore_eos=True)))
     got: dict[str, list[int]] = {rid: [] for rid in requests}
     for step in range(1000):
@@ -112,7 +112,7 @@ def test_an_abort_between_steps_leaves_the_others_alone(planning, mode):
     assert {rid: t for rid, t in got.items() if rid != "r2"} == \
         {rid: t for rid, t in want.items() if rid != "r2"}
     assert got["r2"] == want["r2"][:len(got["r2"])]
-    assert_all_given_back(engine)
+    assert_all_given_back(engine, planning)
 
 
 def _batches(plan_ahead: str, planning: str, pressure: str) -> list[tuple]:
@@ -121,15 +121,18 @@ def _batches(plan_ahead: str, planning: str, pressure: str) -> list[tuple]:
     and in bf16 how it rounds, depends on its batch."""
     engine = make_engine(plan_ahead, planning, **{"max_num_seqs": 4, **PRESSURE[pressure]})
     batches = []
-    run = engine._run
+    schedule = engine.scheduler.schedule
 
-    def recording_run(plan):
-        batches.append((plan.kind, [(row.request.request_id, row.num_new) for row in plan.rows]))
-        return run(plan)
+    def recording_schedule():  # every step the scheduler plans runs, ahead or in order
+        plan = schedule()
+        if plan.rows:
+            batches.append((plan.kind, [(row.request.request_id, row.num_new)
+                                        for row in plan.rows]))
+        return plan
 
-    engine._run = recording_run
+    engine.scheduler.schedule = recording_schedule
     run_engine(engine, workload(12, seed=3))
-    assert_all_given_back(engine)
+    assert_all_given_back(engine, planning)
     return batches
 
 

@@ -12,8 +12,11 @@ import random
 import pytest
 import torch
 
+from resident.config import EngineConfig
+from resident.engine.engine import planner_refusal
 from resident.kernels.resident import advance_lengths_ref, gather_rows_ref, scatter_cells_ref
 from resident.planner import SINK_ROW, ResidentPlanner
+from resident.resources.base import Resource
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool
@@ -40,10 +43,10 @@ class Sim:
         self.read_seq: dict[str, int] = {}
         self.rows_read = 0
 
-    def start(self, rid: str, prompt_len: int) -> None:
-        """A request whose prompt a host step prefilled."""
+    def start(self, rid: str, prompt_len: int, offset: int = 0) -> None:
+        """A request whose prompt a host step prefilled, its positions from `offset`."""
         self.states.admit(rid, prompt_len)
-        self.positions.admit(rid, prompt_len)
+        self.positions.admit(rid, prompt_len, offset)
         self.kv.admit(rid, prompt_len)
         self.kv.commit(rid, prompt_len)
         if self.ctx:
@@ -51,12 +54,19 @@ class Sim:
             self.ctx.commit(rid, 6)
         self.planner.mark_stale([rid])
 
-    def host_step(self, rids: list[str], num_tokens: int) -> None:
-        """A host-planned (mixed) step advanced these streams."""
+    def host_step(self, rids: list[str], num_tokens: int, context_tokens: int = 0) -> None:
+        """A host-planned (mixed) step advanced these streams (and the read-only pool's)."""
         for rid in rids:
             self.kv.admit(rid, num_tokens)
             self.kv.commit(rid, num_tokens)
+            if context_tokens:
+                self.ctx.admit(rid, context_tokens)
+                self.ctx.commit(rid, context_tokens)
         self.planner.mark_stale(rids)
+
+    def staged_cells(self) -> list[list[int]]:
+        """The (slot, column, value) cells the last flush staged (trash entries left out)."""
+        return [c for c in self.planner.cells_gpu.tolist() if c[0] != SINK_ROW]
 
     def finish(self, rid: str, offload: bool = False) -> None:
         self.planner.release(rid, offload=offload)
@@ -94,8 +104,8 @@ class Sim:
                 ctx = layout.pool("ctx")
                 row = store[plan.slot_ids[index]]
                 assert row[ctx.length_col] == self.ctx.streams[rid].length
-                assert row[ctx.span_start:ctx.span_start + 2].tolist() == \
-                    self.ctx.streams[rid].pages
+                pages = self.ctx.streams[rid].pages
+                assert row[ctx.span_start:ctx.span_start + len(pages)].tolist() == pages
             self.read_seq[rid] = plan.seq
         self.rows_read += len(plan.request_ids)
         advance_lengths_ref(store, staged.slot_ids_gpu,
@@ -115,7 +125,7 @@ class Sim:
 
 
 def holders(sim: Sim) -> dict[str, int]:
-    return dict(sim.planner._slot_of)
+    return sim.planner.slots.holders()
 
 
 def test_more_live_requests_than_slots_run_off_the_cache():
@@ -226,7 +236,7 @@ def test_a_victim_leaves_no_marks():
     sim.run(plan)  # c's row is checked cell by cell: nothing of a's stays
     sim.commit(plan)
     row = sim.planner.store_gpu[slot_a].numpy()
-    assert (row == sim.planner.expected_row("c")).all()  # a's 8 pages are gone from the row
+    assert (row == sim.planner.stager.host_row("c")[0]).all()  # a's 8 pages are gone
 
 
 def test_plans_that_never_ran_hold_no_slots():
@@ -259,25 +269,27 @@ def test_a_plan_that_raises_leaves_its_rows_to_the_next_step():
     sim.commit(third)
 
 
-def test_a_refused_admit_drops_the_stage_naming_its_pages():
+def test_an_abandoned_plan_stages_nothing_and_the_retry_names_the_page_it_gets():
+    """A plan abandoned before its flush leaves no stage behind: the retry's flush reads the
+    stream as it is then, so its crossing names the page the stream holds, not the page the
+    abandoned step would have taken (here another request took that one meanwhile)."""
     sim = Sim(max_bucket=1)
     sim.start("a", PAGE - 1)
     plan = sim.plan(["a"])
     sim.run(plan)
     sim.commit(plan)  # a's stream now fills its page: the next token crosses into a new one
+    would_take = sim.kv.pages_needed("a", 1)
     pre = sim.plan(["a"])
-    sim.kv.admit("a", 1)
-    crossing = sim.kv.streams["a"].pages[-1]
-    sim.kv.streams["a"].pages.pop()  # the admit is refused and unwound: the page goes back
-    sim.kv._free.append(crossing)
     sim.planner.abandon(pre)
+    sim.start("b", PAGE)  # b takes the page a's abandoned step would have crossed into
+    assert would_take == 1
     retry = sim.plan(["a"])
-    taken_by_other = sim.kv._free.pop()  # someone else takes the page meanwhile
-    sim.kv._free.append(taken_by_other)
-    sim.run(retry)  # admits a fresh page; the stage must name it, not the one given back
+    sim.run(retry)  # admits a fresh page; the stage must name it
     cells = sim.planner.cells_gpu.numpy()
-    staged_pages = {int(v) for s, c, v in cells if s != SINK_ROW and c >= 3}
+    staged_pages = {int(v) for s, c, v in cells
+                    if s != SINK_ROW and c >= sim.planner.layout.num_narrow}
     assert staged_pages == {sim.kv.streams["a"].pages[-1]}
+    assert sim.kv.streams["a"].pages[-1] not in sim.kv.streams["b"].pages
     sim.commit(retry)
 
 
@@ -303,9 +315,7 @@ def test_a_flush_of_the_largest_step_stages_without_growing():
     rids = [f"r{i}" for i in range(16)]
     for rid in rids:
         sim.start(rid, PAGE)
-    pointers = [t.data_ptr() for entry in sim.planner._ring
-                for t in (entry.rows_cpu, entry.staging_cpu)] + [
-        sim.planner.cells_gpu.data_ptr(), sim.planner.store_gpu.data_ptr()]
+    pointers = [t.data_ptr() for t in sim.planner.stager.buffers()]
     for group in (rids[:8], rids[8:], rids[:8]):  # whole rows, then displacement, then again
         plan = sim.plan(group)
         sim.run(plan)
@@ -319,10 +329,7 @@ def test_a_flush_of_the_largest_step_stages_without_growing():
     staged = [c for c in sim.planner.cells_gpu.tolist() if c[0] != SINK_ROW]
     assert len(staged) == 8 * 3
     sim.commit(plan)
-    after = [t.data_ptr() for entry in sim.planner._ring
-                for t in (entry.rows_cpu, entry.staging_cpu)] + [
-        sim.planner.cells_gpu.data_ptr(), sim.planner.store_gpu.data_ptr()]
-    assert after == pointers
+    assert [t.data_ptr() for t in sim.planner.stager.buffers()] == pointers
 
 
 def test_two_planners_fed_the_same_history_displace_the_same_requests():
@@ -356,7 +363,7 @@ def test_two_pools_one_read_only_keep_separate_tables_and_lengths():
         sim.commit(plan)
     row = sim.planner.store_gpu[sim.planner.slot_of("a")]
     assert row[kv.length_col] == 9 and row[ctx.length_col] == 6
-    assert sim.planner.mirror_cpu[sim.planner.slot_of("a"), ctx.length_col] == 6
+    assert sim.planner.stager.mirror_cpu[sim.planner.slot_of("a"), ctx.length_col] == 6
 
 
 def test_steady_decode_stages_only_page_crossings():
@@ -402,3 +409,85 @@ def test_a_host_step_leaves_the_row_to_be_written_whole():
     sim.run(plan)
     sim.commit(plan)
     assert sim.planner.counters["rows_written_whole"] == whole + 1
+
+
+def test_steady_multi_row_decode_stages_only_each_rows_page_crossings():
+    """The diff-only promise on every row of a multi-row step: once each row is written, a
+    step stages one cell per row that crossed into a new page and nothing else (a mirror that
+    missed one row's advance would re-send that row's length every step)."""
+    sim = Sim(max_bucket=4)
+    rids = ["a", "b", "c", "d"]
+    for index, rid in enumerate(rids):
+        sim.start(rid, 3 + 5 * index)
+    first = sim.plan(rids)
+    sim.run(first)
+    sim.commit(first)
+    total_staged = total_crossings = 0
+    for _ in range(40):
+        pages_before = {rid: len(sim.kv.streams[rid].pages) for rid in rids}
+        plan = sim.plan(rids)
+        sim.run(plan)  # admits each row's token, crossing into a new page where it must
+        crossed = [rid for rid in rids if len(sim.kv.streams[rid].pages) > pages_before[rid]]
+        staged = sim.staged_cells()
+        assert len(staged) == len(crossed)
+        assert {cell[0] for cell in staged} == {sim.planner.slot_of(rid) for rid in crossed}
+        sim.commit(plan)
+        total_staged += len(staged)
+        total_crossings += len(crossed)
+    assert total_crossings >= 4 * (40 // PAGE) and total_staged == total_crossings
+    assert sim.planner.counters["rows_written_whole"] == 4
+
+
+def test_position_offsets_reach_the_gathered_positions():
+    """Rows whose positions start at their own offset gather offset + stored length (Sim.run
+    checks every row), through decode steps, a host step and an offset that changes."""
+    sim = Sim(max_bucket=2)
+    sim.start("a", 5, offset=0)
+    sim.start("b", 9, offset=1000)
+    for step in range(2 * PAGE):
+        if step == PAGE:
+            sim.host_step(["b"], 3)
+            sim.positions.offsets["a"] = 40  # a refreshed narrow cell, staged as one cell
+        plan = sim.plan(["a", "b"])
+        sim.run(plan)
+        if step == PAGE:
+            offset_col = sim.planner.layout.offset_col
+            assert [sim.planner.slot_of("a"), offset_col, 40] in sim.staged_cells()
+        sim.commit(plan)
+    row = sim.planner.store_gpu[sim.planner.slot_of("b")]
+    assert row[sim.planner.layout.offset_col] == 1000
+
+
+def test_a_read_only_pool_row_is_rewritten_only_when_a_host_step_moves_it():
+    sim = Sim(max_bucket=2, read_only_pool=True)
+    for rid in "ab":
+        sim.start(rid, 3)
+    ctx = sim.planner.layout.pool("ctx")
+    for _ in range(PAGE):  # decode never touches the read-only pool's cells
+        plan = sim.plan(["a", "b"])
+        sim.run(plan)
+        assert not [c for c in sim.staged_cells() if c[1] in
+                    (ctx.length_col, *range(ctx.span_start, ctx.span_start + ctx.span))]
+        sim.commit(plan)
+    whole = sim.planner.counters["rows_written_whole"]
+    sim.host_step(["a"], 1, context_tokens=PAGE)  # a host step moves a's context
+    plan = sim.plan(["a", "b"])
+    sim.run(plan)  # checks a's context pages and length on its rewritten row
+    sim.commit(plan)
+    assert sim.planner.counters["rows_written_whole"] == whole + 1
+    assert sim.planner.store_gpu[sim.planner.slot_of("a"), ctx.length_col] == 6 + PAGE
+
+
+def test_a_resource_without_a_table_keeps_planning_off():
+    """The refusal list: any resource of the node that keeps no resident table turns the
+    planner off, naming itself; the base Resource refuses, so a new one does by default."""
+
+    class SlidingWindowKV(Resource):
+        name = "sliding-window kv"
+
+    pools = [KVPool(8, PAGE), StatePool(4), Positions()]
+    assert planner_refusal(EngineConfig(), pools) is None
+    assert planner_refusal(EngineConfig(), [*pools, SlidingWindowKV()]) == (
+        "resource 'sliding-window kv' keeps no resident table: every step is host-planned")
+    assert planner_refusal(EngineConfig(resident_planning="off"), pools).startswith(
+        "resident_planning=off")

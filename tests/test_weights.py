@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from resident.config import EngineConfig
 from resident.model.config import load_model_config
-from resident.model.weights import WeightsError, load_model, resolve_dtype, weights_fingerprint
+from resident.model.weights import WeightsError, load_model, torch_dtype, weights_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,10 +132,17 @@ def test_mtp_and_vision_tensors_are_skipped(saved_tiny, tmp_path):
 
 
 def test_dtype_resolution():
-    assert resolve_dtype("auto", "cpu") == torch.float32
-    assert resolve_dtype("auto", "cuda") == torch.bfloat16
-    assert resolve_dtype("float64", "cpu") == torch.float64
+    tiny = load_model_config("tiny")
+
+    def resolved(dtype: str, device: str) -> torch.dtype:
+        return torch_dtype(EngineConfig(dtype=dtype).resolve(tiny, device).dtype)
+
+    assert resolved("auto", "cpu") == torch.float32
+    assert resolved("auto", "cuda") == torch.bfloat16
+    assert resolved("float64", "cpu") == torch.float64
     with pytest.raises(ValueError, match="float64 is for exact tests on CPU"):
-        resolve_dtype("float64", "cuda")
+        resolved("float64", "cuda")
     with pytest.raises(ValueError, match="'int8' is not one of"):
-        resolve_dtype("int8", "cpu")
+        EngineConfig(dtype="int8")
+    with pytest.raises(ValueError, match="'int8' is not one of"):
+        torch_dtype("int8")

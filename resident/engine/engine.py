@@ -1,5 +1,5 @@
-"""Engine: the model, its caches and pools, the scheduler, the runner and the sampler, stepped by
-the engine-core process.
+"""Engine: the model, its caches and pools, the scheduler, the step's inputs, its planning, the
+runner and the sampler, stepped by the engine-core process (server/core.py) or in process.
 
 A step launches its forward, samples on the device and queues the tokens' copy to the host,
 commits what needs no token value (the streams advance; each sampling row takes a pending token,
@@ -7,12 +7,11 @@ so max_tokens is decided), then waits for the tokens, the step's one wait for th
 emits. `plan_ahead` overlaps the next step with this one:
 
 - `on`: between the commit and the wait, the next step is scheduled and, if it is a decode
-  step, staged (host arrays and uploads, or the resident planner's plan and flush), while the
-  GPU runs this one; it launches once this step's tokens are emitted, before the engine core
-  sends them and takes in new requests.
-- `launch`: the staged decode step also launches before the wait, its token ids gathered on the
-  device from this step's sampled tokens (runner.SampledTokens), so the GPU goes from one step
-  to the next without waiting for the host.
+  step, prepared (planning.py), while the GPU runs this one; it launches once this step's tokens
+  are emitted, before the engine core sends them and takes in new requests.
+- `launch`: the prepared decode step also launches before the wait, its token ids gathered on
+  the device from this step's sampled tokens (buffers.SampledTokens), so the GPU goes from one
+  step to the next without waiting for the host.
 
 Host staging is reused safely because every launch moves the read-back's event past its uploads
 (TokenReadback.mark): the wait that returns a step's tokens also frees the host sources of every
@@ -23,72 +22,40 @@ launched, is released after that step, which runs its row unsampled (`rows_after
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from resident.backends import build_kernels
 from resident.config import EngineConfig
+from resident.engine.buffers import SampledTokens
+from resident.engine.inputs import StepInputs
 from resident.engine.phases import NO_PHASES, PhaseTiming
+from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning
 from resident.engine.request import Request, Status
+from resident.engine.resident_planning import ResidentPlanning
 from resident.engine.rowcheck import RowCheck
-from resident.engine.runner import SampledTokens, StepRunner
+from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler, TokenReadback
 from resident.engine.scheduler import Scheduler, StepPlan
+from resident.engine.swap import StateSwapper
+from resident.engine.types import FINISH_ABORT, FINISH_ERROR, EngineRequest, RequestOutput
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
-from resident.model.weights import load_model, resolve_dtype, weights_fingerprint
-from resident.planner import ResidentPlan, ResidentPlanner, StagedStep
+from resident.model.weights import load_model, torch_dtype, weights_fingerprint
+from resident.planner import ResidentPlanner
 from resident.provenance import describe
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool
-from resident.server.protocol import FINISH_ABORT, FINISH_ERROR, AddRequest, RequestOutput
 
 log = logging.getLogger("resident.engine")
-
-
-def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
-    element = torch.empty((), dtype=dtype).element_size()
-    return (len(model.attention_layers) * 2 * page_size * model.num_key_value_heads
-            * model.head_dim * element)
-
-
-def size_kv_pages(config: EngineConfig, model: ModelConfig, dtype: torch.dtype) -> EngineConfig:
-    """On CUDA with num_kv_pages auto: as many pages as kv_cache_gib holds."""
-    if config.num_kv_pages:
-        return config
-    per_page = kv_bytes_per_page(model, config.page_size, dtype)
-    pages = int(config.kv_cache_gib * 2**30) // per_page
-    log.info("num_kv_pages=%d from kv_cache_gib=%s (%d bytes a page)", pages,
-             config.kv_cache_gib, per_page)
-    return dataclasses.replace(config, num_kv_pages=pages)
-
-
-@dataclass
-class PreparedStep:
-    """A step staged as far as it goes before its token ids are known."""
-
-    plan: StepPlan
-    upload: Callable[[SampledTokens | None], None]  # token ids, the host attention plan
-    forward: Callable[[], torch.Tensor]  # the forward (a decode bucket's replay): logits
-    resident: tuple[ResidentPlan, StagedStep] | None = None  # a resident step's plan and flush
-    logits: torch.Tensor | None = None  # once launched
-    stale: bool = False  # a host-planned step under a planner: its rows are rewritten next time
-
-
-def _no_upload(sampled: SampledTokens | None) -> None:
-    pass
-
 
 NODE = "llm"
 KV_POOL_KEY = "kv"
@@ -118,13 +85,12 @@ def freeze_heap() -> None:
 class Engine:
     def __init__(self, model_config: ModelConfig, config: EngineConfig,
                  device: torch.device) -> None:
-        self.model_config = model_config
-        self.requested_config = config
-        self.device = device
-        self.dtype = resolve_dtype(config.dtype, device)
-        self.config = size_kv_pages(config.resolve(model_config, device.type), model_config,
-                                    self.dtype)
-        config = self.config
+        """config: resolved for this model and device type (EngineConfig.resolve)."""
+        if not config.is_resolved or config != config.resolve(model_config, device.type):
+            raise ValueError("an Engine needs its config resolved for its model and device: "
+                             f"EngineConfig.resolve(model, {device.type!r})")
+        self.model_config, self.config, self.device = model_config, config, device
+        self.dtype = torch_dtype(config.dtype)
         self.model = load_model(model_config, device, self.dtype,
                                 dense=build_dense_ops(config.compile == "on"))
         if config.compile == "on":
@@ -138,19 +104,21 @@ class Engine:
         self.positions = Positions()
         self.kernels = build_kernels(config, model_config, self.dtype, device,
                                      self.model.dense.gdn_gates)
-        self.planner, self.planning_reason = self._build_planner()
         self.phases = PhaseTiming() if config.phase_timing == "on" else NO_PHASES
-        self.runner = StepRunner(self.model, self.cache, config, self.kv, self.states,
-                                 self.positions, self.kernels, self.planner, self.phases)
-        if self.runner.graphs is not None:
-            self.runner.capture_graphs()
-        self.row_check = (RowCheck(self.planner, {KV_POOL_KEY: self.kv})
-                          if self.planner and config.row_check == "on" else None)
-        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self)
+        self.inputs = StepInputs(config, self.kv, self.states, self.positions, self.kernels,
+                                 self.phases, device)
+        self.planning = self._build_planning()
+        self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
+                                 self.kernels, self.phases, config.cuda_graphs == "on")
+        if config.cuda_graphs == "on":
+            self.runner.capture_graphs(config.decode_buckets, config.prefill_buckets)
+        self.swapper = StateSwapper(self.cache, self.kv, self.states,
+                                    lambda rid: self.planning.release(rid, offload=True))
+        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper)
         self.sampler = Sampler(device, config.seed)
         self.readback = TokenReadback(device, config.max_step_rows)
         self.requests: dict[str, Request] = {}
-        # plan_ahead: the next step, scheduled (and, for decode, staged) while this one ran,
+        # plan_ahead: the next step, scheduled (and, for decode, prepared) while this one ran,
         # and the finished requests whose rows that step still holds
         self._next_plan: StepPlan | None = None
         self._prepared: PreparedStep | None = None
@@ -159,36 +127,25 @@ class Engine:
         self.counters: Counter[str] = Counter()
         self.step_seconds: Counter[str] = Counter()
 
-    def _build_planner(self) -> tuple[ResidentPlanner | None, str]:
-        refusal = planner_refusal(self.config, (self.kv, self.states, self.positions))
+    def _build_planning(self) -> StepPlanning:
+        config = self.config
+        refusal = planner_refusal(config, (self.kv, self.states, self.positions))
         if refusal:
             log.info("resident planning off on %s: %s", NODE, refusal)
-            return None, refusal
-        span = self.kv.resident_span(self.config.max_model_len)
-        planner = ResidentPlanner(self.config.max_decode_rows, {KV_POOL_KEY: (self.kv, span, True)},
+            return HostPlanning(self.inputs, refusal)
+        span = self.kv.resident_span(config.max_model_len)
+        planner = ResidentPlanner(config.max_decode_rows, {KV_POOL_KEY: (self.kv, span, True)},
                                   self.states, self.positions, KV_POOL_KEY, self.device)
-        description = planner.describe()
-        log.info("resident planning on %s: %s", NODE, description)
-        return planner, description
-
-    # -- Swapper: the runner moves the data, the planner gives the slot up --------------------
-
-    def offload(self, request: Request) -> None:
-        self.runner.offload(request)
-        if self.planner:
-            self.planner.release(request.request_id, offload=True)
-
-    def reload(self, request: Request) -> None:
-        self.runner.reload(request)
-
-    def reset_state(self, request: Request) -> None:
-        self.runner.reset_state(request)
+        row_check = (RowCheck(planner, {KV_POOL_KEY: self.kv}, self.positions, self.states)
+                     if config.row_check == "on" else None)
+        log.info("resident planning on %s: %s", NODE, planner.describe())
+        return ResidentPlanning(planner, self.inputs, self.kernels, self.phases, row_check)
 
     # -- requests ---------------------------------------------------------------------------
 
-    def add_request(self, message: AddRequest) -> RequestOutput | None:
+    def add_request(self, new: EngineRequest) -> RequestOutput | None:
         """Queues a request; returns its failed output at once if it can never run."""
-        request = Request(message.request_id, list(message.prompt_token_ids), message.params,
+        request = Request(new.request_id, list(new.prompt_token_ids), new.params,
                           self._arrivals, self.model_config.eos_token_ids)
         self._arrivals += 1
         error = self._reject_reason(request)
@@ -254,7 +211,7 @@ class Engine:
             tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live])
             self.readback.start(tokens_gpu)
         self.phases.lap("sampler")
-        self._commit(plan, prepared, live)
+        self._commit(prepared, live)
         if self.config.plan_ahead != "off":
             self._plan_next()
         if self._prepared and live and self.config.plan_ahead == "launch":
@@ -268,37 +225,30 @@ class Engine:
             self._prepared.logits = self._launch(self._prepared)
         return outputs
 
-    def _launch(self, prepared: PreparedStep, sampled: SampledTokens | None = None):
-        """Uploads a prepared step's token ids, moves the read-back's event past them (so the
-        wait that returns the last step's tokens also frees their host sources), runs it."""
-        prepared.upload(sampled)
-        self.readback.mark()
-        return prepared.forward()
-
     def _prepare(self, plan: StepPlan) -> PreparedStep:
-        """What can be done before the step's token ids are known: a decode step's staging and
-        upload (or the resident planner's plan and flush); a varlen step stages at launch."""
-        runner = self.runner
-        if plan.kind != "decode":
-            return PreparedStep(plan, _no_upload, lambda: runner.run(plan),
-                                stale=bool(self.planner))
-        if not self.planner:
-            bucket, width = runner.prepare_decode(plan)
-            return PreparedStep(plan, lambda s: runner.upload_decode(plan, bucket, width, s),
-                                lambda: runner.forward_decode(bucket, width))
-        request_ids = [row.request.request_id for row in plan.rows]
-        resident = self.planner.plan(request_ids, runner.bucket_for(len(request_ids)))
-        staged = self.planner.flush(resident)
-        self.phases.lap("resident")
-        bucket = staged.slot_ids_gpu.shape[0]
-        return PreparedStep(plan, lambda s: runner.upload_resident(plan, staged, s),
-                            lambda: runner.forward_decode(bucket, staged.width),
-                            resident=(resident, staged))
+        """What can be done before the step's token ids are known: a decode step's staging
+        (planning.py); a varlen step stages at launch."""
+        if plan.kind == "decode":
+            return self.planning.prepare_decode(plan)
+        return PreparedStep(plan)
 
-    def _commit(self, plan: StepPlan, prepared: PreparedStep, live: list[Request]) -> None:
+    def _launch(self, prepared: PreparedStep, sampled: SampledTokens | None = None):
+        """Uploads a prepared decode step's token ids, moves the read-back's event past them
+        (so the wait that returns the last step's tokens also frees their host sources), runs
+        it; a varlen step is staged and run."""
+        if not prepared.is_decode:
+            self.readback.mark()
+            return self.runner.forward_varlen(prepared.plan,
+                                              self.inputs.stage_varlen(prepared.plan))
+        self.planning.upload_decode(prepared, sampled)
+        self.readback.mark()
+        return self.runner.forward_decode(prepared.bucket, prepared.width)
+
+    def _commit(self, prepared: PreparedStep, live: list[Request]) -> None:
         """What the step did that needs no token value: the streams advance, each sampling row
-        takes a pending token (and length is decided), the planner's mirror follows; requests
-        that finished on length, or while the step was planned ahead, are released."""
+        takes a pending token (and length is decided), planning follows; requests that finished
+        on length, or while the step was planned ahead, are released."""
+        plan = prepared.plan
         self.counters[f"steps_{plan.kind}"] += 1
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
@@ -306,9 +256,7 @@ class Engine:
         for request in live:
             request.append_pending()
         self.phases.lap("commit")
-        if self.planner:
-            self._commit_planner(plan, prepared)
-            self.phases.lap("resident")
+        self.planning.commit(prepared)
         # the requests max_tokens finished go now (their last token is read back later): every
         # step that could reuse their pages or slot is queued behind this one on the stream
         done = [request for request in live if request.finish_reason]
@@ -317,20 +265,10 @@ class Engine:
             self._release(request)
         self.phases.lap("commit")
 
-    def _commit_planner(self, plan: StepPlan, prepared: PreparedStep) -> None:
-        if prepared.stale:  # a host-planned step moved these streams
-            self.planner.mark_stale(row.request.request_id for row in plan.rows)
-        if prepared.resident:
-            resident, staged = prepared.resident
-            self.planner.commit(resident)
-            if self.row_check:
-                meta = self.runner.decode_meta(staged.slot_ids_gpu.shape[0], staged.width)
-                self.row_check.check(plan, resident, meta)  # what the step read
-
     def _plan_next(self) -> None:
         """Schedules the next step while this one runs on the GPU and, for a decode step,
-        stages it: its host staging is written only after the previous step's read-back, which
-        orders every earlier upload from the same host buffers before it."""
+        prepares it: its host staging is written only after the previous step's read-back,
+        which orders every earlier upload from the same host buffers before it."""
         self._next_plan = self.scheduler.schedule()
         self.phases.lap("schedule")
         if self._next_plan.kind == "decode" and self._next_plan.rows:
@@ -354,10 +292,9 @@ class Engine:
             self._release(request)
 
     def _release(self, request: Request) -> None:
-        if self.planner:
-            self.planner.release(request.request_id)
+        self.planning.release(request.request_id)
         self.scheduler.release(request)
-        self.runner.drop(request.request_id)
+        self.swapper.drop(request.request_id)
         self.sampler.drop(request.request_id)
         del self.requests[request.request_id]
 
@@ -386,29 +323,28 @@ class Engine:
         }
 
     def rowcheck_counts(self) -> dict[str, int]:
-        counts = self.row_check.counts if self.row_check else {}
-        planner = self.planner.counters if self.planner else {}
-        return {"enabled": self.row_check is not None,
-                "steps": counts.get("steps", 0), "rows": counts.get("rows", 0),
-                "mismatches": counts.get("mismatches", 0),
-                "displaced": planner.get("displaced", 0),
-                "slot_releases": planner.get("slot_releases", 0),
-                "offloads_without_slot": planner.get("offloads_without_slot", 0),
-                "slots_freed": planner.get("slots_freed", 0),
+        """/debug/rowcheck: the row check's steps, rows and mismatches (0 while off), the
+        planner's displacements and slot releases, and the scheduler's offloads."""
+        counts = self.planning.counters()
+        keys = ("steps", "rows", "mismatches", "displaced", "slot_releases",
+                "offloads_without_slot", "slots_freed")
+        return {"enabled": self.config.row_check == "on" and self.planning.mode == "resident",
+                **{key: counts.get(key, 0) for key in keys},
                 "offloads": self.scheduler.num_offloads}
 
     def info(self) -> dict[str, Any]:
-        mode = "resident" if self.planner else "off"
-        reason = (f"resident planning on {NODE}: {self.planning_reason}" if self.planner
-                  else self.planning_reason)
+        planning = self.planning
+        reason = (f"resident planning on {NODE}: {planning.reason}"
+                  if planning.mode == "resident" else planning.reason)
+        default = EngineConfig().resolve(self.model_config, self.device.type)
         return {
             "model": self.model_config.name,
             "max_model_len": self.config.max_model_len,
             "vocab_size": self.model_config.vocab_size,
             "eos_token_ids": list(self.model_config.eos_token_ids),
             "knobs": self.config.to_dict(),
-            "knobs_changed": self.requested_config.changed(),
-            "planning_mode": mode,
+            "knobs_changed": self.config.changed_from(default),
+            "planning_mode": planning.mode,
             "planning_reason": reason,
             "attention_backend": self.config.attention_backend,
             "cuda_graphs": self.runner.graphs.buckets if self.runner.graphs else [],
@@ -416,10 +352,18 @@ class Engine:
                                if self.runner.prefill_graphs else []),
             # decode buckets whose attention reads pages and lengths on the device
             "host_plan_free": not self.kernels.decode.host_plan,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": self.config.dtype,
             "device": str(self.device),
             **describe(),  # the package path, its commit, git_dirty, source_digest
             "weights_fingerprint": self.fingerprint,
             "torch_version": torch.__version__,
             "torch_num_threads": torch.get_num_threads(),
         }
+
+
+def build_engine(model_config: ModelConfig, knobs: EngineConfig,
+                 device: torch.device | str) -> Engine:
+    """An Engine from knobs as given (autos unfilled), resolved here for the model and device:
+    for in-process users (tests, benches); `resident serve` resolves in its CLI."""
+    device = torch.device(device)
+    return Engine(model_config, knobs.resolve(model_config, device.type), device)

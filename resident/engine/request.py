@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from resident.server.protocol import FINISH_LENGTH, FINISH_STOP, SamplingParams
+from resident.engine.types import FINISH_LENGTH, FINISH_STOP, SamplingParams
 
 PENDING_TOKEN = -1  # a sampled token not yet read back (append_pending, then resolve)
 

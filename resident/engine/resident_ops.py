@@ -25,7 +25,7 @@ class ResidentOps:
         self._position_pool = layout.pool(layout.position_pool)
         self._scatter, self._gather = scatter_cells_ref, gather_rows_ref
         self._advance = advance_lengths_ref
-        self._length_cols = planner.append_cols.tolist()
+        self._length_cols = planner.layout.append_cols
         if use_triton:  # imported here: triton must not load before TRITON_INTERPRET is set
             from resident.kernels.resident_triton import (
                 advance_lengths_triton,
@@ -34,7 +34,8 @@ class ResidentOps:
             )
             self._scatter, self._gather = scatter_cells_triton, gather_rows_triton
             self._advance = advance_lengths_triton
-            self._length_cols = torch.from_numpy(planner.append_cols).to(planner.store_gpu.device)
+            self._length_cols = torch.tensor(planner.layout.append_cols,
+                                             device=planner.store_gpu.device)
 
     def before(self, bucket: int, width: int, block_tables: torch.Tensor,
                positions: torch.Tensor, kv_write_loc: torch.Tensor,

@@ -1,5 +1,12 @@
-"""Row check (debug, `row_check: on`): after each resident step, sync and compare every row the
-step read, the step's write locations and the sink row with the host streams."""
+"""Row check (debug, `row_check: on`): after each resident step, sync and compare what the step
+read on the device with the host streams.
+
+For every row the step read: the store row's cells the row uses (each KV pool's stored length and
+its pages, the position offset, the GDN slot), and the position, KV write location and state slot
+the step's graph gathered for it; then the sink row. The expected values come straight from the
+pools (`KVPool.streams`, `Positions.position`, `StatePool.slots`), not from the planner's own row
+builder, so a planner that builds a wrong row and a check that agrees with it cannot both pass.
+"""
 
 from __future__ import annotations
 
@@ -11,52 +18,72 @@ import numpy as np
 from resident.engine.scheduler import StepPlan
 from resident.model.step import StepMeta
 from resident.planner import ResidentPlan, ResidentPlanner
-from resident.resources.kv import KVPool
+from resident.resources.kv import SINK_PAGE, KVPool
+from resident.resources.positions import Positions
+from resident.resources.recurrent import SINK_SLOT, StatePool
 
 log = logging.getLogger("resident.rowcheck")
 
 
 class RowCheck:
-    def __init__(self, planner: ResidentPlanner, pools: dict[str, KVPool]) -> None:
+    def __init__(self, planner: ResidentPlanner, pools: dict[str, KVPool],
+                 positions: Positions, states: StatePool) -> None:
         self.planner = planner
-        self.pools = pools
+        self.pools, self.positions, self.states = pools, positions, states
         self.counts: Counter[str] = Counter()
 
     def check(self, step: StepPlan, plan: ResidentPlan, meta: StepMeta) -> int:
-        """Runs after the step committed; returns this step's mismatches."""
-        planner, layout = self.planner, self.planner.layout
-        store = planner.store_gpu.cpu().numpy()  # the sync this debug mode may make
-        write_loc = meta.kv_write_loc.cpu().numpy()
-        position_pool = self.pools[layout.position_pool]
+        """Runs after the step committed (each stream holds the step's token); returns this
+        step's mismatches."""
+        store = self.planner.store_gpu.cpu().numpy()  # the sync this debug mode may make
+        gathered = {"position": meta.positions.cpu().numpy(),
+                    "write location": meta.kv_write_loc.cpu().numpy(),
+                    "state slot": meta.state_slots.cpu().numpy()}
         mismatches = 0
         for index, (row, slot) in enumerate(zip(step.rows, plan.slot_ids, strict=False)):
             rid = row.request.request_id
-            expected = planner.expected_row(rid)
-            used = self._used_columns(rid)
-            mismatches += self._compare(f"row {rid} (slot {slot})", store[slot], expected, used)
-            stream = position_pool.streams[rid]
-            wrote_at = position_pool.write_location(rid, stream.length - 1)
-            if write_loc[index] != wrote_at:
-                mismatches += 1
-                log.error("row check: step wrote %s's token at %d, its stream says %d", rid,
-                          write_loc[index], wrote_at)
-        sink = planner.sink_row()
-        mismatches += self._compare("sink row", store[0], sink, np.arange(layout.trash_col))
+            mismatches += self._compare(f"row {rid} (slot {slot})", store[slot],
+                                        self._expected_cells(rid))
+            for what, want in self._expected_reads(rid).items():
+                if gathered[what][index] != want:
+                    mismatches += 1
+                    log.error("row check: the step read %s's %s as %d, its streams say %d",
+                              rid, what, gathered[what][index], want)
+        mismatches += self._compare("sink row", store[0], self._sink_cells())
         self.counts.update(steps=1, rows=len(step.rows), mismatches=mismatches)
         return mismatches
 
-    def _used_columns(self, rid: str) -> np.ndarray:
+    def _expected_cells(self, rid: str) -> dict[int, int]:
+        """Column -> value of every cell of the row that a step reads."""
         layout = self.planner.layout
-        columns = list(range(layout.num_narrow))
+        cells = {layout.offset_col: self.positions.offsets[rid],
+                 layout.state_col: self.states.slots[rid]}
         for pool_layout in layout.pools:
-            num_pages = len(self.pools[pool_layout.key].streams[rid].pages)
-            columns += range(pool_layout.span_start, pool_layout.span_start + num_pages)
-        return np.asarray(columns)
+            stream = self.pools[pool_layout.key].streams[rid]
+            cells[pool_layout.length_col] = stream.length
+            for column, page in enumerate(stream.pages):
+                cells[pool_layout.span_start + column] = page
+        return cells
+
+    def _expected_reads(self, rid: str) -> dict[str, int]:
+        """What the step should have gathered for the row: its token was the stream's last."""
+        pool = self.pools[self.planner.layout.position_pool]
+        index = pool.streams[rid].length - 1
+        return {"position": self.positions.position(rid, index),
+                "write location": pool.write_location(rid, index),
+                "state slot": self.states.slots[rid]}
+
+    def _sink_cells(self) -> dict[int, int]:
+        layout = self.planner.layout
+        cells = {col: 0 for col in range(layout.trash_col)}
+        cells[layout.state_col] = SINK_SLOT
+        for pool_layout in layout.pools:
+            cells[pool_layout.span_start] = SINK_PAGE
+        return cells
 
     @staticmethod
-    def _compare(what: str, device_row: np.ndarray, expected: np.ndarray,
-                 columns: np.ndarray) -> int:
-        bad = columns[device_row[columns] != expected[columns]]
+    def _compare(what: str, device_row: np.ndarray, expected: dict[int, int]) -> int:
+        bad = [col for col, value in expected.items() if device_row[col] != value]
         for col in bad:
             log.error("row check: %s cell %d is %d on the device, %d in the host streams", what,
                       col, device_row[col], expected[col])

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from resident.server.protocol import SamplingParams
+from resident.engine.types import SamplingParams
 
 
 class Sampler:

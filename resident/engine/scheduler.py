@@ -23,8 +23,8 @@ from resident.resources.recurrent import StatePool
 
 
 class Swapper(Protocol):
-    """Moves a request's device state; the engine's runner implements it. The scheduler owns
-    the pools: it frees after `offload` and hands out pages and a slot before `reload`."""
+    """Moves a request's device state (engine/swap.py's StateSwapper). The scheduler owns the
+    pools: it frees after `offload` and hands out pages and a slot before `reload`."""
 
     def offload(self, request: Request) -> None: ...  # copy its pages and slot to host memory
 

@@ -15,14 +15,14 @@ projection into its prologue (see _gemv_kernel; decode_gemm=fused):
 - sigmoid_gate_linear_partials: the gated attention's output gate, then o_proj.
 skinny_linear (a finished [M, N]) is for the bench and the tests. A block's opening add + norm
 stays its own kernel: in the prologue of the wide projection after it, the [16, BLOCK_K] fp32
-tiles of the partials spilled registers (python -m resident.kernels.compile_check reports
+tiles of the partials spilled registers (python -m resident.tools.compile_check reports
 spills), and a c=1 step's skinny GEMMs took 3.1 of its 3.5 ms of GPU time
 (results/2026-11-29-h200-0.8b-fusions). The three prologues above do not spill, but still
 measured slower than their separate elementwise kernels: the 48 GEMMs of a c=1 step took 514
 us with them against 181 without, and the elementwise kernels they replace took under 80; the
 engine's default (decode_gemm=skinny) runs them apart.
 
-`python -m resident.kernels.bench_gemv` measures it against cuBLAS, with the weights cycled
+`python -m resident.tools.bench_gemv` measures it against cuBLAS, with the weights cycled
 through more memory than the L2 holds (as in a decode step) and a sweep of tiles.
 """
 

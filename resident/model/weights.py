@@ -31,18 +31,15 @@ class WeightsError(ValueError):
     """A checkpoint that does not fit the model: names the tensor."""
 
 
-def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
-    """`auto` is bfloat16 on CUDA and float32 on CPU; float64 only on CPU."""
-    device_type = torch.device(device).type
-    if name == "auto":
-        return torch.bfloat16 if device_type == "cuda" else torch.float32
-    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-              "float64": torch.float64}
-    if name not in dtypes:
-        raise ValueError(f"dtype {name!r} is not one of auto, {', '.join(dtypes)}")
-    if dtypes[name] == torch.float64 and device_type != "cpu":
-        raise ValueError("dtype float64 is for exact tests on CPU only")
-    return dtypes[name]
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+           "float64": torch.float64}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """A resolved dtype knob (config.py) as a torch dtype."""
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} is not one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
 
 
 def load_model(

@@ -14,8 +14,9 @@ class Positions(Resource):
     def __init__(self) -> None:
         self.offsets: dict[str, int] = {}
 
-    def admit(self, request_id: str, num_new: int) -> str | None:
-        self.offsets.setdefault(request_id, 0)
+    def admit(self, request_id: str, num_new: int, offset: int = 0) -> str | None:
+        """A new request's positions start at `offset` (0 for Qwen3.5 text)."""
+        self.offsets.setdefault(request_id, offset)
         return None
 
     def commit(self, request_id: str, num_new: int) -> None:

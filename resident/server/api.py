@@ -4,11 +4,8 @@ Prometheus metrics and the engine's config, in front of an `EngineClient`.
 Built on aiohttp because it is already installed on the GPU host, which has no package registry
 (FastAPI, uvicorn and pydantic are not, and would have to travel with the tree), and because it
 gives a `StreamResponse` for SSE and cancels a handler whose client went away, which is how an
-abandoned request gets aborted in the core.
-
-Departures from OpenAI: `temperature` defaults to 0 (greedy), not 1; a null optional field
-means its default; `token_ids` is added to each choice; fields we cannot honour (`logprobs`,
-`echo`, `n`, `stop` strings, penalties, ...) are rejected unless they hold their neutral value.
+abandoned request gets aborted in the core. Request bodies are validated in validation.py
+(`token_ids` is added to each choice); the engine's stats become metrics in metrics.py.
 """
 
 from __future__ import annotations
@@ -17,301 +14,33 @@ import asyncio
 import hmac
 import json
 import logging
-import math
-import re
 import time
 import uuid
-from collections.abc import Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    Metric,
-    UnknownMetricFamily,
-)
 
+from resident.engine.types import FINISH_ERROR, EngineRequest, RequestOutput
 from resident.server.client import EngineClient, EngineUnavailable
-from resident.server.protocol import (
-    FINISH_ERROR,
-    AddRequest,
-    RequestOutput,
-    SamplingParams,
-)
+from resident.server.metrics import EngineCollector
 from resident.server.tokenizer import Tokenizer
+from resident.server.validation import (
+    ApiError,
+    CompletionRequest,
+    bad_request,
+    parse_completion_request,
+)
 
 log = logging.getLogger("resident.api")
 
 MAX_BODY_BYTES = 64 << 20  # a long prompt as a JSON list of ids is ~7 bytes a token
-DEFAULT_MAX_TOKENS = 16
-class ApiError(Exception):
-    """An error answered as `{"error": {"message", "type"}}` with an HTTP status."""
-
-    def __init__(self, status: int, type: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.type = type
-        self.message = message
-
-
-def _bad(message: str) -> ApiError:
-    return ApiError(400, "invalid_request_error", message)
 
 
 def error_response(status: int, type: str, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": type}}, status=status)
-
-
-# -- request validation ---------------------------------------------------------------------
-
-
-class CompletionRequest(NamedTuple):
-    """A validated completion request."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-
-
-# Fields OpenAI clients send that we cannot honour: accepted only with one of these values.
-_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None,),
-    "echo": (None, False),
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "stop": (None, "", []),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-}
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value) if _is_json(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _is_json(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_float(value: Any) -> float | None:
-    """`value` as a finite float, or None if it is not a finite number (bools are not)."""
-    if not (_is_int(value) or isinstance(value, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _check_neutral(body: dict[str, Any]) -> None:
-    for name, accepted in _NEUTRAL.items():
-        value = body.get(name)
-        if not any(_same(value, ok) for ok in accepted):
-            allowed = " or ".join(json.dumps(ok) for ok in accepted)
-            raise _bad(f"'{name}' = {_show(value)} is not supported (only {allowed})")
-
-
-def _same(value: Any, neutral: Any) -> bool:
-    # True == 1 and False == 0 in Python; a bool must match only a bool.
-    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
-
-
-def _field(body: dict[str, Any], name: str, default: Any, convert, expected: str) -> Any:
-    """The field's value through `convert` (None when it does not fit), or its default when the
-    field is absent or null."""
-    value = body.get(name)
-    if value is None:
-        return default
-    converted = convert(value)
-    if converted is None:
-        raise _bad(f"'{name}' must be {expected}, got {_show(value)}")
-    return converted
-
-
-def _int_field(body: dict[str, Any], name: str, default: int) -> int:
-    return _field(body, name, default, lambda v: v if _is_int(v) else None, "an integer")
-
-
-def _number_field(body: dict[str, Any], name: str, default: float) -> float:
-    return _field(body, name, default, _as_float, "a finite number")
-
-
-def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
-    return _field(body, name, default, lambda v: v if isinstance(v, bool) else None,
-                  "true or false")
-
-
-def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
-    for i, token in enumerate(value):
-        if not _is_int(token):
-            raise _bad(f"'{name}[{i}]' must be an integer token id, got {_show(token)}")
-        if not 0 <= token < vocab_size:
-            raise _bad(f"'{name}[{i}]' = {token} is outside the vocabulary [0, {vocab_size})")
-    return value
-
-
-def _prompt(body: dict[str, Any], tokenizer: Tokenizer, vocab_size: int) -> list[int]:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise _bad("'prompt' is required")
-    if isinstance(prompt, str):
-        if not prompt:
-            raise _bad("'prompt' must not be empty")
-        ids = tokenizer.encode(prompt)
-        if not ids:
-            raise _bad(f"'prompt' = {_show(prompt)} encodes to no tokens")
-        outside = [t for t in ids if not 0 <= t < vocab_size]
-        if outside:
-            raise _bad(f"'prompt' encodes to token {outside[0]}, outside [0, {vocab_size})")
-        return ids
-    if not isinstance(prompt, list):
-        raise _bad(f"'prompt' must be a string or a list of token ids, got {_show(prompt)}")
-    if not prompt:
-        raise _bad("'prompt' must not be empty")
-    return _token_ids(prompt, "prompt", vocab_size)
-
-
-def _sampling(body: dict[str, Any], vocab_size: int) -> SamplingParams:
-    temperature = _number_field(body, "temperature", 0.0)
-    if temperature < 0:
-        raise _bad(f"'temperature' must be >= 0, got {_show(body['temperature'])}")
-    top_p = _number_field(body, "top_p", 1.0)
-    if not 0 < top_p <= 1:
-        raise _bad(f"'top_p' must be in (0, 1], got {_show(body['top_p'])}")
-    top_k = _int_field(body, "top_k", 0)
-    if top_k < -1:
-        raise _bad(f"'top_k' must be >= 0 (or -1 for off), got {top_k}")
-    seed = body.get("seed")
-    if seed is not None and not (_is_int(seed) and -(2**63) <= seed < 2**64):
-        raise _bad(f"'seed' must be null or a 64-bit integer, got {_show(seed)}")
-    stop_ids = body.get("stop_token_ids")
-    if stop_ids is not None and not isinstance(stop_ids, list):
-        raise _bad(f"'stop_token_ids' must be a list of token ids, got {_show(stop_ids)}")
-    return SamplingParams(
-        max_tokens=_int_field(body, "max_tokens", DEFAULT_MAX_TOKENS),
-        temperature=temperature,
-        top_p=top_p,
-        # -1 is off as in vLLM; k >= vocab_size keeps every token, which is off too.
-        top_k=0 if top_k == -1 or top_k >= vocab_size else top_k,
-        seed=seed,
-        ignore_eos=_bool_field(body, "ignore_eos", False),
-        stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", vocab_size)),
-    )
-
-
-def _include_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    if not isinstance(options, dict):
-        raise _bad(f"'stream_options' must be an object, got {_show(options)}")
-    return _bool_field(options, "include_usage", False)
-
-
-def parse_completion_request(
-    body: Any, tokenizer: Tokenizer, model_name: str, vocab_size: int, max_model_len: int
-) -> CompletionRequest:
-    """Validates a /v1/completions body; unpacks as (prompt_ids, params, stream, include_usage).
-
-    Raises ApiError: 404 for another model's name, 400 naming the field for anything else.
-    Unknown fields are ignored; null means a field's default."""
-    if not isinstance(body, dict):
-        raise _bad(f"the request body must be a JSON object, got {_show(body)}")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _bad(f"'model' must be a string, got {_show(model)}")
-    if model is not None and model != model_name:
-        raise ApiError(404, "not_found_error", f"model {model!r} is not served here "
-                       f"(this server serves {model_name!r})")
-    _check_neutral(body)
-    prompt_ids = _prompt(body, tokenizer, vocab_size)
-    params = _sampling(body, vocab_size)
-    if params.max_tokens <= 0:
-        raise _bad(f"'max_tokens' must be > 0, got {params.max_tokens}")
-    total = len(prompt_ids) + params.max_tokens
-    if total > max_model_len:
-        raise _bad(f"the prompt's {len(prompt_ids)} tokens plus 'max_tokens' = "
-                   f"{params.max_tokens} make {total}, over max_model_len {max_model_len}")
-    return CompletionRequest(prompt_ids, params, _bool_field(body, "stream", False),
-                             _include_usage(body))
-
-
-# -- metrics --------------------------------------------------------------------------------
-
-# stats key -> (metric name, kind, help). Counters get `_total` in the exposition.
-_ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
-    "num_running": ("resident_requests_running", "gauge", "Requests being generated."),
-    "num_waiting": ("resident_requests_waiting", "gauge", "Requests waiting to start."),
-    "num_offloaded": ("resident_requests_offloaded", "gauge", "Requests offloaded to host."),
-    "kv_pages_used": ("resident_kv_pages_used", "gauge", "KV cache pages in use."),
-    "kv_pages_free": ("resident_kv_pages_free", "gauge", "KV cache pages free."),
-    "gdn_slots_used": ("resident_gdn_slots_used", "gauge", "GDN state slots in use."),
-    "gdn_slots_free": ("resident_gdn_slots_free", "gauge", "GDN state slots free."),
-    "steps": ("resident_steps", "counter", "Engine steps by kind."),
-    "step_seconds": ("resident_step_seconds", "counter",
-                     "Wall seconds of engine steps by kind, schedule to sampled tokens."),
-    "prefills_padded": ("resident_prefills_padded", "counter",
-                        "Prefill steps of one fresh row run padded to a prefill bucket."),
-    "generated_tokens": ("resident_generated_tokens", "counter", "Tokens generated."),
-    "offloads": ("resident_offloads", "counter", "Requests offloaded."),
-    "reloads": ("resident_reloads", "counter", "Requests reloaded."),
-    "aborts": ("resident_aborts", "counter", "Requests aborted."),
-    "failed_requests": ("resident_failed_requests", "counter", "Requests that failed."),
-    "rows_after_finish": ("resident_rows_after_finish", "counter",
-                          "Rows a step planned ahead ran for a request that finished or was "
-                          "aborted meanwhile (released after that step)."),
-}
-_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily,
-             "unknown": UnknownMetricFamily}
-
-
-def _stat_metric(key: str, value: Any) -> Metric | None:
-    """One stat as a metric family; a dict becomes one sample per key, labelled `kind`.
-    Stats without an entry in _ENGINE_METRICS are exposed untyped as `resident_<key>`."""
-    name, kind, doc = _ENGINE_METRICS.get(key, (f"resident_{key}", "unknown", f"Engine {key}."))
-    if not _METRIC_NAME.fullmatch(name):
-        return None
-    if isinstance(value, dict):
-        family = _FAMILIES[kind](name, doc, labels=["kind"])
-        for label, sample in value.items():
-            if _as_float(sample) is not None:
-                family.add_metric([str(label)], sample)
-        return family
-    if _as_float(value) is None:
-        return None
-    return _FAMILIES[kind](name, doc, value=value)
-
-
-class _EngineCollector:
-    """Exposes the engine stats that the scrape handler fetched just before collecting."""
-
-    def __init__(self) -> None:
-        self.stats: dict[str, Any] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        for key, value in self.stats.items():
-            metric = _stat_metric(key, value)
-            if metric is not None:
-                yield metric
 
 
 # -- the app --------------------------------------------------------------------------------
@@ -324,7 +53,7 @@ class _State:
     model_name: str
     api_key: str | None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    engine_metrics: _EngineCollector = field(default_factory=_EngineCollector)
+    engine_metrics: EngineCollector = field(default_factory=EngineCollector)
     http_requests: Counter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -483,7 +212,7 @@ async def _read_json(request: web.Request) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as exc:
-        raise _bad(f"the request body is not valid JSON: {exc}") from None
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
@@ -504,7 +233,8 @@ class _Completion:
     def __init__(self, state: _State, parsed: CompletionRequest) -> None:
         self.state = state
         self.parsed = parsed
-        self.request = AddRequest(f"cmpl-{uuid.uuid4().hex}", parsed.prompt_ids, parsed.params)
+        self.request = EngineRequest(f"cmpl-{uuid.uuid4().hex}", parsed.prompt_ids,
+                                     parsed.params)
         self.created = int(time.time())
         self.token_ids: list[int] = []
 

@@ -17,13 +17,12 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from resident.engine.types import FINISH_ERROR, EngineRequest, RequestOutput
 from resident.server.protocol import (
-    FINISH_ERROR,
     AbortRequest,
     AddRequest,
     Fatal,
     Ready,
-    RequestOutput,
     Shutdown,
     StatsQuery,
     StatsReply,
@@ -65,7 +64,7 @@ class EngineClient:
         assert self._ready is not None, "start() first"
         return await asyncio.shield(self._ready)
 
-    async def generate(self, request: AddRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Submits a request and yields its outputs until the finished one. Leaving the loop
         early (a client that went away) aborts the request in the core."""
         if not self.is_ready:
@@ -74,7 +73,7 @@ class EngineClient:
         self._streams[request.request_id] = queue
         finished = False
         try:
-            await self._requests.send_pyobj(request)
+            await self._requests.send_pyobj(AddRequest(request))
             while not finished:
                 output = await queue.get()
                 finished = output.finished

@@ -16,13 +16,13 @@ import traceback
 import zmq
 
 from resident.config import EngineConfig, parse_cpu_list
+from resident.engine.types import RequestOutput
 from resident.model.config import ModelConfig
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
     Fatal,
     Ready,
-    RequestOutput,
     Shutdown,
     StatsQuery,
     StatsReply,
@@ -35,7 +35,8 @@ IDLE_POLL_MS = 50
 
 def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str,
                     request_addr: str, output_addr: str, log_level: str = "INFO") -> None:
-    """Process entry point (spawned by `resident serve`)."""
+    """Process entry point (spawned by `resident serve`): `config` resolved for `device`
+    (cpu or cuda) by the CLI."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     context = zmq.Context()
     requests = context.socket(zmq.PULL)
@@ -66,15 +67,15 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
         log.info("step thread on CPUs %s (step_thread_cores=%s)", cores,
                  config.step_thread_cores)
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
     engine = Engine(model_config, config, torch.device(device_name))
     freeze_heap()
     log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
              model_config.name, device_name, engine.dtype, engine.fingerprint,
              torch.get_num_threads(), sorted(os.sched_getaffinity(0)))
-    log.info("knobs changed from defaults: %s", engine.requested_config.changed() or "none")
     info = engine.info()
+    log.info("knobs changed from defaults: %s", info["knobs_changed"] or "none")
+    log.info("%d KV pages of %d tokens, %d GDN state slots", config.num_kv_pages,
+             config.page_size, config.num_state_slots)
     log.info("planning mode: %s (%s)", info["planning_mode"], info["planning_reason"])
     return engine
 
@@ -99,7 +100,7 @@ def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> No
         while requests.poll(0):
             message = requests.recv_pyobj()
             if isinstance(message, AddRequest):
-                failed = engine.add_request(message)
+                failed = engine.add_request(message.request)
                 if failed is not None:
                     pending.append(failed)
             elif isinstance(message, AbortRequest):

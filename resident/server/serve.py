@@ -31,8 +31,8 @@ LIVENESS_POLL_S = 0.5
 @dataclass(frozen=True)
 class ServeOptions:
     model_config: ModelConfig
-    engine_config: EngineConfig
-    device: str  # auto | cpu | cuda
+    engine_config: EngineConfig  # resolved for the device
+    device: str  # cpu | cuda
     host: str
     port: int
     api_key: str | None

@@ -20,7 +20,7 @@ import torch
 
 from resident.backends import PrefillStep, paged_layout
 from resident.config import EngineConfig
-from resident.engine.engine import Engine
+from resident.engine.engine import Engine, build_engine
 from resident.kernels.attention import paged_attention_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
 from resident.model.config import load_model_config
@@ -233,11 +233,11 @@ def _prompts() -> dict[str, tuple[list[int], int]]:
 def _engine(**knobs) -> Engine:
     config = EngineConfig(**{"kv_cache_gib": 2.0, "max_num_seqs": 8,
                              "decode_buckets": (1, 2, 4, 8), "max_model_len": 4096, **knobs})
-    engine = Engine(MODEL, config, DEVICE)
+    engine = build_engine(MODEL, config, DEVICE)
     if config.cuda_graphs == "on":
         assert engine.runner.graphs.buckets == [1, 2, 4, 8]
         assert engine.runner.prefill_graphs.buckets == [64, 128, 256, 512, 1024, 2048]
-    assert (engine.planner is not None) == (config.resident_planning == "auto")
+    assert (engine.planning.mode == "resident") == (config.resident_planning == "auto")
     return engine
 
 

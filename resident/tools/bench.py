@@ -1,6 +1,6 @@
 """Decode step profile: where a decode step's time goes, in process, without the HTTP server.
 
-    python -m resident.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
+    python -m resident.tools.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
                                    [--set knob=value ...] [--json FILE] [--cprofile DIR]
                                    [--no-gc-freeze]
 
@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from resident.bench_io import require_cuda, write_json
 from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
-from resident.engine.engine import Engine, freeze_heap
+from resident.engine.engine import Engine, build_engine, freeze_heap
+from resident.engine.types import EngineRequest, SamplingParams
 from resident.info import model_facts
 from resident.model.config import load_model_config
-from resident.server.protocol import AddRequest, SamplingParams
+from resident.tools.bench_io import require_cuda, write_json
 
 TIMED, PROFILED, TOP_KERNELS = 40, 10, 14
 
@@ -102,7 +102,7 @@ def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_toke
     for index in range(count):
         prompt = torch.randint(0, engine.model_config.vocab_size, (prompt_len,),
                                generator=generator).tolist()
-        engine.add_request(AddRequest(f"{tag}-{index}", prompt,
+        engine.add_request(EngineRequest(f"{tag}-{index}", prompt,
                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
 
 
@@ -186,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave the startup heap to the garbage collector (the engine core "
                              "freezes it), to measure what the freeze saves")
     args = parser.parse_args(argv)
-    if not require_cuda("resident.bench"):
+    if not require_cuda("resident.tools.bench"):
         return 2
     model = load_model_config(args.model)
     config = build_engine_config(model_yaml_knobs(args.model), None,
                                  parse_set_options(args.knobs))
-    engine = Engine(model, config, torch.device("cuda"))
+    engine = build_engine(model, config, "cuda")
     if not args.no_gc_freeze:
         freeze_heap()  # as the engine core does
     if args.cprofile:

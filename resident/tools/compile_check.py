@@ -1,6 +1,6 @@
 """Compiles the decode step's Triton kernels for a GPU target, without a GPU.
 
-    python -m resident.kernels.compile_check [--model qwen3.5-0.8b] [--arch 90]
+    python -m resident.tools.compile_check [--model qwen3.5-0.8b] [--arch 90]
 
 The interpreter (TRITON_INTERPRET=1, the CPU tests) checks what a kernel computes, not whether
 the GPU compiler takes it: a constexpr branch, a helper's tuple return or a tile's shared memory

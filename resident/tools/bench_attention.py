@@ -1,6 +1,6 @@
 """Decode attention kernel time: the Triton split-KV kernel against FlashInfer's fa2 decode.
 
-    python -m resident.kernels.bench [--buckets 1,16,64,256] [--context 640] [--json FILE]
+    python -m resident.tools.bench_attention [--buckets 1,16,64,256] [--context 640] [--json FILE]
 
 Each kernel runs inside a CUDA graph of REPEAT back-to-back calls (the way a decode bucket runs
 it), timed with CUDA events, so the time is the kernels' own plus the ~1 us a graph spends per
@@ -20,8 +20,8 @@ import torch
 
 from resident.backends.flashinfer import FlashInferDecode, HeadShape, flashinfer_workspace
 from resident.backends.layout import paged_layout
-from resident.bench_io import require_cuda, write_json
 from resident.kernels.decode_attention import decode_scratch, paged_decode_attention
+from resident.tools.bench_io import require_cuda, write_json
 
 REPEAT, SAMPLES = 20, 15
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 8, 2, 256, 16
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=640)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
-    if not require_cuda("resident.kernels.bench"):
+    if not require_cuda("resident.tools.bench_attention"):
         return 2
     device = torch.device("cuda")
     rows = [bench_bucket(int(b), args.context, device) for b in args.buckets.split(",")]

@@ -1,6 +1,6 @@
 """Host time of a decode step, resident planning off against auto, with no GPU in the way.
 
-    python -m resident.bench_host [--concurrency 1,16,64,256] [--steps 1000] [--format json]
+    python -m resident.tools.bench_host [--concurrency 1,16,64,256] [--steps 1000] [--format json]
 
 The tiny model on CPU holds c requests in decode. The bucket's forward (graph replay or eager
 model) is replaced by a zero logits tensor of its shape, so what each step times is the host's
@@ -20,10 +20,10 @@ import time
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.engine import Engine
+from resident.engine.engine import build_engine
+from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
-from resident.server.protocol import AddRequest, SamplingParams
 
 WARM_STEPS = 5
 
@@ -31,19 +31,19 @@ WARM_STEPS = 5
 def host_us_per_step(planning: str, concurrency: int, steps: int) -> float:
     model = load_model_config("tiny")
     config = EngineConfig(resident_planning=planning, max_num_seqs=max(concurrency, 1))
-    engine = Engine(model, config, torch.device("cpu"))
+    engine = build_engine(model, config, "cpu")
     generator = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=steps + 64, ignore_eos=True)
     for index in range(concurrency):
         prompt = torch.randint(0, model.vocab_size, (40,), generator=generator).tolist()
-        engine.add_request(AddRequest(f"r{index}", prompt, params))
+        engine.add_request(EngineRequest(f"r{index}", prompt, params))
     while engine.stats()["steps"]["decode"] < WARM_STEPS:
         engine.step()
 
     def no_forward(bucket: int, width: int) -> torch.Tensor:
         return torch.zeros(bucket, model.vocab_size)
 
-    engine.runner._bucket_forward = no_forward
+    engine.runner.forward_decode = no_forward
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()

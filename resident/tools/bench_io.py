@@ -1,5 +1,5 @@
-"""What the three bench CLIs (resident.bench, resident.kernels.bench, resident.kernels.bench_gemv)
-share: the CUDA check they start with and the JSON file they may end with."""
+"""What the three bench CLIs (tools.bench, tools.bench_attention, tools.bench_gemv) share: the
+CUDA check they start with and the JSON file they may end with."""
 
 from __future__ import annotations
 

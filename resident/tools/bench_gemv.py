@@ -1,11 +1,11 @@
 """Skinny decode GEMMs: the Triton kernel (resident/kernels/gemv.py) against cuBLAS (F.linear).
 
-    python -m resident.kernels.bench_gemv [--model qwen3.5-0.8b] [--rows 1,4,16] [--json FILE]
+    python -m resident.tools.bench_gemv [--model qwen3.5-0.8b] [--rows 1,4,16] [--json FILE]
 
 The shapes are the model's fused projections. A decode step reads each weight once from HBM, so
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
 (several times the H200's 50 MB L2); the calls are replayed inside a CUDA graph
-(resident.kernels.bench.graph_time_us), bf16. Each shape sweeps TILES at the first row count and
+(bench_attention.graph_time_us), bf16. Each shape sweeps TILES at the first row count and
 times the best tile and cuBLAS at every row count; a tile whose pipeline does not fit in shared
 memory is skipped (named on stderr). TB/s counts the weight bytes only.
 """
@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from resident.bench_io import require_cuda, write_json
-from resident.kernels.bench import graph_time_us
 from resident.kernels.gemv import GemvTile, skinny_linear
 from resident.model.config import ModelConfig, load_model_config
+from resident.tools.bench_attention import graph_time_us
+from resident.tools.bench_io import require_cuda, write_json
 
 COLD_BYTES = 256 << 20
 SMEM_BYTES = 160 << 10  # a pipelined tile set above this does not fit beside the H200's L1
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
-    if not require_cuda("resident.kernels.bench_gemv"):
+    if not require_cuda("resident.tools.bench_gemv"):
         return 2
     rows = [int(r) for r in args.rows.split(",")]
     results = []

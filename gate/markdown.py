@@ -1,0 +1,99 @@
+"""Markdown and number formatting shared by the gate's reports (tables.py, phases.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from gate import stats
+
+# ---- order and labels ----
+
+def label(arm: str, flagged: set[str]) -> str:
+    return arm + stats.PLANNER_OFF if arm in flagged else arm
+
+
+def cell_arms(frame: pd.DataFrame, manifest: dict[str, Any], cell: str) -> list[str]:
+    present = set(frame.loc[frame["cell"] == cell, "arm"])
+    return [arm for arm in stats.arm_order(frame, manifest) if arm in present]
+
+
+# ---- numbers ----
+
+def num(value: Any, digits: int) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return round(float(value), digits)
+
+
+def median(series: pd.Series) -> float:
+    values = series.dropna()
+    return float(values.median()) if len(values) else math.nan
+
+
+def tok_digits(values: list[float | None]) -> int:
+    """Whole tok/s once every value is >= 100 (a tenth is noise there), else one decimal."""
+    present = [v for v in values if v is not None and not math.isnan(v)]
+    return 0 if present and min(present) >= 100 else 1
+
+
+def fmt_tok(value: float | None, digits: int) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def fmt(value: float | None, digits: int, missing: str = "-") -> str:
+    if value is None or math.isnan(value):
+        return missing
+    return f"{value:.{digits}f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value * 100:+.1f}%"
+
+
+def fmt_slashed(*values: float | None, missing: str = "-") -> str:
+    """"a/b/..." to 2 decimals (ITL p50/mean, server step decode/prefill/mixed); `missing`
+    when none is known."""
+    if all(value is None or math.isnan(value) for value in values):
+        return missing
+    return "/".join(fmt(value, 2) for value in values)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+# ---- markdown ----
+
+def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
+    """A pipe table; `align` has one letter a column, l (left) or r (right)."""
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return "\n".join([line(header), "|" + "|".join(rule) + "|", *(line(r) for r in rows)])
+
+
+def header_line(manifest: dict[str, Any]) -> str:
+    """Model, device, prompt/output lengths, cells and sessions x runs, as one line."""
+    cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
+    return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
+            f"prompt {manifest.get('prompt_len', '?')} tokens, "
+            f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
+            f"{manifest.get('sessions', '?')} sessions x {manifest.get('runs', '?')} runs.")
+
+
+def arms_line(manifest: dict[str, Any]) -> str:
+    aa = manifest.get("aa_arm")
+    aa_text = f"A/A arm {aa} (a second copy of the baseline)" if aa else "no A/A arm"
+    return f"Baseline {manifest.get('baseline', '?')}; {aa_text}."
+
+
+def page_title(manifest: dict[str, Any], what: str) -> str:
+    return f"# {manifest.get('name') or 'gate session'}: {what}"

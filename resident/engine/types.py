@@ -1,0 +1,46 @@
+"""The types the engine takes and gives: a request to add, its sampling parameters, and the
+outputs each step emits. The server's wire protocol (server/protocol.py) wraps these; nothing
+here knows about processes, pipes or HTTP."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FINISH_LENGTH = "length"  # max_tokens reached
+FINISH_STOP = "stop"  # an EOS or stop token was sampled
+FINISH_ABORT = "abort"  # the client went away
+FINISH_ERROR = "error"  # this request failed alone (e.g. it can never fit the KV pool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 are off."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A completion to run: its id (unique among running requests), prompt and sampling."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """New tokens of one request since its last output; the last one has `finished` set."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    rejected: bool = False  # refused at intake (bad or never-fitting request): a client error

@@ -1,0 +1,73 @@
+"""Prometheus exposition of the engine core's stats (`GET /metrics`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
+
+from resident.server.validation import as_float
+
+# stats key -> (metric name, kind, help). Counters get `_total` in the exposition.
+_ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
+    "num_running": ("resident_requests_running", "gauge", "Requests being generated."),
+    "num_waiting": ("resident_requests_waiting", "gauge", "Requests waiting to start."),
+    "num_offloaded": ("resident_requests_offloaded", "gauge", "Requests offloaded to host."),
+    "kv_pages_used": ("resident_kv_pages_used", "gauge", "KV cache pages in use."),
+    "kv_pages_free": ("resident_kv_pages_free", "gauge", "KV cache pages free."),
+    "gdn_slots_used": ("resident_gdn_slots_used", "gauge", "GDN state slots in use."),
+    "gdn_slots_free": ("resident_gdn_slots_free", "gauge", "GDN state slots free."),
+    "steps": ("resident_steps", "counter", "Engine steps by kind."),
+    "step_seconds": ("resident_step_seconds", "counter",
+                     "Wall seconds of engine steps by kind, schedule to sampled tokens."),
+    "prefills_padded": ("resident_prefills_padded", "counter",
+                        "Prefill steps of one fresh row run padded to a prefill bucket."),
+    "generated_tokens": ("resident_generated_tokens", "counter", "Tokens generated."),
+    "offloads": ("resident_offloads", "counter", "Requests offloaded."),
+    "reloads": ("resident_reloads", "counter", "Requests reloaded."),
+    "aborts": ("resident_aborts", "counter", "Requests aborted."),
+    "failed_requests": ("resident_failed_requests", "counter", "Requests that failed."),
+    "rows_after_finish": ("resident_rows_after_finish", "counter",
+                          "Rows a step planned ahead ran for a request that finished or was "
+                          "aborted meanwhile (released after that step)."),
+}
+_METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily,
+             "unknown": UnknownMetricFamily}
+
+
+def _stat_metric(key: str, value: Any) -> Metric | None:
+    """One stat as a metric family; a dict becomes one sample per key, labelled `kind`.
+    Stats without an entry in _ENGINE_METRICS are exposed untyped as `resident_<key>`."""
+    name, kind, doc = _ENGINE_METRICS.get(key, (f"resident_{key}", "unknown", f"Engine {key}."))
+    if not _METRIC_NAME.fullmatch(name):
+        return None
+    if isinstance(value, dict):
+        family = _FAMILIES[kind](name, doc, labels=["kind"])
+        for label, sample in value.items():
+            if as_float(sample) is not None:
+                family.add_metric([str(label)], sample)
+        return family
+    if as_float(value) is None:
+        return None
+    return _FAMILIES[kind](name, doc, value=value)
+
+
+class EngineCollector:
+    """Exposes the engine stats that the scrape handler fetched just before collecting."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for key, value in self.stats.items():
+            metric = _stat_metric(key, value)
+            if metric is not None:
+                yield metric

@@ -1,0 +1,218 @@
+"""OpenAI `/v1/completions` request bodies, validated into what the engine takes.
+
+Departures from OpenAI: `temperature` defaults to 0 (greedy), not 1; a null optional field
+means its default; fields we cannot honour (`logprobs`, `echo`, `n`, `stop` strings, penalties,
+...) are rejected unless they hold their neutral value. Every refusal is an ApiError naming the
+field: the API answers it as a 400 (or 404 for another model's name) with a JSON body.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, NamedTuple
+
+from resident.engine.types import SamplingParams
+from resident.server.tokenizer import Tokenizer
+
+DEFAULT_MAX_TOKENS = 16
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": {"message", "type"}}` with an HTTP status."""
+
+    def __init__(self, status: int, type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+
+
+def bad_request(message: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", message)
+
+
+class CompletionRequest(NamedTuple):
+    """A validated completion request."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+# Fields OpenAI clients send that we cannot honour: accepted only with one of these values.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None,),
+    "echo": (None, False),
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "stop": (None, "", []),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+}
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if _is_json(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_float(value: Any) -> float | None:
+    """`value` as a finite float, or None if it is not a finite number (bools are not)."""
+    if not (_is_int(value) or isinstance(value, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _check_neutral(body: dict[str, Any]) -> None:
+    for name, accepted in _NEUTRAL.items():
+        value = body.get(name)
+        if not any(_same(value, ok) for ok in accepted):
+            allowed = " or ".join(json.dumps(ok) for ok in accepted)
+            raise bad_request(f"'{name}' = {_show(value)} is not supported (only {allowed})")
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    # True == 1 and False == 0 in Python; a bool must match only a bool.
+    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
+
+
+def _field(body: dict[str, Any], name: str, default: Any, convert, expected: str) -> Any:
+    """The field's value through `convert` (None when it does not fit), or its default when the
+    field is absent or null."""
+    value = body.get(name)
+    if value is None:
+        return default
+    converted = convert(value)
+    if converted is None:
+        raise bad_request(f"'{name}' must be {expected}, got {_show(value)}")
+    return converted
+
+
+def _int_field(body: dict[str, Any], name: str, default: int) -> int:
+    return _field(body, name, default, lambda v: v if _is_int(v) else None, "an integer")
+
+
+def _number_field(body: dict[str, Any], name: str, default: float) -> float:
+    return _field(body, name, default, as_float, "a finite number")
+
+
+def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    return _field(body, name, default, lambda v: v if isinstance(v, bool) else None,
+                  "true or false")
+
+
+def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
+    for i, token in enumerate(value):
+        if not _is_int(token):
+            raise bad_request(f"'{name}[{i}]' must be an integer token id, got {_show(token)}")
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"'{name}[{i}]' = {token} is outside the vocabulary "
+                              f"[0, {vocab_size})")
+    return value
+
+
+def _prompt(body: dict[str, Any], tokenizer: Tokenizer, vocab_size: int) -> list[int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' is required")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty")
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise bad_request(f"'prompt' = {_show(prompt)} encodes to no tokens")
+        outside = [t for t in ids if not 0 <= t < vocab_size]
+        if outside:
+            raise bad_request(f"'prompt' encodes to token {outside[0]}, outside [0, {vocab_size})")
+        return ids
+    if not isinstance(prompt, list):
+        raise bad_request(f"'prompt' must be a string or a list of token ids, got {_show(prompt)}")
+    if not prompt:
+        raise bad_request("'prompt' must not be empty")
+    return _token_ids(prompt, "prompt", vocab_size)
+
+
+def _sampling(body: dict[str, Any], vocab_size: int) -> SamplingParams:
+    temperature = _number_field(body, "temperature", 0.0)
+    if temperature < 0:
+        raise bad_request(f"'temperature' must be >= 0, got {_show(body['temperature'])}")
+    top_p = _number_field(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise bad_request(f"'top_p' must be in (0, 1], got {_show(body['top_p'])}")
+    top_k = _int_field(body, "top_k", 0)
+    if top_k < -1:
+        raise bad_request(f"'top_k' must be >= 0 (or -1 for off), got {top_k}")
+    seed = body.get("seed")
+    if seed is not None and not (_is_int(seed) and -(2**63) <= seed < 2**64):
+        raise bad_request(f"'seed' must be null or a 64-bit integer, got {_show(seed)}")
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not isinstance(stop_ids, list):
+        raise bad_request(f"'stop_token_ids' must be a list of token ids, got {_show(stop_ids)}")
+    return SamplingParams(
+        max_tokens=_int_field(body, "max_tokens", DEFAULT_MAX_TOKENS),
+        temperature=temperature,
+        top_p=top_p,
+        # -1 is off as in vLLM; k >= vocab_size keeps every token, which is off too.
+        top_k=0 if top_k == -1 or top_k >= vocab_size else top_k,
+        seed=seed,
+        ignore_eos=_bool_field(body, "ignore_eos", False),
+        stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", vocab_size)),
+    )
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad_request(f"'stream_options' must be an object, got {_show(options)}")
+    return _bool_field(options, "include_usage", False)
+
+
+def parse_completion_request(
+    body: Any, tokenizer: Tokenizer, model_name: str, vocab_size: int, max_model_len: int
+) -> CompletionRequest:
+    """Validates a /v1/completions body; unpacks as (prompt_ids, params, stream, include_usage).
+
+    Raises ApiError: 404 for another model's name, 400 naming the field for anything else.
+    Unknown fields are ignored; null means a field's default."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_show(body)}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request(f"'model' must be a string, got {_show(model)}")
+    if model is not None and model != model_name:
+        raise ApiError(404, "not_found_error", f"model {model!r} is not served here "
+                       f"(this server serves {model_name!r})")
+    _check_neutral(body)
+    prompt_ids = _prompt(body, tokenizer, vocab_size)
+    params = _sampling(body, vocab_size)
+    if params.max_tokens <= 0:
+        raise bad_request(f"'max_tokens' must be > 0, got {params.max_tokens}")
+    total = len(prompt_ids) + params.max_tokens
+    if total > max_model_len:
+        raise bad_request(f"the prompt's {len(prompt_ids)} tokens plus 'max_tokens' = "
+                   f"{params.max_tokens} make {total}, over max_model_len {max_model_len}")
+    return CompletionRequest(prompt_ids, params, _bool_field(body, "stream", False),
+                             _include_usage(body))
