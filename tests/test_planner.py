@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.engine import planner_refusal
+from resident.engine.planning import planner_refusal
 from resident.kernels.resident import advance_lengths_ref, gather_rows_ref, scatter_cells_ref
 from resident.planner import SINK_ROW, ResidentPlanner
 from resident.resources.base import Resource

@@ -36,7 +36,8 @@ from resident.config import EngineConfig
 from resident.engine.buffers import SampledTokens
 from resident.engine.inputs import StepInputs
 from resident.engine.phases import NO_PHASES, PhaseTiming
-from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning
+from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning, planner_refusal
+from resident.engine.report import engine_info, engine_stats, rowcheck_counts
 from resident.engine.request import Request, Status
 from resident.engine.resident_planning import ResidentPlanning
 from resident.engine.rowcheck import RowCheck
@@ -50,7 +51,6 @@ from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
 from resident.model.weights import load_model, torch_dtype, weights_fingerprint
 from resident.planner import ResidentPlanner
-from resident.provenance import describe
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool
@@ -59,18 +59,6 @@ log = logging.getLogger("resident.engine")
 
 NODE = "llm"
 KV_POOL_KEY = "kv"
-STEP_KINDS = ("decode", "prefill", "mixed")
-
-
-def planner_refusal(config: EngineConfig, resources) -> str | None:
-    """Why the resident planner stays off on this node (None: it turns on)."""
-    if config.resident_planning == "off":
-        return "resident_planning=off: every step is host-planned"
-    for resource in resources:
-        reason = resource.resident_refusal()
-        if reason:
-            return f"{reason}: every step is host-planned"
-    return None
 
 
 def freeze_heap() -> None:
@@ -138,8 +126,10 @@ class Engine:
                                   self.states, self.positions, KV_POOL_KEY, self.device)
         row_check = (RowCheck(planner, {KV_POOL_KEY: self.kv}, self.positions, self.states)
                      if config.row_check == "on" else None)
-        log.info("resident planning on %s: %s", NODE, planner.describe())
-        return ResidentPlanning(planner, self.inputs, self.kernels, self.phases, row_check)
+        reason = f"resident planning on {NODE}: {planner.describe()}"
+        log.info(reason)
+        return ResidentPlanning(planner, self.inputs, self.kernels, self.phases, row_check,
+                                reason)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -301,64 +291,16 @@ class Engine:
     # -- reporting --------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        scheduler = self.scheduler
-        return {
-            "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting),
-            "num_offloaded": len(scheduler.offloaded),
-            "kv_pages_used": self.kv.num_used,
-            "kv_pages_free": self.kv.num_free,
-            "gdn_slots_used": self.states.num_used,
-            "gdn_slots_free": self.states.num_free,
-            "steps": {kind: self.counters[f"steps_{kind}"] for kind in STEP_KINDS},
-            "step_seconds": {kind: self.step_seconds[kind] for kind in STEP_KINDS},
-            "prefills_padded": self.runner.num_padded_prefills,
-            "generated_tokens": self.counters["generated_tokens"],
-            "offloads": scheduler.num_offloads,
-            "reloads": scheduler.num_reloads,
-            "aborts": self.counters["aborts"],
-            "failed_requests": self.counters["failed_requests"],
-            "rows_after_finish": self.counters["rows_after_finish"],
-            "rowcheck": self.rowcheck_counts(),
-        }
+        """Counters and gauges for /metrics and /debug/rowcheck (report.py)."""
+        return engine_stats(self)
 
     def rowcheck_counts(self) -> dict[str, int]:
-        """/debug/rowcheck: the row check's steps, rows and mismatches (0 while off), the
-        planner's displacements and slot releases, and the scheduler's offloads."""
-        counts = self.planning.counters()
-        keys = ("steps", "rows", "mismatches", "displaced", "slot_releases",
-                "offloads_without_slot", "slots_freed")
-        return {"enabled": self.config.row_check == "on" and self.planning.mode == "resident",
-                **{key: counts.get(key, 0) for key in keys},
-                "offloads": self.scheduler.num_offloads}
+        """/debug/rowcheck (report.py)."""
+        return rowcheck_counts(self)
 
     def info(self) -> dict[str, Any]:
-        planning = self.planning
-        reason = (f"resident planning on {NODE}: {planning.reason}"
-                  if planning.mode == "resident" else planning.reason)
-        default = EngineConfig().resolve(self.model_config, self.device.type)
-        return {
-            "model": self.model_config.name,
-            "max_model_len": self.config.max_model_len,
-            "vocab_size": self.model_config.vocab_size,
-            "eos_token_ids": list(self.model_config.eos_token_ids),
-            "knobs": self.config.to_dict(),
-            "knobs_changed": self.config.changed_from(default),
-            "planning_mode": planning.mode,
-            "planning_reason": reason,
-            "attention_backend": self.config.attention_backend,
-            "cuda_graphs": self.runner.graphs.buckets if self.runner.graphs else [],
-            "prefill_graphs": (self.runner.prefill_graphs.buckets
-                               if self.runner.prefill_graphs else []),
-            # decode buckets whose attention reads pages and lengths on the device
-            "host_plan_free": not self.kernels.decode.host_plan,
-            "dtype": self.config.dtype,
-            "device": str(self.device),
-            **describe(),  # the package path, its commit, git_dirty, source_digest
-            "weights_fingerprint": self.fingerprint,
-            "torch_version": torch.__version__,
-            "torch_num_threads": torch.get_num_threads(),
-        }
+        """What /debug/config and /v1/models report (report.py)."""
+        return engine_info(self)
 
 
 def build_engine(model_config: ModelConfig, knobs: EngineConfig,

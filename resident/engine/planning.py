@@ -17,15 +17,18 @@ are host-planned in both modes (inputs.py); resident planning marks their rows s
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from resident.config import EngineConfig
 from resident.engine.buffers import SampledTokens
 from resident.engine.inputs import StepInputs
 from resident.engine.scheduler import StepPlan
 from resident.planner import ResidentPlan, StagedStep
+from resident.resources.base import Resource
 
 
 @dataclass
@@ -87,6 +90,17 @@ class StepPlanning(ABC):
     def counters(self) -> dict[str, Any]:
         """The planner's and row check's counters (/debug/rowcheck); empty when host-planned."""
         return {}
+
+
+def planner_refusal(config: EngineConfig, resources: Iterable[Resource]) -> str | None:
+    """Why the resident planner stays off on this node (None: it turns on)."""
+    if config.resident_planning == "off":
+        return "resident_planning=off: every step is host-planned"
+    for resource in resources:
+        reason = resource.resident_refusal()
+        if reason:
+            return f"{reason}: every step is host-planned"
+    return None
 
 
 class HostPlanning(StepPlanning):

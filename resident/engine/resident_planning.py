@@ -29,7 +29,7 @@ class ResidentPlanning(StepPlanning):
     mode = "resident"
 
     def __init__(self, planner: ResidentPlanner, inputs: StepInputs, kernels: StepKernels,
-                 phases: PhaseTiming, row_check: RowCheck | None) -> None:
+                 phases: PhaseTiming, row_check: RowCheck | None, reason: str) -> None:
         """With the Triton kernels (on CUDA, or the `triton` backend in the interpreter) the
         resident ops are the Triton kernels, else the torch references."""
         self.planner, self.inputs, self.kernels, self.phases = planner, inputs, kernels, phases
@@ -37,7 +37,7 @@ class ResidentPlanning(StepPlanning):
         device = planner.store_gpu.device
         use_triton = device.type == "cuda" or kernels.decode.name == "triton"
         self.ops = ResidentOps(planner, inputs.page_size, use_triton)
-        self.reason = planner.describe()
+        self.reason = reason
 
     def prepare_decode(self, plan: StepPlan) -> PreparedStep:
         request_ids = [row.request.request_id for row in plan.rows]

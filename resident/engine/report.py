@@ -1,0 +1,80 @@
+"""What an engine reports: its stats (GET /metrics, /debug/rowcheck) and its info
+(/debug/config, /v1/models)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from resident.config import EngineConfig
+from resident.provenance import describe
+
+if TYPE_CHECKING:
+    from resident.engine.engine import Engine
+
+STEP_KINDS = ("decode", "prefill", "mixed")
+
+
+def engine_stats(engine: Engine) -> dict[str, Any]:
+    """Counters and gauges for /metrics (server/metrics.py names them)."""
+    scheduler = engine.scheduler
+    return {
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+        "num_offloaded": len(scheduler.offloaded),
+        "kv_pages_used": engine.kv.num_used,
+        "kv_pages_free": engine.kv.num_free,
+        "gdn_slots_used": engine.states.num_used,
+        "gdn_slots_free": engine.states.num_free,
+        "steps": {kind: engine.counters[f"steps_{kind}"] for kind in STEP_KINDS},
+        "step_seconds": {kind: engine.step_seconds[kind] for kind in STEP_KINDS},
+        "prefills_padded": engine.runner.num_padded_prefills,
+        "generated_tokens": engine.counters["generated_tokens"],
+        "offloads": scheduler.num_offloads,
+        "reloads": scheduler.num_reloads,
+        "aborts": engine.counters["aborts"],
+        "failed_requests": engine.counters["failed_requests"],
+        "rows_after_finish": engine.counters["rows_after_finish"],
+        "rowcheck": rowcheck_counts(engine),
+    }
+
+
+def rowcheck_counts(engine: Engine) -> dict[str, int]:
+    """/debug/rowcheck: the row check's steps, rows and mismatches (0 while off), the
+    planner's displacements and slot releases, and the scheduler's offloads."""
+    counts = engine.planning.counters()
+    keys = ("steps", "rows", "mismatches", "displaced", "slot_releases",
+            "offloads_without_slot", "slots_freed")
+    return {"enabled": engine.config.row_check == "on" and engine.planning.mode == "resident",
+            **{key: counts.get(key, 0) for key in keys},
+            "offloads": engine.scheduler.num_offloads}
+
+
+def engine_info(engine: Engine) -> dict[str, Any]:
+    """What /debug/config and /v1/models report: the model, the resolved knobs, the planning
+    mode and why, the captured buckets, the provenance of the code and weights."""
+    planning = engine.planning
+    default = EngineConfig().resolve(engine.model_config, engine.device.type)
+    return {
+        "model": engine.model_config.name,
+        "max_model_len": engine.config.max_model_len,
+        "vocab_size": engine.model_config.vocab_size,
+        "eos_token_ids": list(engine.model_config.eos_token_ids),
+        "knobs": engine.config.to_dict(),
+        "knobs_changed": engine.config.changed_from(default),
+        "planning_mode": planning.mode,
+        "planning_reason": planning.reason,
+        "attention_backend": engine.config.attention_backend,
+        "cuda_graphs": engine.runner.graphs.buckets if engine.runner.graphs else [],
+        "prefill_graphs": (engine.runner.prefill_graphs.buckets
+                           if engine.runner.prefill_graphs else []),
+        # decode buckets whose attention reads pages and lengths on the device
+        "host_plan_free": not engine.kernels.decode.host_plan,
+        "dtype": engine.config.dtype,
+        "device": str(engine.device),
+        **describe(),  # the package path, its commit, git_dirty, source_digest
+        "weights_fingerprint": engine.fingerprint,
+        "torch_version": torch.__version__,
+        "torch_num_threads": torch.get_num_threads(),
+    }
