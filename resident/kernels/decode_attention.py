@@ -57,11 +57,27 @@ def decode_scratch(batch: int, num_heads: int, head_dim: int, num_splits: int,
 
 
 @triton.jit
+def _softmax_step(q, k, v, visible, qk_scale, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step of q [M, D] over a key tile k, v [N, D], `visible` ([M, N] or
+    [1, N]) masking scores; returns the new running max [M], sum [M] and accumulator [M, D].
+    Every query row must see at least one key of its first tile, so m_new is finite and alpha,
+    p are not NaN (alpha = exp2(-inf) = 0 on the first tile). Scores live in the exp2 domain
+    (qk_scale = scale * log2(e))."""
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_tile(q, k_base, v_base, table, stride_btw, stride_kvp, stride_kvs, qk_scale,
                  tile, end, m_i, l_i, acc, d_mask,
                  PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over keys [tile, min(tile + BLOCK_N, end)); returns the new
-    running max [BLOCK_G], sum [BLOCK_G] and accumulator [BLOCK_G, BLOCK_D]."""
+    """Keys [tile, min(tile + BLOCK_N, end)) for every query head of the row."""
     tok = tile + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     valid = tok < end
     page = tl.load(table + (tok // PAGE_SIZE) * stride_btw, mask=valid, other=0)
@@ -69,19 +85,8 @@ def _attend_tile(q, k_base, v_base, table, stride_btw, stride_kvp, stride_kvs, q
     slot = page.to(tl.int64) * stride_kvp + (tok % PAGE_SIZE) * stride_kvs  # [BLOCK_N]
     kv_mask = valid[:, None] & d_mask[None, :]
     k = tl.load(k_base + slot[:, None], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-    scores = tl.where(valid[None, :], scores, float("-inf"))  # [BLOCK_G, BLOCK_N]
-    # Every tile holds at least one valid token, so m_new is finite and alpha, p are not NaN
-    # (alpha = exp2(-inf) = 0 on the first tile).
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-
     v = tl.load(v_base + slot[:, None], mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
+    return _softmax_step(q, k, v, valid[None, :], qk_scale, m_i, l_i, acc, DOT_PRECISION)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from resident.kernels import conv_varlen, gdn_decode, gemv, kv_write
+from resident.kernels import conv_varlen, gdn_decode, gemv, kv_write, varlen_attention
 from resident.model.config import ModelConfig, load_model_config
 
 HOPPER_SHARED_BYTES = 232448  # per block, opt-in maximum on sm_90
@@ -94,12 +94,28 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "BLOCK_DV": gdn_decode.GDN_BLOCK_DV, "COMPUTE": triton.language.float32,
         "RAW_GATES": True}, gdn_decode.GDN_NUM_WARPS))
     variants += _conv_varlen_variants(config)
+    variants.append(_varlen_attention_variant(config))
     kv_width = config.num_key_value_heads * config.head_dim
     variants.append(Variant("kv write", kv_write._write_kv_kernel, {
         "kv": "*bf16", "key": "*bf16", "value": "*bf16", "loc": "*i64", "stride_key": "i64",
         "stride_value": "i64", "stride_page": "i64", "stride_kv": "i64", "stride_slot": "i64"},
         {"PAGE": 16, "WIDTH": kv_width, "BLOCK": triton.next_power_of_2(kv_width)}))
     return variants
+
+
+def _varlen_attention_variant(config: ModelConfig) -> Variant:
+    """The prefill and mixed steps' paged attention (kernels/varlen_attention.py)."""
+    kernel = varlen_attention._varlen_kernel
+    group = config.num_attention_heads // config.num_key_value_heads
+    tile = varlen_attention.tile_config(group, config.head_dim)
+    types = {"query": "*bf16", "kv": "*bf16", "out": "*bf16", "block_tables": "*i32",
+             "qsl": "*i64", "positions": "*i64", "qk_scale": "fp32", "num_rows": "i32"}
+    types |= {arg: "i32" for arg in kernel.arg_names if arg.startswith("stride_")}
+    return Variant("prefill attention", kernel, types, {
+        "GROUP": group, "HEAD_DIM": config.head_dim, "PAGE_SIZE": 16,
+        "BLOCK_Q": varlen_attention.BLOCK_Q, "BLOCK_M": tile.block_m, "BLOCK_D": tile.block_d,
+        "BLOCK_N": tile.block_n, "DOT_PRECISION": "tf32", "WHILE_LOOP": False},
+        tile.num_warps, 2)
 
 
 def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:
