@@ -4,7 +4,7 @@ timing (GET /debug/phases; resident/engine/phases.py).
 One server per arm, started with `phase_timing=on` and placed as `run` places it; per cell a
 warm-up load, then POST /debug/phases/reset, a steady load of the cell's requests, and GET
 /debug/phases. Writes phases.json (every step kind's phases per cell and arm) and phases.md with
-the design's two tables for decode steps: the plan thread's CPU by phase per arm and cell, and
+two tables for decode steps: the plan thread's CPU by phase per arm and cell, and
 "plan thread baseline -> arm (ms), arm takes, of the baseline's step". The manifest records the
 session as `run` does, with `"command_kind": "phases"`.
 """
@@ -25,7 +25,7 @@ from gate.server import Server, ServerFailed
 from gate.session import Session
 
 PHASES_JSON, PHASES_MD = "phases.json", "phases.md"
-# GET /debug/phases keys, in the design's column order
+# GET /debug/phases keys, in the tables' column order
 COLUMNS = ("step", "event_sync", "main", "gpu", "plan", "kv_plan", "kv_stage", "attention",
            "gdn_linear", "positions", "resident", "sampler", "declare_admit_pad", "rest")
 
@@ -113,7 +113,7 @@ class PhaseTable:
 
 
 def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[PhaseTable]:
-    """The design's two tables: the plan thread's CPU by phase per arm and cell, and what each
+    """The two tables: the plan thread's CPU by phase per arm and cell, and what each
     arm takes off the baseline's (arms[0]) plan thread."""
     baseline = arms[0]
     return [

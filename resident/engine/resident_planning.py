@@ -2,7 +2,7 @@
 
 A decode step's `prepare_decode` is the planner's plan and flush (slots, then the changed cells
 and whole rows staged and copied, resident/planner/); `upload_decode` sends only the token ids
-(and fa2's host plan under `flashinfer`, from host lengths, as in the design on Hopper); the
+(and fa2's host plan under `flashinfer`, from host lengths, as fa2 needs on Hopper); the
 bucket's forward runs between the resident ops (resident_ops.py: scatter the staged cells,
 gather the rows, and after it advance the lengths), recorded in its graph; `commit` advances
 the planner's mirror and, under `row_check`, checks what the step read (rowcheck.py). A prefill

@@ -6,9 +6,9 @@ A row is the narrow cells, then one block-table span per KV pool, then a trash c
       narrow cells (P + 2)                                        span per pool          1
 
 Qwen3.5 text has one KV pool, so its row is 3 narrow cells, one span of
-`min(ceil(max_model_len / page_size), num_kv_pages - 1)` pages and the trash cell. The design
-(a serving engine for many model families) keeps four generalities that Qwen3.5 does not use;
-they stay, and each is tested (tests/test_planner.py names the tests):
+`min(ceil(max_model_len / page_size), num_kv_pages - 1)` pages and the trash cell. The planner
+was designed for an engine of many model families and keeps four generalities that Qwen3.5
+does not use; they stay, and each is tested (tests/test_planner.py names the tests):
 
 - **Several KV pools per node** (Whisper's decoder holds a self-attention pool and a
   cross-attention context pool): a length cell and a span per pool, each pool's cells written

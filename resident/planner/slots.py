@@ -1,8 +1,10 @@
 """SlotCache: which request holds which row of the planner's store, in plain Python.
 
-Slots are a cache of 2 * B rows (B the widest decode bucket; row 0 the sink): a step's rows are at
-most B, and besides them only the rows of the one earlier plan that may not have committed are
-out of reach, so displacing the least recently run request always finds a victim. A displaced
+Slots are a cache: 2 * B + 1 rows (B the widest decode bucket), row 0 the sink and 2 * B for
+requests. A step's rows are at most B, and besides them only the rows of the one earlier plan
+that may not have committed are out of reach, so displacing the least recently run request
+always finds a victim. (This engine plans a step only after the previous one's host commit, so
+the second B is headroom it does not reach; the bound holds for any overlap.) A displaced
 request takes a fresh slot and a whole-row write when it next runs, as a new request does. A
 freed slot returns only after the commit of the last step that read it, since that commit still
 advances the slot's host mirror.
