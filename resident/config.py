@@ -23,7 +23,7 @@ import yaml
 from resident.model.config import ModelConfig
 
 DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
-DEFAULT_PREFILL_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+SMALLEST_PREFILL_BUCKET = 128  # auto prefill buckets: powers of two from here
 CPU_KV_PAGES = 4096
 MAX_DEFAULT_MODEL_LEN = 32768
 
@@ -66,12 +66,15 @@ class EngineConfig:
     plan_ahead: str = "launch"
     attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
-    # a prefill step of one fresh row (nothing computed yet) runs padded to the smallest
-    # prefill bucket that holds it, on kernels that need no host plan: fixed shapes, so under
-    # cuda_graphs each bucket is a captured graph too. auto: on for CUDA. Buckets above
-    # prefill_token_budget are dropped.
+    # every prefill and mixed step runs padded to the smallest prefill bucket (tokens) that
+    # holds it, its rows at a fixed capacity, on kernels that need no host plan: fixed shapes,
+    # so under cuda_graphs each bucket is a captured graph (engine/inputs.py). auto: on for CUDA.
+    # off: varlen steps run eager on the prefill backend's host-planned kernels.
     padded_prefill: str = "auto"
-    prefill_buckets: tuple[int, ...] = DEFAULT_PREFILL_BUCKETS
+    # token buckets of padded steps; empty: powers of two from 128 below the largest step, which
+    # is always the last bucket: prefill_token_budget plus the widest decode bucket's rows
+    prefill_buckets: tuple[int, ...] = ()
+    max_prefill_rows: int = 32  # prefill chunks a step takes at most (its decode rows apart)
     compile: str = "auto"  # torch.compile of the dense parts; auto: on for CUDA
     # projections of decode buckets <= 16 rows under triton and flashinfer: the skinny Triton
     # GEMM with the elementwise op before it apart (skinny) or in its prologue (fused: slower on
@@ -88,7 +91,7 @@ class EngineConfig:
             if getattr(self, knob) not in choices:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
-        for knob in ("page_size", "max_num_seqs", "prefill_token_budget"):
+        for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots"):
@@ -115,7 +118,12 @@ class EngineConfig:
     @property
     def max_step_rows(self) -> int:
         """The most rows (requests) one step can hold, decode or varlen."""
-        return max(self.max_num_seqs, self.max_decode_rows)
+        return self.max_decode_rows + self.max_prefill_rows
+
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens one step can hold: a full prefill budget and a decode row each."""
+        return self.prefill_token_budget + self.max_decode_rows
 
     def changed(self) -> dict[str, Any]:
         """Knobs that differ from the defaults."""
@@ -157,11 +165,18 @@ class EngineConfig:
             attention_backend=backend,
             cuda_graphs=_resolve_graphs(self.cuda_graphs, backend, device_type),
             padded_prefill=padded,
-            prefill_buckets=tuple(b for b in self.prefill_buckets
-                                  if b <= self.prefill_token_budget) if padded == "on" else (),
+            prefill_buckets=self._token_buckets() if padded == "on" else (),
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
         )
+
+    def _token_buckets(self) -> tuple[int, ...]:
+        """The prefill buckets below the largest step, then the largest step."""
+        top = self.max_step_tokens
+        buckets = self.prefill_buckets
+        if not buckets:
+            buckets = tuple(SMALLEST_PREFILL_BUCKET << i for i in range(top.bit_length()))
+        return tuple(b for b in buckets if b < top) + (top,)
 
     def changed_from(self, default: EngineConfig) -> dict[str, Any]:
         """Knobs whose value differs from `default`'s."""

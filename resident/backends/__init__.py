@@ -25,17 +25,21 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     (prefill and decode) and the GDN decode recurrence are Triton's under every backend, and
     `triton` and `flashinfer` run the narrow projections of buckets of at most 16 rows as
     decode_gemm says (triton_decode.decode_gemm_ops). `gates` is the model's dense.gdn_gates,
-    for the prefill GDN op (the decode kernel computes the gates itself)."""
+    for the prefill GDN op (the decode kernel computes the gates itself). Under padded_prefill
+    the padded steps' ops (backends/padded.py) come with them."""
+    from resident.backends.padded import padded_ops
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
+    padded = (padded_ops(device.type == "cuda", name == "triton", gates)
+              if config.padded_prefill == "on" else None)
     if device.type != "cuda":
         if name != "triton":
-            return StepKernels(RefPrefill(), RefDecode())
+            return StepKernels(RefPrefill(), RefDecode(), padded)
         from resident.backends.gdn_prefill import conv_varlen_op
         from resident.backends.triton_decode import TritonDecode
         return StepKernels(RefPrefill(ModelOps(conv=conv_varlen_op)),
-                           TritonDecode(config.decode_buckets, config.decode_gemm))
+                           TritonDecode(config.decode_buckets, config.decode_gemm), padded)
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -56,4 +60,4 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         decode = TritonDecode(config.decode_buckets, config.decode_gemm)
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
-    return StepKernels(prefill, decode)
+    return StepKernels(prefill, decode, padded)

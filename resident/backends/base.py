@@ -1,10 +1,10 @@
 """Kernel backends: which kernels each kind of step runs, and the host work they need first.
 
 A step's kernels come in two halves, chosen separately:
-  - prefill and mixed steps (varlen rows): `PrefillKernels`, by device: the torch references on
-    CPU; FlashInfer paged prefill and fla's chunked GDN on CUDA, planned on the host each step.
-    A prefill of one fresh row may instead run padded to a prefill bucket, on `fresh_ops`,
-    which need no host plan, so the bucket can be captured;
+  - prefill and mixed steps (varlen rows): under `padded_prefill`, the padded ops
+    (backends/padded.py), fixed for every bucket and captured; otherwise `PrefillKernels`, by
+    device: the torch references on CPU, FlashInfer paged prefill and fla's chunked GDN on
+    CUDA, planned on the host each step;
   - decode buckets (one token a row, fixed shapes, captured in CUDA graphs): `DecodeKernels`, by
     the `attention_backend` knob. A decode backend that needs a host plan (`host_plan`) gets one
     from `plan_decode` before every replay of the bucket; one that reads block tables and lengths
@@ -37,11 +37,6 @@ class PrefillKernels(ABC):
     def ops(self, step: PrefillStep) -> ModelOps:
         """The step's ops, planned for it; valid until the next call."""
 
-    @abstractmethod
-    def fresh_ops(self) -> ModelOps:
-        """The ops of a fresh prefill bucket (one row from position 0, padded to the bucket:
-        runner.py). No host plan: the same object every call, so a graph can hold it."""
-
 
 class DecodeKernels(ABC):
     name: str
@@ -58,5 +53,6 @@ class DecodeKernels(ABC):
 
 @dataclass(frozen=True)
 class StepKernels:
-    prefill: PrefillKernels
+    prefill: PrefillKernels  # eager varlen steps
     decode: DecodeKernels
+    padded: ModelOps | None = None  # padded varlen steps (padded_prefill on)

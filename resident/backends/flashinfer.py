@@ -17,10 +17,9 @@ from collections.abc import Callable
 import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
-from resident.backends.gdn_prefill import fresh_gdn_ops, gdn_prefill_ops
+from resident.backends.gdn_prefill import gdn_prefill_ops
 from resident.backends.layout import PagedLayout, PlanReuse
 from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops, write_kv_triton_op
-from resident.kernels.attention import causal_self_attention
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
@@ -68,7 +67,7 @@ def _run(wrapper):
 
 class FlashInferPrefill(PrefillKernels):
     """FlashInfer causal paged prefill for attention; GDN as gdn_prefill runs it (our varlen
-    conv, fla's chunked delta rule). A fresh prefill bucket takes `fresh_ops` instead."""
+    conv, fla's chunked delta rule)."""
 
     needs_layout = True
 
@@ -79,8 +78,6 @@ class FlashInferPrefill(PrefillKernels):
         self.heads, self.device, self.gates = heads, workspace.device, gates
         self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
                                                                       backend="fa2")
-        self._fresh_ops = dataclasses.replace(fresh_gdn_ops(gates), write_kv=write_kv_triton_op,
-                                              self_attention=causal_self_attention)
 
     def ops(self, step: PrefillStep) -> ModelOps:
         layout = step.layout
@@ -89,10 +86,6 @@ class FlashInferPrefill(PrefillKernels):
         gdn = gdn_prefill_ops(step.query_start_loc_cpu, self.device, self.gates)
         return dataclasses.replace(gdn, write_kv=write_kv_triton_op,
                                    attention=_run(self.wrapper))
-
-    def fresh_ops(self) -> ModelOps:
-        """torch's SDPA (flash) over the row's own keys, fla's fixed-length GDN."""
-        return self._fresh_ops
 
 
 class FlashInferDecode(DecodeKernels):

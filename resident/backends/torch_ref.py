@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
-from resident.kernels.attention import causal_self_attention
 from resident.model.ops import ModelOps
 
 
 class RefPrefill(PrefillKernels):
     def __init__(self, ops: ModelOps | None = None) -> None:
         self._ops = ops or ModelOps()
-        self._fresh_ops = dataclasses.replace(self._ops, self_attention=causal_self_attention)
 
     def ops(self, step: PrefillStep) -> ModelOps:
         return self._ops
-
-    def fresh_ops(self) -> ModelOps:
-        """The varlen references keep to the row (query_start_loc) and ignore the padding."""
-        return self._fresh_ops
 
 
 class RefDecode(DecodeKernels):

@@ -3,6 +3,10 @@
 A captured graph reads its inputs at the addresses it was captured with, so the engine never
 hands a forward a fresh tensor: each step's inputs are staged into host arrays (numpy views of
 pinned memory on CUDA) and copied into these buffers, whose addresses never change.
+
+The host side is a ring of two (`HostStaging`): under `plan_ahead` a step is staged while the
+copies of the step before it may still be queued, and a step's host arrays are only reused two
+steps later, after a read-back that the stream orders behind their copies.
 """
 
 from __future__ import annotations
@@ -43,41 +47,80 @@ class SampledTokens:
     index_of: dict[str, int]  # request id -> its row in tokens_gpu
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """The sizes every buffer is allocated for."""
+
+    max_tokens: int  # a step's tokens
+    max_rows: int  # a step's rows
+    max_pages: int  # block-table columns
+    max_prefill_rows: int  # a padded step's prefill rows (its GDN sequences, less one)
+    max_chunks: int  # a padded step's GDN chunks
+
+
+_INT_ARRAYS = {
+    # a decode bucket's inputs (DecodeInputs): each bucket reads its own fixed views
+    "decode": lambda c: 4 * c.max_rows,
+    # a decode step's token ids upload from their own array, at launch, once read back
+    "decode_ids": lambda c: c.max_rows,
+    # rows whose ids come from the last step's tokens on the device: k destinations then k
+    # sources, contiguous
+    "id_rows": lambda c: 2 * c.max_rows,
+    # a varlen (prefill or mixed) step's [tokens] and [rows] arrays
+    "input_ids": lambda c: c.max_tokens,
+    "positions": lambda c: c.max_tokens,
+    "token_seq": lambda c: c.max_tokens,
+    "kv_write_loc": lambda c: c.max_tokens,
+    "query_start_loc": lambda c: c.max_rows + 1,
+    "state_slots": lambda c: c.max_rows,
+    "logits_indices": lambda c: c.max_rows,
+    # a padded step's GDN split (model/step.GdnSplit)
+    "decode_slots": lambda c: c.max_rows,
+    "gdn_cu_seqlens": lambda c: c.max_prefill_rows + 2,
+    "gdn_slots": lambda c: c.max_prefill_rows + 1,
+    "gdn_chunks": lambda c: 2 * c.max_chunks,
+}
+
+
+class HostStaging:
+    """One ring entry of host arrays, named as the device buffers (numpy views; pinned on
+    CUDA), and the block tables [rows, max pages] int32."""
+
+    def __init__(self, capacity: Capacity, pin: bool) -> None:
+        for name, size in _INT_ARRAYS.items():
+            array = torch.zeros(size(capacity), dtype=torch.int64, pin_memory=pin).numpy()
+            setattr(self, name, array)
+        self.block_tables = torch.zeros(capacity.max_rows, capacity.max_pages,
+                                        dtype=torch.int32, pin_memory=pin).numpy()
+
+
 class StepBuffers:
-    """Fixed-address device buffers a step reads, and their host staging twins (`_gpu` and
-    `_cpu` pairs; the host side is a numpy view)."""
+    """Fixed-address device buffers a step reads (attribute `<name>_gpu` for each of the
+    host arrays' names), the decode rows' constant index range, and the host ring."""
 
-    def __init__(self, max_tokens: int, max_rows: int, max_pages: int, device: torch.device):
-        pin = device.type == "cuda"
-
-        def pair(*shape: int, dtype=torch.int64) -> tuple[torch.Tensor, np.ndarray]:
-            host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
-            return torch.zeros(shape, dtype=dtype, device=device), host.numpy()
-
-        # a decode bucket's inputs (DecodeInputs): each bucket reads its own fixed views. The
-        # token ids upload from their own host array, at launch, once read back: a step staged
-        # ahead writes the block while the last step's ids may still be in flight
-        self.decode_gpu, self.decode_cpu = pair(4 * max_rows)
-        self.decode_ids_cpu = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pin).numpy()
-        # rows whose ids come from the last step's tokens on the device: k destinations then
-        # k sources, contiguous
-        self.id_rows_gpu, self.id_rows_cpu = pair(2 * max_rows)
-        self.id_values_gpu = torch.zeros(max_rows, dtype=torch.int64, device=device)
+    def __init__(self, capacity: Capacity, device: torch.device):
+        for name, size in _INT_ARRAYS.items():
+            setattr(self, f"{name}_gpu", torch.zeros(size(capacity), dtype=torch.int64,
+                                                     device=device))
+        self.block_tables_gpu = torch.zeros(capacity.max_rows, capacity.max_pages,
+                                            dtype=torch.int32, device=device)
+        self.id_values_gpu = torch.zeros(capacity.max_rows, dtype=torch.int64, device=device)
         # a decode step's rows are 0..b-1, one token each: token rows, query starts and logits
         # rows are all this range, fixed for the step's bucket
-        self.arange_gpu = torch.arange(max_rows + 1, device=device)
+        self.arange_gpu = torch.arange(capacity.max_rows + 1, device=device)
+        pin = device.type == "cuda"
+        self._ring = (HostStaging(capacity, pin), HostStaging(capacity, pin))
+        self._turns = {"step": 0, "ids": 0}
 
-        # a varlen (prefill or mixed) step's inputs: [tokens] and [rows] arrays
-        self.input_ids_gpu, self.input_ids_cpu = pair(max_tokens)
-        self.positions_gpu, self.positions_cpu = pair(max_tokens)
-        self.token_seq_gpu, self.token_seq_cpu = pair(max_tokens)
-        self.kv_write_loc_gpu, self.kv_write_loc_cpu = pair(max_tokens)
-        self.query_start_loc_gpu, self.query_start_loc_cpu = pair(max_rows + 1)
-        self.state_slots_gpu, self.state_slots_cpu = pair(max_rows)
-        self.logits_indices_gpu, self.logits_indices_cpu = pair(max_rows)
-        # [rows, max pages]: every step's block-table rows (decode and varlen)
-        self.block_tables_gpu, self.block_tables_cpu = pair(max_rows, max_pages,
-                                                            dtype=torch.int32)
+    def next_host(self, use: str = "step") -> HostStaging:
+        """The ring entry a step about to be staged writes, not the one the last step used.
+        Two turns: `step` for a step's staged rows (decode or varlen), `ids` for a decode
+        step's token ids (decode_ids, id_rows), written at launch."""
+        self._turns[use] ^= 1
+        return self._ring[self._turns[use]]
+
+    def device(self, name: str) -> torch.Tensor:
+        return getattr(self, f"{name}_gpu")
 
 
 def copy_all(copies: list[tuple[torch.Tensor, np.ndarray]]) -> None:

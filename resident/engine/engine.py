@@ -99,7 +99,7 @@ class Engine:
         self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
                                  self.kernels, self.phases, config.cuda_graphs == "on")
         if config.cuda_graphs == "on":
-            self.runner.capture_graphs(config.decode_buckets, config.prefill_buckets)
+            self.runner.capture_graphs(config.decode_buckets)
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper)
@@ -229,7 +229,7 @@ class Engine:
         if not prepared.is_decode:
             self.readback.mark()
             return self.runner.forward_varlen(prepared.plan,
-                                              self.inputs.stage_varlen(prepared.plan))
+                                              self.inputs.varlen.stage(prepared.plan))
         self.planning.upload_decode(prepared, sampled)
         self.readback.mark()
         return self.runner.forward_decode(prepared.bucket, prepared.width)

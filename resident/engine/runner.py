@@ -1,10 +1,11 @@
 """StepRunner: a step's forward over the fixed buffers, and the CUDA graphs that replay it.
 
-The runner reads only what StepInputs (inputs.py) staged and uploaded. A decode bucket's forward
-runs between its planning's device ops (planning.py: the resident ops, or nothing when
-host-planned); a fresh prefill bucket's on the prefill backend's `fresh_ops`; any other varlen
-step eagerly on ops planned for it. With `cuda_graphs` on, each decode bucket and each prefill
-bucket is captured (graphs.py) and a step is its graph's replay.
+The runner reads only what StepInputs (inputs.py, varlen.py) staged and uploaded. A decode
+bucket's forward runs between its planning's device ops (planning.py: the resident ops, or
+nothing when host-planned); a padded prefill or mixed step's on the padded ops
+(backends/padded.py); an eager varlen step's on the prefill backend's ops planned for it. With
+`cuda_graphs` on, each decode bucket and each prefill bucket is captured (graphs.py) and a step
+is its graph's replay.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import torch
 from resident.backends import StepKernels
 from resident.engine.buffers import DecodeInputs
 from resident.engine.graphs import StepGraphs
-from resident.engine.inputs import StepInputs, VarlenInputs
+from resident.engine.inputs import StepInputs
 from resident.engine.phases import PhaseTiming
 from resident.engine.planning import StepPlanning
 from resident.engine.scheduler import StepPlan
+from resident.engine.varlen import PaddedBucket, StagedVarlen
 from resident.model.cache import ModelCache
 from resident.model.ops import ModelOps
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
@@ -34,15 +36,20 @@ class StepRunner:
         self.prefill_graphs = StepGraphs("prefill") if cuda_graphs else None
         self.num_padded_prefills = 0
 
-    def forward_varlen(self, plan: StepPlan, varlen: VarlenInputs) -> torch.Tensor:
+    def forward_varlen(self, plan: StepPlan, staged: StagedVarlen) -> torch.Tensor:
         """[sampling rows, vocab] logits of a staged varlen step."""
-        if varlen.fresh_bucket is not None:
+        if staged.bucket is not None:
             self.num_padded_prefills += 1
-            return self._timed(self.run_fresh, varlen.fresh_bucket)[:varlen.num_sampling]
-        ops = self.inputs.prefill_ops(plan, varlen)
-        meta = self.inputs.varlen_meta(varlen)
+            logits = self._timed(self.run_padded, staged.bucket, staged.max_query_len)
+            return logits[:staged.num_sampling]
+        varlen, layout = self.inputs.varlen, None
+        if self.kernels.prefill.needs_layout:
+            layout = self.inputs.host_layout(plan, staged.num_rows, staged.width,
+                                             varlen.host.block_tables)
+        ops = varlen.ops(plan, staged, layout)
+        meta = varlen.meta(staged)
         self.phases.lap("rest")
-        ids = self.inputs.buffers.input_ids_gpu[:varlen.num_tokens]
+        ids = self.inputs.buffers.input_ids_gpu[:staged.num_tokens]
         return self._timed(self.execute, ids, meta, ops)
 
     def forward_decode(self, bucket: int, width: int) -> torch.Tensor:
@@ -52,12 +59,15 @@ class StepRunner:
             return self._timed(self.graphs.replay, bucket)
         return self._timed(self._decode_forward, bucket, width)
 
-    def run_fresh(self, bucket: int) -> torch.Tensor:
-        """A staged prefill bucket: the graph's replay or the eager forward; [1, vocab]."""
-        if self.prefill_graphs is not None and self.prefill_graphs.has(bucket):
-            return self.prefill_graphs.replay(bucket)
-        return self.execute(self.inputs.buffers.input_ids_gpu[:bucket],
-                            self.inputs.fresh_meta(bucket), self.kernels.prefill.fresh_ops())
+    def run_padded(self, bucket: PaddedBucket, max_query_len: int) -> torch.Tensor:
+        """A staged padded step: its bucket's graph's replay, or the eager forward;
+        [bucket.logits_rows, vocab]."""
+        graphs = self.prefill_graphs
+        if graphs is not None and graphs.has(bucket.tokens):
+            return graphs.replay(bucket.tokens)
+        return self.execute(self.inputs.buffers.input_ids_gpu[:bucket.tokens],
+                            self.inputs.varlen.padded_meta(bucket, max_query_len),
+                            self.kernels.padded)
 
     @torch.inference_mode()
     def execute(self, input_ids: torch.Tensor, meta: StepMeta, ops: ModelOps) -> torch.Tensor:
@@ -81,10 +91,9 @@ class StepRunner:
         self.planning.after_forward(bucket)
         return logits
 
-    def capture_graphs(self, decode_buckets: tuple[int, ...],
-                       prefill_buckets: tuple[int, ...]) -> None:
+    def capture_graphs(self, decode_buckets: tuple[int, ...]) -> None:
         """Captures every decode bucket (largest first) over the fixed, full-width buffers,
-        with its planning's device ops, then every prefill bucket."""
+        with its planning's device ops, then every padded prefill bucket."""
         decode, inputs, planning = self.kernels.decode, self.inputs, self.planning
         empty = StepPlan([], "decode")
 
@@ -102,5 +111,14 @@ class StepRunner:
         width = planning.capture_width(inputs.max_pages)
         self.graphs.capture(decode_buckets, prepare,
                             lambda bucket: self._decode_forward(bucket, width), describe)
-        self.prefill_graphs.capture(prefill_buckets, inputs.stage_idle_fresh, self.run_fresh,
-                                    lambda bucket: "one fresh row, no host plan")
+        padded = {bucket.tokens: bucket for bucket in inputs.varlen.buckets}
+
+        def describe_padded(tokens: int) -> str:
+            bucket = padded[tokens]
+            return (f"{bucket.decode_rows} decode rows, {bucket.prefill_rows} prefill rows, "
+                    f"no host plan")
+
+        self.prefill_graphs.capture(tuple(padded),
+                                    lambda tokens: inputs.varlen.stage_idle(padded[tokens]),
+                                    lambda tokens: self.run_padded(padded[tokens], tokens),
+                                    describe_padded)

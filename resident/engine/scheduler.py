@@ -1,10 +1,11 @@
 """Scheduler: continuous batching over the resource pools, in plain Python (no torch).
 
 Each step takes decode rows (at most the widest decode bucket, ordered by `decode_order`), then
-prefill chunks of running and then waiting requests under `prefill_token_budget`; both kinds may
-share a step. Under KV pressure a running request that needs a page offloads the coldest running
-request outside the step (its pages and state go to host memory through the `Swapper`); offloaded
-requests reload, oldest first, when room returns, and new requests wait until none is offloaded.
+prefill chunks of running and then waiting requests under `prefill_token_budget` (at most
+`max_prefill_rows` of them); both kinds may share a step, decode rows first. Under KV pressure a
+running request that needs a page offloads the coldest running request outside the step (its
+pages and state go to host memory through the `Swapper`); offloaded requests reload, oldest
+first, when room returns, and new requests wait until none is offloaded.
 A request whose prompt and output could never fit the pool fails alone at arrival.
 """
 
@@ -42,12 +43,22 @@ class Row:
 
 @dataclass(frozen=True)
 class StepPlan:
+    """A step's rows: decode rows first (one token each), then prefill chunks."""
+
     rows: list[Row]
     kind: str  # decode | prefill | mixed
 
     @property
     def num_tokens(self) -> int:
         return sum(row.num_new for row in self.rows)
+
+    @property
+    def num_decode_rows(self) -> int:
+        """The leading rows that decode (their request's prompt is computed)."""
+        count = 0
+        while count < len(self.rows) and not self.rows[count].request.is_prefilling:
+            count += 1
+        return count
 
 
 class Scheduler:
@@ -124,7 +135,7 @@ class Scheduler:
     def _add_prefill_rows(self, rows: list[Row], budget: int,
                           requests: Iterable[Request]) -> int:
         for request in requests:
-            if budget == 0:
+            if budget == 0 or self._prefill_rows_full(rows):
                 break
             chunk = min(len(request.prompt_ids) - request.num_computed, budget)
             if self._admit_running(request, chunk, rows):
@@ -136,7 +147,7 @@ class Scheduler:
         """New requests take what is free, in arrival order, and never displace anyone; none
         starts while an offloaded request waits to come back."""
         while self.waiting and budget > 0 and not self.offloaded:
-            if len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.config.max_num_seqs or self._prefill_rows_full(rows):
                 return
             request = self.waiting[0]
             chunk = min(len(request.prompt_ids), budget)
@@ -152,6 +163,9 @@ class Scheduler:
             self.running.append(request)
             rows.append(_prefill_row(request, chunk))
             budget -= chunk
+
+    def _prefill_rows_full(self, rows: list[Row]) -> bool:
+        return sum(row.request.is_prefilling for row in rows) >= self.config.max_prefill_rows
 
     def _admit_running(self, request: Request, num_new: int, rows: list[Row]) -> bool:
         """Reserves pages for a running request's next tokens, offloading the coldest running

@@ -7,7 +7,9 @@ back where it lives, so a captured decode graph needs no gather/scatter around t
 Both launches read only tensor metadata on the host (shapes, strides, dtypes): no host syncs, and
 the grid is fixed by B and the shapes, so they can be captured in a CUDA graph once compiled (call
 each once per dtype/stride layout before capturing). Rows must have distinct slots, except that
-padding rows may share the sink slot 0, whose contents are garbage by design (those rows race).
+padding rows may share the sink slot 0: the conv steps them on the sink (garbage by design, those
+rows race), the delta rule skips them (a padded step's decode entries are mostly padding, and
+each would otherwise read and write a whole state; their outputs are left as `out` held them).
 """
 
 from __future__ import annotations
@@ -120,10 +122,13 @@ def _gdn_decode_kernel(
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, COMPUTE: tl.constexpr,
     RAW_GATES: tl.constexpr,
 ):
-    """One program: row `pid0`, value head `pid1`, value columns [pid2 * BLOCK_DV, +BLOCK_DV)."""
+    """One program: row `pid0`, value head `pid1`, value columns [pid2 * BLOCK_DV, +BLOCK_DV).
+    A padding row (on the sink slot 0) does nothing: no state read or write, no output."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     slot = tl.load(slots_ptr + row).to(tl.int64)
+    if slot == 0:
+        return
     k_head = head // group
     offs_k = tl.arange(0, BLOCK_DK)  # [BK]
     offs_v = tl.program_id(2) * BLOCK_DV + tl.arange(0, BLOCK_DV)  # [BV]

@@ -1,10 +1,11 @@
 """ModelOps: the kernels one forward calls, chosen per step.
 
 The engine builds one ModelOps per kind of step: prefill and mixed steps get varlen kernels
-(FlashInfer paged prefill, fla's chunked GDN on CUDA), each decode bucket gets decode kernels
-(Triton or FlashInfer decode attention, the Triton GDN decode kernels) bound to that bucket's
-fixed buffers. Every op takes the step's StepMeta, so a backend reads what it needs from it and
-carries any host-side plan in its own closure. The defaults are the torch references.
+(padded: the fixed ops of backends/padded.py; eager: FlashInfer paged prefill and fla's chunked
+GDN on CUDA), each decode bucket gets decode kernels (Triton or FlashInfer decode attention, the
+Triton GDN decode kernels) bound to that bucket's fixed buffers. Every op takes the step's
+StepMeta, so a backend reads what it needs from it and carries any host-side plan in its own
+closure. The defaults are the torch references.
 
 The optional `*_linear` ops take the elementwise work just before a projection into its GEMM
 (the skinny Triton GEMM of decode buckets of at most 16 rows, under decode_gemm=fused). None
@@ -81,7 +82,3 @@ class ModelOps:
     # the gated attention's output gate inside the projection's kernel; returns what
     # narrow_linear does. None: DenseOps.sigmoid_gate, then narrow_linear.
     sigmoid_gate_linear: Callable | None = None
-    # (query [T, H, D], key, value [T, Hkv, D], scale) -> [T, H, D]: causal attention of one row
-    # starting at position 0 over its own keys, for a fresh prefill bucket (the keys are in the
-    # cache too, written as usual). None: the paged `attention`.
-    self_attention: Callable | None = None

@@ -140,10 +140,7 @@ class Attention(nn.Module):
 
         kv_layer = cache.kv[self.cache_index]
         ops.write_kv(kv_layer, key, value, meta)
-        if ops.self_attention is not None:
-            out = ops.self_attention(query, key, value, head_dim**-0.5)
-        else:
-            out = ops.attention(query, kv_layer, meta, head_dim**-0.5)
+        out = ops.attention(query, kv_layer, meta, head_dim**-0.5)
         if ops.sigmoid_gate_linear is not None:
             return ops.sigmoid_gate_linear(out, gate, self.o_proj.weight), residual
         out = self.dense.sigmoid_gate(out, gate)

@@ -14,6 +14,21 @@ import torch
 
 
 @dataclass(frozen=True)
+class GdnSplit:
+    """A padded step's rows as its GDN layers take them. D_cap decode rows and P_cap prefill
+    rows are the bucket's capacities; padding entries point at the sink slot."""
+
+    decode_slots: torch.Tensor  # [D_cap] int64: decode row r is token r; sink past the real ones
+    # the prefill rows as chunked sequences: sequence 0 is the decode tokens [0, D) on the sink
+    # (whatever it computes is overwritten by the decode rows' own step), then one sequence a
+    # prefill row, then zero-length sequences
+    cu_seqlens: torch.Tensor  # [P_cap + 2] int64, from 0
+    slots: torch.Tensor  # [P_cap + 1] int64: each sequence's state slot
+    chunks: torch.Tensor  # [NT, 2] int64: (sequence, chunk) of every 64-token chunk, padded
+    chunk_size: int  # tokens a chunk (fla's BT)
+
+
+@dataclass(frozen=True)
 class StepMeta:
     positions: torch.Tensor  # [T] int64: each token's position in its sequence
     token_seq: torch.Tensor  # [T] int64: the row each token belongs to
@@ -23,6 +38,9 @@ class StepMeta:
     state_slots: torch.Tensor  # [B] int64: row b's GDN state slot
     logits_indices: torch.Tensor  # [S] int64: tokens whose logits are sampled, in row order
     max_query_len: int  # static: most new tokens in one row (1 for decode)
+    # A padded varlen step (engine/inputs.py) splits its GDN layers: its leading decode rows
+    # (tokens 0..D-1) step in place by slot, its prefill rows run chunked as sequences.
+    gdn_split: GdnSplit | None = None
 
     @property
     def num_rows(self) -> int:

@@ -28,7 +28,7 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     "step_seconds": ("resident_step_seconds", "counter",
                      "Wall seconds of engine steps by kind, schedule to sampled tokens."),
     "prefills_padded": ("resident_prefills_padded", "counter",
-                        "Prefill steps of one fresh row run padded to a prefill bucket."),
+                        "Prefill and mixed steps run padded to a prefill bucket."),
     "generated_tokens": ("resident_generated_tokens", "counter", "Tokens generated."),
     "offloads": ("resident_offloads", "counter", "Requests offloaded."),
     "reloads": ("resident_reloads", "counter", "Requests reloaded."),

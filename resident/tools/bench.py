@@ -1,8 +1,14 @@
 """Decode step profile: where a decode step's time goes, in process, without the HTTP server.
 
     python -m resident.tools.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
-                                   [--set knob=value ...] [--json FILE] [--cprofile DIR]
-                                   [--no-gc-freeze]
+                                   [--burst 64] [--set knob=value ...] [--json FILE]
+                                   [--cprofile DIR] [--no-gc-freeze]
+
+First the burst: N prompts (--burst) queued at once, each to its first token, run three times:
+the first right after the engine is built (what a server's first users meet), then a steady
+one, then one under torch.profiler. Each reports its wall time, prompt tokens/s and steps; the
+profiled one the GPU kernel time of its prefill and mixed steps against their wall (GPU busy
+share) and kernels per step.
 
 For each concurrency c the engine takes c requests, prefills them, then runs decode steps with
 all c rows. It reports the wall time of a decode step (scheduling, host staging, the host
@@ -174,11 +180,42 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     }
 
 
+def _burst_once(engine: Engine, tag: str, count: int, prompt_len: int) -> dict:
+    _add_prompts(engine, tag, count, prompt_len, 1)  # each finishes on its first token
+    torch.cuda.synchronize()
+    seconds, steps = _prefill(engine)
+    while engine.has_work():  # the step planned ahead, if any, and the last emits
+        engine.step()
+    torch.cuda.synchronize()
+    return {"wall_ms": round(seconds * 1e3, 1), "steps": steps,
+            "ms_per_step": round(seconds * 1e3 / steps, 2),
+            "prompt_tok_s": round(count * prompt_len / seconds)}
+
+
+def burst_rows(engine: Engine, count: int, prompt_len: int) -> dict:
+    """The first burst after the build, a steady one, and a profiled one (module docstring)."""
+    first = _burst_once(engine, "burst-first", count, prompt_len)
+    steady = _burst_once(engine, "burst-steady", count, prompt_len)
+    profiled: dict = {}
+
+    def run() -> None:
+        profiled.update(_burst_once(engine, "burst-profiled", count, prompt_len))
+
+    gpu_ms, kernels, top = _kernel_profile(run, 1)
+    return {"prompts": count, "prompt_len": prompt_len, "first": first, "steady": steady,
+            "first_over_steady": round(first["wall_ms"] / steady["wall_ms"], 2),
+            "profiled_wall_ms": profiled["wall_ms"], "gpu_busy_ms": round(gpu_ms, 1),
+            "gpu_busy_share": round(gpu_ms / profiled["wall_ms"], 3),
+            "kernels_per_step": round(kernels / profiled["steps"], 1),
+            "top_kernels": top}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--burst", type=int, default=64, help="prompts in the burst (0: none)")
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
@@ -196,12 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         freeze_heap()  # as the engine core does
     if args.cprofile:
         args.cprofile.mkdir(parents=True, exist_ok=True)
+    burst = burst_rows(engine, args.burst, args.prompt_len) if args.burst else None
     rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile)
-            for c in args.concurrency.split(",")]
+            for c in args.concurrency.split(",") if c]
     knobs = {k: engine.config.to_dict()[k] for k in
              ("attention_backend", "decode_gemm", "cuda_graphs", "compile",
-              "resident_planning")}
+              "resident_planning", "padded_prefill", "prefill_token_budget")}
     print(json.dumps(knobs))
+    if burst:
+        print(json.dumps({k: v for k, v in burst.items() if k != "top_kernels"}))
     header = ("c", "step ms", "tok/s", "gpu ms", "kernels", "host gap ms", "gc ms",
               "roofline ms", "prefill ms", "gpu ms")
     print(" ".join(f"{h:>11}" for h in header))
@@ -210,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                   row["kernels_per_step"], row["host_gap_ms"], row["gc_ms_per_step"],
                   row["roofline_ms"], row["fresh_prefill_ms"], row["fresh_prefill_gpu_ms"])
         print(" ".join(f"{v:>11}" for v in values))
-    write_json(args.json, {"knobs": knobs, "rows": rows})
+    write_json(args.json, {"knobs": knobs, "burst": burst, "rows": rows})
     return 0
 
 

@@ -1,0 +1,269 @@
+"""VarlenInputs: a prefill or mixed step's inputs, staged from the streams into the fixed buffers.
+
+A varlen step's rows are its decode rows (one token each, first) then its prefill chunks, laid
+out row after row. Each row's tokens, positions, KV write locations, block-table row and state
+slot are staged on the host, then uploaded.
+
+Under `padded_prefill` the step is padded to the smallest prefill bucket that holds its tokens
+(`PaddedBucket`: a token count and fixed row capacities), so its shapes and every kernel's grid
+are the bucket's and it can be a captured graph:
+
+- padding tokens (past the last row) write their K/V to the sink page and belong to a
+  zero-length padding row (or the last row, past its end): no kernel reads them for a real row;
+- padding rows are zero-length, on the sink page and the sink state slot;
+- the GDN layers take the step split (model/step.GdnSplit): the decode rows step in place by
+  slot (the decode kernel; padding entries on the sink do nothing), the prefill rows run as
+  chunked sequences whose chunk table is built here on the host, with no device read.
+
+Without it, the step runs eager on the prefill backend's kernels, planned on the host for it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from resident.backends import PrefillStep, StepKernels
+from resident.config import EngineConfig
+from resident.engine.buffers import HostStaging, StepBuffers, copy_all
+from resident.engine.phases import PhaseTiming
+from resident.engine.request import Request
+from resident.engine.scheduler import StepPlan
+from resident.model.ops import ModelOps
+from resident.model.step import GdnSplit, StepMeta
+from resident.resources.kv import SINK_PAGE, KVPool
+from resident.resources.positions import Positions
+from resident.resources.recurrent import SINK_SLOT, StatePool
+
+GDN_CHUNK = 64  # tokens a chunk of the chunked delta rule (fla's BT)
+
+
+@dataclass(frozen=True)
+class PaddedBucket:
+    """A padded step's shape: its tokens, and room for decode rows and prefill rows."""
+
+    tokens: int
+    decode_rows: int
+    prefill_rows: int
+
+    @classmethod
+    def of(cls, tokens: int, config: EngineConfig) -> PaddedBucket:
+        return cls(tokens, min(config.max_decode_rows, tokens),
+                   min(config.max_prefill_rows, tokens))
+
+    @property
+    def rows(self) -> int:
+        return self.decode_rows + self.prefill_rows
+
+    @property
+    def logits_rows(self) -> int:
+        return min(self.rows, self.tokens)
+
+    @property
+    def chunks(self) -> int:
+        """Most GDN chunks: the tokens' full chunks, and a partial one a sequence."""
+        return self.tokens // GDN_CHUNK + self.prefill_rows + 2
+
+
+@dataclass(frozen=True)
+class StagedVarlen:
+    """A staged and uploaded varlen step."""
+
+    num_tokens: int
+    num_rows: int
+    width: int  # block-table columns its rows use
+    num_sampling: int  # rows that sample: the logits rows, in row order
+    max_query_len: int
+    bucket: PaddedBucket | None  # the bucket it was padded to (padded_prefill)
+
+
+class VarlenInputs:
+    def __init__(self, config: EngineConfig, buffers: StepBuffers, kv: KVPool,
+                 states: StatePool, positions: Positions, kernels: StepKernels,
+                 phases: PhaseTiming) -> None:
+        self.page_size = config.page_size
+        self.buffers, self.kernels, self.phases = buffers, kernels, phases
+        self.kv, self.states, self.positions = kv, states, positions
+        self.buckets = [PaddedBucket.of(tokens, config) for tokens in config.prefill_buckets]
+        self.host: HostStaging | None = None  # the ring entry the last staged step wrote
+
+    def bucket_for(self, num_tokens: int) -> PaddedBucket | None:
+        """The smallest padded bucket that holds the tokens; None when steps are not padded."""
+        if not self.buckets:
+            return None
+        sizes = [bucket.tokens for bucket in self.buckets]
+        index = bisect.bisect_left(sizes, num_tokens)
+        if index == len(sizes):
+            raise ValueError(f"a step of {num_tokens} tokens exceeds the largest prefill bucket "
+                             f"{sizes[-1]}")
+        return self.buckets[index]
+
+    def stage(self, plan: StepPlan) -> StagedVarlen:
+        """Stages and uploads a prefill or mixed step's rows, padded to its bucket if steps
+        are padded."""
+        host = self.host = self.buffers.next_host()
+        num_tokens, width, num_sampling, max_len = self._stage_rows(host, plan)
+        self.phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
+        bucket = self.bucket_for(num_tokens)
+        num_rows = len(plan.rows)
+        if bucket is None:
+            self._upload(host, num_tokens, num_rows, num_sampling)
+        else:
+            self._pad(host, bucket, num_tokens, num_rows, num_sampling)
+            self._stage_split(host, plan, bucket, num_tokens)
+            self.phases.lap("declare_admit_pad")
+            self._upload(host, bucket.tokens, bucket.rows, bucket.logits_rows, bucket)
+        self.phases.lap("kv_stage")
+        return StagedVarlen(num_tokens, num_rows, width, num_sampling, max_len, bucket)
+
+    def _stage_rows(self, host: HostStaging, plan: StepPlan) -> tuple[int, int, int, int]:
+        """Each row's arrays; returns (tokens, block-table width, sampling rows, longest row).
+        The logits rows are the sampling rows in order."""
+        num_tokens, width, num_sampling, max_len = 0, 1, 0, 1
+        host.query_start_loc[0] = 0
+        for index, row in enumerate(plan.rows):
+            width = max(width, self._stage_row(host, index, num_tokens, row.num_new,
+                                               row.request))
+            num_tokens += row.num_new
+            max_len = max(max_len, row.num_new)
+            if row.samples:
+                host.logits_indices[num_sampling] = num_tokens - 1
+                num_sampling += 1
+        return num_tokens, width, num_sampling, max_len
+
+    def _stage_row(self, host: HostStaging, index: int, first: int, num_new: int,
+                   request: Request) -> int:
+        rid, end = request.request_id, first + num_new
+        start = request.num_computed
+        pages = np.asarray(self.kv.streams[rid].pages, dtype=np.int64)
+        stream_index = np.arange(start, start + num_new)
+        host.input_ids[first:end] = request.next_tokens(num_new)
+        host.positions[first:end] = self.positions.position(rid, start) + np.arange(num_new)
+        host.token_seq[first:end] = index
+        host.kv_write_loc[first:end] = (pages[stream_index // self.page_size] * self.page_size
+                                        + stream_index % self.page_size)
+        host.block_tables[index, :len(pages)] = pages
+        host.state_slots[index] = self.states.slots[rid]
+        host.query_start_loc[index + 1] = end
+        return len(pages)
+
+    def _pad(self, host: HostStaging, bucket: PaddedBucket, num_tokens: int, num_rows: int,
+             num_sampling: int) -> None:
+        """Padding tokens after the last row's end, on the sink page and in the last row of
+        the bucket; zero-length padding rows on the sink; logits rows past the sampling ones
+        read token 0 (the caller drops them)."""
+        tokens, rows = slice(num_tokens, bucket.tokens), slice(num_rows, bucket.rows)
+        host.input_ids[tokens] = 0
+        host.positions[tokens] = 0
+        host.token_seq[tokens] = bucket.rows - 1
+        host.kv_write_loc[tokens] = SINK_PAGE * self.page_size
+        host.query_start_loc[num_rows + 1:bucket.rows + 1] = num_tokens
+        host.state_slots[rows] = SINK_SLOT
+        host.block_tables[rows, 0] = SINK_PAGE
+        host.logits_indices[num_sampling:bucket.logits_rows] = 0
+
+    def _stage_split(self, host: HostStaging, plan: StepPlan, bucket: PaddedBucket,
+                     num_tokens: int) -> None:
+        """The GDN split (model/step.GdnSplit): decode slots, the prefill rows as sequences
+        after a first one of the decode tokens, and their chunk table."""
+        decode, num_rows = plan.num_decode_rows, len(plan.rows)
+        host.decode_slots[:decode] = host.state_slots[:decode]
+        host.decode_slots[decode:bucket.decode_rows] = SINK_SLOT
+        num_seqs = num_rows - decode + 1
+        cu = host.gdn_cu_seqlens
+        cu[0] = 0
+        cu[1:num_seqs + 1] = host.query_start_loc[decode:num_rows + 1]
+        cu[num_seqs + 1:bucket.prefill_rows + 2] = num_tokens
+        slots = host.gdn_slots
+        slots[0] = SINK_SLOT
+        slots[1:num_seqs] = host.state_slots[decode:num_rows]
+        slots[num_seqs:bucket.prefill_rows + 1] = SINK_SLOT
+        chunk_table(cu[:num_seqs + 1], host.gdn_chunks[:2 * bucket.chunks].reshape(-1, 2),
+                    GDN_CHUNK)
+
+    def _upload(self, host: HostStaging, num_tokens: int, num_rows: int, num_logits: int,
+                bucket: PaddedBucket | None = None) -> None:
+        token_arrays = ("input_ids", "positions", "kv_write_loc", "token_seq")
+        spans = {name: num_tokens for name in token_arrays}
+        spans |= {"state_slots": num_rows, "query_start_loc": num_rows + 1,
+                  "logits_indices": num_logits}
+        if bucket is not None:
+            spans |= {"decode_slots": bucket.decode_rows,
+                      "gdn_cu_seqlens": bucket.prefill_rows + 2,
+                      "gdn_slots": bucket.prefill_rows + 1, "gdn_chunks": 2 * bucket.chunks}
+        buf = self.buffers
+        copies = [(buf.device(name)[:span], getattr(host, name)[:span])
+                  for name, span in spans.items()]
+        # whole table rows, one contiguous run (columns past a row's pages are never read)
+        copies.append((buf.block_tables_gpu[:num_rows], host.block_tables[:num_rows]))
+        copy_all(copies)
+
+    def ops(self, plan: StepPlan, staged: StagedVarlen, layout) -> ModelOps:
+        """The step's ops: a padded step's are fixed; an eager step's are the prefill backend's,
+        planned for it (attention, fla's varlen metadata) from `layout` if it needs one."""
+        if staged.bucket is not None:
+            return self.kernels.padded.ops()
+        rows = staged.num_rows
+        step = PrefillStep(self.host.query_start_loc[:rows + 1].copy(), layout)
+        ops = self.kernels.prefill.ops(step)
+        self.phases.lap("attention")
+        return ops
+
+    def meta(self, staged: StagedVarlen) -> StepMeta:
+        if staged.bucket is not None:
+            return self.padded_meta(staged.bucket, staged.max_query_len)
+        return self._meta(staged.num_tokens, staged.num_rows, staged.width,
+                          staged.num_sampling, staged.max_query_len)
+
+    def padded_meta(self, bucket: PaddedBucket, max_query_len: int,
+                    width: int | None = None) -> StepMeta:
+        """A bucket's StepMeta over the fixed buffers. The block tables are full width (a row
+        of any length reads its own pages) unless `width` bounds them; `max_query_len` is read
+        only by the torch references."""
+        buf = self.buffers
+        width = width or buf.block_tables_gpu.shape[1]
+        split = GdnSplit(buf.decode_slots_gpu[:bucket.decode_rows],
+                         buf.gdn_cu_seqlens_gpu[:bucket.prefill_rows + 2],
+                         buf.gdn_slots_gpu[:bucket.prefill_rows + 1],
+                         buf.gdn_chunks_gpu[:2 * bucket.chunks].view(-1, 2), GDN_CHUNK)
+        return self._meta(bucket.tokens, bucket.rows, width, bucket.logits_rows, max_query_len,
+                          split)
+
+    def _meta(self, num_tokens: int, num_rows: int, width: int, num_logits: int,
+              max_query_len: int, split: GdnSplit | None = None) -> StepMeta:
+        buf = self.buffers
+        return StepMeta(
+            positions=buf.positions_gpu[:num_tokens],
+            token_seq=buf.token_seq_gpu[:num_tokens],
+            query_start_loc=buf.query_start_loc_gpu[:num_rows + 1],
+            block_tables=buf.block_tables_gpu[:num_rows, :width],
+            kv_write_loc=buf.kv_write_loc_gpu[:num_tokens],
+            state_slots=buf.state_slots_gpu[:num_rows],
+            logits_indices=buf.logits_indices_gpu[:num_logits],
+            max_query_len=max_query_len,
+            gdn_split=split,
+        )
+
+    def stage_idle(self, bucket: PaddedBucket) -> None:
+        """An all-padding step of the bucket, for its graph's capture."""
+        host = self.host = self.buffers.next_host()
+        host.query_start_loc[0] = 0
+        self._pad(host, bucket, 0, 0, 0)
+        self._stage_split(host, StepPlan([], "prefill"), bucket, 0)
+        self._upload(host, bucket.tokens, bucket.rows, bucket.logits_rows, bucket)
+
+
+def chunk_table(cu_seqlens: np.ndarray, out: np.ndarray, chunk: int) -> int:
+    """(sequence, chunk) of every chunk of the sequences cu_seqlens bounds, in order (fla's
+    prepare_chunk_indices), into out [NT, 2]; the rest of out gets (0, NT): a chunk past any
+    sequence's end, which every kernel masks out. Returns the real chunks."""
+    counts = -(-np.diff(cu_seqlens) // chunk)
+    total = int(counts.sum())
+    if total > len(out):
+        raise ValueError(f"{total} chunks exceed the table's {len(out)}")
+    out[:total, 0] = np.repeat(np.arange(len(counts)), counts)
+    out[:total, 1] = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    out[total:] = (0, len(out))
+    return total
