@@ -1,4 +1,5 @@
-"""The torch references' decode paths against their general varlen paths.
+"""The torch references' decode paths against their general varlen paths, and the paged
+attention reference's bound on the pages it reads.
 
 A decode step (max_query_len == 1) takes a path of its own in causal_conv_ref and
 gated_delta_rule_ref; the same rows inside a step that also holds a longer row take the general
@@ -11,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from resident.kernels.attention import paged_attention_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
 
 NUM_SLOTS, WIDTH = 10, 4
@@ -93,3 +95,22 @@ def test_delta_rule_decode_path_equals_the_varlen_path(dtype):
     advanced = [s for s, n in zip(DECODE_SLOTS, DECODE_LENGTHS, strict=True) if n]
     assert not torch.equal(decode_pool[advanced], pool[advanced])
 
+
+def test_paged_attention_reads_no_page_past_the_furthest_position():
+    """A block table wider than the rows hold, its extra columns on pages of NaN: the same
+    output as the table cut to the pages the positions reach."""
+    gen = torch.Generator().manual_seed(3)
+    page, num_heads, num_kv_heads, head_dim = 4, 4, 2, 8
+    kv = torch.randn(12, 2, page, num_kv_heads, head_dim, generator=gen, dtype=torch.float64)
+    kv[10:] = float("nan")  # pages no row holds
+    holds = torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]], dtype=torch.int32)
+    wide = torch.cat([holds, torch.tensor([[10, 11]] * 3, dtype=torch.int32)], dim=1)
+    # a prefill chunk of row 0, one decode token each for rows 1 and 2
+    token_seq = torch.tensor([0, 0, 0, 1, 2])
+    positions = torch.tensor([8, 9, 10, 5, 2])
+    query = torch.randn(5, num_heads, head_dim, generator=gen, dtype=torch.float64)
+
+    got = paged_attention_ref(query, kv, wide, token_seq, positions, 0.3)
+    want = paged_attention_ref(query, kv, holds, token_seq, positions, 0.3)
+    assert not got.isnan().any()
+    assert torch.equal(got, want)
