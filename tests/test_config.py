@@ -18,7 +18,7 @@ from resident.model.config import (
     load_model_config,
     shipped_model_names,
 )
-from resident.server.core import step_cores
+from resident.server.core import step_cores, torch_threads
 
 
 def test_shipped_configs_have_the_real_structure():
@@ -146,3 +146,17 @@ def test_resolve_sizes_the_auto_knobs():
 ])
 def test_step_thread_cores(knobs, allowed, cores):
     assert step_cores(EngineConfig(**knobs), allowed) == cores
+
+
+@pytest.mark.parametrize("api_core, device, allowed, threads", [
+    ("", "cpu", [0, 1], 1),  # the API process and the client share the two CPUs
+    ("", "cpu", [0], 1),
+    ("", "cpu", list(range(8)), 7),
+    ("3", "cpu", [0, 1, 2, 3], 3),  # the API process on a CPU of its own
+    ("7", "cpu", [1, 2], 2),  # ... outside the step cores
+    ("0-1", "cpu", [0, 1], 1),
+    ("", "cuda", list(range(16)), 2),
+    ("", "cuda", [0], 1),
+])
+def test_torch_threads_leave_the_api_process_a_cpu(api_core, device, allowed, threads):
+    assert torch_threads(EngineConfig(api_core=api_core), device, allowed) == threads

@@ -15,8 +15,9 @@ class RefPrefill(PrefillKernels):
 
 
 class RefDecode(DecodeKernels):
-    """Reads every key the block-table width names, masked by position: exact, and slow with
-    the full-width tables a captured graph uses, so it does not go into graphs."""
+    """Reads the keys up to each token's position, the pages bounded on CPU by the step's
+    furthest position (a host read) and elsewhere by the block-table width, so slow with the
+    full-width tables a captured graph uses: it does not go into graphs."""
 
     name = "torch"
 

@@ -32,13 +32,18 @@ def paged_attention_ref(
     positions: torch.Tensor,  # [T] int64: a token sees its row's keys 0..position
     scale: float,
 ) -> torch.Tensor:  # [T, H, D]
-    """Causal attention of each token over its row's pages. Reads only what the tensors say, so
-    the caller bounds the work by the block-table width it passes."""
+    """Causal attention of each token over its row's pages, up to its position. On CPU the
+    pages read are bounded by the step's furthest position (one host read), whatever width the
+    block table has; elsewhere the caller bounds the work by the block-table width it passes."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_layer.shape[3]
     group = num_heads // num_kv_heads
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
 
+    if positions.device.type == "cpu" and num_tokens:
+        # keys past a token's position are masked out below: pages past the furthest one are
+        # never seen
+        block_tables = block_tables[:, :int(positions.max()) // kv_layer.shape[2] + 1]
     pages = block_tables[token_seq].long()  # [T, W]
     keys = kv_layer[pages, 0].flatten(1, 2).to(compute)  # [T, W*S, Hkv, D]
     values = kv_layer[pages, 1].flatten(1, 2).to(compute)

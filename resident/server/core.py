@@ -66,7 +66,7 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
         os.sched_setaffinity(0, cores)
         log.info("step thread on CPUs %s (step_thread_cores=%s)", cores,
                  config.step_thread_cores)
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    torch.set_num_threads(torch_threads(config, device_name, sorted(os.sched_getaffinity(0))))
     engine = Engine(model_config, config, torch.device(device_name))
     freeze_heap()
     log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
@@ -88,6 +88,20 @@ def step_cores(config: EngineConfig, allowed: list[int]) -> list[int]:
     api = set(parse_cpu_list(config.api_core, "api_core"))
     free = [cpu for cpu in allowed if cpu not in api]
     return free[:2] if len(free) >= 2 else allowed
+
+
+def torch_threads(config: EngineConfig, device_type: str, allowed: list[int]) -> int:
+    """The engine core's torch threads, from the CPUs it may run on (`allowed`, after
+    step_cores): on CPU one a CPU outside api_core, less one for the API process and the load
+    client when api_core does not put them elsewhere; on CUDA, where the forward runs on the GPU,
+    at most 2 for the host's few tensor ops. At least 1. More threads than free CPUs wait on each
+    other at every op: a tiny-model decode step on a busy 2-CPU host took ~10x longer on 2
+    threads than on 1."""
+    api = set(parse_cpu_list(config.api_core, "api_core"))
+    free = [cpu for cpu in allowed if cpu not in api]
+    if device_type != "cpu":
+        return max(1, min(2, len(free)))
+    return max(1, len(free) - (0 if api else 1))
 
 
 def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
