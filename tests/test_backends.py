@@ -73,9 +73,10 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
     assert greedy("triton") == greedy("torch")
 
 
-def test_padded_prefill_on_the_triton_conv_gives_the_reference_tokens():
-    """Fresh prefills padded to their bucket, the GDN conv on the Triton varlen kernel (it must
-    keep the padding out of the row's window), against unpadded prefills on the references."""
+def test_padded_prefill_on_the_triton_kernels_gives_the_reference_tokens():
+    """Prefills padded to their bucket on the Triton varlen attention and conv (they must keep
+    the padding out of the rows' keys and windows), against unpadded prefills on the
+    references."""
     generator = torch.Generator().manual_seed(4)
     requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
                           4) for i, n in enumerate((5, 16, 29))}

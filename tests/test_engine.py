@@ -117,11 +117,10 @@ def test_seeded_sampling_is_reproducible():
     assert tokens != first
 
 
-def test_padded_fresh_prefill_gives_the_model_alone_tokens(workload, reference_model):
-    """One request at a time, so every prompt's first step is one fresh row: padded to its
-    prefill bucket (padding on the sink page and slot, past the row's end), it must give the
-    tokens of the unpadded model. The 100-token prompt's first 64-token chunk pads nothing
-    and samples nothing; its second chunk is no longer fresh and runs unpadded."""
+def test_padded_prefill_gives_the_model_alone_tokens(workload, reference_model):
+    """Every prefill and mixed step padded to its bucket (padding on the sink page and slot,
+    past the rows' ends), with several requests at once: the tokens of the model alone. The
+    100-token prompt is chunked: its first chunk samples nothing, its second continues it."""
     requests, expected = workload
     long_prompt = torch.randint(0, TINY.vocab_size, (100,),
                                 generator=torch.Generator().manual_seed(5)).tolist()
@@ -129,6 +128,6 @@ def test_padded_fresh_prefill_gives_the_model_alone_tokens(workload, reference_m
     expected = {**expected, "long": greedy_alone(reference_model, long_prompt, 4)}
     engine = make_engine(padded_prefill="on", prefill_buckets=(8, 16, 64),
                          prefill_token_budget=64)
-    assert run(engine, requests, concurrency=1) == expected
-    assert engine.runner.num_padded_prefills == len(requests)
-    assert engine.stats()["steps"]["prefill"] == len(requests) + 1
+    assert run(engine, requests, concurrency=3) == expected
+    steps = engine.stats()["steps"]
+    assert engine.runner.num_padded_prefills == steps["prefill"] + steps["mixed"] > len(requests)

@@ -187,7 +187,8 @@ def gated_delta_rule_decode(
 
     Per row and value head h (key head h // (Hv // Hk)), q and k l2-normed, q scaled by Dk**-0.5:
     S = state * exp(g); S += k (x) ((v - S^T k) * beta); out = S^T q; S written back to
-    state_pool[slot, h] in place. Computed in fp32 (fp64 for a fp64 pool).
+    state_pool[slot, h] in place. Computed in fp32 (fp64 for a fp64 pool). A row on the sink
+    slot 0 (padding) is skipped: no state read or written, its output left as `out` held it.
     Grid (B, Hv, cdiv(Dv, 32)); each program holds a [Dk, 32] tile of one head's state.
     """
     del query_start_loc  # decode rows are tokens 0..B-1 in order

@@ -5,10 +5,9 @@ Kernels at the 0.8B shapes (head_dim 256, 8 query heads over 2 kv heads; GDN 16 
   - FlashInfer fa2 decode (the `flashinfer` backend) and paged prefill (every backend's prefill);
   - the GDN prefill (our varlen conv, fla's chunk_gated_delta_rule) over varlen rows with
     slot-pool states, including rows that continue from a state (chunked prefill).
-  - a fresh prefill bucket's GDN (fla's fixed-length path) with padding after the row.
 Then the engine at 0.8B: greedy outputs for 32 prompts at concurrency 1 are identical with
-cuda_graphs on and off (decode buckets and fresh prefill buckets), for each decode backend and
-with resident planning off and auto.
+cuda_graphs on and off (decode buckets and padded prefill buckets), for each decode backend and
+with resident planning off and auto. The padded steps' own kernels: tests/gpu/test_padded_gpu.py.
 """
 
 from __future__ import annotations
@@ -187,36 +186,6 @@ def test_gdn_prefill_matches_reference():
     assert _rel_err(state_pool, ref_state) < 1e-2
 
 
-@pytest.mark.parametrize("num_tokens, bucket", [(200, 256), (64, 64), (1, 64), (513, 1024)])
-def test_fresh_gdn_with_padding_matches_reference(num_tokens, bucket):
-    """A fresh row of num_tokens padded to the bucket (random padding, as a bucket's padding
-    tokens are whatever the model made of token 0): fla's fixed-length path must give the
-    row's outputs, conv window and final state, the padding left out."""
-    import dataclasses
-
-    from resident.backends.gdn_prefill import fresh_gdn_ops
-
-    generator = torch.Generator().manual_seed(num_tokens)
-    meta, conv_pool, state_pool, x, weight, qkv, gates = _gdn_case(generator, [0], [bucket])
-    row_end = torch.tensor([0, num_tokens], device=DEVICE)
-    padded = dataclasses.replace(meta, query_start_loc=row_end, max_query_len=bucket)
-    ops = fresh_gdn_ops()
-    ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
-    want_conv = causal_conv_ref(x[:num_tokens], weight, ref_conv, meta.state_slots, row_end,
-                                num_tokens)
-    got_conv = ops.conv(x, weight, conv_pool, padded)[:num_tokens]
-    assert _rel_err(got_conv, want_conv) < 1e-2
-    torch.testing.assert_close(conv_pool, ref_conv)
-
-    row = slice(0, num_tokens)
-    want = gated_delta_rule_ref(*(t[row] for t in qkv), *gdn_gates(gates[0][row], gates[1][row],
-                                                                    *gates[2:]),
-                                ref_state, meta.state_slots, row_end, num_tokens)
-    got = ops.gated_delta_rule(*qkv, *gates, state_pool, padded)[row]
-    assert _rel_err(got, want) < 2e-2
-    assert _rel_err(state_pool, ref_state) < 1e-2
-
-
 # -- the engine: graphs on and off -------------------------------------------------------------
 
 MODEL = load_model_config("qwen3.5-0.8b")
@@ -236,7 +205,7 @@ def _engine(**knobs) -> Engine:
     engine = build_engine(MODEL, config, DEVICE)
     if config.cuda_graphs == "on":
         assert engine.runner.graphs.buckets == [1, 2, 4, 8]
-        assert engine.runner.prefill_graphs.buckets == [64, 128, 256, 512, 1024, 2048]
+        assert engine.runner.prefill_graphs.buckets == [128, 256, 512, 1024, 2048, 2056]
     assert (engine.planning.mode == "resident") == (config.resident_planning == "auto")
     return engine
 
