@@ -74,7 +74,7 @@ class EngineConfig:
     # token buckets of padded steps; empty: powers of two from 128 below the largest step, which
     # is always the last bucket: prefill_token_budget plus the widest decode bucket's rows
     prefill_buckets: tuple[int, ...] = ()
-    max_prefill_rows: int = 32  # prefill chunks a step takes at most (its decode rows apart)
+    max_prefill_rows: int = 16  # prefill chunks a step takes at most (its decode rows apart)
     compile: str = "auto"  # torch.compile of the dense parts; auto: on for CUDA
     # projections of decode buckets <= 16 rows under triton and flashinfer: the skinny Triton
     # GEMM with the elementwise op before it apart (skinny) or in its prologue (fused: slower on

@@ -31,9 +31,22 @@ def test_buckets_resolve_by_device_budget_and_decode_rows():
     given = EngineConfig(padded_prefill="on", prefill_buckets=(8, 32, 4096),
                          prefill_token_budget=64, decode_buckets=(1, 2))
     assert given.resolve(TINY, "cpu").prefill_buckets == (8, 32, 66)
-    bucket = PaddedBucket.of(32, given.resolve(TINY, "cpu"))
-    assert (bucket.decode_rows, bucket.prefill_rows, bucket.rows) == (2, 32, 34)
-    assert bucket.logits_rows == 32 and bucket.chunks == 32 // 64 + 32 + 2
+    buckets = PaddedBucket.all_of(given.resolve(TINY, "cpu"))
+    # each size twice, for prefill steps (no decode rows) then mixed ones; a prefill row per
+    # 32 tokens, and max_prefill_rows (16) in the largest
+    assert [(b.index, b.tokens, b.decode_rows, b.prefill_rows) for b in buckets] == [
+        (0, 8, 0, 1), (1, 8, 2, 1), (2, 32, 0, 1), (3, 32, 2, 1), (4, 66, 0, 16),
+        (5, 66, 2, 16)]
+    assert buckets[3].rows == 3 and buckets[3].logits_rows == 3 and buckets[3].chunks == 0 + 1 + 2
+
+
+def test_a_step_takes_the_smallest_bucket_that_holds_its_tokens_and_rows():
+    varlen = _engine("on").inputs.varlen  # buckets of 4, 8, 16 and 20 tokens
+    assert varlen.bucket_for(4, 0, 1).tokens == 4
+    assert varlen.bucket_for(4, 2, 1).decode_rows == 4  # the mixed one of the same size
+    assert varlen.bucket_for(5, 0, 1).tokens == 8
+    many = varlen.bucket_for(16, 0, 3)  # 3 prefill rows: no bucket below 20 tokens holds them
+    assert (many.tokens, many.prefill_rows) == (20, 3)
 
 
 @pytest.mark.parametrize("buckets", [(64, 32), (0, 8), (8, 8)])
@@ -114,7 +127,8 @@ def test_padding_touches_no_real_rows_pages_window_or_state():
     plans = [engine.scheduler.schedule() for engine in (padded, eager)]
     assert [(row.request.request_id, row.num_new) for row in plans[0].rows] == [
         ("a", 1), ("b", 1), ("c", 6), ("d", 2)]
-    assert plans[0].num_decode_rows == 2 and padded.inputs.varlen.bucket_for(10).tokens == 16
+    assert plans[0].num_decode_rows == 2
+    assert padded.inputs.varlen.bucket_for(10, 2, 2).tokens == 20
     rows = [row.request.request_id for row in plans[0].rows]
     pages = {page for rid in rows for page in padded.kv.streams[rid].pages}
     slots = {padded.states.slots[rid] for rid in rows}
@@ -154,6 +168,7 @@ def test_a_step_of_only_padding_rows_is_what_a_capture_runs():
 
 def test_a_step_past_the_largest_bucket_is_refused():
     varlen = _engine("on").inputs.varlen
-    assert varlen.bucket_for(varlen.buckets[-1].tokens) is varlen.buckets[-1]
-    with pytest.raises(ValueError, match="exceeds the largest prefill bucket"):
-        varlen.bucket_for(varlen.buckets[-1].tokens + 1)
+    top = varlen.buckets[-1]
+    assert varlen.bucket_for(top.tokens, 1, 1) is top
+    with pytest.raises(ValueError, match="fits no prefill bucket"):
+        varlen.bucket_for(top.tokens + 1, 1, 1)

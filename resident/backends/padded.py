@@ -64,6 +64,8 @@ def triton_decode_rows(query, key, value, a, b, a_log, dt_bias, log_decay, beta,
     from resident.kernels.gdn_decode import gated_delta_rule_decode
 
     rows = split.decode_slots.shape[0]
+    if not rows:  # a prefill bucket
+        return
     gated_delta_rule_decode(query[:rows], key[:rows], value[:rows], a[:rows], b[:rows],
                             state_pool, split.decode_slots, split.decode_slots, 1,
                             out=out[:rows], gate_params=(a_log, dt_bias))
@@ -74,6 +76,8 @@ def ref_decode_rows(query, key, value, a, b, a_log, dt_bias, log_decay, beta,
     """The same on the reference: every entry steps (the sink's state takes the padding's
     garbage), and only the real rows' outputs are kept."""
     rows = split.decode_slots.shape[0]
+    if not rows:  # a prefill bucket
+        return
     starts = torch.arange(rows + 1, device=query.device)
     stepped = gated_delta_rule_ref(query[:rows], key[:rows], value[:rows], log_decay[:rows],
                                    beta[:rows], state_pool, split.decode_slots, starts, 1)

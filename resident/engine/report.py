@@ -67,8 +67,7 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "planning_reason": planning.reason,
         "attention_backend": engine.config.attention_backend,
         "cuda_graphs": engine.runner.graphs.buckets if engine.runner.graphs else [],
-        "prefill_graphs": (engine.runner.prefill_graphs.buckets
-                           if engine.runner.prefill_graphs else []),
+        "prefill_graphs": _padded_graphs(engine),
         # decode buckets whose attention reads pages and lengths on the device
         "host_plan_free": not engine.kernels.decode.host_plan,
         "dtype": engine.config.dtype,
@@ -78,3 +77,11 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
     }
+
+
+def _padded_graphs(engine: Engine) -> list[dict[str, int]]:
+    """The padded prefill buckets captured as graphs: tokens and row capacities."""
+    graphs = engine.runner.prefill_graphs
+    return [{"tokens": bucket.tokens, "decode_rows": bucket.decode_rows,
+             "prefill_rows": bucket.prefill_rows}
+            for bucket in engine.inputs.varlen.buckets if graphs and graphs.has(bucket.index)]

@@ -63,8 +63,8 @@ class StepRunner:
         """A staged padded step: its bucket's graph's replay, or the eager forward;
         [bucket.logits_rows, vocab]."""
         graphs = self.prefill_graphs
-        if graphs is not None and graphs.has(bucket.tokens):
-            return graphs.replay(bucket.tokens)
+        if graphs is not None and graphs.has(bucket.index):
+            return graphs.replay(bucket.index)
         return self.execute(self.inputs.buffers.input_ids_gpu[:bucket.tokens],
                             self.inputs.varlen.padded_meta(bucket, max_query_len),
                             self.kernels.padded)
@@ -111,14 +111,8 @@ class StepRunner:
         width = planning.capture_width(inputs.max_pages)
         self.graphs.capture(decode_buckets, prepare,
                             lambda bucket: self._decode_forward(bucket, width), describe)
-        padded = {bucket.tokens: bucket for bucket in inputs.varlen.buckets}
-
-        def describe_padded(tokens: int) -> str:
-            bucket = padded[tokens]
-            return (f"{bucket.decode_rows} decode rows, {bucket.prefill_rows} prefill rows, "
-                    f"no host plan")
-
-        self.prefill_graphs.capture(tuple(padded),
-                                    lambda tokens: inputs.varlen.stage_idle(padded[tokens]),
-                                    lambda tokens: self.run_padded(padded[tokens], tokens),
-                                    describe_padded)
+        buckets = inputs.varlen.buckets
+        self.prefill_graphs.capture(tuple(range(len(buckets))),
+                                    lambda index: inputs.varlen.stage_idle(buckets[index]),
+                                    lambda index: self.run_padded(buckets[index], 1),
+                                    lambda index: buckets[index].describe())

@@ -20,7 +20,6 @@ Without it, the step runs eager on the prefill backend's kernels, planned on the
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,16 +41,33 @@ GDN_CHUNK = 64  # tokens a chunk of the chunked delta rule (fla's BT)
 
 @dataclass(frozen=True)
 class PaddedBucket:
-    """A padded step's shape: its tokens, and room for decode rows and prefill rows."""
+    """A padded step's shape: its tokens, and room for decode rows and prefill rows. Each
+    token size comes twice: for prefill steps (no decode rows: nothing of a decode row runs,
+    not even a skipped kernel) and for mixed steps. Prefill rows: one per TOKENS_PER_ROW tokens,
+    at most max_prefill_rows, so a small bucket's padding sequences stay few; the largest
+    bucket holds max_prefill_rows, so every step the scheduler makes fits one."""
 
+    index: int  # the bucket's place among the engine's buckets: its graph's key
     tokens: int
     decode_rows: int
     prefill_rows: int
 
+    TOKENS_PER_ROW = 32
+
     @classmethod
-    def of(cls, tokens: int, config: EngineConfig) -> PaddedBucket:
-        return cls(tokens, min(config.max_decode_rows, tokens),
-                   min(config.max_prefill_rows, tokens))
+    def all_of(cls, config: EngineConfig) -> list[PaddedBucket]:
+        shapes, largest = [], max(config.prefill_buckets, default=0)
+        for tokens in config.prefill_buckets:
+            prefill = min(config.max_prefill_rows, max(1, tokens // cls.TOKENS_PER_ROW))
+            if tokens == largest:  # any step the scheduler makes fits the largest
+                prefill = config.max_prefill_rows
+            shapes += [(tokens, 0, prefill),
+                       (tokens, min(config.max_decode_rows, tokens), prefill)]
+        return [cls(index, *shape) for index, shape in enumerate(shapes)]
+
+    def holds(self, num_tokens: int, decode: int, prefill: int) -> bool:
+        return (num_tokens <= self.tokens and prefill <= self.prefill_rows
+                and decode <= self.decode_rows and (decode > 0) == (self.decode_rows > 0))
 
     @property
     def rows(self) -> int:
@@ -65,6 +81,10 @@ class PaddedBucket:
     def chunks(self) -> int:
         """Most GDN chunks: the tokens' full chunks, and a partial one a sequence."""
         return self.tokens // GDN_CHUNK + self.prefill_rows + 2
+
+    def describe(self) -> str:
+        return (f"{self.tokens} tokens, {self.decode_rows} decode rows, {self.prefill_rows} "
+                f"prefill rows, no host plan")
 
 
 @dataclass(frozen=True)
@@ -86,19 +106,19 @@ class VarlenInputs:
         self.page_size = config.page_size
         self.buffers, self.kernels, self.phases = buffers, kernels, phases
         self.kv, self.states, self.positions = kv, states, positions
-        self.buckets = [PaddedBucket.of(tokens, config) for tokens in config.prefill_buckets]
+        self.buckets = PaddedBucket.all_of(config)
         self.host: HostStaging | None = None  # the ring entry the last staged step wrote
 
-    def bucket_for(self, num_tokens: int) -> PaddedBucket | None:
-        """The smallest padded bucket that holds the tokens; None when steps are not padded."""
+    def bucket_for(self, num_tokens: int, decode: int, prefill: int) -> PaddedBucket | None:
+        """The smallest padded bucket that holds a step of these tokens and rows; None when
+        steps are not padded."""
         if not self.buckets:
             return None
-        sizes = [bucket.tokens for bucket in self.buckets]
-        index = bisect.bisect_left(sizes, num_tokens)
-        if index == len(sizes):
-            raise ValueError(f"a step of {num_tokens} tokens exceeds the largest prefill bucket "
-                             f"{sizes[-1]}")
-        return self.buckets[index]
+        for bucket in self.buckets:
+            if bucket.holds(num_tokens, decode, prefill):
+                return bucket
+        raise ValueError(f"a step of {num_tokens} tokens, {decode} decode and {prefill} prefill "
+                         f"rows fits no prefill bucket (the largest: {self.buckets[-1]})")
 
     def stage(self, plan: StepPlan) -> StagedVarlen:
         """Stages and uploads a prefill or mixed step's rows, padded to its bucket if steps
@@ -106,8 +126,8 @@ class VarlenInputs:
         host = self.host = self.buffers.next_host()
         num_tokens, width, num_sampling, max_len = self._stage_rows(host, plan)
         self.phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
-        bucket = self.bucket_for(num_tokens)
-        num_rows = len(plan.rows)
+        num_rows, decode = len(plan.rows), plan.num_decode_rows
+        bucket = self.bucket_for(num_tokens, decode, num_rows - decode)
         if bucket is None:
             self._upload(host, num_tokens, num_rows, num_sampling)
         else:

@@ -9,9 +9,9 @@ about 0.6 ms of host time per layer in its wrapper, on a prefill that is host-bo
   v(i - (W-1) + j)) for token t, the row's i-th new token, where v(k) is the row's input k, or
   for k < 0 the pool's history pool[slot][W + k]. Reads the pool only.
 - `_conv_state_kernel`, grid (B, cdiv(C, BLOCK_C)): pool[slot] = the last W entries of
-  (pool[slot], the row's inputs). It runs after the first launch in stream order, so no
-  program of the first reads a window this one has overwritten; within it, each program reads
-  its whole tile before it writes.
+  (pool[slot], the row's inputs); a row with no new token returns at once. It runs after the
+  first launch in stream order, so no program of the first reads a window this one has
+  overwritten; within it, each program reads its whole tile before it writes.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def _conv_state_kernel(
     offs_w = tl.arange(0, BLOCK_W)  # [BW]
     mask_c = offs_c < channels
     start, end = tl.load(qsl_ptr + row), tl.load(qsl_ptr + row + 1)
+    if end == start:  # no new input: the window stays (a padded step's padding rows)
+        return
     slot = tl.load(slots_ptr + row).to(tl.int64)
     # entry w of the new window is entry (end - start) + w of (old window, new inputs)
     place = (end - start) + offs_w  # [BW]

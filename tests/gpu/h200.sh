@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The H200 runs of a session, one device call each (the device tool: 600 s a call, logs under
+# $OUT). Run from the tree's root:  bash tests/gpu/h200.sh PART [PART ...]
+#   kernels   the GPU kernel tests (references at the 0.8B shapes, the padded step's kernels)
+#   engine    the engine GPU tests (graphs on/off, plan ahead, padded steps, row check)
+#   bench     resident.tools.bench at c=1/16/64/256 with the burst row (this tree's defaults)
+#   budget    the burst at prefill_token_budget 2048/4096/8192
+# Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
+# others.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ -f .whl/install.sh ] && [ ! -d /tmp/site/flashinfer ]; then
+  bash .whl/install.sh >"$OUT/install.log" 2>&1 || echo "wheel install failed"
+fi
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
+  --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+
+run() {  # name, timeout seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - start)) s"
+  tail -n 4 "$OUT/$name.log"
+}
+
+for part in "$@"; do
+  case $part in
+    kernels)
+      run kernels 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernel_*.py \
+        tests/gpu/test_padded_gpu.py -k "not padded_steps" ;;
+    engine)
+      run engine 560 python3 -m pytest -q -m gpu -p no:cacheprovider -x \
+        tests/gpu/test_padded_gpu.py::test_padded_steps_give_the_same_tokens_with_and_without_graphs \
+        tests/gpu/test_backends_gpu.py -k "greedy_identical or padded_steps or plan_ahead" ;;
+    bench)
+      run bench 560 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1,16,64,256 \
+        --burst 64 --json "$OUT/bench.json" ;;
+    budget)
+      for budget in 2048 4096 8192; do
+        run "budget-$budget" 180 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
+          --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
+      done ;;
+    *) echo "unknown part $part" ;;
+  esac
+done
