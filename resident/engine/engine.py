@@ -98,8 +98,8 @@ class Engine:
         self.planning = self._build_planning()
         self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
                                  self.kernels, self.phases, config.cuda_graphs == "on")
-        if config.cuda_graphs == "on":
-            self.runner.capture_graphs(config.decode_buckets)
+        if config.cuda_graphs == "on" or config.compile == "on":
+            self.runner.prepare_all(config.decode_buckets)
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper)

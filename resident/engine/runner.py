@@ -91,9 +91,13 @@ class StepRunner:
         self.planning.after_forward(bucket)
         return logits
 
-    def capture_graphs(self, decode_buckets: tuple[int, ...]) -> None:
-        """Captures every decode bucket (largest first) over the fixed, full-width buffers,
-        with its planning's device ops, then every padded prefill bucket."""
+    def prepare_all(self, decode_buckets: tuple[int, ...]) -> None:
+        """Every decode bucket (largest first) then every padded prefill bucket, staged all
+        padding and run once: under `cuda_graphs` each is then captured (graphs.py), else this
+        is the warm-up that compiles and tunes every step shape before the first request.
+        Warming matters beyond start-up time: an engine whose compiled dense ops first meet
+        the shapes in its requests' order gave other greedy tokens (1 of 24 prompts on the
+        H200) than one warmed this way, and every later engine in the process."""
         decode, inputs, planning = self.kernels.decode, self.inputs, self.planning
         empty = StepPlan([], "decode")
 
@@ -109,9 +113,17 @@ class StepRunner:
 
         # full width: a replay serves rows of any length
         width = planning.capture_width(inputs.max_pages)
+        buckets = inputs.varlen.buckets
+        if self.graphs is None:
+            for bucket in sorted(decode_buckets, reverse=True):
+                prepare(bucket)
+                self._decode_forward(bucket, width)
+            for bucket in buckets:
+                inputs.varlen.stage_idle(bucket)
+                self.run_padded(bucket, 1)
+            return
         self.graphs.capture(decode_buckets, prepare,
                             lambda bucket: self._decode_forward(bucket, width), describe)
-        buckets = inputs.varlen.buckets
         self.prefill_graphs.capture(tuple(range(len(buckets))),
                                     lambda index: inputs.varlen.stage_idle(buckets[index]),
                                     lambda index: self.run_padded(buckets[index], 1),

@@ -3,8 +3,12 @@
 # $OUT). Run from the tree's root:  bash tests/gpu/h200.sh PART [PART ...]
 #   kernels   the GPU kernel tests (references at the 0.8B shapes, the padded step's kernels)
 #   engine    the engine GPU tests (graphs on/off, plan ahead, padded steps, row check)
+#   padded    the padded steps' greedy tokens with graphs on and off, both backends
 #   bench     resident.tools.bench at c=1/16/64/256 with the burst row (this tree's defaults)
-#   budget    the burst at prefill_token_budget 2048/4096/8192
+#   burst     the burst row and c=1 alone (the fresh prompt's prefill)
+#   budget    the burst at prefill_token_budget 4096/8192
+#   rowcheck  the row check under KV and slot pressure
+#   gate      configs/gate/h200-0.8b-padded.yaml (padded prefill against the eager path), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others.
 set -uo pipefail
@@ -36,12 +40,25 @@ for part in "$@"; do
       run engine 560 python3 -m pytest -q -m gpu -p no:cacheprovider -x \
         tests/gpu/test_padded_gpu.py::test_padded_steps_give_the_same_tokens_with_and_without_graphs \
         tests/gpu/test_backends_gpu.py -k "greedy_identical or padded_steps or plan_ahead" ;;
+    padded)
+      run padded 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
+        tests/gpu/test_padded_gpu.py::test_padded_steps_give_the_same_tokens_with_and_without_graphs ;;
+    rowcheck)
+      run rowcheck 120 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
+        tests/gpu/test_backends_gpu.py -k row_check_finds_nothing ;;
+    gate)
+      run gate 380 python3 -m gate run --config configs/gate/h200-0.8b-padded.yaml \
+        --out "$OUT/gate-padded"
+      tar czf "$OUT/gate-padded.tgz" -C "$OUT" gate-padded && rm -rf "$OUT/gate-padded" ;;
+    burst)
+      run burst 200 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1 \
+        --burst 64 --json "$OUT/burst.json" ;;
     bench)
       run bench 560 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1,16,64,256 \
         --burst 64 --json "$OUT/bench.json" ;;
     budget)
-      for budget in 2048 4096 8192; do
-        run "budget-$budget" 180 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
+      for budget in 4096 8192; do
+        run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
           --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
       done ;;
     *) echo "unknown part $part" ;;
