@@ -175,3 +175,33 @@ def test_runner_host_layout_is_the_streams_page_lists():
     for name in ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"):
         assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
     assert got.kv_last_page_len.tolist() == [16, 1, 16, 1]
+
+
+@pytest.mark.parametrize("planning", ["off", "auto"])
+def test_a_host_planned_decode_backend_plans_every_decode_step(planning, monkeypatch):
+    """A decode backend that plans on the host (as fa2 does) gets one plan a decode step, in
+    either planning mode (resident planning stages the host tables for it alone), whose page
+    lists are the streams' (padding rows one page, the sink); the tokens do not change."""
+    from resident.backends.torch_ref import RefDecode
+
+    generator = torch.Generator().manual_seed(9)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          7) for i, n in enumerate((5, 20, 33))}
+    config = EngineConfig(dtype="float64", decode_buckets=(1, 2, 4), max_num_seqs=4,
+                          resident_planning=planning, row_check="on")
+    want = run_engine(build_engine(TINY, config, "cpu"), requests)
+    layouts = []
+
+    def plan_decode(self, bucket, layout):
+        layouts.append((bucket, layout))
+
+    monkeypatch.setattr(RefDecode, "host_plan", True)
+    monkeypatch.setattr(RefDecode, "plan_decode", plan_decode)
+    engine = build_engine(TINY, config, "cpu")
+    assert run_engine(engine, requests) == want
+    assert len(layouts) == engine.stats()["steps"]["decode"] > 0
+    for bucket, layout in layouts:
+        pages_per_row = (layout.kv_indptr[1:] - layout.kv_indptr[:-1]).tolist()
+        assert len(pages_per_row) == bucket and min(pages_per_row) >= 1
+        assert set(layout.kv_indices.tolist()) - {0} and 0 not in layout.kv_indices[
+            :layout.kv_indptr[1]].tolist()

@@ -50,9 +50,7 @@ class ResidentPlanning(StepPlanning):
         plan, bucket = prepared.plan, prepared.bucket
         self.inputs.upload_ids(plan, bucket, sampled)
         if self.kernels.decode.host_plan:  # fa2 plans from host lengths, as on Hopper
-            kv = self.inputs.kv
-            page_lists = [kv.streams[row.request.request_id].pages for row in plan.rows]
-            width = self.inputs.stage_tables(page_lists, bucket)
+            width = self.inputs.stage_host_tables(plan, bucket)
             self.phases.lap("kv_plan")
             self.inputs.plan_attention(plan, bucket, width)
 
