@@ -3,20 +3,15 @@ decode kernels (under the interpreter) to the same greedy tokens as the torch re
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+from resident.backends import paged_layout
+from resident.config import EngineConfig
+from resident.engine.engine import Engine
+from resident.model.config import load_model_config
 
-from resident.backends import paged_layout  # noqa: E402
-from resident.config import EngineConfig  # noqa: E402
-from resident.engine.engine import Engine  # noqa: E402
-from resident.model.config import load_model_config  # noqa: E402
-
-from model_driver import run_engine  # noqa: E402
+from model_driver import run_engine
 
 TINY = load_model_config("tiny")
 
