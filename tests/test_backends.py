@@ -58,7 +58,7 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
     without its prologues."""
     generator = torch.Generator().manual_seed(3)
     requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
-                          6) for i, n in enumerate((5, 40, 17))}
+                          4) for i, n in enumerate((5, 40, 17))}
 
     def greedy(backend: str) -> dict[str, list[int]]:
         config = EngineConfig(attention_backend=backend, decode_buckets=(1, 2, 4),
@@ -92,7 +92,7 @@ def test_resident_planning_on_the_triton_kernels_gives_the_host_planned_tokens()
     the row check comparing every row each step read against the host streams."""
     generator = torch.Generator().manual_seed(5)
     requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
-                          6) for i, n in enumerate((5, 40, 17))}
+                          4) for i, n in enumerate((5, 40, 17))}
 
     def greedy(planning: str) -> tuple[dict[str, list[int]], Engine]:
         config = EngineConfig(attention_backend="triton", decode_buckets=(1, 2, 4),
