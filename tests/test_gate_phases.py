@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_gate_run import SHORT, gate_servers_running, invoke
+from test_gate_run import SHORT, invoke, servers_left
 
 from gate.phases import COLUMNS, PHASES_JSON, PHASES_MD
 from gate.records import read_manifest
@@ -36,7 +36,7 @@ def test_phases_measures_every_arm_and_cell(session):
     manifest = read_manifest(out)
     assert manifest["command_kind"] == "phases"
     assert [a["knobs"].get("phase_timing") for a in manifest["arms"]] == ["on", "on"]
-    assert not gate_servers_running()
+    assert not servers_left(result)
 
 
 def test_phases_md_has_both_tables(session):

@@ -6,7 +6,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -19,27 +23,62 @@ SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-l
          "--requests", "4", "--startup-timeout", "120"]
 
 
-def gate_servers_running() -> list[str]:
-    """Command lines of servers the gate launched (it always passes --host) still alive."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in args and b"--host" in args and b"resident" in args:
-            found.append(b" ".join(args).decode(errors="replace"))
-    return found
+# Every process a gate run starts inherits this variable, set to the run's own id: the gate
+# passes its environment on to the servers it launches, less RESIDENT_* (gate/server.py).
+RUN_ID = "GATE_TEST_RUN_ID"
 
 
 def invoke(*args: str):
+    """`resident-gate ARGS` from the repository root; the result's run_id names the run."""
+    run_id = uuid.uuid4().hex
     runner = CliRunner()
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        return runner.invoke(app, list(args), env={"COLUMNS": "200", "NO_COLOR": "1"})
+        result = runner.invoke(app, list(args),
+                               env={"COLUMNS": "200", "NO_COLOR": "1", RUN_ID: run_id})
     finally:
         os.chdir(cwd)
+    result.run_id = run_id
+    return result
+
+
+def servers_left(result, grace_s: float = 5.0) -> list[str]:
+    """Command lines of the live processes that the gate run behind `result` started (its servers
+    and their children, whatever else runs on the machine), after up to grace_s for a process
+    group the gate just killed to go."""
+    marker = f"{RUN_ID}={result.run_id}".encode()
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if marker not in (proc / "environ").read_bytes().split(b"\0"):
+                    continue  # a zombie's environ reads empty
+                args = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone, or not ours to read
+                continue
+            found.append(b" ".join(args).decode(errors="replace"))
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_servers_left_finds_a_runs_processes_and_no_others():
+    """Only the processes carrying the run's id count, not another `resident serve --host`."""
+    ours, other = (SimpleNamespace(run_id=uuid.uuid4().hex) for _ in range(2))
+    command = [sys.executable, "-c", "import time; time.sleep(60)", "resident", "serve", "--host"]
+    processes = [subprocess.Popen(command, env={**os.environ, RUN_ID: ours.run_id}),
+                 subprocess.Popen(command)]
+    try:
+        found = servers_left(ours, grace_s=0)
+        assert len(found) == 1 and "resident serve --host" in found[0]
+        assert not servers_left(other, grace_s=0)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert not servers_left(ours, grace_s=0)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +118,7 @@ def test_a_session_writes_everything(session):
     assert configs["head"]["planning_mode"] == "resident"
     assert configs["main"]["resident_package_path"] == str(ROOT / "resident")
     assert manifest["placement"]["overlap"] == (os.cpu_count() < 4)
-    assert not gate_servers_running()
+    assert not servers_left(result)
 
 
 def test_report_reproduces_the_tables(session, tmp_path):
@@ -111,19 +150,22 @@ def test_a_git_arm_runs_its_own_commit(tmp_path):
     assert worktree.parent == (ROOT / ".gate" / "worktrees").resolve()
     assert arm["debug_config"]["resident_package_path"] == str(worktree / "resident")
     assert not str(worktree).startswith(str(out))
+    assert not servers_left(result)
 
 
 def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     out = tmp_path / "cmd-arm"
-    result = invoke("run", "--arm", "broken=cmd:python3 -c 'import sys; sys.exit(3)' {port}",
-                    "--concurrency", "1,2", "--sessions", "1", "--runs", "2", "--out", str(out),
-                    *SHORT)
+    # the server prints the run id it inherited: what servers_left finds a run's servers by
+    command = f"python3 -c 'import os, sys; print(os.environ[\"{RUN_ID}\"]); sys.exit(3)' {{port}}"
+    result = invoke("run", "--arm", f"broken=cmd:{command}", "--concurrency", "1,2",
+                    "--sessions", "1", "--runs", "2", "--out", str(out), *SHORT)
     assert result.exit_code == 1
     runs = read_runs(out)
     assert len(runs) == 4 and not any(r.ok for r in runs)
     assert "exited with code 3" in runs[0].error
+    assert result.run_id in runs[0].log_tail
     assert "failed" in result.stderr
-    assert not gate_servers_running()
+    assert not servers_left(result)
 
 
 def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
@@ -156,6 +198,7 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     result = invoke(*one_round, "--sessions", "3", "--resume")
     assert result.exit_code == 1
     assert all("source digest" in r.error for r in read_runs(out) if r.session == 2)
+    assert not servers_left(result)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from gate import stats
@@ -48,6 +49,44 @@ def test_consistent_gain_is_faster_and_loss_slower():
     assert up["threshold"] == pytest.approx(0.01)
     down = _verdict(_records("main", base) + _records("head", [b * 0.95 for b in base]), "head")
     assert down["verdict"] == "slower"
+
+
+@pytest.mark.parametrize("deltas", [
+    [0.05, 0.05, 0.05, 0.05, 0.05, -0.05],  # 6 rounds, one against: p = 14/64
+    [0.08, 0.06, 0.05, 0.05, 0.04, -0.01, -0.02, -0.03],  # 8 rounds, 3 against: p = 186/256
+    [-0.05, -0.05, -0.05, -0.05, -0.05, 0.05],  # the same for a loss
+])
+def test_an_effect_over_the_threshold_with_mixed_signs_is_within_noise(deltas):
+    """The median clears the threshold several times over; only the sign test's p >= 0.05
+    keeps the verdict at `within noise`."""
+    assert len(deltas) >= stats.MIN_ROUNDS
+    assert abs(float(np.median(deltas))) >= 0.04
+    assert stats.sign_test_p(deltas) >= stats.ALPHA
+    assert stats.decide(deltas, threshold=0.01) == "within noise"
+    base = _base(len(deltas))
+    row = _verdict(_records("main", base) + _records("head", [b * (1 + d) for b, d in
+                                                              zip(base, deltas, strict=True)]),
+                   "head")
+    assert row["p_value"] >= stats.ALPHA and abs(row["median_delta"]) > row["threshold"]
+    assert row["verdict"] == "within noise"
+
+
+def test_verdict_boundaries():
+    # exactly MIN_ROUNDS rounds all of one sign: p = 0.03125 < 0.05, a verdict
+    assert stats.decide([0.02] * 6, threshold=0.01) == "faster"
+    assert stats.decide([-0.02] * 6, threshold=0.01) == "slower"
+    # one round fewer is too few, however clear
+    assert stats.decide([0.5] * 5, threshold=0.01) == "too few rounds"
+    # all of one sign but the median under, or at, the threshold
+    assert stats.decide([0.005] * 6, threshold=0.01) == "within noise"
+    assert stats.decide([0.01] * 6, threshold=0.01) == "within noise"
+    assert stats.decide([0.02, 0.02, 0.02, 0.005, 0.005, 0.005], threshold=0.01) == "faster"
+    assert stats.decide([0.02, 0.02, 0.005, 0.005, 0.005, 0.005],
+                        threshold=0.01) == "within noise"  # median 0.005
+    base = _base(6)
+    small = _verdict(_records("main", base) + _records("head", [b * 1.005 for b in base]),
+                     "head")
+    assert small["p_value"] == pytest.approx(0.03125) and small["verdict"] == "within noise"
 
 
 def test_aa_noise_is_within_noise():

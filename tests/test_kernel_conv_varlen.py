@@ -1,22 +1,16 @@
 """The varlen GDN conv kernel against causal_conv_ref, in place on a slot-indexed pool.
 
-Without CUDA the kernels run under the interpreter (set before triton is imported), at tiny
+Without CUDA the kernels run under the interpreter (tests/conftest.py sets it), at tiny
 shapes; the GPU test runs the 0.8B conv width and a 512-token prompt in bf16.
 """
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from resident.kernels.conv_varlen import causal_conv_varlen  # noqa: E402
-from resident.kernels.gdn import causal_conv_ref  # noqa: E402
+from resident.kernels.conv_varlen import causal_conv_varlen
+from resident.kernels.gdn import causal_conv_ref
 
 NUM_SLOTS, WIDTH = 8, 4
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernel is imported
 
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")

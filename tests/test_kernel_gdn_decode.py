@@ -1,23 +1,17 @@
 """The GDN decode kernels against the torch references, in place on slot-indexed pools.
 
-Without CUDA the Triton kernels run under the interpreter (set before triton is imported), so the
+Without CUDA the Triton kernels run under the interpreter (tests/conftest.py sets it), so the
 CPU tests use tiny shapes; the GPU tests run the 0.8B shapes in bf16 with fp32 state.
 """
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
+import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref  # noqa: E402
-from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode  # noqa: E402
+from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
+from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 
 NUM_SLOTS, STEPS = 8, 3
 # Three real rows on distinct non-sink slots and one padding row on the sink, in no slot order.

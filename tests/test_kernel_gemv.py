@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernel is imported
-
 pytest.importorskip("triton")
 
-from resident.kernels.gemv import (  # noqa: E402
+from resident.kernels.gemv import (
     GemvTile,
     gated_norm_linear_partials,
     gemv_splits,

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton or the kernel is imported
-
 pytest.importorskip("triton")
 
-from resident.kernels.attention import write_kv_ref  # noqa: E402
-from resident.kernels.kv_write import write_kv  # noqa: E402
+from resident.kernels.attention import write_kv_ref
+from resident.kernels.kv_write import write_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

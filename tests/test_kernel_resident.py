@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from resident.kernels.resident import (  # noqa: E402
+from resident.kernels.resident import (
     advance_lengths_ref,
     gather_rows_ref,
     scatter_cells_ref,
 )
-from resident.kernels.resident_triton import (  # noqa: E402
+from resident.kernels.resident_triton import (
     advance_lengths_triton,
     gather_rows_triton,
     scatter_cells_triton,

@@ -31,17 +31,29 @@ print(json.dumps({"fingerprint": weights_fingerprint(model), "bytes": digest.hex
 """
 
 
-def _digest_in_subprocess(seed: int) -> dict:
+def _digests_in_subprocesses(*seeds: int) -> list[dict]:
+    """The digest for each seed, each in a process of its own, the processes run at once."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", _DIGEST, str(seed)], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out)
+    processes = [subprocess.Popen([sys.executable, "-c", _DIGEST, str(seed)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for seed in seeds]
+    digests = []
+    try:
+        for process in processes:
+            out, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err
+            digests.append(json.loads(out))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return digests
 
 
 def test_same_seed_same_weights_in_two_processes():
-    first, second = _digest_in_subprocess(7), _digest_in_subprocess(7)
+    first, second, other = _digests_in_subprocesses(7, 7, 8)
     assert first == second
-    other = _digest_in_subprocess(8)
     assert other["fingerprint"] != first["fingerprint"]
     assert other["bytes"] != first["bytes"]
 
