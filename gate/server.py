@@ -1,13 +1,15 @@
 """Launching one arm's server: its own process group, pinned CPUs, a clean environment, a log.
 
 Inherited RESIDENT_* variables are removed (and recorded), so only the gate's knobs reach an arm.
-Stopping signals the whole group, so Ctrl-C or a crash of the gate leaves no server behind.
+Stopping signals the whole group, so Ctrl-C or a crash of the gate leaves no server behind; a
+server also dies with the gate (PR_SET_PDEATHSIG), so neither does a SIGKILLed gate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import shlex
@@ -80,11 +82,9 @@ class Server:
         self.command = command
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("w")
-        cpus = set(launch.cpus)
         self.process = subprocess.Popen(
             command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=arm.tree,
-            start_new_session=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            start_new_session=True, preexec_fn=_child_setup(set(launch.cpus), os.getpid()),
         )
 
     def alive(self) -> bool:
@@ -151,6 +151,20 @@ class Server:
         """The API process exits on SIGTERM; make sure nothing of its group lingers."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def _child_setup(cpus: set[int], gate_pid: int):
+    """What the server's process does before exec: SIGTERM when the gate dies (prctl
+    PR_SET_PDEATHSIG; its own session would otherwise outlive a SIGKILLed gate, holding the GPU
+    and the port), exit at once if the gate is already gone, and pin to `cpus`."""
+    def setup() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != gate_pid:
+            os._exit(1)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
 
 
 async def _fetch(session: aiohttp.ClientSession, url: str, method: str = "GET") -> dict | None:

@@ -103,6 +103,9 @@ def serve(
     from resident.server.serve import serve as run_server
 
     config = _model_config(model)
+    if api_key is not None and not api_key.strip():
+        raise typer.BadParameter("an empty key would refuse every request; leave it out to "
+                                 "serve without one", param_hint="--api-key")
     device_type = _device_type(device.value)
     try:
         # resolved once, here: a knob that cannot fit the model or the device fails before
@@ -118,11 +121,18 @@ def serve(
 
 
 def _device_type(device: str) -> str:
-    if device != "auto":
+    """cpu or cuda; `cuda` where torch sees no CUDA device fails here, before anything
+    starts."""
+    if device == "cpu":
         return device
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if device == "cuda":
+        raise typer.BadParameter(f"cuda: torch {torch.__version__} sees no CUDA device",
+                                 param_hint="--device")
+    return "cpu"
 
 
 def main() -> None:

@@ -85,6 +85,13 @@ class EngineConfig:
     # outside api_core (step_cores in core.py); empty: not pinned
     step_thread_cores: str = ""
     seed: int = 0  # seeds sampling for requests that bring no seed
+    # the HTTP API's limits (server/api.py, server/serve.py; README "Limits and failures")
+    max_waiting: int = 1024  # requests in flight past max_num_seqs before new ones get a 429
+    max_body_mib: float = 8.0  # a request body's cap (413), checked before it is read
+    request_timeout_s: float = 600.0  # a request's whole generation (then 504); 0: none
+    read_timeout_s: float = 10.0  # a request's headers, and then its body, arrive within it
+    shutdown_grace_s: float = 5.0  # on SIGTERM in-flight requests drain this long, then abort
+    core_stall_s: float = 60.0  # the core silent this long (dead or stuck): fail and exit
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -94,9 +101,13 @@ class EngineConfig:
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
-        for knob in ("num_kv_pages", "max_model_len", "num_state_slots"):
+        for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",
+                     "request_timeout_s"):
             if getattr(self, knob) < 0:
-                raise ValueError(f"knob {knob}: must be >= 0 (0 = auto), got {getattr(self, knob)}")
+                raise ValueError(f"knob {knob}: must be >= 0, got {getattr(self, knob)}")
+        for knob in ("max_body_mib", "read_timeout_s", "shutdown_grace_s", "core_stall_s"):
+            if not getattr(self, knob) > 0:
+                raise ValueError(f"knob {knob}: must be > 0, got {getattr(self, knob)}")
         if self.page_size & (self.page_size - 1):
             raise ValueError(f"knob page_size: must be a power of two, got {self.page_size}")
         if self.num_kv_pages == 1:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +41,7 @@ class Server:
             [sys.executable, "-m", "resident", "serve", model, "--device", "cpu",
              "--port", str(self.port), *args],
             env=child_env, stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_pytest,
         )
 
     def wait_ready(self, headers: dict[str, str] | None = None) -> Server:
@@ -56,8 +59,18 @@ class Server:
         raise RuntimeError(f"server not ready in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
+
+    def core_pid(self) -> int:
+        """The engine-core process: the server's child running the core (not the
+        multiprocessing resource tracker)."""
+        for child in children(self.process.pid):
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                return child
+        raise RuntimeError(f"no engine core under {self.process.pid}")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -66,6 +79,25 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
         self._log.close()
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of pid."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _die_with_pytest() -> None:
+    """A server outlives nothing: SIGTERM when the test process dies (prctl PDEATHSIG), so a
+    killed test run leaves no server behind."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def run(coro):

@@ -14,6 +14,7 @@ import tokenizers
 from aiohttp.test_utils import TestClient, TestServer
 from tokenizers import decoders, models, pre_tokenizers
 
+from resident.config import EngineConfig
 from resident.engine.types import SamplingParams
 from resident.server.api import create_app
 from resident.server.client import EngineClient
@@ -88,7 +89,11 @@ def test_another_models_name_is_not_found():
         ({"prompt": ""}, ["'prompt'", "empty"]),
         ({"prompt": []}, ["'prompt'", "empty"]),
         ({"prompt": 5}, ["'prompt'", "5"]),
-        ({"prompt": ["a", "b"]}, ["'prompt[0]'", '"a"']),
+        # a list of text prompts (a batch, in OpenAI's API) says so, not "not a token id"
+        ({"prompt": ["a", "b"]}, ["'prompt'", "list of strings", "one prompt a request"]),
+        ({"prompt": [1, "b"]}, ["'prompt'", "list of strings"]),
+        ({"prompt": "\ud800 x"}, ["'prompt'", "lone surrogate at index 0"]),
+        ({"prompt": [1], "stop_token_ids": [1] * 300}, ["'stop_token_ids'", "300", "256"]),
         ({"prompt": [1, True]}, ["'prompt[1]'", "true"]),
         ({"prompt": [1, 2.0]}, ["'prompt[1]'", "2.0"]),
         ({"prompt": [1, -1]}, ["'prompt[1]'", "-1"]),
@@ -240,7 +245,7 @@ async def api(api_key: str | None = None) -> AsyncIterator[tuple[TestClient, Non
         addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
         client = EngineClient(*addrs)
         client.start()
-        http = TestClient(TestServer(create_app(client, BYTES, MODEL, api_key)))
+        http = TestClient(TestServer(create_app(client, BYTES, MODEL, api_key, EngineConfig())))
         await http.start_server()
         try:
             yield http, None
@@ -271,10 +276,22 @@ def test_an_api_key_guards_everything_but_health():
     async def body():
         async with api(api_key="sekrit") as (http, _):
             assert (await http.get("/health")).status == 503
-            for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"}]:
+            for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"},
+                            {"Authorization": "Basic sekrit"}]:
                 response = await http.get("/v1/models", headers=headers)
                 assert response.status == 401
                 assert (await response.json())["error"]["type"] == "authentication_error"
-            response = await http.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
-            assert response.status == 503
+            for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme's case is free
+                response = await http.get("/v1/models",
+                                          headers={"Authorization": f"{scheme} sekrit"})
+                assert response.status == 503
     run(body)
+
+
+@pytest.mark.parametrize("temperature, greedy", [(1e-40, True), (0.0, True), (9.9e-6, True),
+                                                 (1e-5, False), (0.7, False)])
+def test_a_temperature_too_small_to_divide_by_samples_greedily(temperature, greedy):
+    """Logits divided by 1e-40 overflow float32 and the draw meets NaNs: under 1e-5 (vLLM's
+    rule) a request is greedy instead."""
+    _, params, _, _ = parse({"prompt": "hi", "temperature": temperature})
+    assert (params.temperature == 0.0) == greedy

@@ -131,3 +131,42 @@ def test_padded_prefill_gives_the_model_alone_tokens(workload, reference_model):
     assert run(engine, requests, concurrency=3) == expected
     steps = engine.stats()["steps"]
     assert engine.runner.num_padded_prefills == steps["prefill"] + steps["mixed"] > len(requests)
+
+
+def test_a_failed_draw_fails_its_request_alone(workload, monkeypatch):
+    """A sampling error in one row (here: any draw at temperature 0.5) finishes that request
+    with an error on the step it happened; the greedy requests in the same steps keep the
+    model-alone tokens, and its pages and slot come back."""
+    from resident.engine.sampler import Sampler
+
+    draw = Sampler._draw
+
+    def flaky(logits, params, generator):
+        if params.temperature == 0.5:
+            raise RuntimeError("device-side assert")
+        return draw(logits, params, generator)
+
+    monkeypatch.setattr(Sampler, "_draw", staticmethod(flaky))
+    requests, expected = workload
+    engine = make_engine()
+    free_pages, free_slots = engine.kv.num_free, engine.states.num_free
+    hot = SamplingParams(max_tokens=20, temperature=0.5, seed=1)
+    warm = SamplingParams(max_tokens=6, temperature=0.9, seed=2)
+    engine.add_request(EngineRequest("hot", prompts(1, seed=9)[0], hot))
+    engine.add_request(EngineRequest("warm", prompts(1, seed=8)[0], warm))
+    outputs = {rid: [] for rid in requests}
+    finished = {}
+    for rid, (prompt, max_tokens) in requests.items():
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens,
+                                                                     ignore_eos=True)))
+    while engine.has_work():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                finished[out.request_id] = out
+    assert finished["hot"].finish_reason == "error" and outputs["hot"] == []
+    assert "sampling failed: RuntimeError" in finished["hot"].error
+    assert finished["warm"].finish_reason in ("length", "stop") and outputs["warm"]
+    assert {rid: outputs[rid] for rid in requests} == expected
+    assert engine.counters["failed_requests"] == 1
+    assert (engine.kv.num_free, engine.states.num_free) == (free_pages, free_slots)

@@ -222,3 +222,24 @@ def test_run_help_shows_every_default():
     for default in ("[tiny]", "[cpu]", "[1,16,64]", "[gate]", "[results/<name>-<time>]",
                     "[max(8, requests-per-slot x concurrency)]", "[0 with --device cuda]"):
         assert default in result.output, default
+
+
+def test_a_killed_gate_leaves_no_server_behind(tmp_path):
+    """SIGKILL gives the gate no chance to stop its servers, which run in sessions of their own:
+    each dies with it (PR_SET_PDEATHSIG), the engine core with its server."""
+    run = SimpleNamespace(run_id=uuid.uuid4().hex)
+    env = {**os.environ, RUN_ID: run.run_id, "PYTHONPATH": str(ROOT)}
+    gate = subprocess.Popen([sys.executable, "-m", "gate", "run", "--arm", "main=.",
+                             "--concurrency", "1", "--runs", "1", "--out", str(tmp_path / "s"),
+                             *SHORT], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not any("resident serve" in line for line in servers_left(run, grace_s=0)):
+            assert gate.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1)  # the server has spawned its core
+    finally:
+        gate.kill()
+        gate.wait()
+    assert not servers_left(run, grace_s=30)

@@ -197,8 +197,10 @@ class Engine:
         live = [sampling[i] for i in kept]
         if len(live) < len(sampling):
             logits = logits[kept]
+        failed: dict[str, str] = {}
         if live:
             tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live])
+            failed = self.sampler.failures
             self.readback.start(tokens_gpu)
         self.phases.lap("sampler")
         self._commit(prepared, live)
@@ -209,7 +211,8 @@ class Engine:
             self._prepared.logits = self._launch(self._prepared, sampled)
         tokens = self.phases.event_sync(self.readback.wait) if live else []
         self.phases.lap("sample_sync")
-        outputs = [self._emit(request, token) for request, token in zip(live, tokens, strict=True)]
+        outputs = [self._emit(request, token, failed.get(request.request_id))
+                   for request, token in zip(live, tokens, strict=True)]
         self.phases.lap("outputs")
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
             self._prepared.logits = self._launch(self._prepared)
@@ -264,7 +267,15 @@ class Engine:
         if self._next_plan.kind == "decode" and self._next_plan.rows:
             self._prepared = self._prepare(self._next_plan)
 
-    def _emit(self, request: Request, token: int) -> RequestOutput:
+    def _emit(self, request: Request, token: int, error: str | None = None) -> RequestOutput:
+        """The request's token; a request whose own step work failed (`error`) finishes
+        alone, the rest of its step unharmed."""
+        if error is not None:
+            log.error("request %s failed: %s", request.request_id, error)
+            request.finish_reason = FINISH_ERROR
+            self.counters["failed_requests"] += 1
+            self._finish(request)
+            return RequestOutput(request.request_id, [], True, FINISH_ERROR, error)
         request.resolve(token)
         self.counters["generated_tokens"] += 1
         if request.finish_reason and request.status is not Status.FINISHED:

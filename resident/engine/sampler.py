@@ -1,6 +1,12 @@
 """Sampler: greedy at temperature 0; otherwise temperature, top-k and top-p, drawn from a
 per-request generator seeded from the request's seed (or the engine's), so the same seed over the
-same logits gives the same tokens."""
+same logits gives the same tokens.
+
+A draw is an exponential race (argmax of probs / Exp(1), a softmax sample) rather than
+torch.multinomial, which raises on probabilities that are NaN or sum to 0 (a temperature that
+rounds to zero in float32) and, on CUDA, kills the device's context with them: a race over such
+probabilities still picks a token, so one request's parameters cannot take the engine down. Any
+other error in one row's draw fails that request alone (`failures`)."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ class Sampler:
         self.device = device
         self._seeds = random.Random(seed)
         self._generators: dict[str, torch.Generator] = {}
+        self.failures: dict[str, str] = {}
 
     def add(self, request_id: str, params: SamplingParams) -> None:
         if params.temperature > 0:
@@ -28,11 +35,17 @@ class Sampler:
     def sample(self, logits: torch.Tensor,
                rows: list[tuple[str, SamplingParams]]) -> torch.Tensor:
         """logits: [>= len(rows), V]; returns [len(rows)] tokens on the logits' device, not
-        yet read back (the caller's one host sync per step)."""
+        yet read back (the caller's one host sync per step). A row whose draw failed keeps its
+        greedy token and is named in `failures` (request id -> why) until the next call."""
+        self.failures: dict[str, str] = {}
         tokens = logits[:len(rows)].argmax(dim=-1)
         for index, (request_id, params) in enumerate(rows):
             if params.temperature > 0:
-                tokens[index] = self._draw(logits[index], params, self._generators[request_id])
+                try:
+                    tokens[index] = self._draw(logits[index], params,
+                                               self._generators[request_id])
+                except Exception as error:  # noqa: BLE001 - this row's failure, not the step's
+                    self.failures[request_id] = f"sampling failed: {type(error).__name__}"
         return tokens
 
     @staticmethod
@@ -48,7 +61,8 @@ class Sampler:
             drop = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
             scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
         probs = torch.softmax(scaled, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator)[0]
+        race = torch.empty_like(probs).exponential_(generator=generator)
+        return (probs / race).argmax()
 
 
 class TokenReadback:

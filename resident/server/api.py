@@ -5,13 +5,19 @@ Built on aiohttp because it is already installed on the GPU host, which has no p
 (FastAPI, uvicorn and pydantic are not, and would have to travel with the tree), and because it
 gives a `StreamResponse` for SSE and cancels a handler whose client went away, which is how an
 abandoned request gets aborted in the core. Request bodies are validated in validation.py
-(`token_ids` is added to each choice); the engine's stats become metrics in metrics.py.
+(`token_ids` is added to each choice); the engine's stats become metrics in metrics.py; the error
+shape, request ids, the API key and the listener's limits are http.py's.
+
+Limits (knobs, README "Limits and failures"): a completion is refused with 429 and Retry-After
+past max_num_seqs + max_waiting in flight, and with 503 once the server drains; a body over
+max_body_mib is refused before it is read (413), one that does not arrive within read_timeout_s
+gets 408, and a large one is parsed and tokenized off the event loop; a completion that runs past
+request_timeout_s is aborted (504, or an error event on a stream).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -23,8 +29,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from resident.engine.types import FINISH_ERROR, EngineRequest, RequestOutput
+from resident.config import EngineConfig
+from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput
 from resident.server.client import EngineClient, EngineUnavailable
+from resident.server.http import auth, errors, request_ids
 from resident.server.metrics import EngineCollector
 from resident.server.tokenizer import Tokenizer
 from resident.server.validation import (
@@ -36,42 +44,52 @@ from resident.server.validation import (
 
 log = logging.getLogger("resident.api")
 
-MAX_BODY_BYTES = 64 << 20  # a long prompt as a JSON list of ids is ~7 bytes a token
-
-
-def error_response(status: int, type: str, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": type}}, status=status)
+BIG_BODY_BYTES = 256 << 10  # parsed and checked off the event loop from this size
+SHUTTING_DOWN = "the server is shutting down"
 
 
 # -- the app --------------------------------------------------------------------------------
 
 
 @dataclass
-class _State:
+class ApiState:
+    """What the handlers share; serve.py reads it to drain and to fail in-flight work."""
+
     client: EngineClient
     tokenizer: Tokenizer
     model_name: str
-    api_key: str | None
+    limits: EngineConfig  # the resolved knobs: max_num_seqs, max_waiting, the timeouts
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     engine_metrics: EngineCollector = field(default_factory=EngineCollector)
     http_requests: Counter = field(init=False)
+    in_flight: int = 0  # completions being answered
+    draining: bool = False  # SIGTERM: no new completions
 
     def __post_init__(self) -> None:
         self.registry.register(self.engine_metrics)
         self.http_requests = Counter("resident_http_requests", "HTTP requests answered.",
                                      ["route", "code"], registry=self.registry)
 
+    @property
+    def max_in_flight(self) -> int:
+        return self.limits.max_num_seqs + self.limits.max_waiting
 
-_STATE = web.AppKey("resident_state", _State)
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.limits.max_body_mib * 2**20)
+
+
+STATE = web.AppKey("resident_state", ApiState)
 
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
-               api_key: str | None) -> web.Application:
+               api_key: str | None, limits: EngineConfig) -> web.Application:
     """The API's aiohttp application. With `api_key`, every route but /health needs
-    `Authorization: Bearer <api_key>`."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES,
-                          middlewares=[_count_requests, _errors, _auth])
-    app[_STATE] = _State(client, tokenizer, model_name, api_key)
+    `Authorization: Bearer <api_key>`; `limits` are the resolved knobs."""
+    state = ApiState(client, tokenizer, model_name, limits)
+    app = web.Application(client_max_size=state.max_body_bytes, middlewares=[
+        request_ids, _count_requests, errors((EngineUnavailable,)), auth(api_key)])
+    app[STATE] = state
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
@@ -81,21 +99,6 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
     app.router.add_get("/debug/phases", _debug_phases)
     app.router.add_post("/debug/phases/reset", _debug_phases)
     return app
-
-
-async def run_api(app: web.Application, host: str = "127.0.0.1", port: int = 8000,
-                  backlog: int = 2048) -> web.AppRunner:
-    """Serves `app` on host:port; returns the runner, whose `cleanup()` stops it. Handlers are
-    cancelled when their client disconnects (so the core aborts the request), access logs are
-    off (they cost time per request), and the backlog takes a benchmark's burst of connects."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, backlog=backlog).start()
-    log.info("API listening on http://%s:%d", host, port)
-    return runner
-
-
-# -- middlewares ----------------------------------------------------------------------------
 
 
 @web.middleware
@@ -114,72 +117,42 @@ async def _count_requests(request: web.Request, handler) -> web.StreamResponse:
         code = 499  # the client went away (nginx's code for it)
         raise
     finally:
-        request.app[_STATE].http_requests.labels(name, str(code)).inc()
-
-
-@web.middleware
-async def _errors(request: web.Request, handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return error_response(exc.status, exc.type, exc.message)
-    except EngineUnavailable as exc:
-        # the core's traceback is in the server log; the client gets its last line
-        reason = next((line for line in reversed(str(exc).splitlines()) if line.strip()), "")
-        return error_response(503, "service_unavailable", f"engine unavailable: {reason}")
-    except TimeoutError:
-        return error_response(503, "service_unavailable", "the engine did not answer in time")
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(413, "invalid_request_error",
-                              f"the request body is over {MAX_BODY_BYTES} bytes")
-    except web.HTTPException:
-        raise
-    except Exception as exc:
-        log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "server_error", f"internal error: {exc!r}")
-
-
-@web.middleware
-async def _auth(request: web.Request, handler) -> web.StreamResponse:
-    key = request.app[_STATE].api_key
-    if key is None or request.path == "/health":
-        return await handler(request)
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(errors="surrogateescape"), f"Bearer {key}".encode()):
-        raise ApiError(401, "authentication_error",
-                       "a valid 'Authorization: Bearer <api key>' header is required")
-    return await handler(request)
+        request.app[STATE].http_requests.labels(name, str(code)).inc()
 
 
 # -- handlers -------------------------------------------------------------------------------
 
 
 def _ready_client(request: web.Request) -> EngineClient:
-    client = request.app[_STATE].client
+    client = request.app[STATE].client
     if not client.is_ready:
         raise EngineUnavailable(client.fatal or "the engine is still starting")
     return client
 
 
 async def _health(request: web.Request) -> web.Response:
-    client = request.app[_STATE].client
-    if client.fatal is not None:
-        return web.json_response({"status": "failed", "error": client.fatal}, status=503)
-    if not client.is_ready:
+    """200 {"status": "ok"} while serving; 503 with "starting", "draining" (SIGTERM) or
+    "failed" (the engine core is dead or stuck: the server is about to exit)."""
+    state = request.app[STATE]
+    if state.client.fatal is not None:
+        return web.json_response({"status": "failed", "error": state.client.fatal}, status=503)
+    if not state.client.is_ready:
         return web.json_response({"status": "starting"}, status=503)
+    if state.draining:
+        return web.json_response({"status": "draining"}, status=503)
     return web.json_response({"status": "ok"})
 
 
 async def _models(request: web.Request) -> web.Response:
     info = _ready_client(request).info
-    model = {"id": request.app[_STATE].model_name, "object": "model", "owned_by": "resident",
+    model = {"id": request.app[STATE].model_name, "object": "model", "owned_by": "resident",
              "max_model_len": info.get("max_model_len"), "vocab_size": info.get("vocab_size")}
     return web.json_response({"object": "list", "data": [model]})
 
 
 async def _debug_config(request: web.Request) -> web.Response:
     info = _ready_client(request).info
-    state = request.app[_STATE]
+    state = request.app[STATE]
     return web.json_response({**info, "tokenizer": state.tokenizer.name},
                              dumps=lambda obj: json.dumps(obj, default=str))
 
@@ -199,7 +172,7 @@ async def _debug_phases(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    state = request.app[_STATE]
+    state = request.app[STATE]
     stats = await _ready_client(request).stats()
     # No await between setting the stats and collecting them, so scrapes cannot interleave.
     state.engine_metrics.stats = stats
@@ -207,30 +180,71 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()
+async def _read_body(request: web.Request, state: ApiState) -> bytes:
+    """The body, refused before it is read when it declares more than the cap (413), and
+    within read_timeout_s (408: a body that never comes does not hold the handler)."""
+    declared = request.content_length
+    if declared is not None and declared > state.max_body_bytes:
+        raise ApiError(413, "invalid_request_error", f"the request body declares {declared} "
+                       f"bytes, over the {state.max_body_bytes} this server takes "
+                       f"(max_body_mib)")
     try:
-        return json.loads(raw)
+        async with asyncio.timeout(state.limits.read_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, "timeout_error", f"the request body did not arrive within "
+                       f"read_timeout_s = {state.limits.read_timeout_s:g} s") from None
+
+
+def _parse(raw: bytes, state: ApiState, info: dict[str, Any]) -> CompletionRequest:
+    try:
+        body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    return parse_completion_request(body, state.tokenizer, state.model_name,
+                                    info["vocab_size"], info["max_model_len"])
+
+
+def _admit(state: ApiState) -> None:
+    """Back-pressure: no new completion while draining (503) or past max_in_flight (429)."""
+    if state.draining:
+        raise ApiError(503, "service_unavailable", SHUTTING_DOWN)
+    if state.in_flight >= state.max_in_flight:
+        raise ApiError(429, "rate_limit_error", f"{state.in_flight} requests are in flight, "
+                       f"the most this server holds (max_num_seqs + max_waiting); retry later",
+                       headers={"Retry-After": "1"})
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
-    state = request.app[_STATE]
+    state = request.app[STATE]
     info = _ready_client(request).info
-    body = await _read_json(request)
-    parsed = parse_completion_request(body, state.tokenizer, state.model_name,
-                                      info["vocab_size"], info["max_model_len"])
-    completion = _Completion(state, parsed)
-    if parsed.stream:
-        return await completion.stream(request)
-    return await completion.respond()
+    _admit(state)
+    state.in_flight += 1
+    try:
+        raw = await _read_body(request, state)
+        if len(raw) >= BIG_BODY_BYTES:  # parsing and tokenizing it would stall other clients
+            parsed = await asyncio.get_running_loop().run_in_executor(
+                None, _parse, raw, state, info)
+        else:
+            parsed = _parse(raw, state, info)
+        completion = _Completion(state, parsed)
+        timeout = state.limits.request_timeout_s or None
+        if parsed.stream:
+            return await completion.stream(request, timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                return await completion.respond()
+        except TimeoutError:
+            raise ApiError(504, "timeout_error", f"the completion took longer than "
+                           f"request_timeout_s = {timeout:g} s; it was aborted") from None
+    finally:
+        state.in_flight -= 1
 
 
 class _Completion:
     """One completion request: its ids, the core's outputs, and the JSON it becomes."""
 
-    def __init__(self, state: _State, parsed: CompletionRequest) -> None:
+    def __init__(self, state: ApiState, parsed: CompletionRequest) -> None:
         self.state = state
         self.parsed = parsed
         self.request = EngineRequest(f"cmpl-{uuid.uuid4().hex}", parsed.prompt_ids,
@@ -254,27 +268,28 @@ class _Completion:
                 self.token_ids.extend(output.new_token_ids)
                 final = output
         assert final is not None and final.finished
-        if final.finish_reason == FINISH_ERROR:
+        if final.error is not None:
             raise _finish_error(final)
         choice = {"index": 0, "text": self.state.tokenizer.decode(self.token_ids),
                   "token_ids": self.token_ids, "finish_reason": final.finish_reason,
                   "logprobs": None}
         return web.json_response({**self._envelope([choice]), "usage": self._usage()})
 
-    async def stream(self, request: web.Request) -> web.StreamResponse:
+    async def stream(self, request: web.Request, timeout: float | None) -> web.StreamResponse:
         """SSE: one event per generated token, written as soon as its output arrives. Headers
-        wait for the first output, so a request that fails at once gets a real HTTP error."""
+        wait for the first output, so a request that fails at once gets a real HTTP error.
+        Past `timeout` seconds the request is aborted: an error event, then [DONE]."""
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         async with aclosing(self.state.client.generate(self.request)) as outputs:
             first = await anext(outputs)
-            if first.finish_reason == FINISH_ERROR and not first.new_token_ids:
+            if first.error is not None and not first.new_token_ids:
                 raise _finish_error(first)
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
             try:
                 await response.prepare(request)
                 await response.write(self._events(first))
-                async for output in outputs:
-                    await response.write(self._events(output))
+                await self._stream_rest(response, outputs, deadline)
                 if self.parsed.include_usage:
                     await response.write(_sse(self._envelope([]) | {"usage": self._usage()}))
                 await response.write(b"data: [DONE]\n\n")
@@ -282,6 +297,18 @@ class _Completion:
                 # The client went away; leaving the loop closes the generator, which aborts.
                 log.debug("client left during %s", self.request.request_id)
         return response
+
+    async def _stream_rest(self, response: web.StreamResponse, outputs,
+                           deadline: float | None) -> None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for output in outputs:
+                    await response.write(self._events(output))
+        except TimeoutError:
+            message = (f"the completion took longer than request_timeout_s; it was aborted "
+                       f"after {len(self.token_ids)} tokens")
+            await response.write(self._token_event([], True, RequestOutput(
+                self.request.request_id, [], True, FINISH_ABORT, message)))
 
     def _events(self, output: RequestOutput) -> bytes:
         """The SSE events for one output: one per new token, or one empty closing event."""
@@ -311,7 +338,11 @@ def _sse(event: dict[str, Any]) -> bytes:
 
 
 def _finish_error(output: RequestOutput) -> ApiError:
+    """A request the engine refused (400), that failed in its step (500), or that ended because
+    the engine or the server went away (503)."""
     message = output.error or "the request failed in the engine"
     if output.rejected:
         return ApiError(400, "invalid_request_error", message)
+    if output.finish_reason == FINISH_ABORT or message.startswith("engine unavailable"):
+        return ApiError(503, "service_unavailable", message)
     return ApiError(500, "server_error", message)

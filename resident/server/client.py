@@ -2,7 +2,9 @@
 
 The API process binds both IPC pipes and the core connects, so the core may start (and fail)
 after the API is listening. One reader task routes core messages: a request's outputs to its
-stream, stats replies to their waiters, Ready and Fatal to whoever waits on startup.
+stream, stats replies to their waiters, Ready and Fatal to whoever waits on startup. Every message
+(Heartbeat included) stamps `last_heard`, so serve.py can tell a stuck or dead core from a quiet
+one; `fail` and `abort_all` end every open stream when it cannot go on.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from resident.engine.types import FINISH_ERROR, EngineRequest, RequestOutput
+from resident.engine.types import FINISH_ABORT, FINISH_ERROR, EngineRequest, RequestOutput
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
@@ -50,6 +53,12 @@ class EngineClient:
         self._reader: asyncio.Task | None = None
         self.fatal: str | None = None
         self.info: dict[str, Any] = {}
+        self.last_heard = time.monotonic()
+
+    @property
+    def num_streams(self) -> int:
+        """Requests in flight: submitted and not finished."""
+        return len(self._streams)
 
     @property
     def is_ready(self) -> bool:
@@ -112,11 +121,12 @@ class EngineClient:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - every open stream must learn the pipe broke
-            self._fail(f"reading from the engine core failed: {err!r}")
+            self.fail(f"reading from the engine core failed: {type(err).__name__}")
 
     async def _route_messages(self) -> None:
         while True:
             message = await self._outputs.recv_pyobj()
+            self.last_heard = time.monotonic()
             if isinstance(message, StepOutputs):
                 for output in message.outputs:
                     queue = self._streams.get(output.request_id)
@@ -131,17 +141,34 @@ class EngineClient:
                 if not self._ready.done():
                     self._ready.set_result(message.info)
             elif isinstance(message, Fatal):
-                self._fail(message.message)
+                self.fail(message.message)
                 return
 
-    def _fail(self, reason: str) -> None:
+    def fail(self, reason: str) -> None:
+        """The core cannot go on: every open stream ends with an error, every waiter fails,
+        and the client refuses new work. `reason` is one line: clients see it."""
+        if self.fatal is not None:
+            return
         log.error("engine core failed: %s", reason)
         self.fatal = reason
-        if not self._ready.done():
+        if self._ready is not None and not self._ready.done():
             self._ready.set_exception(EngineUnavailable(reason))
-        for request_id, queue in self._streams.items():
-            queue.put_nowait(RequestOutput(request_id, [], finished=True,
-                                           finish_reason=FINISH_ERROR, error=reason))
+        self._end_streams(FINISH_ERROR, f"engine unavailable: {reason}")
         for waiter in self._stats_waiters.values():
             if not waiter.done():
                 waiter.set_exception(EngineUnavailable(reason))
+
+    async def abort_all(self, reason: str) -> int:
+        """Aborts every request in flight (the core frees them; each stream ends with
+        finish_reason `abort` and `reason`); returns how many."""
+        request_ids = list(self._streams)
+        for request_id in request_ids:
+            with contextlib.suppress(zmq.ZMQError):
+                await self._requests.send_pyobj(AbortRequest(request_id), flags=zmq.NOBLOCK)
+        self._end_streams(FINISH_ABORT, reason)
+        return len(request_ids)
+
+    def _end_streams(self, finish_reason: str, error: str) -> None:
+        for request_id, queue in self._streams.items():
+            queue.put_nowait(RequestOutput(request_id, [], finished=True,
+                                           finish_reason=finish_reason, error=error))

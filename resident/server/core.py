@@ -1,27 +1,37 @@
 """The engine-core process: owns the device, steps the engine, streams outputs to the API.
 
-It connects to the two pipes the API process bound, builds the engine, sends Ready (or Fatal with
-the traceback), then loops: drain requests (blocking briefly only when idle), run one step,
-send that step's outputs. It exits on Shutdown or when its parent process is gone. Under
-`phase_timing` each loop that runs a step is timed from its intake to its outputs sent
-(engine/phases.py); the idle wait is outside it.
+It connects to the two pipes the API process bound, builds the engine, sends Ready, then loops:
+drain requests (blocking briefly only when idle), run one step, send that step's outputs, and at
+least every HEARTBEAT_S a message of some kind, so the API can tell a stuck or dead core from a
+quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each loop
+that runs a step is timed from its intake to its outputs sent (engine/phases.py); the idle wait is
+outside it.
+
+Failures: a request that cannot be added fails alone (its output carries why). An error the
+engine's step raises is not tied to one request (the engine fails a request's own step work
+alone, engine.py `_emit`): the core logs its traceback, sends Fatal with its one-line summary
+(never the traceback: that goes to the log, the API's clients get the summary) and exits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
-import traceback
+import signal
+import time
 
 import zmq
 
 from resident.config import EngineConfig, parse_cpu_list
-from resident.engine.types import RequestOutput
+from resident.engine.types import FINISH_ERROR, RequestOutput
 from resident.model.config import ModelConfig
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
     Fatal,
+    Heartbeat,
     Ready,
     Shutdown,
     StatsQuery,
@@ -31,6 +41,7 @@ from resident.server.protocol import (
 
 log = logging.getLogger("resident.core")
 IDLE_POLL_MS = 50
+HEARTBEAT_S = 1.0
 
 
 def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str,
@@ -38,6 +49,8 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
     """Process entry point (spawned by `resident serve`): `config` resolved for `device`
     (cpu or cuda) by the CLI."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parent = os.getppid()
+    _die_with_parent()
     context = zmq.Context()
     requests = context.socket(zmq.PULL)
     requests.connect(request_addr)
@@ -46,10 +59,10 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
     try:
         engine = _build_engine(model_config, config, device)
         outputs.send_pyobj(Ready(engine.info()))
-        _serve(engine, requests, outputs, parent=os.getppid())
-    except Exception:  # noqa: BLE001 - the API process must learn why, whatever it was
+        _serve(engine, requests, outputs, parent=parent)
+    except Exception as error:  # noqa: BLE001 - the API process must learn why, whatever it was
         log.exception("engine core failed")
-        outputs.send_pyobj(Fatal(traceback.format_exc()))
+        outputs.send_pyobj(Fatal(f"{type(error).__name__}: {error}"))
     finally:
         requests.close(linger=0)
         outputs.close(linger=1000)
@@ -106,15 +119,19 @@ def torch_threads(config: EngineConfig, device_type: str, allowed: list[int]) ->
 
 def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
     phases = engine.phases
+    last_sent = time.monotonic()
     while os.getppid() == parent:
         pending: list[RequestOutput] = []
+        if time.monotonic() - last_sent >= HEARTBEAT_S:
+            outputs.send_pyobj(Heartbeat())
+            last_sent = time.monotonic()
         if not engine.has_work() and not requests.poll(IDLE_POLL_MS):
             continue  # idle: waited outside any timed step
         phases.open()  # a step is timed from this intake to its outputs sent
         while requests.poll(0):
             message = requests.recv_pyobj()
             if isinstance(message, AddRequest):
-                failed = engine.add_request(message.request)
+                failed = _add(engine, message)
                 if failed is not None:
                     pending.append(failed)
             elif isinstance(message, AbortRequest):
@@ -128,9 +145,21 @@ def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> No
             pending.extend(engine.step())
         if pending:
             outputs.send_pyobj(StepOutputs(pending))
+            last_sent = time.monotonic()
         phases.lap("outputs")
         phases.close()
     log.warning("the API process is gone; engine core exits")
+
+
+def _add(engine, message: AddRequest) -> RequestOutput | None:
+    """engine.add_request; an error in it fails that request alone."""
+    try:
+        return engine.add_request(message.request)
+    except Exception as error:  # noqa: BLE001 - this request's failure, not the core's
+        request_id = message.request.request_id
+        log.exception("adding request %s failed", request_id)
+        return RequestOutput(request_id, [], True, FINISH_ERROR,
+                             f"the engine could not take the request: {type(error).__name__}")
 
 
 def _answer(engine, section: str) -> dict:
@@ -141,3 +170,11 @@ def _answer(engine, section: str) -> dict:
     if section == "phases_reset":
         engine.phases.reset()
     return report
+
+
+def _die_with_parent() -> None:
+    """Asks Linux to SIGTERM this process when its parent dies (prctl PR_SET_PDEATHSIG): a core
+    whose server was SIGKILLed must not keep the device while it builds or steps (the loop also
+    checks its parent; this covers the time outside it). A no-op elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -54,6 +54,11 @@ class StatsReply:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """The core is alive: sent when it has sent nothing else for a while (core.HEARTBEAT_S)."""
+
+
+@dataclass(frozen=True)
 class Ready:
     """Sent once the core is warm. `info` is what /debug/config and /v1/models report."""
 
@@ -62,6 +67,7 @@ class Ready:
 
 @dataclass(frozen=True)
 class Fatal:
-    """The core cannot go on (failed to start, or crashed); the server exits with this."""
+    """The core cannot go on (failed to start, or crashed); the server exits with this.
+    `message` is one line (the traceback stays in the core's log)."""
 
     message: str

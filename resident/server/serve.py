@@ -1,8 +1,17 @@
 """`resident serve`: the API process, which spawns the engine-core process and serves HTTP.
 
-The API process never imports torch. It binds the IPC pipes, spawns the core, answers /health
-with 503 until the core says Ready, and exits non-zero if the core fails or dies, so whoever
-launched the server (a gate, a test) sees it go.
+The API process never imports torch. Before anything starts it binds the port (a port in use is
+one clear error) and removes IPC directories that killed servers left behind. It then spawns the
+core, answers /health with 503 until the core says Ready, and watches it:
+
+- the core exits, or sends Fatal: every request in flight ends with an error (an SSE error
+  event and [DONE], or a 503), /health says "failed", and `serve` exits 1 (a supervisor
+  restarts it);
+- the core sends nothing for `core_stall_s` (stuck: stopped, deadlocked): the same, and the core
+  is killed;
+- SIGTERM or SIGINT: intake stops at once (new completions get 503, /health says "draining"),
+  requests in flight drain for up to `shutdown_grace_s`, the rest are aborted (finish_reason
+  `abort`, "the server is shutting down"), and `serve` exits 0. Each step is logged.
 """
 
 from __future__ import annotations
@@ -12,20 +21,27 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
+import socket
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from resident.config import EngineConfig, parse_cpu_list
 from resident.model.config import ModelConfig
-from resident.server.api import create_app, run_api
+from resident.server.api import SHUTTING_DOWN, STATE, ApiState, create_app
 from resident.server.client import EngineClient
 from resident.server.core import run_engine_core
+from resident.server.http import bind, serve_http
 from resident.server.tokenizer import load_tokenizer
 
 log = logging.getLogger("resident.serve")
-LIVENESS_POLL_S = 0.5
+WATCH_S = 0.5
+IPC_PREFIX = "resident-ipc-"
+PID_FILE = "serve.pid"
+HANDLERS_FINISH_S = 2.0  # for handlers to write the errors their streams ended with
 
 
 @dataclass(frozen=True)
@@ -40,16 +56,31 @@ class ServeOptions:
 
 
 def serve(options: ServeOptions) -> int:
-    """Runs the server until SIGINT/SIGTERM (exit 0) or an engine failure (exit 1)."""
+    """Runs the server until SIGINT/SIGTERM (exit 0) or an engine failure (exit 1); 2 when it
+    cannot start (the port is taken)."""
     logging.basicConfig(level=options.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return asyncio.run(_serve(options))
+    _quiet_parse_errors()
+    try:
+        sock = bind(options.host, options.port)
+    except OSError as error:
+        log.error("%s", error.strerror)
+        return 2
+    if options.api_key is None and options.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("listening on %s with no API key: anyone who can reach this port can use "
+                    "it (--api-key or RESIDENT_API_KEY)", options.host)
+    removed = remove_stale_ipc_dirs(Path(tempfile.gettempdir()))
+    if removed:
+        log.info("removed %d IPC directories of servers that are gone", removed)
+    return asyncio.run(_serve(options, sock))
 
 
-async def _serve(options: ServeOptions) -> int:
-    with tempfile.TemporaryDirectory(prefix="resident-ipc-") as ipc_dir:
+async def _serve(options: ServeOptions, sock: socket.socket) -> int:
+    ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_PREFIX))
+    (ipc_dir / PID_FILE).write_text(str(os.getpid()))
+    try:
         client = EngineClient(f"ipc://{ipc_dir}/requests", f"ipc://{ipc_dir}/outputs")
-        core = _spawn_core(options, ipc_dir)
+        core = _spawn_core(options, str(ipc_dir))
         # pinned only after the spawn: the core must not inherit the API's one CPU
         api_cpus = parse_cpu_list(options.engine_config.api_core, "api_core")
         if api_cpus:
@@ -58,16 +89,20 @@ async def _serve(options: ServeOptions) -> int:
         model_dir = options.model_config.weights
         tokenizer = load_tokenizer(model_dir if Path(model_dir).is_dir() else None,
                                    options.model_config.vocab_size)
-        app = create_app(client, tokenizer, options.model_config.name, options.api_key)
-        runner = await run_api(app, options.host, options.port)
+        app = create_app(client, tokenizer, options.model_config.name, options.api_key,
+                         options.engine_config)
+        runner = await serve_http(app, sock, options.engine_config.read_timeout_s)
+        log.info("API listening on http://%s:%d", options.host, options.port)
         try:
-            return await _until_stopped(client, core)
+            return await _until_stopped(app[STATE], core)
         finally:
             await runner.cleanup()
             await client.close()
             core.join(timeout=10)
             if core.is_alive():
                 core.kill()
+    finally:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
 def _spawn_core(options: ServeOptions, ipc_dir: str) -> multiprocessing.Process:
@@ -82,23 +117,102 @@ def _spawn_core(options: ServeOptions, ipc_dir: str) -> multiprocessing.Process:
     return core
 
 
-async def _until_stopped(client: EngineClient, core: multiprocessing.Process) -> int:
+async def _until_stopped(state: ApiState, core: multiprocessing.Process) -> int:
+    """Watches the core and the signals (module docstring); returns the exit code."""
+    client, config = state.client, state.limits
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    ready = asyncio.ensure_future(client.wait_ready())
+    announced = False
     while not stop.is_set():
-        if ready.done() and ready.exception() is None:
+        if client.is_ready and not announced:
             log.info("ready: planning mode %s (%s)", client.info.get("planning_mode"),
                      client.info.get("planning_reason"))
-            ready = asyncio.get_running_loop().create_future()  # log once
-        if client.fatal is not None:
-            log.error("engine core failed; the server exits")
-            return 1
-        if not core.is_alive():
-            log.error("engine core exited with code %s; the server exits", core.exitcode)
+            announced = True
+        failure = _core_failure(client, core, config.core_stall_s)
+        if failure is not None:
+            log.error("%s; failing %d requests in flight, the server exits", failure,
+                      client.num_streams)
+            client.fail(failure)
+            if core.is_alive():
+                core.kill()
+            await _handlers_finish(state, HANDLERS_FINISH_S)
             return 1
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), LIVENESS_POLL_S)
+            await asyncio.wait_for(stop.wait(), WATCH_S)
+    await _drain(state, config.shutdown_grace_s)
     return 0
+
+
+def _core_failure(client: EngineClient, core: multiprocessing.Process,
+                  stall_s: float) -> str | None:
+    """Why the core cannot go on, in one line, or None while it is fine."""
+    if client.fatal is not None:
+        return f"the engine core failed: {client.fatal}"
+    if not core.is_alive():
+        return f"the engine core exited with code {core.exitcode}"
+    silent = time.monotonic() - client.last_heard
+    if client.is_ready and silent > stall_s:
+        return f"the engine core has not answered for {silent:.0f} s (core_stall_s = {stall_s:g})"
+    return None
+
+
+async def _drain(state: ApiState, grace_s: float) -> None:
+    """Stops intake, lets requests in flight finish for up to grace_s, aborts the rest."""
+    state.draining = True
+    log.info("stopping: no new requests; draining %d in flight for up to %g s",
+             state.in_flight, grace_s)
+    deadline = time.monotonic() + grace_s
+    while state.client.num_streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    aborted = await state.client.abort_all(SHUTTING_DOWN)
+    if aborted:
+        log.warning("aborted %d requests still in flight after %g s", aborted, grace_s)
+    await _handlers_finish(state, HANDLERS_FINISH_S)
+    log.info("stopped")
+
+
+async def _handlers_finish(state: ApiState, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while state.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def remove_stale_ipc_dirs(tmp: Path) -> int:
+    """Removes the IPC directories of servers that are gone (killed before they could clean
+    up: their pid file names no live process); returns how many."""
+    removed = 0
+    for directory in tmp.glob(f"{IPC_PREFIX}*"):
+        try:
+            pid = int((directory / PID_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or a server still writing it
+        if not _alive(pid):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _quiet_parse_errors() -> None:
+    """aiohttp logs a traceback for every request it cannot parse: a client could flood the
+    log. One line each instead (http.py answers them in the JSON shape where it can)."""
+    logging.getLogger("aiohttp.server").addFilter(_OneLine())
+
+
+class _OneLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {type(record.exc_info[1]).__name__}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True

@@ -1,9 +1,10 @@
 """OpenAI `/v1/completions` request bodies, validated into what the engine takes.
 
-Departures from OpenAI: `temperature` defaults to 0 (greedy), not 1; a null optional field
-means its default; fields we cannot honour (`logprobs`, `echo`, `n`, `stop` strings, penalties,
-...) are rejected unless they hold their neutral value. Every refusal is an ApiError naming the
-field: the API answers it as a 400 (or 404 for another model's name) with a JSON body.
+Departures from OpenAI: `temperature` defaults to 0 (greedy), not 1, and under 1e-5 samples
+greedily (as vLLM's); a null optional field means its default; fields we cannot honour
+(`logprobs`, `echo`, `n`, `stop` strings, penalties, ...) are rejected unless they hold their
+neutral value. Every refusal is an ApiError naming the field: the API answers it as a 400 (or
+404 for another model's name) with a JSON body.
 """
 
 from __future__ import annotations
@@ -16,16 +17,23 @@ from resident.engine.types import SamplingParams
 from resident.server.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16
+# a temperature under this samples greedily (vLLM's rule): dividing the logits by it overflows
+# float32, and the sampler would draw from NaNs
+GREEDY_BELOW = 1e-5
+MAX_STOP_TOKEN_IDS = 256
 
 
 class ApiError(Exception):
-    """An error answered as `{"error": {"message", "type"}}` with an HTTP status."""
+    """An error answered as `{"error": {"message", "type", "request_id"}}` with an HTTP status
+    (server/http.py), and `headers` (e.g. Retry-After)."""
 
-    def __init__(self, status: int, type: str, message: str) -> None:
+    def __init__(self, status: int, type: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.type = type
         self.message = message
+        self.headers = headers or {}
 
 
 def bad_request(message: str) -> ApiError:
@@ -139,6 +147,7 @@ def _prompt(body: dict[str, Any], tokenizer: Tokenizer, vocab_size: int) -> list
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' must not be empty")
+        _check_unicode(prompt)
         ids = tokenizer.encode(prompt)
         if not ids:
             raise bad_request(f"'prompt' = {_show(prompt)} encodes to no tokens")
@@ -150,13 +159,27 @@ def _prompt(body: dict[str, Any], tokenizer: Tokenizer, vocab_size: int) -> list
         raise bad_request(f"'prompt' must be a string or a list of token ids, got {_show(prompt)}")
     if not prompt:
         raise bad_request("'prompt' must not be empty")
+    if any(isinstance(item, str) for item in prompt):
+        raise bad_request("'prompt' as a list of strings (several prompts in one request) is "
+                          "not supported: send one prompt a request")
     return _token_ids(prompt, "prompt", vocab_size)
+
+
+def _check_unicode(text: str) -> None:
+    """JSON can carry lone surrogates (`"\\ud800"`), which no UTF-8 tokenizer encodes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise bad_request(f"'prompt' is not valid Unicode text: a lone surrogate at index "
+                          f"{error.start}") from None
 
 
 def _sampling(body: dict[str, Any], vocab_size: int) -> SamplingParams:
     temperature = _number_field(body, "temperature", 0.0)
     if temperature < 0:
         raise bad_request(f"'temperature' must be >= 0, got {_show(body['temperature'])}")
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
     top_p = _number_field(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise bad_request(f"'top_p' must be in (0, 1], got {_show(body['top_p'])}")
@@ -169,6 +192,9 @@ def _sampling(body: dict[str, Any], vocab_size: int) -> SamplingParams:
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list):
         raise bad_request(f"'stop_token_ids' must be a list of token ids, got {_show(stop_ids)}")
+    if stop_ids is not None and len(stop_ids) > MAX_STOP_TOKEN_IDS:
+        raise bad_request(f"'stop_token_ids' holds {len(stop_ids)} ids; at most "
+                          f"{MAX_STOP_TOKEN_IDS}")
     return SamplingParams(
         max_tokens=_int_field(body, "max_tokens", DEFAULT_MAX_TOKENS),
         temperature=temperature,
@@ -213,6 +239,6 @@ def parse_completion_request(
     total = len(prompt_ids) + params.max_tokens
     if total > max_model_len:
         raise bad_request(f"the prompt's {len(prompt_ids)} tokens plus 'max_tokens' = "
-                   f"{params.max_tokens} make {total}, over max_model_len {max_model_len}")
+                          f"{params.max_tokens} make {total}, over max_model_len {max_model_len}")
     return CompletionRequest(prompt_ids, params, _bool_field(body, "stream", False),
                              _include_usage(body))
