@@ -171,20 +171,27 @@ def test_a_half_sent_request_is_dropped_and_a_short_body_times_out():
                          b"Content-Length: 1000\r\n\r\n{\"prompt\"")
             await writer.drain()
             short_body = await asyncio.wait_for(reader.read(4096), 10)
-            return head_dropped, short_body.decode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 1000000000000\r\n\r\n{")
+            await writer.drain()
+            declared_huge = await asyncio.wait_for(reader.read(4096), 10)
+            return head_dropped, short_body.decode(), declared_huge.decode()
 
-        head_dropped, short_body = run(body())
+        head_dropped, short_body, declared_huge = run(body())
         assert head_dropped == b""  # closed with nothing sent
         assert short_body.startswith("HTTP/1.1 408")
         assert "read_timeout_s" in short_body
+        assert declared_huge.startswith("HTTP/1.1 413") and "max_body_mib" in declared_huge
     finally:
         srv.stop()
 
 
 def test_a_completion_past_request_timeout_is_aborted():
     """504 for a plain completion; a stream gets an error event with finish_reason abort, then
-    [DONE]; the aborted requests free their place (a short request runs after)."""
-    srv = Server("--set", "request_timeout_s=1").wait_ready()
+    [DONE]; the aborted requests free their place (a short request runs after). The server
+    listens on every interface without a key here, which it warns about."""
+    srv = Server("--set", "request_timeout_s=1", "--host", "0.0.0.0").wait_ready()
     try:
         long = {"prompt": [1, 2, 3], "max_tokens": 3000, "ignore_eos": True}
 
@@ -203,6 +210,7 @@ def test_a_completion_past_request_timeout_is_aborted():
         assert status == 200 and len(data["choices"][0]["token_ids"]) == 2
         samples = run(metrics(srv.url))
         assert samples["resident_aborts_total"] == 2 and samples["resident_requests_running"] == 0
+        assert "0.0.0.0 with no API key" in srv.log()  # listening beyond loopback, no key
     finally:
         srv.stop()
 
@@ -215,6 +223,7 @@ def test_a_killed_core_fails_every_stream_and_the_server_exits():
                                      lambda: os.kill(core, signal.SIGKILL)))
         assert all(r["done"] and r["error"] for r in results), results
         assert all("engine" in r["error"]["message"] for r in results)
+        assert not any("Traceback" in r["error"]["message"] for r in results)
         assert _exit_code(srv.process, 15) == 1
         log = srv.log()
         assert "engine core exited with code -9" in log and "Traceback" not in log
