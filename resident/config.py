@@ -92,6 +92,7 @@ class EngineConfig:
     read_timeout_s: float = 10.0  # a request's headers, and then its body, arrive within it
     shutdown_grace_s: float = 5.0  # on SIGTERM in-flight requests drain this long, then abort
     core_stall_s: float = 60.0  # the core silent this long (dead or stuck): fail and exit
+    profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():

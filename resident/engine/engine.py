@@ -93,6 +93,7 @@ class Engine:
         self.kernels = build_kernels(config, model_config, self.dtype, device,
                                      self.model.dense.gdn_gates)
         self.phases = PhaseTiming() if config.phase_timing == "on" else NO_PHASES
+        self.last_step_kind: str | None = None  # the last step()'s kind; None: it ran no rows
         self.inputs = StepInputs(config, self.kv, self.states, self.positions, self.kernels,
                                  self.phases, device)
         self.planning = self._build_planning()
@@ -178,6 +179,7 @@ class Engine:
         plan, self._next_plan = self._next_plan or self.scheduler.schedule(), None
         self.phases.lap("schedule")
         outputs = []
+        self.last_step_kind = plan.kind if plan.rows else None
         if plan.rows:
             self.phases.kind(plan.kind)
             outputs = self._run(plan)

@@ -1,5 +1,6 @@
-"""The HTTP API process: OpenAI-compatible completions (streaming over SSE), health, models,
-Prometheus metrics and the engine's config, in front of an `EngineClient`.
+"""The HTTP API process: OpenAI-compatible completions (streaming over SSE), health, models and
+Prometheus metrics in front of an `EngineClient`; the /debug routes are debug.py's and the
+handlers' shared state state.py's.
 
 Built on aiohttp because it is already installed on the GPU host, which has no package registry
 (FastAPI, uvicorn and pydantic are not, and would have to travel with the tree), and because it
@@ -23,17 +24,17 @@ import logging
 import time
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from resident.config import EngineConfig
 from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput
 from resident.server.client import EngineClient, EngineUnavailable
+from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
-from resident.server.metrics import EngineCollector
+from resident.server.state import STATE, ApiState, ready_client
 from resident.server.tokenizer import Tokenizer
 from resident.server.validation import (
     ApiError,
@@ -51,37 +52,6 @@ SHUTTING_DOWN = "the server is shutting down"
 # -- the app --------------------------------------------------------------------------------
 
 
-@dataclass
-class ApiState:
-    """What the handlers share; serve.py reads it to drain and to fail in-flight work."""
-
-    client: EngineClient
-    tokenizer: Tokenizer
-    model_name: str
-    limits: EngineConfig  # the resolved knobs: max_num_seqs, max_waiting, the timeouts
-    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    engine_metrics: EngineCollector = field(default_factory=EngineCollector)
-    http_requests: Counter = field(init=False)
-    in_flight: int = 0  # completions being answered
-    draining: bool = False  # SIGTERM: no new completions
-
-    def __post_init__(self) -> None:
-        self.registry.register(self.engine_metrics)
-        self.http_requests = Counter("resident_http_requests", "HTTP requests answered.",
-                                     ["route", "code"], registry=self.registry)
-
-    @property
-    def max_in_flight(self) -> int:
-        return self.limits.max_num_seqs + self.limits.max_waiting
-
-    @property
-    def max_body_bytes(self) -> int:
-        return int(self.limits.max_body_mib * 2**20)
-
-
-STATE = web.AppKey("resident_state", ApiState)
-
-
 def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
                api_key: str | None, limits: EngineConfig) -> web.Application:
     """The API's aiohttp application. With `api_key`, every route but /health needs
@@ -94,10 +64,7 @@ def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/debug/config", _debug_config)
-    app.router.add_get("/debug/rowcheck", _debug_rowcheck)
-    app.router.add_get("/debug/phases", _debug_phases)
-    app.router.add_post("/debug/phases/reset", _debug_phases)
+    add_debug_routes(app)
     return app
 
 
@@ -123,13 +90,6 @@ async def _count_requests(request: web.Request, handler) -> web.StreamResponse:
 # -- handlers -------------------------------------------------------------------------------
 
 
-def _ready_client(request: web.Request) -> EngineClient:
-    client = request.app[STATE].client
-    if not client.is_ready:
-        raise EngineUnavailable(client.fatal or "the engine is still starting")
-    return client
-
-
 async def _health(request: web.Request) -> web.Response:
     """200 {"status": "ok"} while serving; 503 with "starting", "draining" (SIGTERM) or
     "failed" (the engine core is dead or stuck: the server is about to exit)."""
@@ -144,36 +104,15 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _models(request: web.Request) -> web.Response:
-    info = _ready_client(request).info
+    info = ready_client(request).info
     model = {"id": request.app[STATE].model_name, "object": "model", "owned_by": "resident",
              "max_model_len": info.get("max_model_len"), "vocab_size": info.get("vocab_size")}
     return web.json_response({"object": "list", "data": [model]})
 
 
-async def _debug_config(request: web.Request) -> web.Response:
-    info = _ready_client(request).info
-    state = request.app[STATE]
-    return web.json_response({**info, "tokenizer": state.tokenizer.name},
-                             dumps=lambda obj: json.dumps(obj, default=str))
-
-
-async def _debug_rowcheck(request: web.Request) -> web.Response:
-    """Row-check counts since start: steps, rows, mismatches, displaced, slot releases,
-    offloads (all zero while row_check is off, except the planner's own counters)."""
-    stats = await _ready_client(request).stats()
-    return web.json_response(stats.get("rowcheck", {}))
-
-
-async def _debug_phases(request: web.Request) -> web.Response:
-    """GET: phase timing since the last reset, {"enabled", "kinds": {kind: {key: ms per
-    step}}} (engine/phases.py). POST .../reset: the same, then the sums start over."""
-    section = "phases_reset" if request.method == "POST" else "phases"
-    return web.json_response(await _ready_client(request).stats(section=section))
-
-
 async def _metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    stats = await _ready_client(request).stats()
+    stats = await ready_client(request).stats()
     # No await between setting the stats and collecting them, so scrapes cannot interleave.
     state.engine_metrics.stats = stats
     body = generate_latest(state.registry)
@@ -217,7 +156,7 @@ def _admit(state: ApiState) -> None:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    info = _ready_client(request).info
+    info = ready_client(request).info
     _admit(state)
     state.in_flight += 1
     try:

@@ -25,6 +25,7 @@ from resident.server.protocol import (
     AbortRequest,
     AddRequest,
     Fatal,
+    ProfileQuery,
     Ready,
     Shutdown,
     StatsQuery,
@@ -33,6 +34,7 @@ from resident.server.protocol import (
 )
 
 log = logging.getLogger("resident.api")
+PROFILE_EXPORT_S = 300.0  # a window's trace written and summarized within this, after it closes
 
 
 class EngineUnavailable(RuntimeError):
@@ -94,13 +96,23 @@ class EngineClient:
 
     async def stats(self, timeout: float = 10.0, section: str = "stats") -> dict[str, Any]:
         """The core's answer to a StatsQuery of that section (protocol.StatsQuery)."""
+        return await self._query(lambda nonce: StatsQuery(nonce, section), timeout)
+
+    async def profile(self, steps: int, seconds: float, tool: str) -> dict[str, Any]:
+        """Opens a profile window in the core; its answer once the window closes (writing and
+        summarizing the trace may take a while after it)."""
+        return await self._query(lambda nonce: ProfileQuery(nonce, steps, seconds, tool),
+                                 seconds + PROFILE_EXPORT_S)
+
+    async def _query(self, message, timeout: float) -> dict[str, Any]:
+        """Sends message(nonce) and waits for the StatsReply carrying that nonce."""
         if not self.is_ready:
             raise EngineUnavailable(self.fatal or "the engine is still starting")
         nonce = next(self._nonces)
         waiter = asyncio.get_running_loop().create_future()
         self._stats_waiters[nonce] = waiter
         try:
-            await self._requests.send_pyobj(StatsQuery(nonce, section))
+            await self._requests.send_pyobj(message(nonce))
             return await asyncio.wait_for(waiter, timeout)
         finally:
             self._stats_waiters.pop(nonce, None)

@@ -3,9 +3,10 @@
 It connects to the two pipes the API process bound, builds the engine, sends Ready, then loops:
 drain requests (blocking briefly only when idle), run one step, send that step's outputs, and at
 least every HEARTBEAT_S a message of some kind, so the API can tell a stuck or dead core from a
-quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each loop
-that runs a step is timed from its intake to its outputs sent (engine/phases.py); the idle wait is
-outside it.
+quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each
+loop that runs a step is timed from its intake to its outputs sent (engine/phases.py); the idle
+wait is outside it. A profile window (POST /debug/profile, profile_window.py) marks the same
+loops.
 
 Failures: a request that cannot be added fails alone (its output carries why). An error the
 engine's step raises is not tied to one request (the engine fails a request's own step work
@@ -27,11 +28,13 @@ import zmq
 from resident.config import EngineConfig, parse_cpu_list
 from resident.engine.types import FINISH_ERROR, RequestOutput
 from resident.model.config import ModelConfig
+from resident.server.profile_window import ProfileWindows, profile_dir
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
     Fatal,
     Heartbeat,
+    ProfileQuery,
     Ready,
     Shutdown,
     StatsQuery,
@@ -119,36 +122,55 @@ def torch_threads(config: EngineConfig, device_type: str, allowed: list[int]) ->
 
 def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
     phases = engine.phases
+    profiling = ProfileWindows(profile_dir(engine.config.profile_dir), engine.device.type)
     last_sent = time.monotonic()
     while os.getppid() == parent:
         pending: list[RequestOutput] = []
         if time.monotonic() - last_sent >= HEARTBEAT_S:
             outputs.send_pyobj(Heartbeat())
             last_sent = time.monotonic()
+        closed = profiling.poll()
+        if closed is not None:
+            outputs.send_pyobj(StatsReply(*closed))
         if not engine.has_work() and not requests.poll(IDLE_POLL_MS):
             continue  # idle: waited outside any timed step
         phases.open()  # a step is timed from this intake to its outputs sent
+        profiling.open_step()
         while requests.poll(0):
-            message = requests.recv_pyobj()
-            if isinstance(message, AddRequest):
-                failed = _add(engine, message)
-                if failed is not None:
-                    pending.append(failed)
-            elif isinstance(message, AbortRequest):
-                engine.abort(message.request_id)
-            elif isinstance(message, StatsQuery):
-                outputs.send_pyobj(StatsReply(message.nonce, _answer(engine, message.section)))
-            elif isinstance(message, Shutdown):
+            if not _handle(engine, requests.recv_pyobj(), pending, outputs, profiling):
                 return
         phases.lap("intake")
+        kind = None
         if engine.has_work():
             pending.extend(engine.step())
+            kind = engine.last_step_kind
         if pending:
             outputs.send_pyobj(StepOutputs(pending))
             last_sent = time.monotonic()
         phases.lap("outputs")
+        profiling.close_step(kind)
         phases.close()
     log.warning("the API process is gone; engine core exits")
+
+
+def _handle(engine, message, pending: list[RequestOutput], outputs: zmq.Socket,
+            profiling: ProfileWindows) -> bool:
+    """One message from the API process; False on Shutdown."""
+    if isinstance(message, AddRequest):
+        failed = _add(engine, message)
+        if failed is not None:
+            pending.append(failed)
+    elif isinstance(message, AbortRequest):
+        engine.abort(message.request_id)
+    elif isinstance(message, StatsQuery):
+        outputs.send_pyobj(StatsReply(message.nonce, _answer(engine, message.section)))
+    elif isinstance(message, ProfileQuery):
+        refused = profiling.request(message)
+        if refused is not None:
+            outputs.send_pyobj(StatsReply(message.nonce, refused))
+    elif isinstance(message, Shutdown):
+        return False
+    return True
 
 
 def _add(engine, message: AddRequest) -> RequestOutput | None:

@@ -26,6 +26,9 @@ from aiohttp import web
 from resident.server.validation import ApiError
 
 log = logging.getLogger("resident.api")
+# a typed key where aiohttp has them (3.12+: plain string keys warn there); the GPU host's
+# aiohttp may be older
+REQUEST_ID = web.RequestKey("request_id", str) if hasattr(web, "RequestKey") else "request_id"
 
 
 def error_response(status: int, type: str, message: str, request_id: str | None = None,
@@ -42,7 +45,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 
 
 def request_id_of(request: web.Request) -> str:
-    return request.get("request_id") or ""
+    return request.get(REQUEST_ID) or ""
 
 
 @web.middleware
@@ -50,11 +53,11 @@ async def request_ids(request: web.Request, handler) -> web.StreamResponse:
     """Gives each request an id (the client's X-Request-Id if it sent a short one) and puts it
     on the response."""
     given = request.headers.get("X-Request-Id", "")
-    request["request_id"] = given if 0 < len(given) <= 64 and given.isprintable() \
+    request[REQUEST_ID] = given if 0 < len(given) <= 64 and given.isprintable() \
         else uuid.uuid4().hex
     response = await handler(request)
     if not response.prepared:
-        response.headers["X-Request-Id"] = request["request_id"]
+        response.headers["X-Request-Id"] = request[REQUEST_ID]
     return response
 
 

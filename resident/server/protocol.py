@@ -35,6 +35,19 @@ class StatsQuery:
 
 
 @dataclass(frozen=True)
+class ProfileQuery:
+    """Opens a profile window over the next `steps` steps or `seconds`, whichever ends first
+    (server/profile_window.py); answered by StatsReply once it closes. `tool`: torch
+    (torch.profiler, a trace file and its summary) or nsys (cudaProfilerStart/Stop and NVTX
+    ranges for an `nsys profile --capture-range=cudaProfilerApi` around the server)."""
+
+    nonce: int
+    steps: int
+    seconds: float
+    tool: str = "torch"
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 

@@ -31,10 +31,11 @@ from pathlib import Path
 
 from resident.config import EngineConfig, parse_cpu_list
 from resident.model.config import ModelConfig
-from resident.server.api import SHUTTING_DOWN, STATE, ApiState, create_app
+from resident.server.api import SHUTTING_DOWN, create_app
 from resident.server.client import EngineClient
 from resident.server.core import run_engine_core
 from resident.server.http import bind, serve_http
+from resident.server.state import STATE, ApiState
 from resident.server.tokenizer import load_tokenizer
 
 log = logging.getLogger("resident.serve")
