@@ -45,7 +45,13 @@ from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler, TokenReadback
 from resident.engine.scheduler import Scheduler, StepPlan
 from resident.engine.swap import StateSwapper
-from resident.engine.types import FINISH_ABORT, FINISH_ERROR, EngineRequest, RequestOutput
+from resident.engine.types import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    EngineRequest,
+    RequestOutput,
+    TokenLogprobs,
+)
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
@@ -198,8 +204,9 @@ class Engine:
         if len(live) < len(sampling):
             logits = logits[kept]
         if live:
-            tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live])
-            self.readback.start(tokens_gpu)
+            rows = [(r.request_id, r.params) for r in live]
+            tokens_gpu = self.sampler.sample(logits, rows)
+            self.readback.start(tokens_gpu, self.sampler.logprobs(logits, tokens_gpu, rows))
         self.phases.lap("sampler")
         self._commit(prepared, live)
         if self.config.plan_ahead != "off":
@@ -209,7 +216,9 @@ class Engine:
             self._prepared.logits = self._launch(self._prepared, sampled)
         tokens = self.phases.event_sync(self.readback.wait) if live else []
         self.phases.lap("sample_sync")
-        outputs = [self._emit(request, token) for request, token in zip(live, tokens, strict=True)]
+        logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
+        outputs = [self._emit(request, token, token_logprobs) for request, token, token_logprobs
+                   in zip(live, tokens, logprobs, strict=True)]
         self.phases.lap("outputs")
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
             self._prepared.logits = self._launch(self._prepared)
@@ -264,13 +273,15 @@ class Engine:
         if self._next_plan.kind == "decode" and self._next_plan.rows:
             self._prepared = self._prepare(self._next_plan)
 
-    def _emit(self, request: Request, token: int) -> RequestOutput:
+    def _emit(self, request: Request, token: int,
+              logprobs: TokenLogprobs | None) -> RequestOutput:
         request.resolve(token)
         self.counters["generated_tokens"] += 1
         if request.finish_reason and request.status is not Status.FINISHED:
             self._finish(request)
         return RequestOutput(request.request_id, [token], bool(request.finish_reason),
-                             request.finish_reason)
+                             request.finish_reason,
+                             logprobs=None if logprobs is None else (logprobs,))
 
     def _finish(self, request: Request) -> None:
         """A finished or aborted request is released now, or after the step planned ahead
