@@ -5,7 +5,9 @@ Built on aiohttp because it is already installed on the GPU host, which has no p
 (FastAPI, uvicorn and pydantic are not, and would have to travel with the tree), and because it
 gives a `StreamResponse` for SSE and cancels a handler whose client went away, which is how an
 abandoned request gets aborted in the core. Request bodies are validated in validation.py
-(`token_ids` is added to each choice); the engine's stats become metrics in metrics.py.
+(`token_ids` is added to each choice); the engine's stats become metrics in metrics.py. A
+request with `logprobs` gets each choice's `logprobs` in the OpenAI completions shape
+(`completion_logprobs`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +26,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from resident.engine.types import FINISH_ERROR, EngineRequest, RequestOutput
+from resident.engine.types import FINISH_ERROR, EngineRequest, RequestOutput, TokenLogprobs
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.metrics import EngineCollector
 from resident.server.tokenizer import Tokenizer
@@ -37,6 +40,7 @@ from resident.server.validation import (
 log = logging.getLogger("resident.api")
 
 MAX_BODY_BYTES = 64 << 20  # a long prompt as a JSON list of ids is ~7 bytes a token
+LOGPROB_FLOOR = -9999.0  # what -inf becomes in JSON (OpenAI's and vLLM's value)
 
 
 def error_response(status: int, type: str, message: str) -> web.Response:
@@ -237,6 +241,8 @@ class _Completion:
                                      parsed.params)
         self.created = int(time.time())
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
+        self.text_length = 0  # characters of text the stream has sent
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.request.request_id, "object": "text_completion",
@@ -252,13 +258,14 @@ class _Completion:
         async with aclosing(self.state.client.generate(self.request)) as outputs:
             async for output in outputs:
                 self.token_ids.extend(output.new_token_ids)
+                self.logprobs.extend(output.logprobs or ())
                 final = output
         assert final is not None and final.finished
         if final.finish_reason == FINISH_ERROR:
             raise _finish_error(final)
         choice = {"index": 0, "text": self.state.tokenizer.decode(self.token_ids),
                   "token_ids": self.token_ids, "finish_reason": final.finish_reason,
-                  "logprobs": None}
+                  "logprobs": self._logprobs(self.token_ids, self.logprobs, 0)}
         return web.json_response({**self._envelope([choice]), "usage": self._usage()})
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
@@ -286,24 +293,64 @@ class _Completion:
     def _events(self, output: RequestOutput) -> bytes:
         """The SSE events for one output: one per new token, or one empty closing event."""
         events = []
+        logprobs = output.logprobs or ()
         for i, token in enumerate(output.new_token_ids):
             last = output.finished and i == len(output.new_token_ids) - 1
-            events.append(self._token_event([token], last, output))
+            events.append(self._token_event([token], logprobs[i:i + 1], last, output))
         if output.finished and not output.new_token_ids:
-            events.append(self._token_event([], True, output))
+            events.append(self._token_event([], (), True, output))
         return b"".join(events)
 
-    def _token_event(self, tokens: list[int], last: bool, output: RequestOutput) -> bytes:
+    def _token_event(self, tokens: list[int], logprobs: tuple[TokenLogprobs, ...], last: bool,
+                     output: RequestOutput) -> bytes:
         """Records `tokens` (one, or none for a closing event) and returns their SSE event."""
         previous = len(self.token_ids)
         self.token_ids.extend(tokens)
         text = self.state.tokenizer.decode_delta(self.token_ids, previous, final=last)
+        # vLLM's rule: a streamed token's text offset is the length of the text sent before it
         choice = {"index": 0, "text": text, "token_ids": tokens,
-                  "finish_reason": output.finish_reason if last else None, "logprobs": None}
+                  "finish_reason": output.finish_reason if last else None,
+                  "logprobs": self._logprobs(tokens, logprobs, self.text_length)}
+        self.text_length += len(text)
         event = self._envelope([choice])
         if last and output.error is not None:
             event["error"] = {"message": output.error, "type": "server_error"}
         return _sse(event)
+
+
+    def _logprobs(self, tokens: list[int], logprobs: Sequence[TokenLogprobs],
+                  first_offset: int) -> dict[str, list] | None:
+        """The choice's `logprobs` for these tokens, or None when the request asked for none."""
+        if self.parsed.params.logprobs is None:
+            return None
+        return completion_logprobs(tokens, logprobs, self.state.tokenizer, first_offset,
+                                   self.parsed.return_tokens_as_token_ids)
+
+
+def completion_logprobs(tokens: list[int], logprobs: Sequence[TokenLogprobs],
+                        tokenizer: Tokenizer, first_offset: int,
+                        tokens_as_ids: bool) -> dict[str, list]:
+    """OpenAI completions `logprobs` of generated tokens: `tokens` (their text, or
+    `token_id:<id>`), `token_logprobs`, `top_logprobs` (a mapping a token: the sampled token
+    first, then the top k, as vLLM gives up to k + 1 entries) and `text_offset` (each token's
+    offset in the completion's text, the first at `first_offset`)."""
+    def name(token: int) -> str:
+        return f"token_id:{token}" if tokens_as_ids else tokenizer.decode([token])
+
+    body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                             "text_offset": []}
+    offset = first_offset
+    for token, entry in zip(tokens, logprobs, strict=True):
+        logprob = max(entry.logprob, LOGPROB_FLOOR)
+        top = {name(token): logprob}
+        for other, other_logprob in entry.top:
+            top.setdefault(name(other), max(other_logprob, LOGPROB_FLOOR))
+        body["tokens"].append(name(token))
+        body["token_logprobs"].append(logprob)
+        body["top_logprobs"].append(top)
+        body["text_offset"].append(offset)
+        offset += len(tokenizer.decode([token]))
+    return body
 
 
 def _sse(event: dict[str, Any]) -> bytes:
