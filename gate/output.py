@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gate import phases, tables
+from gate import check_report, phases, tables
 from gate.markdown import ReportTable
 
 WIDE = 200  # columns for a summary that no terminal will wrap
@@ -81,3 +81,15 @@ def print_tables(tables: list[ReportTable]) -> None:
             table.add_row(*(Text(cell) for cell in row))
         console.print(table)
 
+
+def print_check(report: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
+    """A check on stdout as `fmt`: its verdict and tables, json (check.json's report) or md
+    (check.md)."""
+    if fmt == OutputFormat.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    if fmt == OutputFormat.md:
+        sys.stdout.write(check_report.check_md(report, manifest))
+        return
+    print_tables(check_report.check_tables(report))
+    Console(file=sys.stdout).print(Text(f"verdict: {report['verdict']}", style="bold"))
