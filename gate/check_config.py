@@ -51,8 +51,15 @@ CHECK_PARAMS = {"sweep": "sweeps", "prompts": "prompts", "max_tokens": "max_toke
                 "near_tie": "near_tie"}
 
 
-def _words(value: Any) -> tuple[str, ...]:
-    items = value.split(",") if isinstance(value, str) else list(value)
+def _listed(name: str, value: Any, split: bool) -> tuple[str, ...]:
+    """A list option from YAML or the command line: a list, or one text (comma-separated when
+    `split`: knob values such as decode_buckets=1,2,4,8 hold commas themselves)."""
+    if isinstance(value, str):
+        items = value.split(",") if split else [value]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError(f"{name.replace('_', '-')} must be a list, got {value!r}")
     return tuple(str(item).strip() for item in items if str(item).strip())
 
 
@@ -98,8 +105,7 @@ class CheckConfig:
         values = dict(values)
         for name in ("sweeps", "kv_pressure", "slot_pressure"):
             if name in values:
-                values[name] = (_words(values[name]) if name == "sweeps"
-                                else tuple(str(v) for v in values[name]))
+                values[name] = _listed(name, values[name], split=name == "sweeps")
         return cls(**values)
 
     def knobs(self, name: str) -> dict[str, str]:

@@ -183,6 +183,15 @@ def test_bad_check_settings_are_refused_by_name(values, names):
         assert name in str(info.value)
 
 
+def test_list_settings_come_as_lists_or_text():
+    check = CheckConfig.from_values({"sweeps": "greedy, rows",
+                                     "slot_pressure": "decode_buckets=1,2"})
+    assert check.sweeps == ("greedy", "rows") and check.slot_pressure == ("decode_buckets=1,2",)
+    assert check.knobs("slot_pressure") == {"decode_buckets": "1,2"}
+    with pytest.raises(ValueError, match="sweeps must be a list, got 5"):
+        CheckConfig.from_values({"sweeps": 5})
+
+
 def test_launches_group_the_sweeps_by_knobs():
     launches = {launch.name: launch for launch in plan_launches(CheckConfig())}
     assert list(launches) == ["plain", "kv-pressure", "slot-pressure"]
