@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from gate.commands.check import check
 from gate.commands.phases import phases
 from gate.commands.report import report
 from gate.commands.run import run
@@ -13,6 +14,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 app.command()(run)
 app.command()(phases)
 app.command()(report)
+app.command()(check)
 
 
 def main() -> None:

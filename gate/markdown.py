@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -78,6 +79,24 @@ def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
 
     rule = ["---:" if a == "r" else "---" for a in align]
     return "\n".join([line(header), "|" + "|".join(rule) + "|", *(line(r) for r in rows)])
+
+
+@dataclass(frozen=True)
+class ReportTable:
+    """A titled table, as the markdown reports and the stdout tables (gate/output.py) both
+    render it; `align` has one letter a column, l (left) or r (right)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    align: str
+
+    def __post_init__(self) -> None:
+        if len(self.align) != len(self.header) or set(self.align) - {"l", "r"}:
+            raise ValueError(f"align {self.align!r}: one l or r a column of {self.header}")
+
+    def md(self) -> str:
+        return f"## {self.title}\n\n" + md_table(self.header, self.rows, self.align)
 
 
 def header_line(manifest: dict[str, Any]) -> str:

@@ -74,3 +74,17 @@ def gate_options(params: dict[str, Any]) -> dict[str, Any]:
     """A command's parameters (its `locals()` on entry) as GateConfig fields."""
     return {_FIELD_OF.get(name, name): value for name, value in params.items()
             if name not in _NOT_CONFIG}
+
+
+# resident-gate check
+CHECK = "Check"
+SweepOpt = Annotated[str | None, typer.Option(
+    help="Sweeps, comma-separated \\[greedy,concurrency,kv-pressure,rows].",
+    rich_help_panel=CHECK)]
+PromptsOpt = Annotated[int | None, typer.Option(
+    help="Prompts from the prompt file, the same for every arm \\[32].", rich_help_panel=CHECK)]
+MaxTokensOpt = Annotated[int | None, typer.Option(
+    help="Token cap a request; EOS may stop it first \\[128].", rich_help_panel=CHECK)]
+NearTieOpt = Annotated[float | None, typer.Option(
+    help="Nats: a divergence whose two tokens' logprobs are closer is a near-tie \\[0.1].",
+    rich_help_panel=CHECK)]

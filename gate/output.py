@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gate import phases, tables
+from gate import check_report, phases, tables
+from gate.markdown import ReportTable
 
 WIDE = 200  # columns for a summary that no terminal will wrap
 
@@ -66,11 +67,29 @@ def print_phases(results: dict[str, Any], manifest: dict[str, Any], fmt: OutputF
     if fmt == OutputFormat.md:
         sys.stdout.write(phases.phases_md(results, manifest))
         return
+    print_tables(phases.phase_tables(results, [arm["name"] for arm in manifest["arms"]]))
+
+
+def print_tables(tables: list[ReportTable]) -> None:
+    """Report tables on stdout as rich tables, each column justified as its markdown's."""
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else WIDE)
-    for spec in phases.phase_tables(results, [arm["name"] for arm in manifest["arms"]]):
+    for spec in tables:
         table = Table(title=spec.title, box=box.SIMPLE_HEAD)
-        for index, name in enumerate(spec.header):
-            table.add_column(name, justify="left" if index < 2 else "right")
+        for name, align in zip(spec.header, spec.align, strict=True):
+            table.add_column(name, justify="left" if align == "l" else "right")
         for row in spec.rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))
         console.print(table)
+
+
+def print_check(report: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
+    """A check on stdout as `fmt`: its verdict and tables, json (check.json's report) or md
+    (check.md)."""
+    if fmt == OutputFormat.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    if fmt == OutputFormat.md:
+        sys.stdout.write(check_report.check_md(report, manifest))
+        return
+    print_tables(check_report.check_tables(report))
+    Console(file=sys.stdout).print(Text(f"verdict: {report['verdict']}", style="bold"))

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gate.arms import Arm
 from gate.load import run_load
-from gate.markdown import header_line, md_table, page_title
+from gate.markdown import ReportTable, header_line, page_title
 from gate.records import write_manifest
 from gate.server import Server, ServerFailed
 from gate.session import Session
@@ -103,25 +102,16 @@ def takes_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list
     return rows
 
 
-@dataclass(frozen=True)
-class PhaseTable:
-    """One of phases.md's tables, as both the markdown and the stdout table render it."""
-
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-
-
-def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[PhaseTable]:
+def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[ReportTable]:
     """The two tables: the plan thread's CPU by phase per arm and cell, and what each
     arm takes off the baseline's (arms[0]) plan thread."""
     baseline = arms[0]
     return [
-        PhaseTable("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
-                   phase_rows(results, arms)),
-        PhaseTable(f"The plan thread, {baseline} against each arm",
-                   ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
-                    f"of {baseline}'s step"], takes_rows(results, arms)),
+        ReportTable("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
+                    phase_rows(results, arms), "ll" + "r" * (len(COLUMNS) + 1)),
+        ReportTable(f"The plan thread, {baseline} against each arm",
+                    ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
+                     f"of {baseline}'s step"], takes_rows(results, arms), "llrrr"),
     ]
 
 
@@ -133,9 +123,7 @@ def phases_md(results: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> s
         "a warm-up and a reset. `step` and `event_sync` are wall time; the rest is thread CPU "
         "time. `plan` is the sum of the parts right of it (resident/engine/phases.py says what "
         "each part holds). Every step kind is in phases.json.",
-        *(part for table in tables for part in (
-            f"## {table.title}",
-            md_table(table.header, table.rows, "ll" + "r" * (len(table.header) - 2))))]) + "\n"
+        *(table.md() for table in tables)]) + "\n"
 
 
 def write_phases(out: Path, results: dict[str, dict[str, Any]],

@@ -35,22 +35,24 @@ def parse(body):
 
 
 def test_defaults_are_greedy_sixteen_tokens():
-    prompt_ids, params, stream, include_usage = parse({"prompt": "hi"})
+    prompt_ids, params, stream, include_usage, tokens_as_ids = parse({"prompt": "hi"})
     assert prompt_ids == [104, 105]
     assert params == SamplingParams(max_tokens=16)
     assert params.temperature == 0.0 and params.top_k == 0 and params.top_p == 1.0
-    assert (stream, include_usage) == (False, False)
+    assert params.logprobs is None
+    assert (stream, include_usage, tokens_as_ids) == (False, False, False)
 
 
 def test_every_field_reaches_the_sampling_params():
     body = {"prompt": [1, 2, 3], "model": MODEL, "max_tokens": 5, "temperature": 0.7,
             "top_p": 0.9, "top_k": 40, "seed": 7, "ignore_eos": True,
-            "stop_token_ids": [4, 5], "stream": True, "stream_options": {"include_usage": True}}
-    prompt_ids, params, stream, include_usage = parse(body)
+            "stop_token_ids": [4, 5], "stream": True, "stream_options": {"include_usage": True},
+            "logprobs": 3, "return_tokens_as_token_ids": True}
+    prompt_ids, params, stream, include_usage, tokens_as_ids = parse(body)
     assert prompt_ids == [1, 2, 3]
     assert params == SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=40, seed=7,
-                                    ignore_eos=True, stop_token_ids=(4, 5))
-    assert stream and include_usage
+                                    ignore_eos=True, stop_token_ids=(4, 5), logprobs=3)
+    assert stream and include_usage and tokens_as_ids
 
 
 def test_what_openai_clients_send_is_accepted():
@@ -58,7 +60,7 @@ def test_what_openai_clients_send_is_accepted():
             "n": 1, "best_of": 1, "user": "me", "stop": None, "presence_penalty": 0.0,
             "frequency_penalty": 0, "repetition_penalty": 1.0, "logit_bias": {},
             "stream_options": None, "seed": None, "top_p": None}
-    _, params, _, _ = parse(body)
+    params = parse(body).params
     assert params == SamplingParams(max_tokens=4, temperature=1.0)
 
 
@@ -68,7 +70,7 @@ def test_top_k_that_keeps_every_token_is_off(top_k):
 
 
 def test_prompt_may_fill_the_context_exactly():
-    prompt_ids, params, _, _ = parse({"prompt": [0] * (MAX_LEN - 4), "max_tokens": 4})
+    prompt_ids, params, *_ = parse({"prompt": [0] * (MAX_LEN - 4), "max_tokens": 4})
     assert len(prompt_ids) + params.max_tokens == MAX_LEN
 
 
@@ -125,8 +127,12 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "stop_token_ids": [VOCAB]}, ["'stop_token_ids[0]'", str(VOCAB)]),
         ({"prompt": "x", "model": 3}, ["'model'", "3"]),
         ({"prompt": "x", "n": 2}, ["'n'", "2"]),
-        ({"prompt": "x", "logprobs": 1}, ["'logprobs'", "1"]),
-        ({"prompt": "x", "logprobs": 0}, ["'logprobs'", "0"]),
+        ({"prompt": "x", "logprobs": 21}, ["'logprobs'", "0..20", "21"]),
+        ({"prompt": "x", "logprobs": -1}, ["'logprobs'", "-1"]),
+        ({"prompt": "x", "logprobs": True}, ["'logprobs'", "true"]),
+        ({"prompt": "x", "logprobs": 1.0}, ["'logprobs'", "1.0"]),
+        ({"prompt": "x", "return_tokens_as_token_ids": 1},
+         ["'return_tokens_as_token_ids'", "1"]),
         ({"prompt": "x", "echo": True}, ["'echo'", "true"]),
         ({"prompt": "x", "stop": ["\n"]}, ["'stop'"]),
         ({"prompt": "x", "best_of": 2}, ["'best_of'", "2"]),
@@ -293,5 +299,5 @@ def test_an_api_key_guards_everything_but_health():
 def test_a_temperature_too_small_to_divide_by_samples_greedily(temperature, greedy):
     """Logits divided by 1e-40 overflow float32 and the draw meets NaNs: under 1e-5 (vLLM's
     rule) a request is greedy instead."""
-    _, params, _, _ = parse({"prompt": "hi", "temperature": temperature})
+    params = parse({"prompt": "hi", "temperature": temperature}).params
     assert (params.temperature == 0.0) == greedy

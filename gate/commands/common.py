@@ -35,6 +35,11 @@ def open_session(session_type: type[S], given: dict[str, Any], console: Console,
     with bad_parameter():
         config = build_gate_config(opt.gate_options(given), given["config"])
         session = session_type(config, Path.cwd(), sys.argv)
+    return start_session(session, console, label)
+
+
+def start_session(session: S, console: Console, label: str) -> S:
+    """Pins this process to the session's client CPUs and logs where the session goes."""
     if session.placement.client_cpus:
         os.sched_setaffinity(0, session.placement.client_cpus)
     console.log(f"{label} {session.out}: arms {', '.join(a.name for a in session.arms)}, "

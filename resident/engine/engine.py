@@ -45,7 +45,13 @@ from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler, TokenReadback
 from resident.engine.scheduler import Scheduler, StepPlan
 from resident.engine.swap import StateSwapper
-from resident.engine.types import FINISH_ABORT, FINISH_ERROR, EngineRequest, RequestOutput
+from resident.engine.types import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    EngineRequest,
+    RequestOutput,
+    TokenLogprobs,
+)
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
@@ -201,9 +207,10 @@ class Engine:
             logits = logits[kept]
         failed: dict[str, str] = {}
         if live:
-            tokens_gpu = self.sampler.sample(logits, [(r.request_id, r.params) for r in live])
+            rows = [(r.request_id, r.params) for r in live]
+            tokens_gpu = self.sampler.sample(logits, rows)
             failed = self.sampler.failures
-            self.readback.start(tokens_gpu)
+            self.readback.start(tokens_gpu, self.sampler.logprobs(logits, tokens_gpu, rows))
         self.phases.lap("sampler")
         self._commit(prepared, live)
         if self.config.plan_ahead != "off":
@@ -213,8 +220,9 @@ class Engine:
             self._prepared.logits = self._launch(self._prepared, sampled)
         tokens = self.phases.event_sync(self.readback.wait) if live else []
         self.phases.lap("sample_sync")
-        outputs = [self._emit(request, token, failed.get(request.request_id))
-                   for request, token in zip(live, tokens, strict=True)]
+        logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
+        outputs = [self._emit(request, token, token_logprobs, failed.get(request.request_id))
+                   for request, token, token_logprobs in zip(live, tokens, logprobs, strict=True)]
         self.phases.lap("outputs")
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
             self._prepared.logits = self._launch(self._prepared)
@@ -269,9 +277,10 @@ class Engine:
         if self._next_plan.kind == "decode" and self._next_plan.rows:
             self._prepared = self._prepare(self._next_plan)
 
-    def _emit(self, request: Request, token: int, error: str | None = None) -> RequestOutput:
-        """The request's token; a request whose own step work failed (`error`) finishes
-        alone, the rest of its step unharmed."""
+    def _emit(self, request: Request, token: int, logprobs: TokenLogprobs | None,
+              error: str | None = None) -> RequestOutput:
+        """The request's token (and its logprobs); a request whose own step work failed
+        (`error`) finishes alone, the rest of its step unharmed."""
         if error is not None:
             log.error("request %s failed: %s", request.request_id, error)
             request.finish_reason = FINISH_ERROR
@@ -283,7 +292,8 @@ class Engine:
         if request.finish_reason and request.status is not Status.FINISHED:
             self._finish(request)
         return RequestOutput(request.request_id, [token], bool(request.finish_reason),
-                             request.finish_reason)
+                             request.finish_reason,
+                             logprobs=None if logprobs is None else (logprobs,))
 
     def _finish(self, request: Request) -> None:
         """A finished or aborted request is released now, or after the step planned ahead

@@ -11,10 +11,14 @@ FINISH_STOP = "stop"  # an EOS or stop token was sampled
 FINISH_ABORT = "abort"  # the client went away
 FINISH_ERROR = "error"  # this request failed alone (e.g. it can never fit the KV pool)
 
+MAX_LOGPROBS = 20  # the most top logprobs a token may ask for (vLLM's default limit)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 are off."""
+    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 are off. logprobs:
+    None for none; k for each generated token's log-probability and the k most likely tokens'
+    (from the model's raw logits, before temperature, top-k and top-p)."""
 
     max_tokens: int
     temperature: float = 0.0
@@ -23,6 +27,11 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be None or 0..{MAX_LOGPROBS}, got {self.logprobs}")
 
 
 @dataclass(frozen=True)
@@ -35,8 +44,18 @@ class EngineRequest:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """One generated token's log-probability and the most likely tokens' at its position, most
+    likely first (as many as its request's `logprobs` asked; the token may be among them)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, log-probability)
+
+
+@dataclass(frozen=True)
 class RequestOutput:
-    """New tokens of one request since its last output; the last one has `finished` set."""
+    """New tokens of one request since its last output; the last one has `finished` set.
+    `logprobs`, when the request asked for them, holds one entry per new token."""
 
     request_id: str
     new_token_ids: list[int]
@@ -44,3 +63,4 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     rejected: bool = False  # refused at intake (bad or never-fitting request): a client error
+    logprobs: tuple[TokenLogprobs, ...] | None = None

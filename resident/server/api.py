@@ -7,7 +7,8 @@ Built on aiohttp because it is already installed on the GPU host, which has no p
 gives a `StreamResponse` for SSE and cancels a handler whose client went away, which is how an
 abandoned request gets aborted in the core. Request bodies are validated in validation.py
 (`token_ids` is added to each choice); the engine's stats become metrics in metrics.py; the error
-shape, request ids, the API key and the listener's limits are http.py's.
+shape, request ids, the API key and the listener's limits are http.py's. A request with
+`logprobs` gets each choice's `logprobs` in the OpenAI completions shape (`completion_logprobs`).
 
 Limits (knobs, README "Limits and failures"): a completion is refused with 429 and Retry-After
 past max_num_seqs + max_waiting in flight, and with 503 once the server drains; a body over
@@ -19,10 +20,12 @@ request_timeout_s is aborted (504, or an error event on a stream).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -30,7 +33,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from resident.config import EngineConfig
-from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput
+from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput, TokenLogprobs
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
@@ -47,6 +50,7 @@ log = logging.getLogger("resident.api")
 
 BIG_BODY_BYTES = 256 << 10  # parsed and checked off the event loop from this size
 SHUTTING_DOWN = "the server is shutting down"
+LOGPROB_FLOOR = -9999.0  # what -inf becomes in JSON (OpenAI's and vLLM's value)
 
 
 # -- the app --------------------------------------------------------------------------------
@@ -190,6 +194,8 @@ class _Completion:
                                      parsed.params)
         self.created = int(time.time())
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
+        self.text_length = 0  # characters of text the stream has sent
 
     def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.request.request_id, "object": "text_completion",
@@ -205,13 +211,14 @@ class _Completion:
         async with aclosing(self.state.client.generate(self.request)) as outputs:
             async for output in outputs:
                 self.token_ids.extend(output.new_token_ids)
+                self.logprobs.extend(output.logprobs or ())
                 final = output
         assert final is not None and final.finished
         if final.error is not None:
             raise _finish_error(final)
         choice = {"index": 0, "text": self.state.tokenizer.decode(self.token_ids),
                   "token_ids": self.token_ids, "finish_reason": final.finish_reason,
-                  "logprobs": None}
+                  "logprobs": self._logprobs(self.token_ids, self.logprobs, 0)}
         return web.json_response({**self._envelope([choice]), "usage": self._usage()})
 
     async def stream(self, request: web.Request, timeout: float | None) -> web.StreamResponse:
@@ -235,6 +242,14 @@ class _Completion:
             except ConnectionResetError:
                 # The client went away; leaving the loop closes the generator, which aborts.
                 log.debug("client left during %s", self.request.request_id)
+            except Exception:  # noqa: BLE001 - a bug after the headers went out: the client
+                # gets an error event and [DONE] (not a hang), the log the traceback
+                log.exception("streaming %s failed", self.request.request_id)
+                with contextlib.suppress(ConnectionResetError):
+                    await response.write(_sse({"error": {"message": "internal error while "
+                                                         "streaming; see the server log",
+                                                         "type": "server_error"}})
+                                         + b"data: [DONE]\n\n")
         return response
 
     async def _stream_rest(self, response: web.StreamResponse, outputs,
@@ -246,30 +261,69 @@ class _Completion:
         except TimeoutError:
             message = (f"the completion took longer than request_timeout_s; it was aborted "
                        f"after {len(self.token_ids)} tokens")
-            await response.write(self._token_event([], True, RequestOutput(
+            await response.write(self._token_event([], (), True, RequestOutput(
                 self.request.request_id, [], True, FINISH_ABORT, message)))
 
     def _events(self, output: RequestOutput) -> bytes:
         """The SSE events for one output: one per new token, or one empty closing event."""
         events = []
+        logprobs = output.logprobs or ()
         for i, token in enumerate(output.new_token_ids):
             last = output.finished and i == len(output.new_token_ids) - 1
-            events.append(self._token_event([token], last, output))
+            events.append(self._token_event([token], logprobs[i:i + 1], last, output))
         if output.finished and not output.new_token_ids:
-            events.append(self._token_event([], True, output))
+            events.append(self._token_event([], (), True, output))
         return b"".join(events)
 
-    def _token_event(self, tokens: list[int], last: bool, output: RequestOutput) -> bytes:
+    def _token_event(self, tokens: list[int], logprobs: tuple[TokenLogprobs, ...], last: bool,
+                     output: RequestOutput) -> bytes:
         """Records `tokens` (one, or none for a closing event) and returns their SSE event."""
         previous = len(self.token_ids)
         self.token_ids.extend(tokens)
         text = self.state.tokenizer.decode_delta(self.token_ids, previous, final=last)
+        # vLLM's rule: a streamed token's text offset is the length of the text sent before it
         choice = {"index": 0, "text": text, "token_ids": tokens,
-                  "finish_reason": output.finish_reason if last else None, "logprobs": None}
+                  "finish_reason": output.finish_reason if last else None,
+                  "logprobs": self._logprobs(tokens, logprobs, self.text_length)}
+        self.text_length += len(text)
         event = self._envelope([choice])
         if last and output.error is not None:
             event["error"] = {"message": output.error, "type": "server_error"}
         return _sse(event)
+
+    def _logprobs(self, tokens: list[int], logprobs: Sequence[TokenLogprobs],
+                  first_offset: int) -> dict[str, list] | None:
+        """The choice's `logprobs` for these tokens, or None when the request asked for none."""
+        if self.parsed.params.logprobs is None:
+            return None
+        return completion_logprobs(tokens, logprobs, self.state.tokenizer, first_offset,
+                                   self.parsed.return_tokens_as_token_ids)
+
+
+def completion_logprobs(tokens: list[int], logprobs: Sequence[TokenLogprobs],
+                        tokenizer: Tokenizer, first_offset: int,
+                        tokens_as_ids: bool) -> dict[str, list]:
+    """OpenAI completions `logprobs` of generated tokens: `tokens` (their text, or
+    `token_id:<id>`), `token_logprobs`, `top_logprobs` (a mapping a token: the sampled token
+    first, then the top k, as vLLM gives up to k + 1 entries) and `text_offset` (each token's
+    offset in the completion's text, the first at `first_offset`)."""
+    def name(token: int) -> str:
+        return f"token_id:{token}" if tokens_as_ids else tokenizer.decode([token])
+
+    body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                             "text_offset": []}
+    offset = first_offset
+    for token, entry in zip(tokens, logprobs, strict=True):
+        logprob = max(entry.logprob, LOGPROB_FLOOR)
+        top = {name(token): logprob}
+        for other, other_logprob in entry.top:
+            top.setdefault(name(other), max(other_logprob, LOGPROB_FLOOR))
+        body["tokens"].append(name(token))
+        body["token_logprobs"].append(logprob)
+        body["top_logprobs"].append(top)
+        body["text_offset"].append(offset)
+        offset += len(tokenizer.decode([token]))
+    return body
 
 
 def _sse(event: dict[str, Any]) -> bytes:

@@ -1,10 +1,11 @@
 """OpenAI `/v1/completions` request bodies, validated into what the engine takes.
 
 Departures from OpenAI: `temperature` defaults to 0 (greedy), not 1, and under 1e-5 samples
-greedily (as vLLM's); a null optional field means its default; fields we cannot honour
-(`logprobs`, `echo`, `n`, `stop` strings, penalties, ...) are rejected unless they hold their
-neutral value. Every refusal is an ApiError naming the field: the API answers it as a 400 (or
-404 for another model's name) with a JSON body.
+greedily (as vLLM's); a null optional field means its default; fields we cannot honour (`echo`,
+`n`, `stop` strings, penalties, ...) are rejected unless they hold their neutral value.
+`logprobs` takes 0..20 as vLLM does (OpenAI stops at 5), and vLLM's `return_tokens_as_token_ids`
+names the tokens `token_id:<id>`. Every refusal is an ApiError naming the field: the API answers
+it as a 400 (or 404 for another model's name) with a JSON body.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import math
 from typing import Any, NamedTuple
 
-from resident.engine.types import SamplingParams
+from resident.engine.types import MAX_LOGPROBS, SamplingParams
 from resident.server.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 16
@@ -47,11 +48,11 @@ class CompletionRequest(NamedTuple):
     params: SamplingParams
     stream: bool
     include_usage: bool
+    return_tokens_as_token_ids: bool  # logprobs name tokens `token_id:<id>`, not their text
 
 
 # Fields OpenAI clients send that we cannot honour: accepted only with one of these values.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None,),
     "echo": (None, False),
     "n": (None, 1),
     "best_of": (None, 1),
@@ -204,7 +205,17 @@ def _sampling(body: dict[str, Any], vocab_size: int) -> SamplingParams:
         seed=seed,
         ignore_eos=_bool_field(body, "ignore_eos", False),
         stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", vocab_size)),
+        logprobs=_logprobs(body),
     )
+
+
+def _logprobs(body: dict[str, Any]) -> int | None:
+    """How many top logprobs each generated token brings (None: no logprobs)."""
+    value = body.get("logprobs")
+    if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
+        raise bad_request(f"'logprobs' must be null or an integer 0..{MAX_LOGPROBS}, got "
+                          f"{_show(value)}")
+    return value
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -219,7 +230,8 @@ def _include_usage(body: dict[str, Any]) -> bool:
 def parse_completion_request(
     body: Any, tokenizer: Tokenizer, model_name: str, vocab_size: int, max_model_len: int
 ) -> CompletionRequest:
-    """Validates a /v1/completions body; unpacks as (prompt_ids, params, stream, include_usage).
+    """Validates a /v1/completions body; unpacks as (prompt_ids, params, stream, include_usage,
+    return_tokens_as_token_ids).
 
     Raises ApiError: 404 for another model's name, 400 naming the field for anything else.
     Unknown fields are ignored; null means a field's default."""
@@ -241,4 +253,5 @@ def parse_completion_request(
         raise bad_request(f"the prompt's {len(prompt_ids)} tokens plus 'max_tokens' = "
                           f"{params.max_tokens} make {total}, over max_model_len {max_model_len}")
     return CompletionRequest(prompt_ids, params, _bool_field(body, "stream", False),
-                             _include_usage(body))
+                             _include_usage(body),
+                             _bool_field(body, "return_tokens_as_token_ids", False))
