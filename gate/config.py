@@ -24,7 +24,7 @@ class GateConfig:
     concurrency: tuple[int, ...] = (1, 16, 64)
     prompt_len: int = 512
     output_len: int = 256
-    sessions: int = 2
+    rounds: int = 2
     runs: int = 2
     requests: int = 0  # 0: max(8, requests_per_slot x concurrency) per run
     requests_per_slot: int = 4
@@ -42,7 +42,7 @@ class GateConfig:
     def __post_init__(self) -> None:
         if len(self.arms) < 1:
             raise ValueError("--arm: give at least one arm (the first is the baseline)")
-        for field in ("prompt_len", "output_len", "sessions", "runs"):
+        for field in ("prompt_len", "output_len", "rounds", "runs"):
             if getattr(self, field) < 1:
                 raise ValueError(f"--{field.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, field)}")
@@ -79,7 +79,8 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-_ALIASES = {"arm": "arms", "set": "knobs"}
+# YAML keys named unlike their field: the options' names, and `sessions`, the old name of rounds
+_ALIASES = {"arm": "arms", "set": "knobs", "sessions": "rounds"}
 
 
 def build_gate_config(options: dict[str, Any], config_file: Path | None) -> GateConfig:
@@ -91,6 +92,8 @@ def build_gate_config(options: dict[str, Any], config_file: Path | None) -> Gate
             field = _ALIASES.get(key, key.replace("-", "_"))
             if field not in known:
                 raise ValueError(f"--config {config_file}: unknown key {key!r}")
+            if field in values:
+                raise ValueError(f"--config {config_file}: {key!r} gives {field} a second time")
             values[field] = value
     values.update({k: v for k, v in options.items() if v is not None and v != []})
     for key in ("arms", "knobs"):

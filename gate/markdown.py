@@ -65,6 +65,11 @@ def fmt_slashed(*values: float | None, missing: str = "-") -> str:
     return "/".join(fmt(value, 2) for value in values)
 
 
+def round_label(round_index: int) -> str:
+    """A round's name in the tables: r1 for the first (round 0 in runs.jsonl)."""
+    return f"r{int(round_index) + 1}"
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
@@ -81,12 +86,12 @@ def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
 
 
 def header_line(manifest: dict[str, Any]) -> str:
-    """Model, device, prompt/output lengths, cells and sessions x runs, as one line."""
+    """Model, device, prompt/output lengths, cells and rounds x runs, as one line."""
     cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
     return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
             f"prompt {manifest.get('prompt_len', '?')} tokens, "
             f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
-            f"{manifest.get('sessions', '?')} sessions x {manifest.get('runs', '?')} runs.")
+            f"{manifest.get('rounds', '?')} rounds x {manifest.get('runs', '?')} runs.")
 
 
 def arms_line(manifest: dict[str, Any]) -> str:

@@ -34,7 +34,11 @@ PromptLenOpt = Annotated[int | None, typer.Option(help="Prompt tokens \\[512].",
                                                   rich_help_panel=CELLS)]
 OutputLenOpt = Annotated[int | None, typer.Option(help="Output tokens, ignore_eos \\[256].",
                                                   rich_help_panel=CELLS)]
-SessionsOpt = Annotated[int | None, typer.Option(help="Rounds \\[2].", rich_help_panel=CELLS)]
+RoundsOpt = Annotated[int | None, typer.Option(
+    help="Rounds: each starts every arm's server once, in alternated order \\[2].",
+    rich_help_panel=CELLS)]
+# the option's old name, still accepted
+SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
 RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round \\[2].",
                                              rich_help_panel=CELLS)]
 RequestsOpt = Annotated[int | None, typer.Option(
@@ -60,17 +64,25 @@ NameOpt = Annotated[str | None, typer.Option(help="Session name \\[gate].")]
 OutOpt = Annotated[str | None, typer.Option(help="Output directory \\[results/<name>-<time>].")]
 ResumeOpt = Annotated[bool, typer.Option(
     "--resume", help="Continue the session in --out: keep its whole rounds, run the rest up "
-    "to --sessions (raise it to add rounds); its arms, cells and load must match.")]
+    "to --rounds (raise it to add rounds); its arms, cells and load must match.")]
 FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", help="How the summary prints on stdout: table, json or md.")]
 
 
 # command parameters that are not GateConfig fields, and those named differently
-_NOT_CONFIG = ("config", "resume", "output_format")
+_NOT_CONFIG = ("config", "resume", "output_format", "sessions")
 _FIELD_OF = {"arm": "arms"}
 
 
 def gate_options(params: dict[str, Any]) -> dict[str, Any]:
-    """A command's parameters (its `locals()` on entry) as GateConfig fields."""
-    return {_FIELD_OF.get(name, name): value for name, value in params.items()
-            if name not in _NOT_CONFIG}
+    """A command's parameters (its `locals()` on entry) as GateConfig fields; `--sessions`, the
+    old name of `--rounds`, counts as `--rounds`."""
+    options = {_FIELD_OF.get(name, name): value for name, value in params.items()
+               if name not in _NOT_CONFIG}
+    sessions = params.get("sessions")
+    if sessions is not None:
+        if options.get("rounds") not in (None, sessions):
+            raise ValueError(f"--sessions {sessions} and --rounds {options['rounds']}: "
+                             "--sessions is the old name of --rounds; give one")
+        options["rounds"] = sessions
+    return options

@@ -34,7 +34,7 @@ class PhasesSession(Session):
     """A one-round Session whose cells read /debug/phases instead of recording runs."""
 
     def __post_init__(self) -> None:
-        self.config = dataclasses.replace(self.config, sessions=1, runs=1)
+        self.config = dataclasses.replace(self.config, rounds=1, runs=1)
         super().__post_init__()
         self.arms = [dataclasses.replace(a, knobs={**a.knobs, "phase_timing": "on"})
                      if a.kind == "resident" else a for a in self.arms]
@@ -52,9 +52,9 @@ class PhasesSession(Session):
         write_phases(self.out, self.results, self.manifest)
         return failed
 
-    async def _cell(self, server: Server, arm: Arm, session: int, position: int,
+    async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
-        spec = await self._warmed_load(server, concurrency, vocab, session)
+        spec = await self._warmed_load(server, concurrency, vocab, round_index)
         if await server.post_json("/debug/phases/reset") is None:
             raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
                                f"server with /debug/phases?)", server.log_tail())

@@ -3,11 +3,13 @@
 runs.jsonl is appended as each run finishes, so an interrupted session keeps what it measured;
 `resident-gate report` rebuilds every table and plot from it and the manifest alone.
 
-A run is one arm serving one cell (a concurrency) once: `session` is the round (0-based, each
-round has its own Inductor cache and its own prompt seed), `position` the arm's place in that
-round's order (arms rotate: ABBA for two), `run` the run's number within the cell and round
-(1-based). A run that could not be measured (its server failed to start or died) has ok=False,
-its error, and its server's log tail; its numbers are None.
+A session is one `resident-gate run` (its output directory); it runs rounds, and in each round
+every arm's server starts once and serves all the cells' runs. A run is one arm serving one cell
+(a concurrency) once: `round` is the round (0-based; each round has its own Inductor cache and
+its own prompt seed), `position` the arm's place in that round's order (arms rotate: ABBA for
+two), `run` the run's number within the cell and round (1-based). A run that could not be
+measured (its server failed to start or died) has ok=False, its error, and its server's log
+tail; its numbers are None.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class RunRecord:
-    session: int
+    round: int
     arm: str
     position: int
     concurrency: int
@@ -72,11 +74,17 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        """Keys this version does not know (a newer gate wrote them) are dropped."""
+        """Keys this version does not know (a newer gate wrote them) are dropped; a record
+        written before rounds had their name holds the round as `session`."""
         known = {f.name for f in dataclasses.fields(cls)} - {"gpu"}
+        data = {_RENAMED.get(key, key): value for key, value in data.items()}
         gpu = data.get("gpu")
         return cls(**{k: v for k, v in data.items() if k in known},
                    gpu=GpuSample(**gpu) if gpu else None)
+
+
+# keys of older runs.jsonl records -> their field now
+_RENAMED = {"session": "round"}
 
 
 def append_run(directory: Path, record: RunRecord) -> None:
@@ -115,7 +123,11 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest; one written before rounds had their name gets `rounds` from `sessions`."""
     path = directory / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has no {MANIFEST_FILE}")
-    return json.loads(path.read_text())
+    manifest = json.loads(path.read_text())
+    if "sessions" in manifest and "rounds" not in manifest:
+        manifest["rounds"] = manifest.pop("sessions")
+    return manifest

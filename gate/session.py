@@ -3,7 +3,7 @@ its arms and its own prompt seed; each arm's server started once a round and ser
 cells' runs; every run appended to runs.jsonl as it finishes.
 
 A session can be resumed (`--resume`): the rounds runs.jsonl holds whole stay, a partial round
-is dropped and run again, and the remaining rounds run, up to --sessions (which may be raised to
+is dropped and run again, and the remaining rounds run, up to --rounds (which may be raised to
 add rounds). Every resumed server must report the weights fingerprint and, for a resident arm,
 the package source digest that the manifest recorded, so rounds run days or machines apart
 still measure the same code and weights; each resumption is logged in the manifest.
@@ -55,7 +55,7 @@ RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "
 def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
                      runs: int) -> int:
     """How many leading rounds hold a record (ok or failed) of every arm, cell and run."""
-    have = {(r.session, r.arm, r.concurrency, r.run) for r in records}
+    have = {(r.round, r.arm, r.concurrency, r.run) for r in records}
     count = 0
     while all((count, arm, cell, run) in have for arm in arms for cell in cells
               for run in range(1, runs + 1)):
@@ -63,9 +63,9 @@ def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int
     return count
 
 
-def round_order(arms: list[Arm], session: int) -> list[Arm]:
+def round_order(arms: list[Arm], round_index: int) -> list[Arm]:
     """ABBA for two arms; in general each round reverses the one before."""
-    return list(arms) if session % 2 == 0 else list(reversed(arms))
+    return list(arms) if round_index % 2 == 0 else list(reversed(arms))
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Session:
                      for arm in self.arms],
             "model": config.model, "device": config.device, "cells": list(config.concurrency),
             "prompt_len": config.prompt_len, "output_len": config.output_len,
-            "sessions": config.sessions, "runs": config.runs,
+            "rounds": config.rounds, "runs": config.runs,
             "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
             "seed": config.seed, "placement": self.placement.to_dict(),
             "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
@@ -134,11 +134,11 @@ class Session:
         removed_env = clean_environment()[1]
         first = self._resume(removed_env) if resume else self._start(removed_env)
         failed = 0
-        for session in range(first, self.config.sessions):
-            cache = (self.repo / INDUCTOR / self.out.name / f"round-{session}").resolve()
+        for round_index in range(first, self.config.rounds):
+            cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
             cache.mkdir(parents=True, exist_ok=True)
-            for position, arm in enumerate(round_order(self.arms, session)):
-                failed += asyncio.run(self._serve_arm(arm, session, position, cache))
+            for position, arm in enumerate(round_order(self.arms, round_index)):
+                failed += asyncio.run(self._serve_arm(arm, round_index, position, cache))
             shutil.rmtree(cache, ignore_errors=True)
         return failed
 
@@ -168,28 +168,28 @@ class Session:
         records = read_runs(self.out)
         first = completed_rounds(records, [a.name for a in self.arms],
                                  self.config.concurrency, self.config.runs)
-        rewrite_runs(self.out, [r for r in records if r.session < first])
+        rewrite_runs(self.out, [r for r in records if r.round < first])
         fingerprints = [a["debug_config"].get("weights_fingerprint")
                         for a in manifest["arms"] if a.get("debug_config")]
         self._fingerprint = fingerprints[0] if fingerprints else None
-        manifest["sessions"] = self.config.sessions
+        manifest["rounds"] = self.config.rounds
         manifest.setdefault("resumed", []).append({
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
             "command": self.command_line, "host": fresh["host"],
             "versions": fresh["versions"], "removed_env": removed_env})
         self.manifest = manifest
         write_manifest(self.out, manifest)
-        self.console.log(f"resuming {self.out} at round {first} of {self.config.sessions}")
+        self.console.log(f"resuming {self.out} at round {first} of {self.config.rounds}")
         return first
 
-    async def _serve_arm(self, arm: Arm, session: int, position: int, cache: Path) -> int:
+    async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:
         config = self.config
         launch = LaunchSpec(config.model, config.device, self.placement.server_cpus, cache,
                             self.placement.gpu, config.startup_timeout)
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
             else {}
-        log_path = self.out / "logs" / f"{arm.name}-round{session}.log"
-        self.console.log(f"round {session}: starting {arm.name} ({arm.spec})")
+        log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
+        self.console.log(f"round {round_index}: starting {arm.name} ({arm.spec})")
         server = Server(arm, launch, knobs, log_path)
         try:
             models = await server.wait_ready()
@@ -200,13 +200,13 @@ class Session:
                                    server.log_tail())
             failed = 0
             for concurrency in config.concurrency:
-                failed += await self._cell(server, arm, session, position, concurrency, vocab,
+                failed += await self._cell(server, arm, round_index, position, concurrency, vocab,
                                            planner_off)
             return failed
         except ServerFailed as err:
             self.console.log(f"[red]{err}[/red]")
             self.failures.append(str(err))
-            return self._record_all_failed(arm, session, position, str(err), err.log_tail)
+            return self._record_all_failed(arm, round_index, position, str(err), err.log_tail)
         finally:
             server.stop()
 
@@ -241,35 +241,36 @@ class Session:
         write_manifest(self.out, self.manifest)
         return planner_off
 
-    async def _cell(self, server: Server, arm: Arm, session: int, position: int,
+    async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
         # warmed before the first run's counters are read, so its server step times and GPU
         # samples cover its own requests only
-        spec = await self._warmed_load(server, concurrency, vocab, session)
+        spec = await self._warmed_load(server, concurrency, vocab, round_index)
         failed = 0
         for run in range(1, self.config.runs + 1):
             if not server.alive():
                 raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
                                    server.log_tail())
-            record = await self._measure(server, arm, spec, session, position, run, planner_off)
+            record = await self._measure(server, arm, spec, round_index, position, run,
+                                         planner_off)
             append_run(self.out, record)
             failed += not record.ok
-            self.console.log(f"round {session} {arm.name} c={concurrency} run {run}: "
+            self.console.log(f"round {round_index} {arm.name} c={concurrency} run {run}: "
                              f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
         return failed
 
     async def _warmed_load(self, server: Server, concurrency: int, vocab: int,
-                           session: int) -> LoadSpec:
+                           round_index: int) -> LoadSpec:
         """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
         config = self.config
         spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
                         prompt_len=config.prompt_len, output_len=config.output_len,
-                        vocab_size=vocab, seed=config.seed * 1000 + session,
+                        vocab_size=vocab, seed=config.seed * 1000 + round_index,
                         num_warmup=concurrency)
         await warm_up(server.url, spec)
         return dataclasses.replace(spec, num_warmup=0)
 
-    async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, session: int,
+    async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, round_index: int,
                        position: int, run: int, planner_off: bool) -> RunRecord:
         placement = self.placement
         siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
@@ -285,7 +286,7 @@ class Session:
         tracebacks, recompiles = scan_log(server.log_path)
         ok = result.num_failed < result.num_requests and server.alive()
         return RunRecord(
-            session=session, arm=arm.name, position=position, concurrency=spec.concurrency,
+            round=round_index, arm=arm.name, position=position, concurrency=spec.concurrency,
             run=run, ok=ok, error=None if ok else "; ".join(result.errors) or "server died",
             output_tok_s=result.output_tok_s if ok else None, itl_p50_ms=result.itl_p50_ms,
             itl_mean_ms=result.itl_mean_ms, ttft_p50_ms=result.ttft_p50_ms,
@@ -297,11 +298,11 @@ class Session:
             log_tail=None if ok else server.log_tail(), started_at=started,
         )
 
-    def _record_all_failed(self, arm: Arm, session: int, position: int, error: str,
+    def _record_all_failed(self, arm: Arm, round_index: int, position: int, error: str,
                            log_tail: str) -> int:
         """A server that failed to start or died: its remaining runs are failed runs."""
         done = {(r.concurrency, r.run) for r in read_runs(self.out)
-                if r.arm == arm.name and r.session == session} \
+                if r.arm == arm.name and r.round == round_index} \
             if (self.out / RUNS_FILE).exists() else set()
         count = 0
         for concurrency in self.config.concurrency:
@@ -309,7 +310,7 @@ class Session:
                 if (concurrency, run) in done:
                     continue
                 append_run(self.out, RunRecord(
-                    session=session, arm=arm.name, position=position, concurrency=concurrency,
+                    round=round_index, arm=arm.name, position=position, concurrency=concurrency,
                     run=run, ok=False, error=error, log_tail=log_tail, started_at=time.time()))
                 count += 1
         return count

@@ -1,6 +1,6 @@
 """The gate's statistics: run records as a frame, per-round paired deltas, and the verdict rule.
 
-Arms are compared paired by round: in each round (session) an arm and the baseline share an
+Arms are compared paired by round: in each round an arm and the baseline share an
 Inductor cache, a prompt seed and the host's state at that hour, so the per-round ratio removes
 what differs between rounds. Significance is an exact sign test over those ratios; the effect
 must also clear the A/A spread (a second copy of the baseline against the baseline) when one ran.
@@ -43,7 +43,7 @@ _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord) if f.name !
 ENGINE_KINDS = ("decode", "prefill", "mixed")  # step_ms kinds with a column: engine_<kind>_ms
 RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS))
-PAIRED_COLUMNS = ("cell", "concurrency", "arm", "session", "arm_tok_s", "base_tok_s", "delta")
+PAIRED_COLUMNS = ("cell", "concurrency", "arm", "round", "arm_tok_s", "base_tok_s", "delta")
 PLANNER_OFF = " (planner off!)"  # appended to a flagged arm's name in every table
 VERDICT_COLUMNS = ("cell", "arm", "rounds", "median_delta", "p_value", "threshold", "verdict")
 
@@ -101,7 +101,7 @@ def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
 
 def _round_medians(frame: pd.DataFrame) -> pd.DataFrame:
     ok = frame[frame["ok"] & frame["output_tok_s"].notna()]
-    return (ok.groupby(["concurrency", "arm", "session"], as_index=False)["output_tok_s"]
+    return (ok.groupby(["concurrency", "arm", "round"], as_index=False)["output_tok_s"]
             .median())
 
 
@@ -109,16 +109,16 @@ def paired_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Per cell and round, each non-baseline arm's median tok/s against the baseline's.
 
     delta = arm / base - 1 (a fraction). Rounds where either side has no ok run are left out.
-    Sorted by concurrency, arm, session.
+    Sorted by concurrency, arm, round.
     """
     medians = _round_medians(frame)
     base = medians[medians["arm"] == baseline].drop(columns="arm")
     base = base.rename(columns={"output_tok_s": "base_tok_s"})
     arms = medians[medians["arm"] != baseline].rename(columns={"output_tok_s": "arm_tok_s"})
-    paired = arms.merge(base, on=["concurrency", "session"], how="inner")
+    paired = arms.merge(base, on=["concurrency", "round"], how="inner")
     paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
     paired["cell"] = [f"c={c}" for c in paired["concurrency"]]
-    paired = paired.sort_values(["concurrency", "arm", "session"], kind="stable")
+    paired = paired.sort_values(["concurrency", "arm", "round"], kind="stable")
     return paired[list(PAIRED_COLUMNS)].reset_index(drop=True)
 
 

@@ -1,4 +1,4 @@
-"""The gate's tables: summary rows, and the per-session, summary and paired markdown reports.
+"""The gate's tables: summary rows, and the per-round, summary and paired markdown reports.
 
 Every renderer is a pure function of the runs frame and the manifest, so a finished session's
 reports can be rebuilt from runs.jsonl and manifest.json alone (`resident-gate report`).
@@ -28,13 +28,15 @@ from gate.markdown import (
     num,
     page_title,
     plural,
+    round_label,
     tok_digits,
 )
 from gate.records import read_manifest, read_runs
 
-SESSIONS_FILE = "sessions.md"
+ROUNDS_FILE = "rounds.md"
 SUMMARY_FILE = "summary.md"
 PAIRED_FILE = "paired.md"
+REPORT_FILES = (ROUNDS_FILE, SUMMARY_FILE, PAIRED_FILE, plots.TOK_S_FILE, plots.ITL_FILE)
 LOG_TAIL_LINES = 20
 
 
@@ -106,7 +108,7 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     return rows
 
 
-# ---- sessions.md ----
+# ---- rounds.md ----
 
 def _run_cell(run: pd.Series, digits: int) -> str:
     return fmt_tok(run["output_tok_s"], digits) if run["ok"] else "failed"
@@ -120,12 +122,12 @@ def _failed_text(runs: pd.DataFrame) -> str:
     return f"{requests}, {plural(failed_runs, 'run')}"
 
 
-def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list[int],
-                 digits: int) -> list[str]:
+def _round_row(runs: pd.DataFrame, label: str, round_index: int, run_numbers: list[int],
+               digits: int) -> list[str]:
     ok = runs[runs["ok"]]
     by_run = {int(r["run"]): r for _, r in runs.iterrows()}
     tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
-    return [label, f"s{session + 1}", *tok,
+    return [label, round_label(round_index), *tok,
             fmt_slashed(median(ok["itl_p50_ms"]), median(ok["itl_mean_ms"])),
             fmt(median(ok["ttft_p50_ms"]), 1),
             fmt_slashed(*(median(ok[f"engine_{kind}_ms"]) for kind in stats.ENGINE_KINDS),
@@ -134,21 +136,21 @@ def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list
             _failed_text(runs)]
 
 
-def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
-                    flagged: set[str]) -> str:
+def _rounds_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
+                  flagged: set[str]) -> str:
     in_cell = frame[frame["cell"] == cell]
     run_numbers = sorted(int(n) for n in set(in_cell["run"]))
-    header = ["arm", "session", *(f"tok/s r{n}" for n in run_numbers), "ITL p50/mean ms",
+    header = ["arm", "round", *(f"tok/s run {n}" for n in run_numbers), "ITL p50/mean ms",
               "TTFT p50 ms", "server step ms decode/prefill/mixed", "sibling busy CPUs",
               "failed"]
     digits = tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
     rows = []
     for arm in cell_arms(frame, manifest, cell):
         of_arm = in_cell[in_cell["arm"] == arm]
-        for session in sorted(set(of_arm["session"])):
-            runs = of_arm[of_arm["session"] == session]
-            rows.append(_session_row(runs, label(arm, flagged), int(session), run_numbers,
-                                     digits))
+        for round_index in sorted(set(of_arm["round"])):
+            runs = of_arm[of_arm["round"] == round_index]
+            rows.append(_round_row(runs, label(arm, flagged), int(round_index), run_numbers,
+                                   digits))
     if not rows:
         return f"## {cell}\n\nNo runs."
     align = "ll" + "r" * (len(header) - 2)
@@ -161,8 +163,8 @@ def _fence(text: str) -> str:
 
 
 def _failed_run_block(run: pd.Series, flagged: set[str]) -> str:
-    title = (f"### {label(run['arm'], flagged)} {run['cell']} s{int(run['session']) + 1} "
-             f"r{int(run['run'])}")
+    title = (f"### {label(run['arm'], flagged)} {run['cell']} {round_label(run['round'])} "
+             f"run {int(run['run'])}")
     parts = [title, "", f"Error: {run['error'] or 'none recorded'}"]
     tail = run["log_tail"]
     if tail:
@@ -174,7 +176,7 @@ def _failed_run_block(run: pd.Series, flagged: set[str]) -> str:
 
 
 def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
-    failed = frame[~frame["ok"]].sort_values(["concurrency", "session", "arm", "run"],
+    failed = frame[~frame["ok"]].sort_values(["concurrency", "round", "arm", "run"],
                                              kind="stable")
     if failed.empty:
         return None
@@ -182,17 +184,17 @@ def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
     return "## Failed runs\n\n" + "\n\n".join(blocks)
 
 
-def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
-    """Per-session blocks: per cell, one row per (arm, session) with each run's tok/s."""
+def rounds_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
+    """Per cell, one row per (arm, round) with each run's tok/s."""
     flagged = stats.planner_off_arms(frame, manifest)
-    parts = [page_title(manifest, "per-session runs"), header_line(manifest), arms_line(manifest),
-             "Each row is one arm's server in one round (s1 is the first). tok/s per run "
+    parts = [page_title(manifest, "runs by round"), header_line(manifest), arms_line(manifest),
+             "Each row is one arm's server in one round (r1 is the first). tok/s per run "
              "(`failed`: the run could not be measured); ITL, TTFT, server step and sibling "
              "busy CPUs are medians over the row's runs; server step is the server's mean wall "
              "time in one engine step of that kind over the run (n/a: the server does not "
              "report it), for ITL and TTFT to be read against; failed counts failed requests "
              "(and failed runs)."]
-    parts += [_sessions_block(frame, manifest, cell, flagged)
+    parts += [_rounds_block(frame, manifest, cell, flagged)
               for cell in stats.cell_order(frame, manifest)]
     failed = _failed_runs_section(frame, flagged)
     if failed:
@@ -274,18 +276,18 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
 # ---- paired.md ----
 
 def _deltas_table(paired: pd.DataFrame, arms: list[str], flagged: set[str]) -> str | None:
-    sessions = sorted(int(s) for s in set(paired["session"]))
+    rounds = sorted(int(r) for r in set(paired["round"]))
     rows = []
     for arm in arms:
         of_arm = paired[paired["arm"] == arm]
         if of_arm.empty:
             continue
-        by_round = dict(zip(of_arm["session"], of_arm["delta"], strict=True))
+        by_round = dict(zip(of_arm["round"], of_arm["delta"], strict=True))
         rows.append([label(arm, flagged),
-                     *(fmt_pct(by_round[s]) if s in by_round else "-" for s in sessions)])
+                     *(fmt_pct(by_round[r]) if r in by_round else "-" for r in rounds)])
     if not rows:
         return None
-    return md_table(["arm", *(f"s{s + 1}" for s in sessions)], rows, "l" + "r" * len(sessions))
+    return md_table(["arm", *(round_label(r) for r in rounds)], rows, "l" + "r" * len(rounds))
 
 
 def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
@@ -339,7 +341,7 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
 # ---- the whole report ----
 
 def write_reports(directory: Path) -> list[dict[str, Any]]:
-    """Rebuild sessions.md, summary.md, paired.md, tok_s.png and itl.png in `directory`.
+    """Rebuild rounds.md, summary.md, paired.md, tok_s.png and itl.png in `directory`.
 
     Reads runs.jsonl and manifest.json there; returns the summary rows.
     """
@@ -349,7 +351,7 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     paired = stats.paired_deltas(frame, baseline)
     verdicts = stats.verdicts(paired, baseline, manifest.get("aa_arm"))
     rows = summary_rows(frame, manifest, verdicts)
-    (directory / SESSIONS_FILE).write_text(sessions_md(frame, manifest))
+    (directory / ROUNDS_FILE).write_text(rounds_md(frame, manifest))
     (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))
     flagged = stats.planner_off_arms(frame, manifest)
     (directory / PAIRED_FILE).write_text(paired_md(paired, verdicts, manifest, flagged))

@@ -86,7 +86,7 @@ def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate") / "session"
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
                     "--set", "main.resident_planning=off", "--set", "dtype=float32",
-                    "--concurrency", "1,2", "--sessions", "2", "--runs", "2",
+                    "--concurrency", "1,2", "--rounds", "2", "--runs", "2",
                     "--out", str(out), "--format", "json", *SHORT)
     return out, result
 
@@ -109,7 +109,7 @@ def test_a_session_writes_everything(session):
     assert all(r.step_ms.get("prefill", 0) > 0 for r in runs if r.concurrency == 1)
     # the warm-up comes before the first run's counters are read: one prefill a request
     assert all(r.steps.get("prefill") == r.num_requests for r in runs if r.concurrency == 1)
-    for name in ("manifest.json", "sessions.md", "summary.md", "paired.md", "tok_s.png",
+    for name in ("manifest.json", "rounds.md", "summary.md", "paired.md", "tok_s.png",
                  "itl.png"):
         assert (out / name).is_file(), name
     manifest = read_manifest(out)
@@ -125,11 +125,11 @@ def test_report_reproduces_the_tables(session, tmp_path):
     out, _ = session
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    for name in ("sessions.md", "summary.md", "paired.md"):
+    for name in ("rounds.md", "summary.md", "paired.md"):
         (copy / name).unlink()
     result = invoke("report", str(copy), "--format", "md")
     assert result.exit_code == 0, result.output
-    for name in ("sessions.md", "summary.md", "paired.md"):
+    for name in ("rounds.md", "summary.md", "paired.md"):
         assert (copy / name).read_text() == (out / name).read_text(), name
 
 
@@ -141,7 +141,7 @@ def test_a_git_arm_runs_its_own_commit(tmp_path):
                            text=True).stdout.strip()
     assert first and older
     out = tmp_path / "git-arm"
-    result = invoke("run", "--arm", f"old=git:{older}", "--concurrency", "1", "--sessions",
+    result = invoke("run", "--arm", f"old=git:{older}", "--concurrency", "1", "--rounds",
                     "1", "--runs", "1", "--out", str(out), *SHORT)
     assert result.exit_code == 0, result.output
     arm = read_manifest(out)["arms"][0]
@@ -158,7 +158,7 @@ def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     # the server prints the run id it inherited: what servers_left finds a run's servers by
     command = f"python3 -c 'import os, sys; print(os.environ[\"{RUN_ID}\"]); sys.exit(3)' {{port}}"
     result = invoke("run", "--arm", f"broken=cmd:{command}", "--concurrency", "1,2",
-                    "--sessions", "1", "--runs", "2", "--out", str(out), *SHORT)
+                    "--rounds", "1", "--runs", "2", "--out", str(out), *SHORT)
     assert result.exit_code == 1
     runs = read_runs(out)
     assert len(runs) == 4 and not any(r.ok for r in runs)
@@ -174,30 +174,31 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     out = tmp_path / "resumed"
     one_round = ["run", "--arm", "main=.", "--concurrency", "1", "--runs", "2", "--out",
                  str(out), *SHORT]
-    result = invoke(*one_round, "--sessions", "1")
+    result = invoke(*one_round, "--rounds", "1")
     assert result.exit_code == 0, result.output
-    again = invoke(*one_round, "--sessions", "1")
+    again = invoke(*one_round, "--rounds", "1")
     assert again.exit_code == 2 and "--resume" in " ".join(again.output.split())
-    partial = json.loads(read_runs(out)[0].to_json()) | {"session": 1, "output_tok_s": -1.0}
+    partial = json.loads(read_runs(out)[0].to_json()) | {"round": 1, "output_tok_s": -1.0}
     with (out / "runs.jsonl").open("a") as runs_file:
         runs_file.write(json.dumps(partial) + "\n")
-    wrong = invoke(*one_round, "--sessions", "2", "--resume", "--prompt-len", "8")
+    wrong = invoke(*one_round, "--rounds", "2", "--resume", "--prompt-len", "8")
     assert wrong.exit_code == 2 and "prompt_len" in " ".join(wrong.output.split())
+    # --sessions, the option's old name, still works
     result = invoke(*one_round, "--sessions", "2", "--resume")
     assert result.exit_code == 0, result.output
     runs = read_runs(out)
-    assert [(r.session, r.run, r.ok) for r in runs] == [
+    assert [(r.round, r.run, r.ok) for r in runs] == [
         (0, 1, True), (0, 2, True), (1, 1, True), (1, 2, True)]
     assert all(r.output_tok_s > 0 for r in runs)
     manifest = read_manifest(out)
-    assert manifest["sessions"] == 2 and manifest["resumed"][0]["from_round"] == 1
-    assert "s2" in (out / "sessions.md").read_text()
+    assert manifest["rounds"] == 2 and manifest["resumed"][0]["from_round"] == 1
+    assert "| r2 |" in (out / "rounds.md").read_text()
     # a third round on other code than the first two ran is refused, arm by arm
     manifest["arms"][0]["debug_config"]["source_digest"] = "0" * 64
     (out / "manifest.json").write_text(json.dumps(manifest))
-    result = invoke(*one_round, "--sessions", "3", "--resume")
+    result = invoke(*one_round, "--rounds", "3", "--resume")
     assert result.exit_code == 1
-    assert all("source digest" in r.error for r in read_runs(out) if r.session == 2)
+    assert all("source digest" in r.error for r in read_runs(out) if r.round == 2)
     assert not servers_left(result)
 
 
@@ -207,6 +208,7 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     (["run", "--arm", "main=.", "--set", "head.page_size=8"], "no arm named 'head'"),
     (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
     (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
+    (["run", "--arm", "main=.", "--rounds", "2", "--sessions", "3"], "old name of --rounds"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):

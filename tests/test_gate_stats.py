@@ -13,7 +13,7 @@ from gate.records import GpuSample, RunRecord
 
 def _records(arm: str, tok_s: list[float], concurrency: int = 16) -> list[RunRecord]:
     """One ok run per round for `arm`, round i at tok_s[i]."""
-    return [RunRecord(session=i, arm=arm, position=0, concurrency=concurrency, run=1, ok=True,
+    return [RunRecord(round=i, arm=arm, position=0, concurrency=concurrency, run=1, ok=True,
                       output_tok_s=value, itl_p50_ms=1.0, itl_mean_ms=1.1, ttft_p50_ms=10.0)
             for i, value in enumerate(tok_s)]
 
@@ -116,8 +116,8 @@ def test_aa_spread_raises_the_threshold():
 
 
 def test_paired_deltas_use_round_medians_and_skip_unpaired_rounds():
-    def run(session, arm, run_no, tok, ok=True):
-        return RunRecord(session=session, arm=arm, position=0, concurrency=1, run=run_no, ok=ok,
+    def run(round_index, arm, run_no, tok, ok=True):
+        return RunRecord(round=round_index, arm=arm, position=0, concurrency=1, run=run_no, ok=ok,
                          output_tok_s=tok if ok else None)
 
     records = [run(0, "main", 1, 100.0), run(0, "main", 2, 120.0), run(0, "main", 3, 900.0),
@@ -128,15 +128,15 @@ def test_paired_deltas_use_round_medians_and_skip_unpaired_rounds():
     assert list(paired.columns) == list(stats.PAIRED_COLUMNS)
     assert len(paired) == 1
     row = paired.iloc[0]
-    assert (row["cell"], row["arm"], row["session"]) == ("c=1", "head", 0)
+    assert (row["cell"], row["arm"], row["round"]) == ("c=1", "head", 0)
     assert row["base_tok_s"] == 120.0
     assert row["delta"] == pytest.approx(121.0 / 120.0 - 1)
 
 
 def test_runs_frame_flattens_gpu_and_keeps_failed_runs():
-    ok = RunRecord(session=0, arm="main", position=0, concurrency=4, run=1, ok=True,
+    ok = RunRecord(round=0, arm="main", position=0, concurrency=4, run=1, ok=True,
                    output_tok_s=10.0, gpu=GpuSample(sm_clock_mhz=1980.0, power_w=300.0))
-    failed = RunRecord(session=0, arm="main", position=0, concurrency=4, run=2, ok=False,
+    failed = RunRecord(round=0, arm="main", position=0, concurrency=4, run=2, ok=False,
                        error="boom")
     frame = stats.runs_frame([ok, failed])
     assert list(frame["ok"]) == [True, False]

@@ -16,15 +16,22 @@ from typer.testing import CliRunner
 
 from gate import tables
 from gate.commands.report import report
-from gate.records import GpuSample, RunRecord, append_run, write_manifest
+from gate.records import (
+    GpuSample,
+    RunRecord,
+    append_run,
+    read_manifest,
+    read_runs,
+    write_manifest,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
-REPORTS = (tables.SESSIONS_FILE, tables.SUMMARY_FILE, tables.PAIRED_FILE)
+REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.PAIRED_FILE)
 INPUTS = ("runs.jsonl", "manifest.json")
 PLOTS = ("tok_s.png", "itl.png")
 
 MANIFEST = {
-    "name": "golden", "baseline": "main", "aa_arm": None, "cells": [1, 16], "sessions": 2,
+    "name": "golden", "baseline": "main", "aa_arm": None, "cells": [1, 16], "rounds": 2,
     "runs": 2, "model": "tiny", "device": "cpu", "prompt_len": 64, "output_len": 16,
     "arms": [
         {"name": "main", "spec": "git:HEAD~1", "kind": "resident", "knobs": {},
@@ -34,7 +41,7 @@ MANIFEST = {
     ],
     "host": {"opaque": True},
 }
-# (session, arm, concurrency) -> tok/s of runs 1 and 2; None marks a failed run
+# (round, arm, concurrency) -> tok/s of runs 1 and 2; None marks a failed run
 TOK_S = {
     (0, "main", 1): (100.0, 104.0), (0, "head", 1): (110.0, 112.5),
     (1, "main", 1): (98.0, 101.0), (1, "head", 1): (109.0, 111.0),
@@ -45,10 +52,12 @@ LOG_TAIL = ("INFO engine core up\nTraceback (most recent call last):\n"
             "  File \"core.py\", line 1, in step\nRuntimeError: CUDA error: out of memory\n")
 
 
-def _record(session: int, arm: str, concurrency: int, run: int, tok_s: float | None) -> RunRecord:
-    position = (0 if arm == "main" else 1) if session % 2 == 0 else (1 if arm == "main" else 0)
-    common = {"session": session, "arm": arm, "position": position, "concurrency": concurrency,
-              "run": run, "started_at": 1_700_000_000.0 + 60 * (session * 8 + run)}
+def _record(round_index: int, arm: str, concurrency: int, run: int,
+            tok_s: float | None) -> RunRecord:
+    position = (0 if arm == "main" else 1) if round_index % 2 == 0 else (
+        1 if arm == "main" else 0)
+    common = {"round": round_index, "arm": arm, "position": position, "concurrency": concurrency,
+              "run": run, "started_at": 1_700_000_000.0 + 60 * (round_index * 8 + run)}
     if tok_s is None:
         return RunRecord(**common, ok=False, error="server exited with code 1",
                          log_tail=LOG_TAIL, server_tracebacks=1)
@@ -56,27 +65,27 @@ def _record(session: int, arm: str, concurrency: int, run: int, tok_s: float | N
     return RunRecord(
         **common, ok=True, output_tok_s=tok_s, itl_p50_ms=round(itl, 3),
         itl_mean_ms=round(itl * 1.05, 3), ttft_p50_ms=round(5.0 + concurrency * 0.5, 3),
-        num_requests=4 * concurrency, num_failed=2 if (session, arm, concurrency, run) ==
+        num_requests=4 * concurrency, num_failed=2 if (round_index, arm, concurrency, run) ==
         (1, "main", 1, 1) else 0, output_tokens=64 * concurrency, wall_s=1.0,
         steps={"decode": 60, "prefill": 4} | ({"mixed": 3} if concurrency > 1 else {}),
-        # a server that reports no step times (another engine) in main's second session; at
+        # a server that reports no step times (another engine) in main's second round; at
         # c=1 no step mixes prefill and decode
-        step_ms={} if session == 1 and arm == "main" else
+        step_ms={} if round_index == 1 and arm == "main" else
         {"decode": round(itl * 0.9, 3), "prefill": round(4.0 + concurrency * 0.25, 3)}
         | ({"mixed": round(6.0 + concurrency * 0.5, 3)} if concurrency > 1 else {}),
-        sibling_busy_cpus=None if session == 1 and arm == "main" else 0.5 + run * 0.25,
+        sibling_busy_cpus=None if round_index == 1 and arm == "main" else 0.5 + run * 0.25,
         gpu=GpuSample(sm_clock_mhz=1980.0, power_w=250.0) if concurrency == 16 else None,
-        planner_off=arm == "head" and session == 1)
+        planner_off=arm == "head" and round_index == 1)
 
 
 def build_session(directory: Path) -> None:
-    """The synthetic session: main/head, c=1 and c=16, 2 sessions x 2 runs, one failed run."""
+    """The synthetic session: main/head, c=1 and c=16, 2 rounds x 2 runs, one failed run."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "runs.jsonl").unlink(missing_ok=True)
     write_manifest(directory, MANIFEST)
-    for (session, arm, concurrency), values in sorted(TOK_S.items()):
+    for (round_index, arm, concurrency), values in sorted(TOK_S.items()):
         for run, tok_s in enumerate(values, start=1):
-            append_run(directory, _record(session, arm, concurrency, run, tok_s))
+            append_run(directory, _record(round_index, arm, concurrency, run, tok_s))
 
 
 def _regenerate() -> None:
@@ -132,9 +141,9 @@ def _session(directory: Path, records: list[RunRecord], **manifest) -> Path:
 
 
 def test_degenerate_sessions_do_not_crash(tmp_path):
-    failed = [_record(s, a, c, 1, None) for s in (0, 1) for a in ("main", "head") for c in (1, 16)]
-    head_only = [_record(s, "head", c, r, 100.0) for s in (0, 1) for c in (1, 16) for r in (1, 2)]
-    one_arm = [_record(s, "main", 1, 1, 100.0) for s in (0, 1)]
+    failed = [_record(r, a, c, 1, None) for r in (0, 1) for a in ("main", "head") for c in (1, 16)]
+    head_only = [_record(r, "head", c, n, 100.0) for r in (0, 1) for c in (1, 16) for n in (1, 2)]
+    one_arm = [_record(r, "main", 1, 1, 100.0) for r in (0, 1)]
     cases = {"all_failed": (failed, {}), "no_baseline": (head_only, {}),
              "one_arm": (one_arm, {"arms": MANIFEST["arms"][:1], "cells": [1]}),
              "empty": ([], {})}
@@ -184,3 +193,20 @@ def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
     assert half.exit_code == 2
     assert "half-session" in half.output and "runs.jsonl" in half.output
 
+
+
+LEGACY = Path(__file__).parent / "golden" / "gate-legacy"
+
+
+def test_a_session_written_before_rounds_had_their_name_still_reports(tmp_path):
+    """runs.jsonl records holding the round as `session` and a manifest with `sessions` (the
+    golden session as the gate wrote it then) give the same records and tables as today's."""
+    assert '"session": 0' in (LEGACY / "runs.jsonl").read_text()
+    assert '"sessions": 2' in (LEGACY / "manifest.json").read_text()
+    assert read_runs(LEGACY) == read_runs(GOLDEN)
+    assert read_manifest(LEGACY)["rounds"] == 2
+    old = tmp_path / "old"
+    shutil.copytree(LEGACY, old)
+    tables.write_reports(old)
+    for name in REPORTS:
+        assert (old / name).read_text() == (GOLDEN / name).read_text(), name

@@ -9,7 +9,7 @@ import typer
 
 from gate.output import OutputFormat, print_summary
 from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
-from gate.tables import write_reports
+from gate.tables import REPORT_FILES, write_reports
 
 
 def _session_dir(directory: Path) -> Path:
@@ -28,6 +28,5 @@ def report(
 ) -> None:
     """Rebuild every table and plot of a finished session from runs.jsonl and manifest.json."""
     rows = write_reports(directory)
-    typer.echo(f"wrote sessions.md, summary.md, paired.md, tok_s.png, itl.png in {directory}",
-               err=True)
+    typer.echo(f"wrote {', '.join(REPORT_FILES)} in {directory}", err=True)
     print_summary(rows, read_manifest(directory), output_format)

@@ -22,7 +22,7 @@ def run(
     concurrency: opt.ConcurrencyOpt = None,
     prompt_len: opt.PromptLenOpt = None,
     output_len: opt.OutputLenOpt = None,
-    sessions: opt.SessionsOpt = None,
+    rounds: opt.RoundsOpt = None,
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
@@ -36,6 +36,7 @@ def run(
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
     resume: opt.ResumeOpt = False,
+    sessions: opt.SessionsOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
 ) -> None:
     """Gate arms against the baseline: alternated rounds, per-round Inductor caches, pinned
