@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -75,6 +76,26 @@ def plural(count: int, noun: str) -> str:
 
 
 # ---- markdown ----
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One report table, as markdown and the stdout (rich) table both render it. `align` has
+    one letter a column: l (left) or r (right)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    align: str
+
+    def __post_init__(self) -> None:
+        if len(self.align) != len(self.header) or set(self.align) - {"l", "r"}:
+            raise ValueError(f"align {self.align!r}: one l or r for each of "
+                             f"{len(self.header)} columns")
+        for row in self.rows:
+            if len(row) != len(self.header):
+                raise ValueError(f"row {row} has {len(row)} cells for {len(self.header)} "
+                                 "columns")
+
 
 def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
     """A pipe table; `align` has one letter a column, l (left) or r (right)."""

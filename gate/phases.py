@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gate.arms import Arm
 from gate.load import run_load
-from gate.markdown import header_line, md_table, page_title
+from gate.markdown import TableSpec, header_line, md_table, page_title
 from gate.records import write_manifest
 from gate.server import Server, ServerFailed
 from gate.session import Session
@@ -58,16 +57,16 @@ class PhasesSession(Session):
         if await server.post_json("/debug/phases/reset") is None:
             raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
                                f"server with /debug/phases?)", server.log_tail())
-        result = await run_load(server.url, spec)
+        metrics = (await run_load(server.url, spec)).metrics
         report = await server.get_json("/debug/phases") or {}
         self.results.setdefault(f"c={concurrency}", {})[arm.name] = {
             "kinds": report.get("kinds", {}), "enabled": report.get("enabled", False),
-            "output_tok_s": result.output_tok_s, "num_failed": result.num_failed,
+            "output_throughput": metrics.output_throughput, "failed": metrics.failed,
             "planner_off": planner_off}
-        self.console.log(f"{arm.name} c={concurrency}: {result.output_tok_s} tok/s, "
+        self.console.log(f"{arm.name} c={concurrency}: {metrics.output_throughput} tok/s, "
                          f"{report.get('kinds', {}).get('decode', {}).get('steps', 0)} "
                          f"decode steps timed")
-        return int(result.num_failed >= result.num_requests)
+        return int(metrics.completed == 0)
 
 
 def _decode(results: dict[str, dict[str, Any]], cell: str, arm: str) -> dict[str, float] | None:
@@ -103,25 +102,16 @@ def takes_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list
     return rows
 
 
-@dataclass(frozen=True)
-class PhaseTable:
-    """One of phases.md's tables, as both the markdown and the stdout table render it."""
-
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-
-
-def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[PhaseTable]:
+def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[TableSpec]:
     """The two tables: the plan thread's CPU by phase per arm and cell, and what each
     arm takes off the baseline's (arms[0]) plan thread."""
     baseline = arms[0]
     return [
-        PhaseTable("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
-                   phase_rows(results, arms)),
-        PhaseTable(f"The plan thread, {baseline} against each arm",
-                   ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
-                    f"of {baseline}'s step"], takes_rows(results, arms)),
+        TableSpec("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
+                  phase_rows(results, arms), "ll" + "r" * (len(COLUMNS) + 1)),
+        TableSpec(f"The plan thread, {baseline} against each arm",
+                  ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
+                   f"of {baseline}'s step"], takes_rows(results, arms), "llrrr"),
     ]
 
 
@@ -135,7 +125,7 @@ def phases_md(results: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> s
         "each part holds). Every step kind is in phases.json.",
         *(part for table in tables for part in (
             f"## {table.title}",
-            md_table(table.header, table.rows, "ll" + "r" * (len(table.header) - 2))))]) + "\n"
+            md_table(table.header, table.rows, table.align)))]) + "\n"
 
 
 def write_phases(out: Path, results: dict[str, dict[str, Any]],

@@ -255,8 +255,10 @@ class Session:
                                          planner_off)
             append_run(self.out, record)
             failed += not record.ok
+            metrics = record.metrics
             self.console.log(f"round {round_index} {arm.name} c={concurrency} run {run}: "
-                             f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
+                             f"{metrics.output_throughput} tok/s, {metrics.failed} failed "
+                             "requests")
         return failed
 
     async def _warmed_load(self, server: Server, concurrency: int, vocab: int,
@@ -284,18 +286,15 @@ class Session:
         gpu_sample, busy = gpu.stop(), siblings.stop()
         steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
         tracebacks, recompiles = scan_log(server.log_path)
-        ok = result.num_failed < result.num_requests and server.alive()
+        metrics = result.metrics
+        ok = metrics.completed > 0 and server.alive()
         return RunRecord(
             round=round_index, arm=arm.name, position=position, concurrency=spec.concurrency,
             run=run, ok=ok, error=None if ok else "; ".join(result.errors) or "server died",
-            output_tok_s=result.output_tok_s if ok else None, itl_p50_ms=result.itl_p50_ms,
-            itl_mean_ms=result.itl_mean_ms, ttft_p50_ms=result.ttft_p50_ms,
-            num_requests=result.num_requests, num_failed=result.num_failed,
-            output_tokens=result.output_tokens, wall_s=result.wall_s,
-            steps=steps, step_ms=step_ms,
-            sibling_busy_cpus=busy, gpu=gpu_sample, server_tracebacks=tracebacks,
-            recompile_limit_lines=recompiles, planner_off=planner_off,
-            log_tail=None if ok else server.log_tail(), started_at=started,
+            metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
+            gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
+            planner_off=planner_off, log_tail=None if ok else server.log_tail(),
+            started_at=started,
         )
 
     def _record_all_failed(self, arm: Arm, round_index: int, position: int, error: str,

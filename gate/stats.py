@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from gate.load import ServeMetrics
 from gate.records import GpuSample, RunRecord
 
 MIN_ROUNDS = 6
@@ -39,11 +40,15 @@ RULE = (
 )
 
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuSample))
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord) if f.name != "gpu")
+METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(ServeMetrics))
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord)
+                       if f.name not in ("gpu", "metrics"))
 ENGINE_KINDS = ("decode", "prefill", "mixed")  # step_ms kinds with a column: engine_<kind>_ms
-RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *(f"gpu_{name}" for name in _GPU_FIELDS),
+RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *METRIC_FIELDS,
+               *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS))
 PAIRED_COLUMNS = ("cell", "concurrency", "arm", "round", "arm_tok_s", "base_tok_s", "delta")
+THROUGHPUT = "output_throughput"  # the verdicts' measure: output tok/s of a run
 PLANNER_OFF = " (planner off!)"  # appended to a flagged arm's name in every table
 VERDICT_COLUMNS = ("cell", "arm", "rounds", "median_delta", "p_value", "threshold", "verdict")
 
@@ -76,6 +81,7 @@ def planner_off_arms(frame: pd.DataFrame, manifest: dict[str, Any]) -> set[str]:
 
 def _record_row(record: RunRecord) -> dict:
     row = {name: getattr(record, name) for name in _RECORD_FIELDS}
+    row.update({name: getattr(record.metrics, name, None) for name in METRIC_FIELDS})
     gpu = record.gpu or GpuSample()
     row.update({f"gpu_{name}": getattr(gpu, name) for name in _GPU_FIELDS})
     row.update({f"engine_{kind}_ms": record.step_ms.get(kind) for kind in ENGINE_KINDS})
@@ -84,14 +90,14 @@ def _record_row(record: RunRecord) -> dict:
 
 
 def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
-    """One row per run record, `gpu` flattened to `gpu_<field>` columns, the server's mean
-    decode, prefill and mixed step to `engine_<kind>_ms`, plus `cell` ("c=16").
+    """One row per run record, `metrics` flattened to its ServeMetrics field names, `gpu` to
+    `gpu_<field>` columns, the server's mean decode, prefill and mixed step to
+    `engine_<kind>_ms`, plus `cell` ("c=16").
 
-    Numbers a failed run lacks are NaN; `steps` and `step_ms` stay dicts per row.
+    Numbers a run lacks are NaN; `steps` and `step_ms` stay dicts per row.
     """
     frame = pd.DataFrame([_record_row(r) for r in records], columns=list(RUN_COLUMNS))
-    numeric = ["output_tok_s", "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "wall_s",
-               "sibling_busy_cpus", *(f"gpu_{name}" for name in _GPU_FIELDS),
+    numeric = [*METRIC_FIELDS, "sibling_busy_cpus", *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS)]
     frame[numeric] = frame[numeric].astype(float)
     frame["ok"] = frame["ok"].astype(bool)
@@ -100,9 +106,8 @@ def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
 
 
 def _round_medians(frame: pd.DataFrame) -> pd.DataFrame:
-    ok = frame[frame["ok"] & frame["output_tok_s"].notna()]
-    return (ok.groupby(["concurrency", "arm", "round"], as_index=False)["output_tok_s"]
-            .median())
+    ok = frame[frame["ok"] & frame[THROUGHPUT].notna()]
+    return ok.groupby(["concurrency", "arm", "round"], as_index=False)[THROUGHPUT].median()
 
 
 def paired_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
@@ -113,8 +118,8 @@ def paired_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """
     medians = _round_medians(frame)
     base = medians[medians["arm"] == baseline].drop(columns="arm")
-    base = base.rename(columns={"output_tok_s": "base_tok_s"})
-    arms = medians[medians["arm"] != baseline].rename(columns={"output_tok_s": "arm_tok_s"})
+    base = base.rename(columns={THROUGHPUT: "base_tok_s"})
+    arms = medians[medians["arm"] != baseline].rename(columns={THROUGHPUT: "arm_tok_s"})
     paired = arms.merge(base, on=["concurrency", "round"], how="inner")
     paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
     paired["cell"] = [f"c={c}" for c in paired["concurrency"]]

@@ -6,6 +6,7 @@ reports can be rebuilt from runs.jsonl and manifest.json alone (`resident-gate r
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,6 +16,7 @@ import pandas as pd
 
 from gate import plots, stats
 from gate.markdown import (
+    TableSpec,
     arms_line,
     cell_arms,
     fmt,
@@ -36,7 +38,9 @@ from gate.records import read_manifest, read_runs
 ROUNDS_FILE = "rounds.md"
 SUMMARY_FILE = "summary.md"
 PAIRED_FILE = "paired.md"
-REPORT_FILES = (ROUNDS_FILE, SUMMARY_FILE, PAIRED_FILE, plots.TOK_S_FILE, plots.ITL_FILE)
+SUMMARY_JSON = "summary.json"
+REPORT_FILES = (ROUNDS_FILE, SUMMARY_FILE, SUMMARY_JSON, PAIRED_FILE, plots.TOK_S_FILE,
+                plots.ITL_FILE)
 LOG_TAIL_LINES = 20
 
 
@@ -50,16 +54,29 @@ def _verdict_lookup(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, An
             "threshold": math.nan, "verdict": "too few rounds"}
 
 
+# ServeMetrics fields a summary row carries as the median over the cell's ok runs
+SUMMARY_MEDIANS = ("request_throughput", "output_throughput", "total_token_throughput",
+                   *(f for f in stats.METRIC_FIELDS if f.endswith("_ms")))
+# and those it sums over every run of the cell
+SUMMARY_SUMS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
+
+
+def _total(values: pd.Series) -> int | None:
+    """The sum, or None when a run lacks the number (a record from before it was kept)."""
+    return None if values.isna().any() or values.empty else int(values.sum())
+
+
 def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
+    """vLLM-named numbers of one arm in one cell: medians over ok runs, tok/s's range, and
+    request and token counts summed over all its runs."""
     ok = runs[runs["ok"]]
-    tok = ok["output_tok_s"].dropna()
+    tok = ok[stats.THROUGHPUT].dropna()
     return {
-        "tok_s_median": num(median(tok), 1),
-        "tok_s_min": num(tok.min() if len(tok) else None, 1),
-        "tok_s_max": num(tok.max() if len(tok) else None, 1),
-        "itl_p50_ms": num(median(ok["itl_p50_ms"]), 3),
-        "itl_mean_ms": num(median(ok["itl_mean_ms"]), 3),
-        "ttft_p50_ms": num(median(ok["ttft_p50_ms"]), 2),
+        "max_concurrency": int(runs["concurrency"].iloc[0]),
+        **{name: num(median(ok[name]), 3) for name in SUMMARY_MEDIANS},
+        "output_throughput_min": num(tok.min() if len(tok) else None, 3),
+        "output_throughput_max": num(tok.max() if len(tok) else None, 3),
+        **{name: _total(runs[name]) for name in SUMMARY_SUMS},
     }
 
 
@@ -67,7 +84,6 @@ def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
     return {
         "runs_ok": int(runs["ok"].sum()),
         "runs_failed": int((~runs["ok"]).sum()),
-        "requests_failed": int(runs["num_failed"].sum()),
         "tracebacks": int(runs["server_tracebacks"].max()),
         "recompile_limit_lines": int(runs["recompile_limit_lines"].max()),
         "planner_off": planner_off,
@@ -82,11 +98,15 @@ def _vs(arm_median: float, base_median: float) -> float | None:
 
 def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
                  verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """One row per cell (manifest order) and arm (manifest order) that has runs in that cell.
+    """One row per cell (manifest order) and arm (manifest order) that has runs in that cell:
+    the session's JSON result (summary.json).
 
-    tok/s median/min/max over the ok runs of all rounds; ITL and TTFT are medians over ok runs;
-    `vs_main` is against the baseline whatever its name (None for the baseline, as `verdict`);
-    health counts: failed runs and requests, max tracebacks and recompile-limit lines.
+    Rates and latencies are named as `vllm bench serve --save-result` names them, each the
+    median over the ok runs of all rounds of that run's number; output_throughput_min/max is
+    tok/s's range over those runs; completed and failed requests and the token totals are sums
+    over every run. `vs_baseline` is the medians' ratio - 1 against the baseline (None for the
+    baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
+    one server log held, and whether the arm asked for the planner and did not get it.
     """
     baseline = manifest.get("baseline")
     flagged = stats.planner_off_arms(frame, manifest)
@@ -94,14 +114,14 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     for cell in stats.cell_order(frame, manifest):
         in_cell = frame[frame["cell"] == cell]
         base_ok = in_cell[(in_cell["arm"] == baseline) & in_cell["ok"]]
-        base_median = median(base_ok["output_tok_s"])
+        base_median = median(base_ok[stats.THROUGHPUT])
         for arm in cell_arms(frame, manifest, cell):
             runs = in_cell[in_cell["arm"] == arm]
-            arm_median = median(runs.loc[runs["ok"], "output_tok_s"])
+            arm_median = median(runs.loc[runs["ok"], stats.THROUGHPUT])
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs),
-                "vs_main": None if is_base else _vs(arm_median, base_median),
+                "vs_baseline": None if is_base else _vs(arm_median, base_median),
                 "verdict": None if is_base else _verdict_lookup(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
             })
@@ -111,11 +131,11 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
 # ---- rounds.md ----
 
 def _run_cell(run: pd.Series, digits: int) -> str:
-    return fmt_tok(run["output_tok_s"], digits) if run["ok"] else "failed"
+    return fmt_tok(run[stats.THROUGHPUT], digits) if run["ok"] else "failed"
 
 
 def _failed_text(runs: pd.DataFrame) -> str:
-    requests = int(runs["num_failed"].sum())
+    requests = int(runs["failed"].fillna(0).sum())
     failed_runs = int((~runs["ok"]).sum())
     if not failed_runs:
         return str(requests)
@@ -128,8 +148,8 @@ def _round_row(runs: pd.DataFrame, label: str, round_index: int, run_numbers: li
     by_run = {int(r["run"]): r for _, r in runs.iterrows()}
     tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
     return [label, round_label(round_index), *tok,
-            fmt_slashed(median(ok["itl_p50_ms"]), median(ok["itl_mean_ms"])),
-            fmt(median(ok["ttft_p50_ms"]), 1),
+            fmt_slashed(median(ok["median_itl_ms"]), median(ok["mean_itl_ms"])),
+            fmt(median(ok["median_ttft_ms"]), 1),
             fmt_slashed(*(median(ok[f"engine_{kind}_ms"]) for kind in stats.ENGINE_KINDS),
                          missing="n/a"),
             fmt(median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
@@ -143,7 +163,7 @@ def _rounds_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
     header = ["arm", "round", *(f"tok/s run {n}" for n in run_numbers), "ITL p50/mean ms",
               "TTFT p50 ms", "server step ms decode/prefill/mixed", "sibling busy CPUs",
               "failed"]
-    digits = tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
+    digits = tok_digits(list(in_cell.loc[in_cell["ok"], stats.THROUGHPUT]))
     rows = []
     for arm in cell_arms(frame, manifest, cell):
         of_arm = in_cell[in_cell["arm"] == arm]
@@ -204,37 +224,53 @@ def rounds_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
 
 # ---- summary.md ----
 
-def summary_cells(row: dict[str, Any], baseline: str) -> list[str]:
-    """One summary row as text: cell, arm, tok/s median [min-max], ITL p50/mean, TTFT p50,
-    vs baseline, verdict (`baseline` for the baseline)."""
-    label = row["arm"] + stats.PLANNER_OFF if row["planner_off"] else row["arm"]
-    is_base = row["arm"] == baseline
-    if row["tok_s_median"] is None:
-        tok = "no ok run"
-    else:
-        digits = tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
-        tok = (f"{fmt_tok(row['tok_s_median'], digits)} [{fmt_tok(row['tok_s_min'], digits)}"
-               f"-{fmt_tok(row['tok_s_max'], digits)}]")
-    return [row["cell"], label, tok, fmt_slashed(row["itl_p50_ms"], row["itl_mean_ms"]),
-            fmt(row["ttft_p50_ms"], 1), "" if is_base else fmt_pct(row["vs_main"]),
-            "baseline" if is_base else row["verdict"]]
+def _tok_range(row: dict[str, Any]) -> str:
+    if row["output_throughput"] is None:
+        return "no ok run"
+    values = [row["output_throughput_min"], row["output_throughput"],
+              row["output_throughput_max"]]
+    low, mid, high = (fmt_tok(value, tok_digits(values)) for value in values)
+    return f"{mid} [{low}-{high}]"
 
 
-def _summary_table(rows: list[dict[str, Any]], baseline: str, flagged: set[str]) -> str:
-    header = ["cell", "arm", "tok/s median [min-max] · ITL p50/mean ms · TTFT p50 ms",
-              f"vs {baseline}", "verdict"]
-    body = []
-    for row in rows:
-        cell, _, tok, itl, ttft, vs, verdict = summary_cells(row, baseline)
-        numbers = tok if tok == "no ok run" else f"{tok} · {itl} · {ttft}"
-        body.append([cell, label(row["arm"], flagged), numbers, vs, verdict])
-    return md_table(header, body, "llrrl")
+def _verdict_text(row: dict[str, Any], baseline: str) -> tuple[str, str]:
+    """(vs baseline, verdict) of a row; the baseline's own row says `baseline`."""
+    if row["arm"] == baseline:
+        return "", "baseline"
+    return fmt_pct(row["vs_baseline"]), row["verdict"]
+
+
+# the latency table's columns: title, and the ServeMetrics fields slashed together
+LATENCY_COLUMNS = (
+    ("TTFT p50/p90/p99", ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms")),
+    ("TPOT p50/p90/p99", ("median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms")),
+    ("ITL mean/p50/p90/p99", ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms")),
+    ("E2EL p50/p90/p99", ("median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms")),
+)
+
+
+def summary_tables(rows: list[dict[str, Any]], baseline: str,
+                   flagged: set[str]) -> list[TableSpec]:
+    """The summary's two tables, as summary.md and the stdout table render them: throughput
+    with the verdicts, and latencies (ms)."""
+    throughput = [[row["cell"], label(row["arm"], flagged), _tok_range(row),
+                   fmt(row["request_throughput"], 2), *_verdict_text(row, baseline)]
+                  for row in rows]
+    latency = [[row["cell"], label(row["arm"], flagged),
+                *(fmt_slashed(*(row[field] for field in fields))
+                  for _, fields in LATENCY_COLUMNS)] for row in rows]
+    return [
+        TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
+                                 f"vs {baseline}", "verdict"], throughput, "llrrrl"),
+        TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
+                  latency, "ll" + "r" * len(LATENCY_COLUMNS)),
+    ]
 
 
 def _arm_health(rows: list[dict[str, Any]], arm: str) -> list[str]:
     mine = [row for row in rows if row["arm"] == arm]
     failures = [(sum(r["runs_failed"] for r in mine), "failed run"),
-                (sum(r["requests_failed"] for r in mine), "failed request")]
+                (sum(r["failed"] or 0 for r in mine), "failed request")]
     # log counts are cumulative per server, so the most one log held is what is known
     in_log = [(max(r["tracebacks"] for r in mine), "traceback"),
               (max(r["recompile_limit_lines"] for r in mine), "recompile-limit line")]
@@ -257,20 +293,39 @@ def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]
                      "in any arm."]
 
 
+def summary_flagged(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> set[str]:
+    """Arms flagged planner-off in the manifest or in any summary row."""
+    return stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
+
+
 def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
-    """Per cell and arm: tok/s median [min-max] · ITL p50/mean · TTFT p50, vs main, verdict."""
+    """Per cell and arm: tok/s median [min-max], req/s, vs baseline and verdict; then TTFT,
+    TPOT, ITL and E2EL percentiles; then each arm's health."""
     baseline = manifest.get("baseline", "main")
     arms = [arm["name"] for arm in manifest.get("arms") or []]
     arms += [row["arm"] for row in rows if row["arm"] not in arms]
     arms = list(dict.fromkeys(arms))
-    flagged = stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
+    flagged = summary_flagged(rows, manifest)
     parts = [page_title(manifest, "summary"), header_line(manifest), arms_line(manifest),
-             "Over the ok runs of all rounds: tok/s median [min-max] · ITL p50/mean ms · "
-             f"TTFT p50 ms. vs {baseline}: the medians' ratio. Verdicts are paired by round "
-             "(paired.md)."]
-    parts.append(_summary_table(rows, baseline, flagged) if rows else "No runs.")
+             "Each number is the median over the ok runs of all rounds of that run's value "
+             "(tok/s's range beside it): tok/s is output tokens over the run's wall time, "
+             "req/s completed requests over it; TTFT the time to a request's first token, TPOT "
+             "its time per output token after the first, ITL every gap between its tokens, "
+             "E2EL the request's whole time. summary.json holds these rows under vLLM's names "
+             f"(`vllm bench serve --save-result`). vs {baseline}: the tok/s medians' ratio. "
+             "Verdicts are paired by round (paired.md)."]
+    if rows:
+        parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
+                  for table in summary_tables(rows, baseline, flagged)]
+    else:
+        parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged)))
     return "\n\n".join(parts) + "\n"
+
+
+def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The session's JSON result: its name and baseline, and the summary rows as `cells`."""
+    return {"name": manifest.get("name"), "baseline": manifest.get("baseline"), "cells": rows}
 
 
 # ---- paired.md ----
@@ -341,7 +396,8 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
 # ---- the whole report ----
 
 def write_reports(directory: Path) -> list[dict[str, Any]]:
-    """Rebuild rounds.md, summary.md, paired.md, tok_s.png and itl.png in `directory`.
+    """Rebuild REPORT_FILES (rounds.md, summary.md, summary.json, paired.md and the plots) in
+    `directory`.
 
     Reads runs.jsonl and manifest.json there; returns the summary rows.
     """
@@ -353,6 +409,8 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     rows = summary_rows(frame, manifest, verdicts)
     (directory / ROUNDS_FILE).write_text(rounds_md(frame, manifest))
     (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))
+    (directory / SUMMARY_JSON).write_text(json.dumps(summary_json(rows, manifest), indent=2)
+                                          + "\n")
     flagged = stats.planner_off_arms(frame, manifest)
     (directory / PAIRED_FILE).write_text(paired_md(paired, verdicts, manifest, flagged))
     plots.plot_tok_s(frame, manifest, directory / plots.TOK_S_FILE)

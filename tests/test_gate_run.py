@@ -99,7 +99,7 @@ def test_a_session_writes_everything(session):
     assert cells == {(c, a) for c in ("c=1", "c=2") for a in ("main", "head")}
     runs = read_runs(out)
     assert len(runs) == 2 * 2 * 2 * 2 and all(r.ok for r in runs)
-    assert all(r.output_tokens == 4 * 8 for r in runs)
+    assert all(r.metrics.total_output_tokens == 4 * 8 for r in runs)
     assert [r.arm for r in runs if r.concurrency == 1 and r.run == 1] == [
         "main", "head", "head", "main"]  # ABBA
     assert all(r.steps.get("decode", 0) > 0 for r in runs)
@@ -108,9 +108,9 @@ def test_a_session_writes_everything(session):
     assert all(r.step_ms.get("decode", 0) > 0 for r in runs)
     assert all(r.step_ms.get("prefill", 0) > 0 for r in runs if r.concurrency == 1)
     # the warm-up comes before the first run's counters are read: one prefill a request
-    assert all(r.steps.get("prefill") == r.num_requests for r in runs if r.concurrency == 1)
-    for name in ("manifest.json", "rounds.md", "summary.md", "paired.md", "tok_s.png",
-                 "itl.png"):
+    assert all(r.steps.get("prefill") == r.metrics.completed for r in runs if r.concurrency == 1)
+    for name in ("manifest.json", "rounds.md", "summary.md", "summary.json", "paired.md",
+                 "tok_s.png", "itl.png"):
         assert (out / name).is_file(), name
     manifest = read_manifest(out)
     configs = {a["name"]: a["debug_config"] for a in manifest["arms"]}
@@ -178,7 +178,8 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     assert result.exit_code == 0, result.output
     again = invoke(*one_round, "--rounds", "1")
     assert again.exit_code == 2 and "--resume" in " ".join(again.output.split())
-    partial = json.loads(read_runs(out)[0].to_json()) | {"round": 1, "output_tok_s": -1.0}
+    partial = json.loads(read_runs(out)[0].to_json()) | {"round": 1}
+    partial["metrics"]["output_throughput"] = -1.0
     with (out / "runs.jsonl").open("a") as runs_file:
         runs_file.write(json.dumps(partial) + "\n")
     wrong = invoke(*one_round, "--rounds", "2", "--resume", "--prompt-len", "8")
@@ -189,7 +190,7 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     runs = read_runs(out)
     assert [(r.round, r.run, r.ok) for r in runs] == [
         (0, 1, True), (0, 2, True), (1, 1, True), (1, 2, True)]
-    assert all(r.output_tok_s > 0 for r in runs)
+    assert all(r.metrics.output_throughput > 0 for r in runs)
     manifest = read_manifest(out)
     assert manifest["rounds"] == 2 and manifest["resumed"][0]["from_round"] == 1
     assert "| r2 |" in (out / "rounds.md").read_text()

@@ -8,13 +8,21 @@ import numpy as np
 import pytest
 
 from gate import stats
+from gate.load import ServeMetrics
 from gate.records import GpuSample, RunRecord
+
+
+def _metrics(tok_s: float, concurrency: int = 16) -> ServeMetrics:
+    """A run of one second at `tok_s`, its latencies left out."""
+    return ServeMetrics(max_concurrency=concurrency, duration=1.0, completed=concurrency,
+                        failed=0, total_input_tokens=0, total_output_tokens=int(tok_s),
+                        request_throughput=float(concurrency), output_throughput=tok_s)
 
 
 def _records(arm: str, tok_s: list[float], concurrency: int = 16) -> list[RunRecord]:
     """One ok run per round for `arm`, round i at tok_s[i]."""
     return [RunRecord(round=i, arm=arm, position=0, concurrency=concurrency, run=1, ok=True,
-                      output_tok_s=value, itl_p50_ms=1.0, itl_mean_ms=1.1, ttft_p50_ms=10.0)
+                      metrics=_metrics(value, concurrency))
             for i, value in enumerate(tok_s)]
 
 
@@ -117,8 +125,8 @@ def test_aa_spread_raises_the_threshold():
 
 def test_paired_deltas_use_round_medians_and_skip_unpaired_rounds():
     def run(round_index, arm, run_no, tok, ok=True):
-        return RunRecord(round=round_index, arm=arm, position=0, concurrency=1, run=run_no, ok=ok,
-                         output_tok_s=tok if ok else None)
+        return RunRecord(round=round_index, arm=arm, position=0, concurrency=1, run=run_no,
+                         ok=ok, metrics=_metrics(tok, 1) if ok else None)
 
     records = [run(0, "main", 1, 100.0), run(0, "main", 2, 120.0), run(0, "main", 3, 900.0),
                run(0, "head", 1, 121.0), run(0, "head", 2, 0.0, ok=False),
@@ -135,14 +143,15 @@ def test_paired_deltas_use_round_medians_and_skip_unpaired_rounds():
 
 def test_runs_frame_flattens_gpu_and_keeps_failed_runs():
     ok = RunRecord(round=0, arm="main", position=0, concurrency=4, run=1, ok=True,
-                   output_tok_s=10.0, gpu=GpuSample(sm_clock_mhz=1980.0, power_w=300.0))
+                   metrics=_metrics(10.0, 4), gpu=GpuSample(sm_clock_mhz=1980.0, power_w=300.0))
     failed = RunRecord(round=0, arm="main", position=0, concurrency=4, run=2, ok=False,
                        error="boom")
     frame = stats.runs_frame([ok, failed])
     assert list(frame["ok"]) == [True, False]
     assert frame.loc[0, "gpu_sm_clock_mhz"] == 1980.0
     assert math.isnan(frame.loc[1, "gpu_sm_clock_mhz"])
-    assert math.isnan(frame.loc[1, "output_tok_s"])
+    assert frame.loc[0, "output_throughput"] == 10.0
+    assert math.isnan(frame.loc[1, "output_throughput"])
     assert list(frame["cell"]) == ["c=4", "c=4"]
     assert stats.runs_frame([]).empty
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from gate import tables
 from gate.commands.report import report
+from gate.load import LoadSpec, RequestResult, ServeMetrics, summarize
 from gate.records import (
     GpuSample,
     RunRecord,
@@ -52,6 +53,24 @@ LOG_TAIL = ("INFO engine core up\nTraceback (most recent call last):\n"
             "  File \"core.py\", line 1, in step\nRuntimeError: CUDA error: out of memory\n")
 
 
+OUTPUT_LEN = 16
+
+
+def _metrics(concurrency: int, tok_s: float, failed: int) -> ServeMetrics:
+    """A run's metrics through the load's own summary: 4 requests a slot, `failed` of them
+    failed, TTFT and ITL spread over each request, the wall time that gives `tok_s`."""
+    itl_s = concurrency / tok_s
+    requests = []
+    for index in range(4 * concurrency - failed):
+        ttft = (5.0 + concurrency * 0.5 + index % 5) / 1e3
+        gaps = [itl_s * (0.8 + 0.05 * ((index + k) % 9)) for k in range(OUTPUT_LEN - 1)]
+        requests.append(RequestResult(True, OUTPUT_LEN, ttft, gaps, ttft + sum(gaps)))
+    requests += [RequestResult(False, error="HTTP 500")] * failed
+    spec = LoadSpec(concurrency=concurrency, num_requests=4 * concurrency, prompt_len=64,
+                    output_len=OUTPUT_LEN)
+    return summarize(spec, requests, OUTPUT_LEN * (4 * concurrency - failed) / tok_s).metrics
+
+
 def _record(round_index: int, arm: str, concurrency: int, run: int,
             tok_s: float | None) -> RunRecord:
     position = (0 if arm == "main" else 1) if round_index % 2 == 0 else (
@@ -62,11 +81,9 @@ def _record(round_index: int, arm: str, concurrency: int, run: int,
         return RunRecord(**common, ok=False, error="server exited with code 1",
                          log_tail=LOG_TAIL, server_tracebacks=1)
     itl = 1000.0 * concurrency / tok_s
+    failed = 2 if (round_index, arm, concurrency, run) == (1, "main", 1, 1) else 0
     return RunRecord(
-        **common, ok=True, output_tok_s=tok_s, itl_p50_ms=round(itl, 3),
-        itl_mean_ms=round(itl * 1.05, 3), ttft_p50_ms=round(5.0 + concurrency * 0.5, 3),
-        num_requests=4 * concurrency, num_failed=2 if (round_index, arm, concurrency, run) ==
-        (1, "main", 1, 1) else 0, output_tokens=64 * concurrency, wall_s=1.0,
+        **common, ok=True, metrics=_metrics(concurrency, tok_s, failed),
         steps={"decode": 60, "prefill": 4} | ({"mixed": 3} if concurrency > 1 else {}),
         # a server that reports no step times (another engine) in main's second round; at
         # c=1 no step mixes prefill and decode
@@ -120,14 +137,20 @@ def test_summary_rows_values(tmp_path):
     rows = {(r["cell"], r["arm"]): r for r in tables.write_reports(tmp_path)}
     head16 = rows[("c=16", "head")]
     assert head16["runs_ok"] == 3 and head16["runs_failed"] == 1
-    assert head16["tok_s_median"] == 1620.0
-    assert (head16["tok_s_min"], head16["tok_s_max"]) == (1600.0, 1650.0)
-    assert head16["vs_main"] == round(1620.0 / 1505.0 - 1, 4)
+    assert head16["output_throughput"] == 1620.0
+    assert (head16["output_throughput_min"], head16["output_throughput_max"]) == (1600.0, 1650.0)
+    assert head16["request_throughput"] == 1620.0 / OUTPUT_LEN
+    assert head16["vs_baseline"] == round(1620.0 / 1505.0 - 1, 4)
     assert head16["verdict"] == "too few rounds"
     assert head16["tracebacks"] == 1 and head16["planner_off"] is True
+    # latencies are ordered as their names say
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        assert (head16[f"median_{name}_ms"] <= head16[f"p90_{name}_ms"]
+                <= head16[f"p99_{name}_ms"]), name
     main1 = rows[("c=1", "main")]
-    assert main1["vs_main"] is None and main1["verdict"] is None
-    assert main1["requests_failed"] == 2
+    assert main1["vs_baseline"] is None and main1["verdict"] is None
+    assert main1["failed"] == 2 and main1["completed"] == 4 * 4 * 1 - 2
+    assert main1["total_output_tokens"] == main1["completed"] * OUTPUT_LEN
     json.dumps(list(rows.values()))  # plain Python values only
 
 
@@ -168,6 +191,7 @@ def test_report_json(tmp_path):
     result = CliRunner().invoke(_app(), [str(tmp_path), "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
+    assert data == json.loads((tmp_path / tables.SUMMARY_JSON).read_text())
     assert [row["arm"] for row in data["cells"]] == ["main", "head", "main", "head"]
     assert (tmp_path / tables.SUMMARY_FILE).is_file()
 
@@ -198,15 +222,46 @@ def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
 LEGACY = Path(__file__).parent / "golden" / "gate-legacy"
 
 
-def test_a_session_written_before_rounds_had_their_name_still_reports(tmp_path):
-    """runs.jsonl records holding the round as `session` and a manifest with `sessions` (the
-    golden session as the gate wrote it then) give the same records and tables as today's."""
-    assert '"session": 0' in (LEGACY / "runs.jsonl").read_text()
+def _identity(record: RunRecord) -> tuple:
+    return (record.round, record.arm, record.concurrency, record.run, record.ok,
+            record.metrics.output_throughput if record.ok else None)
+
+
+def test_a_session_written_by_an_older_gate_still_reports(tmp_path):
+    """The golden session as the gate wrote it before rounds had their name and before
+    ServeMetrics: records hold the round as `session` and their numbers flat, the manifest
+    `sessions`. They read as the same runs, their numbers land in ServeMetrics' fields, and
+    the verdicts come out as today's golden ones."""
+    lines = [json.loads(line) for line in (LEGACY / "runs.jsonl").read_text().splitlines()]
+    assert "session" in lines[0] and "output_tok_s" in lines[0] and "metrics" not in lines[0]
     assert '"sessions": 2' in (LEGACY / "manifest.json").read_text()
-    assert read_runs(LEGACY) == read_runs(GOLDEN)
+    old, new = read_runs(LEGACY), read_runs(GOLDEN)
+    assert [_identity(r) for r in old] == [_identity(r) for r in new]
+    for line, record in zip(lines, old, strict=True):
+        if not line["ok"]:
+            assert record.metrics is None
+            continue
+        metrics = record.metrics
+        assert (metrics.median_itl_ms, metrics.mean_itl_ms, metrics.median_ttft_ms) == (
+            line["itl_p50_ms"], line["itl_mean_ms"], line["ttft_p50_ms"])
+        assert (metrics.completed, metrics.failed, metrics.duration) == (
+            line["num_requests"] - line["num_failed"], line["num_failed"], line["wall_s"])
+        assert metrics.p99_itl_ms is None  # not kept then
     assert read_manifest(LEGACY)["rounds"] == 2
-    old = tmp_path / "old"
-    shutil.copytree(LEGACY, old)
-    tables.write_reports(old)
-    for name in REPORTS:
-        assert (old / name).read_text() == (GOLDEN / name).read_text(), name
+    directory = tmp_path / "old"
+    shutil.copytree(LEGACY, directory)
+    rows = tables.write_reports(directory)
+    assert (directory / tables.PAIRED_FILE).read_text() == (
+        GOLDEN / tables.PAIRED_FILE).read_text()
+    golden_rows = tables.write_reports(_copy_golden(tmp_path / "new"))
+    assert [(r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in rows] == [
+        (r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in golden_rows]
+    summary = (directory / tables.SUMMARY_FILE).read_text()
+    assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in summary  # not kept then
+
+
+def _copy_golden(directory: Path) -> Path:
+    directory.mkdir()
+    for name in INPUTS:
+        shutil.copy(GOLDEN / name, directory / name)
+    return directory
