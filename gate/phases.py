@@ -19,7 +19,6 @@ from typing import Any
 from gate.arms import Arm
 from gate.load import run_load
 from gate.markdown import TableSpec, header_line, md_table, page_title
-from gate.records import write_manifest
 from gate.server import Server, ServerFailed
 from gate.session import Session
 
@@ -47,7 +46,7 @@ class PhasesSession(Session):
                              f"another --out")
         failed = super().run()
         self.manifest["command_kind"] = "phases"
-        write_manifest(self.out, self.manifest)
+        self._save_manifest()
         write_phases(self.out, self.results, self.manifest)
         return failed
 

@@ -42,6 +42,7 @@ from gate.records import (
 )
 from gate.server import EngineSteps, LaunchSpec, Server, ServerFailed, clean_environment
 from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
+from gate.timing import server_entry
 
 WORKTREES = Path(".gate/worktrees")
 INDUCTOR = Path(".gate/inductor")
@@ -82,6 +83,8 @@ class Session:
         self.placement = self._placement()
         self.manifest: dict = {}
         self._fingerprint: str | None = None
+        self._clock = time.monotonic()  # this invocation's start
+        self._wall_before = 0.0  # the wall time of the invocations this one resumes
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -140,6 +143,7 @@ class Session:
             for position, arm in enumerate(round_order(self.arms, round_index)):
                 failed += asyncio.run(self._serve_arm(arm, round_index, position, cache))
             shutil.rmtree(cache, ignore_errors=True)
+        self._save_manifest()
         return failed
 
     def _start(self, removed_env: list[str]) -> int:
@@ -148,7 +152,7 @@ class Session:
                              f"continue it, or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
         self.manifest = self._base_manifest(removed_env)
-        write_manifest(self.out, self.manifest)
+        self._save_manifest()
         return 0
 
     def _resume(self, removed_env: list[str]) -> int:
@@ -178,11 +182,14 @@ class Session:
             "command": self.command_line, "host": fresh["host"],
             "versions": fresh["versions"], "removed_env": removed_env})
         self.manifest = manifest
-        write_manifest(self.out, manifest)
+        self._wall_before = (manifest.get("timing") or {}).get("wall_s") or 0.0
+        self._save_manifest()
         self.console.log(f"resuming {self.out} at round {first} of {self.config.rounds}")
         return first
 
     async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:
+        """Starts the arm's server for the round, measures each cell on it, stops it; returns
+        the number of failed runs."""
         config = self.config
         launch = LaunchSpec(config.model, config.device, self.placement.server_cpus, cache,
                             self.placement.gpu, config.startup_timeout)
@@ -209,6 +216,20 @@ class Session:
             return self._record_all_failed(arm, round_index, position, str(err), err.log_tail)
         finally:
             server.stop()
+            self._record_server(round_index, arm, server)
+
+    def _record_server(self, round_index: int, arm: Arm, server: Server) -> None:
+        timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
+        timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
+                                              server.stop_s))
+        self._save_manifest()
+
+    def _save_manifest(self) -> None:
+        """Writes the manifest with the session's wall time so far (earlier invocations'
+        included), so a session killed mid-way still says how long it ran."""
+        timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
+        timing["wall_s"] = round(self._wall_before + time.monotonic() - self._clock, 3)
+        write_manifest(self.out, self.manifest)
 
     async def _check_identity(self, arm: Arm, server: Server) -> bool:
         """Records the arm's /debug/config; fails an arm whose package is not its own tree or
@@ -238,7 +259,7 @@ class Session:
                                server.log_tail())
         planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"
         entry["planner_off"] = entry["planner_off"] or planner_off
-        write_manifest(self.out, self.manifest)
+        self._save_manifest()
         return planner_off
 
     async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,

@@ -34,6 +34,7 @@ from gate.markdown import (
     tok_digits,
 )
 from gate.records import read_manifest, read_runs
+from gate.timing import time_line, time_summary
 
 ROUNDS_FILE = "rounds.md"
 SUMMARY_FILE = "summary.md"
@@ -307,6 +308,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     arms = list(dict.fromkeys(arms))
     flagged = summary_flagged(rows, manifest)
     parts = [page_title(manifest, "summary"), header_line(manifest), arms_line(manifest),
+             time_line(manifest),
              "Each number is the median over the ok runs of all rounds of that run's value "
              "(tok/s's range beside it): tok/s is output tokens over the run's wall time, "
              "req/s completed requests over it; TTFT the time to a request's first token, TPOT "
@@ -324,8 +326,10 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
 
 
 def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
-    """The session's JSON result: its name and baseline, and the summary rows as `cells`."""
-    return {"name": manifest.get("name"), "baseline": manifest.get("baseline"), "cells": rows}
+    """The session's JSON result: its name and baseline, where its time went (`timing`:
+    gate/timing.py's time_summary, None when not recorded), and the summary rows as `cells`."""
+    return {"name": manifest.get("name"), "baseline": manifest.get("baseline"),
+            "timing": time_summary(manifest), "cells": rows}
 
 
 # ---- paired.md ----

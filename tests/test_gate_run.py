@@ -118,6 +118,16 @@ def test_a_session_writes_everything(session):
     assert configs["head"]["planning_mode"] == "resident"
     assert configs["main"]["resident_package_path"] == str(ROOT / "resident")
     assert manifest["placement"]["overlap"] == (os.cpu_count() < 4)
+    # every server's start-up was timed, and the session's wall time holds them all
+    servers = manifest["timing"]["servers"]
+    assert sorted((s["round"], s["arm"]) for s in servers) == [
+        (r, a) for r in (0, 1) for a in ("head", "main")]
+    assert all(0 < s["health_s"] < 120 and s["stop_s"] >= 0 for s in servers)
+    timing = json.loads((out / "summary.json").read_text())["timing"]
+    span = max(r.started_at for r in runs) - min(r.started_at for r in runs)
+    assert timing["wall_s"] > max(timing["startup_s"], span + servers[0]["health_s"])
+    assert timing["startup_s"] == pytest.approx(sum(s["health_s"] for s in servers), abs=1e-3)
+    assert "Time: the session took" in (out / "summary.md").read_text()
     assert not servers_left(result)
 
 

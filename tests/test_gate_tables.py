@@ -27,7 +27,7 @@ from gate.records import (
 )
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
-REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.PAIRED_FILE)
+REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)
 INPUTS = ("runs.jsonl", "manifest.json")
 PLOTS = ("tok_s.png", "itl.png")
 
@@ -41,6 +41,9 @@ MANIFEST = {
          "knobs": {"resident_planning": "auto"}, "planner_off": False},
     ],
     "host": {"opaque": True},
+    "timing": {"wall_s": 125.0, "servers": [
+        {"round": r, "arm": a, "health_s": 3.0 + r + (a == "head"), "stop_s": 0.5}
+        for r in (0, 1) for a in ("main", "head")]},
 }
 # (round, arm, concurrency) -> tok/s of runs 1 and 2; None marks a failed run
 TOK_S = {
@@ -258,6 +261,7 @@ def test_a_session_written_by_an_older_gate_still_reports(tmp_path):
         (r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in golden_rows]
     summary = (directory / tables.SUMMARY_FILE).read_text()
     assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in summary  # not kept then
+    assert "Time: not recorded" in summary
 
 
 def _copy_golden(directory: Path) -> Path:
