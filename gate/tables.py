@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,12 @@ from gate.markdown import (
     round_label,
     tok_digits,
 )
+from gate.paired import PAIRED_FILE, paired_md
 from gate.records import read_manifest, read_runs
 from gate.timing import time_line, time_summary
 
 ROUNDS_FILE = "rounds.md"
 SUMMARY_FILE = "summary.md"
-PAIRED_FILE = "paired.md"
 SUMMARY_JSON = "summary.json"
 REPORT_FILES = (ROUNDS_FILE, SUMMARY_FILE, SUMMARY_JSON, PAIRED_FILE, plots.TOK_S_FILE,
                 plots.ITL_FILE)
@@ -46,14 +45,6 @@ LOG_TAIL_LINES = 20
 
 
 # ---- summary rows ----
-
-def _verdict_lookup(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
-    hit = verdicts[(verdicts["cell"] == cell) & (verdicts["arm"] == arm)]
-    if len(hit):
-        return hit.iloc[0].to_dict()
-    return {"cell": cell, "arm": arm, "rounds": 0, "median_delta": math.nan, "p_value": 1.0,
-            "threshold": math.nan, "verdict": "too few rounds"}
-
 
 # ServeMetrics fields a summary row carries as the median over the cell's ok runs
 SUMMARY_MEDIANS = ("request_throughput", "output_throughput", "total_token_throughput",
@@ -123,7 +114,7 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs),
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
-                "verdict": None if is_base else _verdict_lookup(verdicts, cell, arm)["verdict"],
+                "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
             })
     return rows
@@ -332,71 +323,6 @@ def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[s
             "timing": time_summary(manifest), "cells": rows}
 
 
-# ---- paired.md ----
-
-def _deltas_table(paired: pd.DataFrame, arms: list[str], flagged: set[str]) -> str | None:
-    rounds = sorted(int(r) for r in set(paired["round"]))
-    rows = []
-    for arm in arms:
-        of_arm = paired[paired["arm"] == arm]
-        if of_arm.empty:
-            continue
-        by_round = dict(zip(of_arm["round"], of_arm["delta"], strict=True))
-        rows.append([label(arm, flagged),
-                     *(fmt_pct(by_round[r]) if r in by_round else "-" for r in rounds)])
-    if not rows:
-        return None
-    return md_table(["arm", *(round_label(r) for r in rounds)], rows, "l" + "r" * len(rounds))
-
-
-def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
-                   flagged: set[str]) -> str:
-    header = ["cell", "arm", "rounds", "median delta", "p", "threshold", "verdict"]
-    body = []
-    for arm in arms:
-        row = _verdict_lookup(verdicts, cell, arm)
-        body.append([cell, label(arm, flagged), str(int(row["rounds"])),
-                     fmt_pct(row["median_delta"]), f"{row['p_value']:.4g}",
-                     fmt(row["threshold"] * 100, 1) + "%"
-                     if not math.isnan(row["threshold"]) else "-",
-                     row["verdict"]])
-    return md_table(header, body, "llrrrrl")
-
-
-def _paired_arms(paired: pd.DataFrame, verdicts: pd.DataFrame,
-                 manifest: dict[str, Any]) -> list[str]:
-    names = [arm["name"] for arm in manifest.get("arms") or []]
-    names += [manifest.get("aa_arm"), *paired["arm"], *verdicts["arm"]]
-    return [n for n in dict.fromkeys(names) if n and n != manifest.get("baseline")]
-
-
-def _paired_block(paired: pd.DataFrame, verdicts: pd.DataFrame, cell: str, arms: list[str],
-                  flagged: set[str]) -> str:
-    deltas = _deltas_table(paired[paired["cell"] == cell], arms, flagged)
-    deltas = deltas or ("No paired round: a round pairs only when both the arm and the "
-                        "baseline have an ok run in it.")
-    return "\n\n".join([f"## {cell}", "Delta per round, arm / baseline - 1:", deltas,
-                        _verdict_table(verdicts, cell, arms, flagged)])
-
-
-def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, Any],
-              planner_off: Iterable[str] = ()) -> str:
-    """RULE, then per cell the per-round deltas (arms x rounds) and the verdicts.
-
-    Every non-baseline arm of the manifest gets a verdict row in every cell (`too few rounds`
-    where it has no paired round). `planner_off` names arms to flag beyond the manifest's.
-    """
-    flagged = stats.manifest_planner_off(manifest) | set(planner_off)
-    arms = _paired_arms(paired, verdicts, manifest)
-    parts = [page_title(manifest, "paired by round"), stats.RULE, arms_line(manifest)]
-    if not arms:
-        parts.append("No arm besides the baseline.")
-    else:
-        parts += [_paired_block(paired, verdicts, cell, arms, flagged)
-                  for cell in stats.cell_order(paired, manifest)]
-    return "\n\n".join(parts) + "\n"
-
-
 # ---- the whole report ----
 
 def write_reports(directory: Path) -> list[dict[str, Any]]:
@@ -409,7 +335,7 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     frame = stats.runs_frame(read_runs(directory))
     baseline = manifest.get("baseline")
     paired = stats.paired_deltas(frame, baseline)
-    verdicts = stats.verdicts(paired, baseline, manifest.get("aa_arm"))
+    verdicts = stats.verdicts(frame, baseline, manifest.get("aa_arm"), stats.design_of(manifest))
     rows = summary_rows(frame, manifest, verdicts)
     (directory / ROUNDS_FILE).write_text(rounds_md(frame, manifest))
     (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))
