@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from gate.rule import MIN_EFFECT, Design
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -24,7 +26,10 @@ class GateConfig:
     concurrency: tuple[int, ...] = (1, 16, 64)
     prompt_len: int = 512
     output_len: int = 256
-    rounds: int = 2
+    rounds: int = 2  # a fixed design's rounds
+    until_verdict: bool = False  # add rounds until every cell has a verdict ...
+    max_rounds: int | None = None  # ... or this many ran (only, and always, with until_verdict)
+    min_effect: float = MIN_EFFECT  # the rule's floor (gate/rule.py)
     runs: int = 2
     requests: int = 0  # 0: max(8, requests_per_slot x concurrency) per run
     requests_per_slot: int = 4
@@ -54,6 +59,22 @@ class GateConfig:
             raise ValueError(f"--concurrency must be positive ints, got {self.concurrency}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.until_verdict and self.max_rounds is None:
+            raise ValueError("--until-verdict needs --max-rounds N: the most rounds to run")
+        if not self.until_verdict and self.max_rounds is not None:
+            raise ValueError(f"--max-rounds {self.max_rounds} goes with --until-verdict; for a "
+                             "fixed number of rounds give --rounds")
+        Design(self.until_verdict, self.max_rounds or 0, self.min_effect)  # checks both
+
+    @property
+    def design(self) -> Design:
+        """How the session's rounds are judged (gate/rule.py)."""
+        return Design(self.until_verdict, self.max_rounds or 0, self.min_effect)
+
+    @property
+    def planned_rounds(self) -> int:
+        """The most rounds the session runs: --rounds, or --max-rounds with --until-verdict."""
+        return self.max_rounds if self.until_verdict else self.rounds
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests or max(8, self.requests_per_slot * concurrency)

@@ -109,10 +109,14 @@ def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
 def header_line(manifest: dict[str, Any]) -> str:
     """Model, device, prompt/output lengths, cells and rounds x runs, as one line."""
     cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
+    rounds = f"{manifest.get('rounds', '?')} rounds"
+    if manifest.get("until_verdict"):
+        rounds = (f"until every cell had a verdict: {manifest.get('rounds_run', '?')} of at "
+                  f"most {manifest.get('max_rounds', '?')} rounds")
     return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
             f"prompt {manifest.get('prompt_len', '?')} tokens, "
             f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
-            f"{manifest.get('rounds', '?')} rounds x {manifest.get('runs', '?')} runs.")
+            f"{rounds} x {manifest.get('runs', '?')} runs.")
 
 
 def arms_line(manifest: dict[str, Any]) -> str:

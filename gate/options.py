@@ -37,6 +37,15 @@ OutputLenOpt = Annotated[int | None, typer.Option(help="Output tokens, ignore_eo
 RoundsOpt = Annotated[int | None, typer.Option(
     help="Rounds: each starts every arm's server once, in alternated order \\[2].",
     rich_help_panel=CELLS)]
+UntilVerdictOpt = Annotated[bool | None, typer.Option(
+    "--until-verdict", metavar="", help="Add rounds until every cell has a verdict, at most "
+    "--max-rounds; the rule is applied after each round (paired.md says how).",
+    rich_help_panel=CELLS)]
+MaxRoundsOpt = Annotated[int | None, typer.Option(
+    help="With --until-verdict: the most rounds to run.", rich_help_panel=CELLS)]
+MinEffectOpt = Annotated[float | None, typer.Option(
+    help="The smallest difference that counts, a fraction: faster/slower need the estimate "
+    "beyond it, within noise the interval inside it \\[0.01].", rich_help_panel=CELLS)]
 # the option's old name, still accepted
 SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
 RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round \\[2].",

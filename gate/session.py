@@ -1,12 +1,15 @@
 """One gate session: rounds of alternated arms, each round with a fresh Inductor cache shared by
 its arms and its own prompt seed; each arm's server started once a round and serving all its
-cells' runs; every run appended to runs.jsonl as it finishes.
+cells' runs; every run appended to runs.jsonl as it finishes. A fixed design runs --rounds;
+with --until-verdict, rounds are added until every arm has a verdict in every cell (judged
+after each round as the report judges) or --max-rounds ran.
 
 A session can be resumed (`--resume`): the rounds runs.jsonl holds whole stay, a partial round
-is dropped and run again, and the remaining rounds run, up to --rounds (which may be raised to
-add rounds). Every resumed server must report the weights fingerprint and, for a resident arm,
-the package source digest that the manifest recorded, so rounds run days or machines apart
-still measure the same code and weights; each resumption is logged in the manifest.
+is dropped and run again, and the remaining rounds run, up to --rounds or --max-rounds (which
+may be raised to add rounds). Every resumed server must report the weights fingerprint and, for
+a resident arm, the package source digest that the manifest recorded, so rounds run days or
+machines apart still measure the same code and weights; each resumption is logged in the
+manifest.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from gate.records import (
     rewrite_runs,
     write_manifest,
 )
+from gate.rule import FIRST_LOOK, MIN_EFFECT
 from gate.server import EngineSteps, LaunchSpec, Server, ServerFailed, clean_environment
+from gate.stats import runs_frame, undecided
 from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
 from gate.timing import server_entry
 
@@ -48,9 +53,11 @@ WORKTREES = Path(".gate/worktrees")
 INDUCTOR = Path(".gate/inductor")
 
 
-# what must match between a session's manifest and a run that resumes it
+# what must match between a session's manifest and a run that resumes it, and the value of those
+# an older manifest lacks
 RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
-               "runs", "requests", "seed")
+               "runs", "requests", "seed", "until_verdict", "min_effect")
+RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT}
 
 
 def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
@@ -123,7 +130,9 @@ class Session:
                      for arm in self.arms],
             "model": config.model, "device": config.device, "cells": list(config.concurrency),
             "prompt_len": config.prompt_len, "output_len": config.output_len,
-            "rounds": config.rounds, "runs": config.runs,
+            "rounds": config.planned_rounds, "until_verdict": config.until_verdict,
+            "max_rounds": config.max_rounds, "min_effect": config.min_effect,
+            "rounds_run": 0, "runs": config.runs,
             "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
             "seed": config.seed, "placement": self.placement.to_dict(),
             "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
@@ -137,14 +146,44 @@ class Session:
         removed_env = clean_environment()[1]
         first = self._resume(removed_env) if resume else self._start(removed_env)
         failed = 0
-        for round_index in range(first, self.config.rounds):
-            cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
-            cache.mkdir(parents=True, exist_ok=True)
-            for position, arm in enumerate(round_order(self.arms, round_index)):
-                failed += asyncio.run(self._serve_arm(arm, round_index, position, cache))
-            shutil.rmtree(cache, ignore_errors=True)
+        for round_index in range(first, self.config.planned_rounds):
+            if self._every_cell_decided(round_index):
+                break
+            failed += self._run_round(round_index)
+        else:
+            self._note_stop(self.config.planned_rounds, "the planned rounds ran")
         self._save_manifest()
         return failed
+
+    def _run_round(self, round_index: int) -> int:
+        """Every arm's server once, in the round's order, on the round's Inductor cache;
+        returns the number of failed runs."""
+        cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
+        cache.mkdir(parents=True, exist_ok=True)
+        failed = 0
+        for position, arm in enumerate(round_order(self.arms, round_index)):
+            failed += asyncio.run(self._serve_arm(arm, round_index, position, cache))
+        shutil.rmtree(cache, ignore_errors=True)
+        self.manifest["rounds_run"] = round_index + 1
+        self._save_manifest()
+        return failed
+
+    def _every_cell_decided(self, rounds_done: int) -> bool:
+        """With --until-verdict: whether every arm has a verdict in every cell after
+        `rounds_done` rounds (judged as the report judges them); logs what is still open."""
+        if not self.config.until_verdict or rounds_done < FIRST_LOOK:
+            return False
+        open_cells = undecided(runs_frame(read_runs(self.out)), self.manifest)
+        if open_cells:
+            self.console.log(f"after {rounds_done} rounds no verdict yet for "
+                             f"{', '.join(open_cells)}")
+            return False
+        self._note_stop(rounds_done, "every cell had a verdict")
+        return True
+
+    def _note_stop(self, rounds: int, reason: str) -> None:
+        self.manifest["stopped"] = {"after_rounds": rounds, "reason": reason}
+        self.console.log(f"stopping after {rounds} rounds: {reason}")
 
     def _start(self, removed_env: list[str]) -> int:
         if (self.out / RUNS_FILE).exists():
@@ -163,7 +202,7 @@ class Session:
         manifest = read_manifest(self.out)
         fresh = self._base_manifest(removed_env)
         for key in RESUME_KEYS + ("arms",):
-            ours, theirs = fresh[key], manifest[key]
+            ours, theirs = fresh[key], manifest.get(key, RESUME_DEFAULTS.get(key))
             if key == "arms":  # the code itself is checked by digest as each server starts
                 ours, theirs = ([[a["name"], a["spec"], a["knobs"]] for a in arms]
                                 for arms in (ours, theirs))
@@ -176,7 +215,8 @@ class Session:
         fingerprints = [a["debug_config"].get("weights_fingerprint")
                         for a in manifest["arms"] if a.get("debug_config")]
         self._fingerprint = fingerprints[0] if fingerprints else None
-        manifest["rounds"] = self.config.rounds
+        manifest["rounds"] = self.config.planned_rounds
+        manifest["max_rounds"] = self.config.max_rounds
         manifest.setdefault("resumed", []).append({
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
             "command": self.command_line, "host": fresh["host"],
@@ -184,7 +224,8 @@ class Session:
         self.manifest = manifest
         self._wall_before = (manifest.get("timing") or {}).get("wall_s") or 0.0
         self._save_manifest()
-        self.console.log(f"resuming {self.out} at round {first} of {self.config.rounds}")
+        self.console.log(f"resuming {self.out} at round {first} of "
+                         f"{self.config.planned_rounds}")
         return first
 
     async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:

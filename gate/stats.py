@@ -157,6 +157,16 @@ def _verdict_row(cell: str, arm: str, values: np.ndarray, noise_arms: list[str],
             "rule": str(judged.rule[0]), "verdict": rule.VERDICT_NAMES[int(judged.code[0])]}
 
 
+def undecided(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+    """"c=N arm" for each cell of the manifest and arm besides the baseline whose verdict is
+    still `too few rounds` under the session's design."""
+    baseline = manifest.get("baseline")
+    table = verdicts(frame, baseline, manifest.get("aa_arm"), design_of(manifest))
+    arms = [arm for arm in arm_order(frame, manifest) if arm != baseline]
+    return [f"{cell} {arm}" for cell in cell_order(frame, manifest) for arm in arms
+            if verdict_of(table, cell, arm)["verdict"] == "too few rounds"]
+
+
 def verdict_of(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
     """The verdict row of `arm` in `cell`; an arm with no run there is `too few rounds`."""
     hit = verdicts[(verdicts["cell"] == cell) & (verdicts["arm"] == arm)]

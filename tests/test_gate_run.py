@@ -213,6 +213,28 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     assert not servers_left(result)
 
 
+def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
+    """Tiny servers on the CPU: an arm capped at one sequence serves c=8 at a fraction of the
+    baseline's tok/s, so it is `slower` after two or three rounds, well before the sixth."""
+    out = tmp_path / "until"
+    result = invoke("run", "--arm", "main=.", "--arm", "capped=.",
+                    "--set", "capped.max_num_seqs=1", "--concurrency", "8", "--runs", "1",
+                    "--until-verdict", "--max-rounds", "6", "--out", str(out),
+                    "--format", "json", "--model", "tiny", "--device", "cpu",
+                    "--prompt-len", "16", "--output-len", "16", "--requests", "16",
+                    "--startup-timeout", "120")
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest["until_verdict"] and manifest["max_rounds"] == 6
+    rounds = manifest["stopped"]["after_rounds"]
+    assert manifest["stopped"]["reason"] == "every cell had a verdict" and 2 <= rounds < 6
+    assert {r.round for r in read_runs(out)} == set(range(rounds))
+    (row,) = [row for row in json.loads(result.stdout)["cells"] if row["arm"] == "capped"]
+    assert row["verdict"] == "slower" and row["vs_baseline"] < -0.5
+    assert f"stopping after {rounds} rounds" in " ".join(result.stderr.split())
+    assert not servers_left(result)
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--arm", "main"], "expected NAME=SPEC"),
     (["run", "--arm", "main=somewhere"], "SPEC must be git:<ref>, path:<dir>"),
@@ -220,6 +242,8 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
     (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
     (["run", "--arm", "main=.", "--rounds", "2", "--sessions", "3"], "old name of --rounds"),
+    (["run", "--arm", "main=.", "--until-verdict"], "--until-verdict needs --max-rounds"),
+    (["run", "--arm", "main=.", "--max-rounds", "3"], "goes with --until-verdict"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):
