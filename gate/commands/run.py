@@ -41,9 +41,14 @@ def run(
     resume: opt.ResumeOpt = False,
     sessions: opt.SessionsOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
+    show_help: opt.HelpOpt = False,
 ) -> None:
-    """Gate arms against the baseline: alternated rounds, per-round Inductor caches, pinned
-    cores; writes runs.jsonl, manifest.json, tables and plots, and prints the summary."""
+    """Gate arms against the baseline, round by round, and print the verdicts.
+
+    Each round starts every arm's server once, in alternated order (ABBA), on the round's own
+    Inductor cache and pinned cores; writes runs.jsonl, manifest.json, rounds.md, summary.md,
+    summary.json, paired.md and the plots, and prints the summary.
+    """
     given = dict(locals())
     console = Console(stderr=True)
     session = open_session(Session, given, console, "session")
