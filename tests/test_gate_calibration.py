@@ -13,7 +13,8 @@ import pytest
 
 from gate import calibration, paired, rule
 
-GOLDEN = Path(__file__).parent / "golden" / "gate"
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden" / "gate"
 # fixed designs of 4 and 6 rounds, and until a verdict with at most 6 and 8
 DESIGNS = [(rule.FIXED, 4), (rule.FIXED, 6), (rule.Design(True, 6), 6),
            (rule.Design(True, 8), 8)]
@@ -77,6 +78,19 @@ def test_paired_md_carries_a_fresh_simulation():
     calibration.error_table.cache_clear()
     _, fresh = calibration.error_table_rows(rule.FIXED, rounds, False)
     assert _markdown_rows(text, "| noise |") == fresh
+
+
+@pytest.mark.parametrize("marker, design, rounds", [
+    ("<!-- calibration: fixed 6, A/A", rule.FIXED, 6),
+    ("<!-- calibration: until a verdict, at most 8, A/A", rule.Design(True, 8), 8),
+])
+def test_the_readme_carries_a_fresh_simulation(marker, design, rounds):
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index(marker):].split("\n", 1)[1]
+    calibration.error_table.cache_clear()
+    header, fresh = calibration.error_table_rows(design, rounds, True)
+    assert table.startswith("| " + " | ".join(header) + " |")
+    assert _markdown_rows(table, "| noise |") == fresh
 
 
 def test_print_the_study():
