@@ -104,6 +104,14 @@ def load_yaml(path: Path) -> dict[str, Any]:
 _ALIASES = {"arm": "arms", "set": "knobs", "sessions": "rounds"}
 
 
+def _one_design(values: dict[str, Any], where: str) -> None:
+    """A fixed number of rounds or --until-verdict, not both from one source (the command line
+    may still turn a file's fixed design into --until-verdict)."""
+    if values.get("until_verdict") and "rounds" in values:
+        raise ValueError(f"{where}: --rounds {values['rounds']} and --until-verdict: give "
+                         "--rounds for a fixed number, or --until-verdict with --max-rounds")
+
+
 def build_gate_config(options: dict[str, Any], config_file: Path | None) -> GateConfig:
     """Options left None fall back to the YAML file, then to the defaults."""
     known = {f.name for f in dataclasses.fields(GateConfig)}
@@ -116,7 +124,12 @@ def build_gate_config(options: dict[str, Any], config_file: Path | None) -> Gate
             if field in values:
                 raise ValueError(f"--config {config_file}: {key!r} gives {field} a second time")
             values[field] = value
-    values.update({k: v for k, v in options.items() if v is not None and v != []})
+        _one_design(values, f"--config {config_file}")
+    given = {k: v for k, v in options.items() if v is not None and v != []}
+    _one_design(given, "the command line")
+    if given.get("until_verdict"):
+        values.pop("rounds", None)
+    values.update(given)
     for key in ("arms", "knobs"):
         if key in values:
             values[key] = tuple(str(v) for v in values[key])

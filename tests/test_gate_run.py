@@ -244,6 +244,9 @@ def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
     (["run", "--arm", "main=.", "--rounds", "2", "--sessions", "3"], "old name of --rounds"),
     (["run", "--arm", "main=.", "--until-verdict"], "--until-verdict needs --max-rounds"),
     (["run", "--arm", "main=.", "--max-rounds", "3"], "goes with --until-verdict"),
+    (["run", "--arm", "main=.", "--rounds", "3", "--until-verdict", "--max-rounds", "4"],
+     "--rounds 3 and --until-verdict"),
+    (["run", "--arm", "main=.", "--min-effect", "2"], "--min-effect must be a fraction"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):

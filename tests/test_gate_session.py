@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gate.config import GateConfig
+from gate.config import GateConfig, build_gate_config
 from gate.load import ServeMetrics
 from gate.records import RunRecord, append_run, read_manifest, read_runs
 from gate.session import Session
@@ -90,6 +90,17 @@ def test_a_fixed_design_runs_every_round(tmp_path):
     session.run()
     assert read_manifest(session.out)["stopped"]["after_rounds"] == 3
     assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
+
+
+def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):
+    config_file = tmp_path / "gate.yaml"
+    config_file.write_text('arm: ["main=."]\nrounds: 4\n')
+    config = build_gate_config({"until_verdict": True, "max_rounds": 6}, config_file)
+    assert config.until_verdict and config.planned_rounds == 6
+    assert build_gate_config({}, config_file).planned_rounds == 4
+    config_file.write_text('arm: ["main=."]\nrounds: 4\nuntil_verdict: true\nmax_rounds: 6\n')
+    with pytest.raises(ValueError, match="--rounds 4 and --until-verdict"):
+        build_gate_config({}, config_file)
 
 
 @pytest.mark.parametrize("options, message", [
