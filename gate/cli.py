@@ -10,7 +10,7 @@ from gate import options as opt
 from gate.commands.phases import phases
 from gate.commands.report import report
 from gate.commands.run import run
-from resident.cli import package_version
+from gate.version import package_version
 
 # no built-in --help: each command takes opt.HelpOpt, a flag listed as one
 app = typer.Typer(no_args_is_help=True, add_completion=False,

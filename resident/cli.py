@@ -37,7 +37,8 @@ FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="table or json
 
 def package_version() -> str:
     """The version of the `resident` distribution (pyproject.toml's, as installed); when it is
-    not installed, read from the pyproject.toml of the tree this package sits in."""
+    not installed, read from the pyproject.toml of the tree this package sits in. (gate/version.py
+    does the same for resident-gate, which may not import this module.)"""
     try:
         return importlib.metadata.version("resident")
     except importlib.metadata.PackageNotFoundError:

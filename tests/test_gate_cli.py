@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import gate.version
 import resident.cli
 from gate.cli import app as gate_app
 from gate.config import GateConfig
@@ -60,8 +61,8 @@ def _pyproject_version() -> str:
 
 def test_both_clis_print_the_package_version():
     version = _pyproject_version()
-    gate = _gate("--version")
-    assert gate.exit_code == 0 and gate.stdout == f"resident-gate {version}\n"
+    gate_cli = _gate("--version")
+    assert gate_cli.exit_code == 0 and gate_cli.stdout == f"resident-gate {version}\n"
     engine = CliRunner().invoke(resident.cli.app, ["--version"], env=ENV)
     assert engine.exit_code == 0 and engine.stdout == f"resident {version}\n"
 
@@ -72,6 +73,7 @@ def test_the_version_falls_back_to_pyproject_when_not_installed(monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     assert resident.cli.package_version() == _pyproject_version()
+    assert gate.version.package_version() == _pyproject_version()
 
 
 def test_resident_knobs_lists_every_knob():
