@@ -146,12 +146,14 @@ class Session:
         removed_env = clean_environment()[1]
         first = self._resume(removed_env) if resume else self._start(removed_env)
         failed = 0
-        for round_index in range(first, self.config.planned_rounds):
+        last = self.config.planned_rounds
+        for round_index in range(first, last):
             if self._every_cell_decided(round_index):
                 break
             failed += self._run_round(round_index)
         else:
-            self._note_stop(self.config.planned_rounds, "the planned rounds ran")
+            if not (self.config.until_verdict and self._every_cell_decided(last)):
+                self._note_stop(last, "the planned rounds ran")
         self._save_manifest()
         return failed
 

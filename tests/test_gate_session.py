@@ -63,6 +63,14 @@ def test_until_verdict_stops_once_every_cell_has_one(tmp_path):
     assert "2 of at most 8 rounds" in (session.out / "summary.md").read_text()
 
 
+def test_a_verdict_at_the_last_round_is_one(tmp_path):
+    session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
+                       max_rounds=2)
+    session.run()
+    assert read_manifest(session.out)["stopped"] == {"after_rounds": 2,
+                                                     "reason": "every cell had a verdict"}
+
+
 def test_until_verdict_runs_to_max_rounds_when_no_verdict_comes(tmp_path):
     """Noise of 20% a run and no effect: the interval stays wider than the 1% floor."""
     session = _session(tmp_path / "s", {}, 0.2, until_verdict=True, max_rounds=3)
