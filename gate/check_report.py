@@ -11,7 +11,7 @@ from typing import Any
 
 from gate.check_judge import margin
 from gate.check_load import Answer
-from gate.markdown import ReportTable, page_title
+from gate.markdown import TableSpec, page_title
 
 CHECK_JSON, CHECK_MD, ANSWERS_JSONL = "check.json", "check.md", "answers.jsonl"
 TOKEN_SWEEPS = ("greedy", "concurrency", "kv-pressure")
@@ -27,13 +27,13 @@ def _failed_text(failed: dict[str, int]) -> str:
     return ", ".join(f"{arm} {count}" for arm, count in failed.items())
 
 
-def sweeps_table(report: dict[str, Any]) -> ReportTable:
+def sweeps_table(report: dict[str, Any]) -> TableSpec:
     rows = [[name, sweep["verdict"], "; ".join(sweep["reasons"]) or "-"]
             for name, sweep in report["sweeps"].items()]
-    return ReportTable("Sweeps", ["sweep", "verdict", "why"], rows, "lll")
+    return TableSpec("Sweeps", ["sweep", "verdict", "why"], rows, "lll")
 
 
-def tokens_table(report: dict[str, Any]) -> ReportTable | None:
+def tokens_table(report: dict[str, Any]) -> TableSpec | None:
     """Per token sweep: each head's prompts with the baseline's very tokens beside the
     yardstick's (the baseline against its second server)."""
     roles = report["roles"]
@@ -54,7 +54,7 @@ def tokens_table(report: dict[str, Any]) -> ReportTable | None:
         return None
     header = ["sweep", "load", *(f"{h} vs {base}" for h in heads),
               f"{base} vs {base} (yardstick)", "failed requests", "verdict"]
-    return ReportTable("Greedy tokens against the baseline", header, rows,
+    return TableSpec("Greedy tokens against the baseline", header, rows,
                        "ll" + "r" * (len(heads) + 2) + "l")
 
 
@@ -70,7 +70,7 @@ def _margin_text(top: dict[str, float] | None, own: int | None, rival: int | Non
     return f"> {values[own] - min(values.values()):.4f}" if own in values else "n/a"
 
 
-def divergences_table(report: dict[str, Any]) -> ReportTable | None:
+def divergences_table(report: dict[str, Any]) -> TableSpec | None:
     """Each diverging prompt: the first divergent token, both tokens, and each side's margin
     (its own token's logprob less the other's)."""
     base = report["roles"]["baseline"]
@@ -87,7 +87,7 @@ def divergences_table(report: dict[str, Any]) -> ReportTable | None:
                              "yes" if d["near_tie"] else "no"])
     if not rows:
         return None
-    return ReportTable("Divergences", ["sweep", "prompt", "arm", "first divergent token",
+    return TableSpec("Divergences", ["sweep", "prompt", "arm", "first divergent token",
                                        f"{base}'s token", "arm's token", f"margin in {base}",
                                        "margin in arm", "near-tie"], rows, "lllrrrrrl")
 
@@ -98,7 +98,7 @@ def rowcheck_text(reading: dict[str, Any]) -> str:
             f"{reading['offloads']} offloads, {reading['slot_releases']} slot releases")
 
 
-def rows_table(report: dict[str, Any]) -> ReportTable | None:
+def rows_table(report: dict[str, Any]) -> TableSpec | None:
     rows_sweep = report["sweeps"].get("rows")
     if rows_sweep is None:
         return None
@@ -108,11 +108,11 @@ def rows_table(report: dict[str, Any]) -> ReportTable | None:
             rows.append([pressure, arm, str(reading["planning_mode"]),
                          rowcheck_text(reading) if reading["status"] != "n/a" else "-",
                          str(reading["failed"]), reading["status"]])
-    return ReportTable("Row check", ["pressure", "arm", "planning", "row check",
+    return TableSpec("Row check", ["pressure", "arm", "planning", "row check",
                                      "failed requests", "status"], rows, "lllrrl")
 
 
-def check_tables(report: dict[str, Any]) -> list[ReportTable]:
+def check_tables(report: dict[str, Any]) -> list[TableSpec]:
     """check.md's tables, in order; the same go to stdout."""
     tables = [sweeps_table(report), tokens_table(report), divergences_table(report),
               rows_table(report)]

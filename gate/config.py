@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from gate.rule import MIN_EFFECT, Design
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -24,7 +26,10 @@ class GateConfig:
     concurrency: tuple[int, ...] = (1, 16, 64)
     prompt_len: int = 512
     output_len: int = 256
-    sessions: int = 2
+    rounds: int = 2  # a fixed design's rounds
+    until_verdict: bool = False  # add rounds until every cell has a verdict ...
+    max_rounds: int | None = None  # ... or this many ran (only, and always, with until_verdict)
+    min_effect: float = MIN_EFFECT  # the rule's floor (gate/rule.py)
     runs: int = 2
     requests: int = 0  # 0: max(8, requests_per_slot x concurrency) per run
     requests_per_slot: int = 4
@@ -42,7 +47,7 @@ class GateConfig:
     def __post_init__(self) -> None:
         if len(self.arms) < 1:
             raise ValueError("--arm: give at least one arm (the first is the baseline)")
-        for field in ("prompt_len", "output_len", "sessions", "runs"):
+        for field in ("prompt_len", "output_len", "rounds", "runs"):
             if getattr(self, field) < 1:
                 raise ValueError(f"--{field.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, field)}")
@@ -54,6 +59,22 @@ class GateConfig:
             raise ValueError(f"--concurrency must be positive ints, got {self.concurrency}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.until_verdict and self.max_rounds is None:
+            raise ValueError("--until-verdict needs --max-rounds N: the most rounds to run")
+        if not self.until_verdict and self.max_rounds is not None:
+            raise ValueError(f"--max-rounds {self.max_rounds} goes with --until-verdict; for a "
+                             "fixed number of rounds give --rounds")
+        Design(self.until_verdict, self.max_rounds or 0, self.min_effect)  # checks both
+
+    @property
+    def design(self) -> Design:
+        """How the session's rounds are judged (gate/rule.py)."""
+        return Design(self.until_verdict, self.max_rounds or 0, self.min_effect)
+
+    @property
+    def planned_rounds(self) -> int:
+        """The most rounds the session runs: --rounds, or --max-rounds with --until-verdict."""
+        return self.max_rounds if self.until_verdict else self.rounds
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests or max(8, self.requests_per_slot * concurrency)
@@ -79,7 +100,16 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-_ALIASES = {"arm": "arms", "set": "knobs"}
+# YAML keys named unlike their field: the options' names, and `sessions`, the old name of rounds
+_ALIASES = {"arm": "arms", "set": "knobs", "sessions": "rounds"}
+
+
+def _one_design(values: dict[str, Any], where: str) -> None:
+    """A fixed number of rounds or --until-verdict, not both from one source (the command line
+    may still turn a file's fixed design into --until-verdict)."""
+    if values.get("until_verdict") and "rounds" in values:
+        raise ValueError(f"{where}: --rounds {values['rounds']} and --until-verdict: give "
+                         "--rounds for a fixed number, or --until-verdict with --max-rounds")
 
 
 def build_gate_config(options: dict[str, Any], config_file: Path | None) -> GateConfig:
@@ -91,8 +121,15 @@ def build_gate_config(options: dict[str, Any], config_file: Path | None) -> Gate
             field = _ALIASES.get(key, key.replace("-", "_"))
             if field not in known:
                 raise ValueError(f"--config {config_file}: unknown key {key!r}")
+            if field in values:
+                raise ValueError(f"--config {config_file}: {key!r} gives {field} a second time")
             values[field] = value
-    values.update({k: v for k, v in options.items() if v is not None and v != []})
+        _one_design(values, f"--config {config_file}")
+    given = {k: v for k, v in options.items() if v is not None and v != []}
+    _one_design(given, "the command line")
+    if given.get("until_verdict"):
+        values.pop("rounds", None)
+    values.update(given)
     for key in ("arms", "knobs"):
         if key in values:
             values[key] = tuple(str(v) for v in values[key])

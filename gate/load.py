@@ -2,10 +2,10 @@
 
 Prompts are random token ids below the server's vocabulary, seeded, so no prefix cache helps and
 two arms given one seed see the same prompts. Every request asks for exactly `output_len` tokens
-(ignore_eos). Warm-up requests run first at the same concurrency and are left out.
-TTFT = first streamed token; ITL = the gaps between a request's tokens; output tok/s = output
-tokens of the measured requests over the measured wall time. Failed requests are counted and kept
-out of the distributions.
+(ignore_eos). Warm-up requests run first at the same concurrency and are left out. A run's numbers
+are a ServeMetrics, named as `vllm bench serve --save-result` names them: output_throughput
+(output tok/s) = output tokens of the measured requests over the measured wall time; TTFT, TPOT,
+ITL and E2EL as ServeMetrics says. Failed requests are counted and kept out of the distributions.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,78 @@ class RequestResult:
     output_tokens: int = 0
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    latency_s: float | None = None  # request sent to its last token
     error: str | None = None
+
+
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = (90, 99)
+
+
+@dataclass(frozen=True)
+class ServeMetrics:
+    """One run's numbers, named as `vllm bench serve --save-result` names the same things.
+
+    duration in s, latencies in ms. Over the completed requests: TTFT = time to the first
+    streamed token; TPOT = (latency - TTFT) / (output tokens - 1), one value a request; ITL =
+    every gap between a request's tokens; E2EL = request sent to its last token. std is the
+    population standard deviation and percentiles interpolate linearly (numpy's defaults, as
+    vLLM's). A latency no completed request gave is None.
+    """
+
+    max_concurrency: int
+    duration: float
+    completed: int
+    failed: int
+    total_input_tokens: int | None
+    total_output_tokens: int
+    request_throughput: float | None
+    output_throughput: float | None
+    total_token_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    std_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    std_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    std_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    median_e2el_ms: float | None = None
+    std_e2el_ms: float | None = None
+    p90_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrency", "completed", "failed", "total_output_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.duration < 0:
+            raise ValueError(f"duration must be >= 0, got {self.duration}")
+
+
+def latency_fields(values_s: list[float], name: str) -> dict[str, float | None]:
+    """mean, median, std and PERCENTILES of `values_s` in ms, as ServeMetrics fields of `name`
+    (ttft, tpot, itl or e2el); all None for no values."""
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms",
+            *(f"p{p}_{name}_ms" for p in PERCENTILES)]
+    if not values_s:
+        return dict.fromkeys(keys)
+    ms = np.asarray(values_s) * 1e3
+    numbers = [ms.mean(), np.median(ms), ms.std(), *np.percentile(ms, PERCENTILES)]
+    return {key: round(float(value), 3) for key, value in zip(keys, numbers, strict=True)}
 
 
 @dataclass(frozen=True)
 class RunResult:
-    concurrency: int
-    num_requests: int
-    num_failed: int
-    wall_s: float
-    output_tokens: int
-    output_tok_s: float
-    ttft_p50_ms: float | None
-    itl_p50_ms: float | None
-    itl_mean_ms: float | None
+    metrics: ServeMetrics
     errors: tuple[str, ...] = ()
 
 
@@ -97,7 +155,7 @@ async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
         return RequestResult(False, len(stamps),
                              error=f"got {len(stamps)} tokens, asked {spec.output_len}")
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
-    return RequestResult(True, len(stamps), stamps[0] - start, gaps)
+    return RequestResult(True, len(stamps), stamps[0] - start, gaps, stamps[-1] - start)
 
 
 async def _drive(session, url: str, spec: LoadSpec, prompts: list[list[int]]):
@@ -142,19 +200,29 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
     return summarize(spec, results, wall)
 
 
-def _ms(values: list[float], fn) -> float | None:
-    return round(fn(values) * 1e3, 3) if values else None
+def _tpot_s(result: RequestResult) -> float | None:
+    if result.latency_s is None or result.ttft_s is None or result.output_tokens < 2:
+        return None
+    return (result.latency_s - result.ttft_s) / (result.output_tokens - 1)
+
+
+def _rate(count: int, wall_s: float) -> float | None:
+    return round(count / wall_s, 3) if wall_s > 0 else None
 
 
 def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float) -> RunResult:
+    """The run's ServeMetrics over its completed requests, and its first five errors."""
     ok = [r for r in results if r.ok]
-    tokens = sum(r.output_tokens for r in ok)
-    itl = [gap for r in ok for gap in r.itl_s]
-    return RunResult(
-        concurrency=spec.concurrency, num_requests=len(results),
-        num_failed=len(results) - len(ok), wall_s=round(wall_s, 4), output_tokens=tokens,
-        output_tok_s=round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
-        ttft_p50_ms=_ms([r.ttft_s for r in ok], statistics.median),
-        itl_p50_ms=_ms(itl, statistics.median), itl_mean_ms=_ms(itl, statistics.mean),
-        errors=tuple(r.error for r in results if r.error)[:5],
-    )
+    output = sum(r.output_tokens for r in ok)
+    prompt = spec.prompt_len * len(ok)
+    samples = {"ttft": [r.ttft_s for r in ok], "itl": [gap for r in ok for gap in r.itl_s],
+               "e2el": [r.latency_s for r in ok],
+               "tpot": [t for t in map(_tpot_s, ok) if t is not None]}
+    latencies = {key: value for name in LATENCIES
+                 for key, value in latency_fields(samples[name], name).items()}
+    metrics = ServeMetrics(
+        max_concurrency=spec.concurrency, duration=round(wall_s, 4), completed=len(ok),
+        failed=len(results) - len(ok), total_input_tokens=prompt, total_output_tokens=output,
+        request_throughput=_rate(len(ok), wall_s), output_throughput=_rate(output, wall_s),
+        total_token_throughput=_rate(prompt + output, wall_s), **latencies)
+    return RunResult(metrics, tuple(r.error for r in results if r.error)[:5])

@@ -66,11 +66,39 @@ def fmt_slashed(*values: float | None, missing: str = "-") -> str:
     return "/".join(fmt(value, 2) for value in values)
 
 
+def round_label(round_index: int) -> str:
+    """A round's name in the tables: r1 for the first (round 0 in runs.jsonl)."""
+    return f"r{int(round_index) + 1}"
+
+
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 # ---- markdown ----
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One report table, as markdown and the stdout (rich) table both render it. `align` has
+    one letter a column: l (left) or r (right)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    align: str
+
+    def __post_init__(self) -> None:
+        if len(self.align) != len(self.header) or set(self.align) - {"l", "r"}:
+            raise ValueError(f"align {self.align!r}: one l or r for each of "
+                             f"{len(self.header)} columns")
+        for row in self.rows:
+            if len(row) != len(self.header):
+                raise ValueError(f"row {row} has {len(row)} cells for {len(self.header)} "
+                                 "columns")
+
+    def md(self) -> str:
+        return f"## {self.title}\n\n" + md_table(self.header, self.rows, self.align)
+
 
 def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
     """A pipe table; `align` has one letter a column, l (left) or r (right)."""
@@ -81,31 +109,17 @@ def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
     return "\n".join([line(header), "|" + "|".join(rule) + "|", *(line(r) for r in rows)])
 
 
-@dataclass(frozen=True)
-class ReportTable:
-    """A titled table, as the markdown reports and the stdout tables (gate/output.py) both
-    render it; `align` has one letter a column, l (left) or r (right)."""
-
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-    align: str
-
-    def __post_init__(self) -> None:
-        if len(self.align) != len(self.header) or set(self.align) - {"l", "r"}:
-            raise ValueError(f"align {self.align!r}: one l or r a column of {self.header}")
-
-    def md(self) -> str:
-        return f"## {self.title}\n\n" + md_table(self.header, self.rows, self.align)
-
-
 def header_line(manifest: dict[str, Any]) -> str:
-    """Model, device, prompt/output lengths, cells and sessions x runs, as one line."""
+    """Model, device, prompt/output lengths, cells and rounds x runs, as one line."""
     cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
+    rounds = f"{manifest.get('rounds', '?')} rounds"
+    if manifest.get("until_verdict"):
+        rounds = (f"until every cell had a verdict: {manifest.get('rounds_run', '?')} of at "
+                  f"most {manifest.get('max_rounds', '?')} rounds")
     return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
             f"prompt {manifest.get('prompt_len', '?')} tokens, "
             f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
-            f"{manifest.get('sessions', '?')} sessions x {manifest.get('runs', '?')} runs.")
+            f"{rounds} x {manifest.get('runs', '?')} runs.")
 
 
 def arms_line(manifest: dict[str, Any]) -> str:

@@ -1,90 +1,167 @@
-"""Options shared by the gate's commands, defined once."""
+"""Options shared by the gate's commands, defined once.
+
+Options that a --config file may also set default to None here, so that the file's value shows
+through; their help states the real default, taken from GateConfig, as `[default: X]`, the style
+typer gives options whose default it knows. Metavars name what a value is (INT, NAME=SPEC);
+flags have none.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from gate.check_config import CheckConfig
+from gate.config import GateConfig
 from gate.output import OutputFormat
 
 ARMS = "Arms"
 CELLS = "Cells"
+ROUNDS = "Rounds and verdicts"
 PLACEMENT = "Placement"
 
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(GateConfig)}
+
+
+def default(text: str) -> str:
+    """` [default: text]`, its bracket escaped from rich markup."""
+    return f" \\[default: {text}]"
+
+
+def config_default(field: str) -> str:
+    """` [default: X]` for a GateConfig field; lists print with commas."""
+    value = _DEFAULTS[field]
+    return default(",".join(map(str, value)) if isinstance(value, tuple) else str(value))
+
+
+def _show_help(ctx: typer.Context, value: bool) -> None:
+    if value:
+        typer.echo(ctx.get_help(), nl=False)
+        raise typer.Exit()
+
+
+# a flag in place of the built-in --help, which typer's help lists with a <bool> metavar
+HelpOpt = Annotated[bool, typer.Option(
+    "--help", metavar="", is_eager=True, expose_value=False, callback=_show_help,
+    help="Show this message and exit.")]
+
 ArmOpt = Annotated[list[str] | None, typer.Option(
-    "--arm", help="NAME=SPEC, repeatable; the first is the baseline. SPEC: git:<ref>, "
-    "path:<dir>, . or cmd:<server command with {host} {port}>.", rich_help_panel=ARMS)]
+    "--arm", metavar="NAME=SPEC", help="An arm, repeatable; the first is the baseline. SPEC: "
+    "git:<ref>, path:<dir>, . or cmd:<server command with {host} {port}>.",
+    rich_help_panel=ARMS)]
 SetOpt = Annotated[list[str] | None, typer.Option(
-    "--set", help="knob=value for every arm, ARM.knob=value for one; repeatable.",
-    rich_help_panel=ARMS)]
+    "--set", metavar="[ARM.]KNOB=VALUE", help="An engine knob for every arm, or with ARM. for "
+    "one; repeatable (`resident knobs` lists them).", rich_help_panel=ARMS)]
 ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", help="A YAML file of these options (configs/gate/*.yaml); options given here "
-    "win.", rich_help_panel=ARMS)]
+    "--config", metavar="FILE", help="A YAML file of these options (configs/gate/*.yaml); "
+    "options given here win.", rich_help_panel=ARMS)]
 AaOpt = Annotated[bool | None, typer.Option(
-    "--aa/--no-aa", help="Add a second copy of the baseline to measure the noise floor.",
-    rich_help_panel=ARMS)]
-ModelOpt = Annotated[str | None, typer.Option(help="Model config or directory \\[tiny].",
-                                              rich_help_panel=CELLS)]
-DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda \\[cpu].", rich_help_panel=CELLS)]
-ConcurrencyOpt = Annotated[str | None, typer.Option(
-    help="Concurrencies, one cell each \\[1,16,64].", rich_help_panel=CELLS)]
-PromptLenOpt = Annotated[int | None, typer.Option(help="Prompt tokens \\[512].",
-                                                  rich_help_panel=CELLS)]
-OutputLenOpt = Annotated[int | None, typer.Option(help="Output tokens, ignore_eos \\[256].",
-                                                  rich_help_panel=CELLS)]
-SessionsOpt = Annotated[int | None, typer.Option(help="Rounds \\[2].", rich_help_panel=CELLS)]
-RunsOpt = Annotated[int | None, typer.Option(help="Runs per cell per round \\[2].",
-                                             rich_help_panel=CELLS)]
-RequestsOpt = Annotated[int | None, typer.Option(
-    help="Requests per run \\[max(8, requests-per-slot x concurrency)].", rich_help_panel=CELLS)]
-RequestsPerSlotOpt = Annotated[int | None, typer.Option(
-    help="Requests per run per unit of concurrency, when --requests is not given \\[4].",
-    rich_help_panel=CELLS)]
-SeedOpt = Annotated[int | None, typer.Option(help="Prompt seed base \\[0].", rich_help_panel=CELLS)]
+    "--aa/--no-aa", metavar="", help="Add a second copy of the baseline: the noise model of "
+    "the verdicts." + default("--no-aa"), rich_help_panel=ARMS)]
 StartupOpt = Annotated[float | None, typer.Option(
-    "--startup-timeout", help="Seconds a server may take to answer /health \\[600].",
-    rich_help_panel=ARMS)]
-ServerCpusOpt = Annotated[str | None, typer.Option(help="CPU list for the servers.",
-                                                   rich_help_panel=PLACEMENT)]
-StepCoresOpt = Annotated[str | None, typer.Option(help="CPUs for the engine's step threads.",
-                                                  rich_help_panel=PLACEMENT)]
-ApiCoreOpt = Annotated[str | None, typer.Option(help="CPU for the API process.",
-                                                rich_help_panel=PLACEMENT)]
-ClientCpusOpt = Annotated[str | None, typer.Option(help="CPU list for the load client.",
-                                                   rich_help_panel=PLACEMENT)]
-GpuOpt = Annotated[str | None, typer.Option(help="GPU index \\[0 with --device cuda].",
-                                            rich_help_panel=PLACEMENT)]
-NameOpt = Annotated[str | None, typer.Option(help="Session name \\[gate].")]
-OutOpt = Annotated[str | None, typer.Option(help="Output directory \\[results/<name>-<time>].")]
+    "--startup-timeout", metavar="SECONDS", help="How long a server may take to answer "
+    "/health." + config_default("startup_timeout"), rich_help_panel=ARMS)]
+
+ModelOpt = Annotated[str | None, typer.Option(
+    metavar="MODEL", help="A model config or directory." + config_default("model"),
+    rich_help_panel=CELLS)]
+DeviceOpt = Annotated[str | None, typer.Option(
+    metavar="[cpu|cuda]", help="Where the servers run." + config_default("device"),
+    rich_help_panel=CELLS)]
+ConcurrencyOpt = Annotated[str | None, typer.Option(
+    metavar="INT,...", help="Concurrencies, one cell each." + config_default("concurrency"),
+    rich_help_panel=CELLS)]
+PromptLenOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Prompt tokens." + config_default("prompt_len"), rich_help_panel=CELLS)]
+OutputLenOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Output tokens, ignore_eos." + config_default("output_len"),
+    rich_help_panel=CELLS)]
+RunsOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Runs per cell per round." + config_default("runs"),
+    rich_help_panel=CELLS)]
+RequestsOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Requests per run." + default("max(8, requests-per-slot x concurrency)"),
+    rich_help_panel=CELLS)]
+RequestsPerSlotOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Requests per run per unit of concurrency, when --requests is not "
+    "given." + config_default("requests_per_slot"), rich_help_panel=CELLS)]
+SeedOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Prompt seed base." + config_default("seed"), rich_help_panel=CELLS)]
+
+RoundsOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Rounds, judged once at the end: each starts every arm's server once, "
+    "in alternated order." + config_default("rounds"), rich_help_panel=ROUNDS)]
+UntilVerdictOpt = Annotated[bool | None, typer.Option(
+    "--until-verdict", metavar="", help="Instead of --rounds: add rounds until every arm has a "
+    "verdict in every cell, at most --max-rounds; the rule is applied after each round.",
+    rich_help_panel=ROUNDS)]
+MaxRoundsOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="With --until-verdict: the most rounds to run.", rich_help_panel=ROUNDS)]
+MinEffectOpt = Annotated[float | None, typer.Option(
+    metavar="FRACTION", help="The smallest difference that counts: faster and slower need the "
+    "estimate beyond it, within noise the interval inside it." + config_default("min_effect"),
+    rich_help_panel=ROUNDS)]
+# the old name of --rounds, still accepted
+SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
+
+ServerCpusOpt = Annotated[str | None, typer.Option(
+    metavar="CPUS", help="CPU list for the servers, e.g. 0-3,8.", rich_help_panel=PLACEMENT)]
+StepCoresOpt = Annotated[str | None, typer.Option(
+    metavar="CPUS", help="CPUs for the engine's step threads.", rich_help_panel=PLACEMENT)]
+ApiCoreOpt = Annotated[str | None, typer.Option(
+    metavar="CPUS", help="CPU for the API process.", rich_help_panel=PLACEMENT)]
+ClientCpusOpt = Annotated[str | None, typer.Option(
+    metavar="CPUS", help="CPU list for the load client.", rich_help_panel=PLACEMENT)]
+GpuOpt = Annotated[str | None, typer.Option(
+    metavar="INT", help="GPU index." + default("0 with --device cuda"),
+    rich_help_panel=PLACEMENT)]
+
+NameOpt = Annotated[str | None, typer.Option(
+    metavar="TEXT", help="Session name." + config_default("name"))]
+OutOpt = Annotated[str | None, typer.Option(
+    metavar="DIR", help="Output directory." + default("results/<name>-<time>"))]
 ResumeOpt = Annotated[bool, typer.Option(
-    "--resume", help="Continue the session in --out: keep its whole rounds, run the rest up "
-    "to --sessions (raise it to add rounds); its arms, cells and load must match.")]
+    "--resume", metavar="", help="Continue the session in --out: keep its whole rounds, run "
+    "the rest up to --rounds or --max-rounds (raise it to add rounds); its arms, cells, load "
+    "and design must match.")]
 FormatOpt = Annotated[OutputFormat, typer.Option(
-    "--format", help="How the summary prints on stdout: table, json or md.")]
+    "--format", metavar="[table|json|md]", help="How the summary prints on stdout.")]
 
 
 # command parameters that are not GateConfig fields, and those named differently
-_NOT_CONFIG = ("config", "resume", "output_format")
+_NOT_CONFIG = ("config", "resume", "output_format", "sessions", "show_help")
 _FIELD_OF = {"arm": "arms"}
 
 
 def gate_options(params: dict[str, Any]) -> dict[str, Any]:
-    """A command's parameters (its `locals()` on entry) as GateConfig fields."""
-    return {_FIELD_OF.get(name, name): value for name, value in params.items()
-            if name not in _NOT_CONFIG}
+    """A command's parameters (its `locals()` on entry) as GateConfig fields; `--sessions`, the
+    old name of `--rounds`, counts as `--rounds`."""
+    options = {_FIELD_OF.get(name, name): value for name, value in params.items()
+               if name not in _NOT_CONFIG}
+    sessions = params.get("sessions")
+    if sessions is not None:
+        if options.get("rounds") not in (None, sessions):
+            raise ValueError(f"--sessions {sessions} and --rounds {options['rounds']}: "
+                             "--sessions is the old name of --rounds; give one")
+        options["rounds"] = sessions
+    return options
 
 
-# resident-gate check
+# resident-gate check (defaults: gate/check_config.py CheckConfig)
 CHECK = "Check"
+_CHECK_DEFAULTS = {field.name: field.default for field in dataclasses.fields(CheckConfig)}
 SweepOpt = Annotated[str | None, typer.Option(
-    help="Sweeps, comma-separated \\[greedy,concurrency,kv-pressure,rows].",
-    rich_help_panel=CHECK)]
+    metavar="SWEEP,...", help="Sweeps: greedy, concurrency, kv-pressure, rows."
+    + default(",".join(_CHECK_DEFAULTS["sweeps"])), rich_help_panel=CHECK)]
 PromptsOpt = Annotated[int | None, typer.Option(
-    help="Prompts from the prompt file, the same for every arm \\[32].", rich_help_panel=CHECK)]
+    metavar="INT", help="Prompts from the prompt file, the same for every arm."
+    + default(str(_CHECK_DEFAULTS["prompts"])), rich_help_panel=CHECK)]
 MaxTokensOpt = Annotated[int | None, typer.Option(
-    help="Token cap a request; EOS may stop it first \\[128].", rich_help_panel=CHECK)]
+    metavar="INT", help="Token cap a request; EOS may stop it first."
+    + default(str(_CHECK_DEFAULTS["max_tokens"])), rich_help_panel=CHECK)]
 NearTieOpt = Annotated[float | None, typer.Option(
-    help="Nats: a divergence whose two tokens' logprobs are closer is a near-tie \\[0.1].",
-    rich_help_panel=CHECK)]
+    metavar="NATS", help="A divergence whose two tokens' logprobs are closer is a near-tie."
+    + default(str(_CHECK_DEFAULTS["near_tie"])), rich_help_panel=CHECK)]

@@ -18,8 +18,7 @@ from typing import Any
 
 from gate.arms import Arm
 from gate.load import run_load
-from gate.markdown import ReportTable, header_line, page_title
-from gate.records import write_manifest
+from gate.markdown import TableSpec, header_line, page_title
 from gate.server import Server, ServerFailed
 from gate.session import Session
 
@@ -33,7 +32,7 @@ class PhasesSession(Session):
     """A one-round Session whose cells read /debug/phases instead of recording runs."""
 
     def __post_init__(self) -> None:
-        self.config = dataclasses.replace(self.config, sessions=1, runs=1)
+        self.config = dataclasses.replace(self.config, rounds=1, runs=1)
         super().__post_init__()
         self.arms = [dataclasses.replace(a, knobs={**a.knobs, "phase_timing": "on"})
                      if a.kind == "resident" else a for a in self.arms]
@@ -47,26 +46,26 @@ class PhasesSession(Session):
                              f"another --out")
         failed = super().run()
         self.manifest["command_kind"] = "phases"
-        write_manifest(self.out, self.manifest)
+        self._save_manifest()
         write_phases(self.out, self.results, self.manifest)
         return failed
 
-    async def _cell(self, server: Server, arm: Arm, session: int, position: int,
+    async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
-        spec = await self._warmed_load(server, concurrency, vocab, session)
+        spec = await self._warmed_load(server, concurrency, vocab, round_index)
         if await server.post_json("/debug/phases/reset") is None:
             raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
                                f"server with /debug/phases?)", server.log_tail())
-        result = await run_load(server.url, spec)
+        metrics = (await run_load(server.url, spec)).metrics
         report = await server.get_json("/debug/phases") or {}
         self.results.setdefault(f"c={concurrency}", {})[arm.name] = {
             "kinds": report.get("kinds", {}), "enabled": report.get("enabled", False),
-            "output_tok_s": result.output_tok_s, "num_failed": result.num_failed,
+            "output_throughput": metrics.output_throughput, "failed": metrics.failed,
             "planner_off": planner_off}
-        self.console.log(f"{arm.name} c={concurrency}: {result.output_tok_s} tok/s, "
+        self.console.log(f"{arm.name} c={concurrency}: {metrics.output_throughput} tok/s, "
                          f"{report.get('kinds', {}).get('decode', {}).get('steps', 0)} "
                          f"decode steps timed")
-        return int(result.num_failed >= result.num_requests)
+        return int(metrics.completed == 0)
 
 
 def _decode(results: dict[str, dict[str, Any]], cell: str, arm: str) -> dict[str, float] | None:
@@ -102,16 +101,16 @@ def takes_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list
     return rows
 
 
-def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[ReportTable]:
+def phase_tables(results: dict[str, dict[str, Any]], arms: list[str]) -> list[TableSpec]:
     """The two tables: the plan thread's CPU by phase per arm and cell, and what each
     arm takes off the baseline's (arms[0]) plan thread."""
     baseline = arms[0]
     return [
-        ReportTable("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
-                    phase_rows(results, arms), "ll" + "r" * (len(COLUMNS) + 1)),
-        ReportTable(f"The plan thread, {baseline} against each arm",
-                    ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
-                     f"of {baseline}'s step"], takes_rows(results, arms), "llrrr"),
+        TableSpec("Plan thread CPU by phase", ["cell", "arm", *COLUMNS, "steps"],
+                  phase_rows(results, arms), "ll" + "r" * (len(COLUMNS) + 1)),
+        TableSpec(f"The plan thread, {baseline} against each arm",
+                  ["cell", "arm", f"plan thread {baseline} -> arm (ms)", "arm takes",
+                   f"of {baseline}'s step"], takes_rows(results, arms), "llrrr"),
     ]
 
 

@@ -42,7 +42,7 @@ def _ok_runs(frame: pd.DataFrame, cell: str, arm: str) -> pd.DataFrame:
 
 
 def _plotted_cells(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
-    ok_cells = set(frame.loc[frame["ok"] & frame["output_tok_s"].notna(), "cell"])
+    ok_cells = set(frame.loc[frame["ok"] & frame[stats.THROUGHPUT].notna(), "cell"])
     return [cell for cell in stats.cell_order(frame, manifest) if cell in ok_cells]
 
 
@@ -83,7 +83,7 @@ def plot_tok_s(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> Non
     labels = _labels(frame, manifest)
     for ax, cell in cells:
         for i, arm in enumerate(stats.arm_order(frame, manifest)):
-            _median_bar(ax, i, _ok_runs(frame, cell, arm)["output_tok_s"].dropna(), fmt="o",
+            _median_bar(ax, i, _ok_runs(frame, cell, arm)[stats.THROUGHPUT].dropna(), fmt="o",
                         capsize=5, markersize=7, color=_COLORS[i % len(_COLORS)],
                         label=labels[arm])
         _arm_axis(ax, frame, manifest, cell)
@@ -102,8 +102,8 @@ def plot_itl(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> None:
     for ax, cell in cells:
         for i, arm in enumerate(stats.arm_order(frame, manifest)):
             runs = _ok_runs(frame, cell, arm)
-            for offset, column, marker, name in ((-0.12, "itl_p50_ms", "o", "ITL p50"),
-                                                 (0.12, "itl_mean_ms", "s", "ITL mean")):
+            for offset, column, marker, name in ((-0.12, "median_itl_ms", "o", "ITL p50"),
+                                                 (0.12, "mean_itl_ms", "s", "ITL mean")):
                 _median_bar(ax, i + offset, runs[column].dropna(), fmt=marker, capsize=4,
                             markersize=6, color=_COLORS[i % len(_COLORS)],
                             markerfacecolor="white" if marker == "s" else None, label=name)

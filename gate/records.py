@@ -3,11 +3,13 @@
 runs.jsonl is appended as each run finishes, so an interrupted session keeps what it measured;
 `resident-gate report` rebuilds every table and plot from it and the manifest alone.
 
-A run is one arm serving one cell (a concurrency) once: `session` is the round (0-based, each
-round has its own Inductor cache and its own prompt seed), `position` the arm's place in that
-round's order (arms rotate: ABBA for two), `run` the run's number within the cell and round
-(1-based). A run that could not be measured (its server failed to start or died) has ok=False,
-its error, and its server's log tail; its numbers are None.
+A session is one `resident-gate run` (its output directory); it runs rounds, and in each round
+every arm's server starts once and serves all the cells' runs. A run is one arm serving one cell
+(a concurrency) once: `round` is the round (0-based; each round has its own Inductor cache and
+its own prompt seed), `position` the arm's place in that round's order (arms rotate: ABBA for
+two), `run` the run's number within the cell and round (1-based). Its numbers are `metrics`, a
+ServeMetrics (gate/load.py: vLLM's names for them). A run that could not be measured (its
+server failed to start or died) has ok=False, its error, its server's log tail and no metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gate.load import ServeMetrics
 
 RUNS_FILE = "runs.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -35,21 +39,14 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class RunRecord:
-    session: int
+    round: int
     arm: str
     position: int
     concurrency: int
     run: int
     ok: bool
     error: str | None = None
-    output_tok_s: float | None = None
-    itl_p50_ms: float | None = None
-    itl_mean_ms: float | None = None
-    ttft_p50_ms: float | None = None
-    num_requests: int = 0
-    num_failed: int = 0  # requests that failed inside a measured run
-    output_tokens: int = 0
-    wall_s: float | None = None
+    metrics: ServeMetrics | None = None
     steps: dict[str, int] = field(default_factory=dict)  # server steps by kind over the run
     # the server's mean wall ms inside a step of each kind over the run (resident's /metrics)
     step_ms: dict[str, float] = field(default_factory=dict)
@@ -72,11 +69,34 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunRecord:
-        """Keys this version does not know (a newer gate wrote them) are dropped."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"gpu"}
-        gpu = data.get("gpu")
+        """Keys this version does not know (a newer gate wrote them) are dropped. Older records
+        hold the round as `session` and their numbers flat (_legacy_metrics)."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"gpu", "metrics"}
+        data = {_RENAMED.get(key, key): value for key, value in data.items()}
+        gpu, metrics = data.get("gpu"), data.get("metrics")
+        metrics = ServeMetrics(**metrics) if metrics else _legacy_metrics(data)
         return cls(**{k: v for k, v in data.items() if k in known},
-                   gpu=GpuSample(**gpu) if gpu else None)
+                   gpu=GpuSample(**gpu) if gpu else None, metrics=metrics)
+
+
+# keys of older runs.jsonl records -> their field now
+_RENAMED = {"session": "round"}
+
+
+def _legacy_metrics(data: dict[str, Any]) -> ServeMetrics | None:
+    """The numbers of a record written before ServeMetrics, which held tok/s, ITL p50 and mean,
+    TTFT p50, request and token counts and the wall time flat; None where it measured nothing."""
+    if not data.get("num_requests") or data.get("wall_s") is None:
+        return None
+    completed = data["num_requests"] - data.get("num_failed", 0)
+    wall = data["wall_s"]
+    return ServeMetrics(
+        max_concurrency=data["concurrency"], duration=wall, completed=completed,
+        failed=data.get("num_failed", 0), total_input_tokens=None,
+        total_output_tokens=data.get("output_tokens", 0),
+        request_throughput=round(completed / wall, 3) if wall > 0 else None,
+        output_throughput=data.get("output_tok_s"), median_itl_ms=data.get("itl_p50_ms"),
+        mean_itl_ms=data.get("itl_mean_ms"), median_ttft_ms=data.get("ttft_p50_ms"))
 
 
 def append_run(directory: Path, record: RunRecord) -> None:
@@ -115,7 +135,11 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest; one written before rounds had their name gets `rounds` from `sessions`."""
     path = directory / MANIFEST_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory} has no {MANIFEST_FILE}")
-    return json.loads(path.read_text())
+    manifest = json.loads(path.read_text())
+    if "sessions" in manifest and "rounds" not in manifest:
+        manifest["rounds"] = manifest.pop("sessions")
+    return manifest

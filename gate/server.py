@@ -86,6 +86,9 @@ class Server:
             command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=arm.tree,
             start_new_session=True, preexec_fn=_child_setup(set(launch.cpus), os.getpid()),
         )
+        self._launched = time.monotonic()
+        self.health_s: float | None = None  # launch to the first /health 200
+        self.stop_s: float | None = None  # stop() to the process group gone
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -96,8 +99,9 @@ class Server:
         return text[-chars:]
 
     async def wait_ready(self) -> dict:
-        """Waits for /health, then /v1/models; returns the models answer."""
-        deadline = time.monotonic() + self.launch.startup_timeout_s
+        """Waits for /health (timing it from launch: health_s), then /v1/models; returns the
+        models answer."""
+        deadline = self._launched + self.launch.startup_timeout_s
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
             for path in ("/health", "/v1/models"):
                 while True:
@@ -112,7 +116,9 @@ class Server:
                     answer = await _fetch(session, self.url + path)
                     if answer is not None:
                         break
-                    await asyncio.sleep(0.25)
+                    await asyncio.sleep(0.05)
+                if path == "/health":
+                    self.health_s = round(time.monotonic() - self._launched, 3)
         return answer
 
     async def get_json(self, path: str) -> dict | None:
@@ -134,7 +140,8 @@ class Server:
         return parse_metrics(text)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM to the whole process group, then SIGKILL."""
+        """SIGTERM to the whole process group, then SIGKILL; times it (stop_s)."""
+        started = time.monotonic()
         if self.alive():
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
@@ -146,6 +153,7 @@ class Server:
                 pass
         self._kill_group()
         self._log.close()
+        self.stop_s = round(time.monotonic() - started, 3)
 
     def _kill_group(self) -> None:
         """The API process exits on SIGTERM; make sure nothing of its group lingers."""

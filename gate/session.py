@@ -1,12 +1,15 @@
 """One gate session: rounds of alternated arms, each round with a fresh Inductor cache shared by
 its arms and its own prompt seed; each arm's server started once a round and serving all its
-cells' runs; every run appended to runs.jsonl as it finishes.
+cells' runs; every run appended to runs.jsonl as it finishes. A fixed design runs --rounds;
+with --until-verdict, rounds are added until every arm has a verdict in every cell (judged
+after each round as the report judges) or --max-rounds ran.
 
 A session can be resumed (`--resume`): the rounds runs.jsonl holds whole stay, a partial round
-is dropped and run again, and the remaining rounds run, up to --sessions (which may be raised to
-add rounds). Every resumed server must report the weights fingerprint and, for a resident arm,
-the package source digest that the manifest recorded, so rounds run days or machines apart
-still measure the same code and weights; each resumption is logged in the manifest.
+is dropped and run again, and the remaining rounds run, up to --rounds or --max-rounds (which
+may be raised to add rounds). Every resumed server must report the weights fingerprint and, for
+a resident arm, the package source digest that the manifest recorded, so rounds run days or
+machines apart still measure the same code and weights; each resumption is logged in the
+manifest.
 """
 
 from __future__ import annotations
@@ -40,22 +43,27 @@ from gate.records import (
     rewrite_runs,
     write_manifest,
 )
+from gate.rule import FIRST_LOOK, MIN_EFFECT
 from gate.server import EngineSteps, LaunchSpec, Server, ServerFailed, clean_environment
+from gate.stats import runs_frame, undecided
 from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
+from gate.timing import server_entry
 
 WORKTREES = Path(".gate/worktrees")
 INDUCTOR = Path(".gate/inductor")
 
 
-# what must match between a session's manifest and a run that resumes it
+# what must match between a session's manifest and a run that resumes it, and the value of those
+# an older manifest lacks
 RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
-               "runs", "requests", "seed")
+               "runs", "requests", "seed", "until_verdict", "min_effect")
+RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT}
 
 
 def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
                      runs: int) -> int:
     """How many leading rounds hold a record (ok or failed) of every arm, cell and run."""
-    have = {(r.session, r.arm, r.concurrency, r.run) for r in records}
+    have = {(r.round, r.arm, r.concurrency, r.run) for r in records}
     count = 0
     while all((count, arm, cell, run) in have for arm in arms for cell in cells
               for run in range(1, runs + 1)):
@@ -63,9 +71,9 @@ def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int
     return count
 
 
-def round_order(arms: list[Arm], session: int) -> list[Arm]:
+def round_order(arms: list[Arm], round_index: int) -> list[Arm]:
     """ABBA for two arms; in general each round reverses the one before."""
-    return list(arms) if session % 2 == 0 else list(reversed(arms))
+    return list(arms) if round_index % 2 == 0 else list(reversed(arms))
 
 
 @dataclass
@@ -82,6 +90,8 @@ class Session:
         self.placement = self._placement()
         self.manifest: dict = {}
         self._fingerprint: str | None = None
+        self._clock = time.monotonic()  # this invocation's start
+        self._wall_before = 0.0  # the wall time of the invocations this one resumes
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -120,7 +130,9 @@ class Session:
                      for arm in self.arms],
             "model": config.model, "device": config.device, "cells": list(config.concurrency),
             "prompt_len": config.prompt_len, "output_len": config.output_len,
-            "sessions": config.sessions, "runs": config.runs,
+            "rounds": config.planned_rounds, "until_verdict": config.until_verdict,
+            "max_rounds": config.max_rounds, "min_effect": config.min_effect,
+            "rounds_run": 0, "runs": config.runs,
             "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
             "seed": config.seed, "placement": self.placement.to_dict(),
             "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
@@ -134,13 +146,46 @@ class Session:
         removed_env = clean_environment()[1]
         first = self._resume(removed_env) if resume else self._start(removed_env)
         failed = 0
-        for session in range(first, self.config.sessions):
-            cache = (self.repo / INDUCTOR / self.out.name / f"round-{session}").resolve()
-            cache.mkdir(parents=True, exist_ok=True)
-            for position, arm in enumerate(round_order(self.arms, session)):
-                failed += asyncio.run(self._serve_arm(arm, session, position, cache))
-            shutil.rmtree(cache, ignore_errors=True)
+        last = self.config.planned_rounds
+        for round_index in range(first, last):
+            if self._every_cell_decided(round_index):
+                break
+            failed += self._run_round(round_index)
+        else:
+            if not (self.config.until_verdict and self._every_cell_decided(last)):
+                self._note_stop(last, "the planned rounds ran")
+        self._save_manifest()
         return failed
+
+    def _run_round(self, round_index: int) -> int:
+        """Every arm's server once, in the round's order, on the round's Inductor cache;
+        returns the number of failed runs."""
+        cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
+        cache.mkdir(parents=True, exist_ok=True)
+        failed = 0
+        for position, arm in enumerate(round_order(self.arms, round_index)):
+            failed += asyncio.run(self._serve_arm(arm, round_index, position, cache))
+        shutil.rmtree(cache, ignore_errors=True)
+        self.manifest["rounds_run"] = round_index + 1
+        self._save_manifest()
+        return failed
+
+    def _every_cell_decided(self, rounds_done: int) -> bool:
+        """With --until-verdict: whether every arm has a verdict in every cell after
+        `rounds_done` rounds (judged as the report judges them); logs what is still open."""
+        if not self.config.until_verdict or rounds_done < FIRST_LOOK:
+            return False
+        open_cells = undecided(runs_frame(read_runs(self.out)), self.manifest)
+        if open_cells:
+            self.console.log(f"after {rounds_done} rounds no verdict yet for "
+                             f"{', '.join(open_cells)}")
+            return False
+        self._note_stop(rounds_done, "every cell had a verdict")
+        return True
+
+    def _note_stop(self, rounds: int, reason: str) -> None:
+        self.manifest["stopped"] = {"after_rounds": rounds, "reason": reason}
+        self.console.log(f"stopping after {rounds} rounds: {reason}")
 
     def _start(self, removed_env: list[str]) -> int:
         if (self.out / RUNS_FILE).exists():
@@ -148,7 +193,7 @@ class Session:
                              f"continue it, or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
         self.manifest = self._base_manifest(removed_env)
-        write_manifest(self.out, self.manifest)
+        self._save_manifest()
         return 0
 
     def _resume(self, removed_env: list[str]) -> int:
@@ -159,7 +204,7 @@ class Session:
         manifest = read_manifest(self.out)
         fresh = self._base_manifest(removed_env)
         for key in RESUME_KEYS + ("arms",):
-            ours, theirs = fresh[key], manifest[key]
+            ours, theirs = fresh[key], manifest.get(key, RESUME_DEFAULTS.get(key))
             if key == "arms":  # the code itself is checked by digest as each server starts
                 ours, theirs = ([[a["name"], a["spec"], a["knobs"]] for a in arms]
                                 for arms in (ours, theirs))
@@ -168,28 +213,33 @@ class Session:
         records = read_runs(self.out)
         first = completed_rounds(records, [a.name for a in self.arms],
                                  self.config.concurrency, self.config.runs)
-        rewrite_runs(self.out, [r for r in records if r.session < first])
+        rewrite_runs(self.out, [r for r in records if r.round < first])
         fingerprints = [a["debug_config"].get("weights_fingerprint")
                         for a in manifest["arms"] if a.get("debug_config")]
         self._fingerprint = fingerprints[0] if fingerprints else None
-        manifest["sessions"] = self.config.sessions
+        manifest["rounds"] = self.config.planned_rounds
+        manifest["max_rounds"] = self.config.max_rounds
         manifest.setdefault("resumed", []).append({
             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
             "command": self.command_line, "host": fresh["host"],
             "versions": fresh["versions"], "removed_env": removed_env})
         self.manifest = manifest
-        write_manifest(self.out, manifest)
-        self.console.log(f"resuming {self.out} at round {first} of {self.config.sessions}")
+        self._wall_before = (manifest.get("timing") or {}).get("wall_s") or 0.0
+        self._save_manifest()
+        self.console.log(f"resuming {self.out} at round {first} of "
+                         f"{self.config.planned_rounds}")
         return first
 
-    async def _serve_arm(self, arm: Arm, session: int, position: int, cache: Path) -> int:
+    async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:
+        """Starts the arm's server for the round, measures each cell on it, stops it; returns
+        the number of failed runs."""
         config = self.config
         launch = LaunchSpec(config.model, config.device, self.placement.server_cpus, cache,
                             self.placement.gpu, config.startup_timeout)
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
             else {}
-        log_path = self.out / "logs" / f"{arm.name}-round{session}.log"
-        self.console.log(f"round {session}: starting {arm.name} ({arm.spec})")
+        log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
+        self.console.log(f"round {round_index}: starting {arm.name} ({arm.spec})")
         server = Server(arm, launch, knobs, log_path)
         try:
             models = await server.wait_ready()
@@ -200,15 +250,29 @@ class Session:
                                    server.log_tail())
             failed = 0
             for concurrency in config.concurrency:
-                failed += await self._cell(server, arm, session, position, concurrency, vocab,
+                failed += await self._cell(server, arm, round_index, position, concurrency, vocab,
                                            planner_off)
             return failed
         except ServerFailed as err:
             self.console.log(f"[red]{err}[/red]")
             self.failures.append(str(err))
-            return self._record_all_failed(arm, session, position, str(err), err.log_tail)
+            return self._record_all_failed(arm, round_index, position, str(err), err.log_tail)
         finally:
             server.stop()
+            self._record_server(round_index, arm, server)
+
+    def _record_server(self, round_index: int, arm: Arm, server: Server) -> None:
+        timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
+        timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
+                                              server.stop_s))
+        self._save_manifest()
+
+    def _save_manifest(self) -> None:
+        """Writes the manifest with the session's wall time so far (earlier invocations'
+        included), so a session killed mid-way still says how long it ran."""
+        timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
+        timing["wall_s"] = round(self._wall_before + time.monotonic() - self._clock, 3)
+        write_manifest(self.out, self.manifest)
 
     async def _check_identity(self, arm: Arm, server: Server) -> bool:
         """Records the arm's /debug/config; fails an arm whose package is not its own tree or
@@ -238,38 +302,41 @@ class Session:
                                server.log_tail())
         planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"
         entry["planner_off"] = entry["planner_off"] or planner_off
-        write_manifest(self.out, self.manifest)
+        self._save_manifest()
         return planner_off
 
-    async def _cell(self, server: Server, arm: Arm, session: int, position: int,
+    async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
         # warmed before the first run's counters are read, so its server step times and GPU
         # samples cover its own requests only
-        spec = await self._warmed_load(server, concurrency, vocab, session)
+        spec = await self._warmed_load(server, concurrency, vocab, round_index)
         failed = 0
         for run in range(1, self.config.runs + 1):
             if not server.alive():
                 raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
                                    server.log_tail())
-            record = await self._measure(server, arm, spec, session, position, run, planner_off)
+            record = await self._measure(server, arm, spec, round_index, position, run,
+                                         planner_off)
             append_run(self.out, record)
             failed += not record.ok
-            self.console.log(f"round {session} {arm.name} c={concurrency} run {run}: "
-                             f"{record.output_tok_s} tok/s, {record.num_failed} failed requests")
+            metrics = record.metrics
+            self.console.log(f"round {round_index} {arm.name} c={concurrency} run {run}: "
+                             f"{metrics.output_throughput} tok/s, {metrics.failed} failed "
+                             "requests")
         return failed
 
     async def _warmed_load(self, server: Server, concurrency: int, vocab: int,
-                           session: int) -> LoadSpec:
+                           round_index: int) -> LoadSpec:
         """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
         config = self.config
         spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
                         prompt_len=config.prompt_len, output_len=config.output_len,
-                        vocab_size=vocab, seed=config.seed * 1000 + session,
+                        vocab_size=vocab, seed=config.seed * 1000 + round_index,
                         num_warmup=concurrency)
         await warm_up(server.url, spec)
         return dataclasses.replace(spec, num_warmup=0)
 
-    async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, session: int,
+    async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, round_index: int,
                        position: int, run: int, planner_off: bool) -> RunRecord:
         placement = self.placement
         siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
@@ -283,25 +350,22 @@ class Session:
         gpu_sample, busy = gpu.stop(), siblings.stop()
         steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
         tracebacks, recompiles = scan_log(server.log_path)
-        ok = result.num_failed < result.num_requests and server.alive()
+        metrics = result.metrics
+        ok = metrics.completed > 0 and server.alive()
         return RunRecord(
-            session=session, arm=arm.name, position=position, concurrency=spec.concurrency,
+            round=round_index, arm=arm.name, position=position, concurrency=spec.concurrency,
             run=run, ok=ok, error=None if ok else "; ".join(result.errors) or "server died",
-            output_tok_s=result.output_tok_s if ok else None, itl_p50_ms=result.itl_p50_ms,
-            itl_mean_ms=result.itl_mean_ms, ttft_p50_ms=result.ttft_p50_ms,
-            num_requests=result.num_requests, num_failed=result.num_failed,
-            output_tokens=result.output_tokens, wall_s=result.wall_s,
-            steps=steps, step_ms=step_ms,
-            sibling_busy_cpus=busy, gpu=gpu_sample, server_tracebacks=tracebacks,
-            recompile_limit_lines=recompiles, planner_off=planner_off,
-            log_tail=None if ok else server.log_tail(), started_at=started,
+            metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
+            gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
+            planner_off=planner_off, log_tail=None if ok else server.log_tail(),
+            started_at=started,
         )
 
-    def _record_all_failed(self, arm: Arm, session: int, position: int, error: str,
+    def _record_all_failed(self, arm: Arm, round_index: int, position: int, error: str,
                            log_tail: str) -> int:
         """A server that failed to start or died: its remaining runs are failed runs."""
         done = {(r.concurrency, r.run) for r in read_runs(self.out)
-                if r.arm == arm.name and r.session == session} \
+                if r.arm == arm.name and r.round == round_index} \
             if (self.out / RUNS_FILE).exists() else set()
         count = 0
         for concurrency in self.config.concurrency:
@@ -309,7 +373,7 @@ class Session:
                 if (concurrency, run) in done:
                     continue
                 append_run(self.out, RunRecord(
-                    session=session, arm=arm.name, position=position, concurrency=concurrency,
+                    round=round_index, arm=arm.name, position=position, concurrency=concurrency,
                     run=run, ok=False, error=error, log_tail=log_tail, started_at=time.time()))
                 count += 1
         return count

@@ -1,9 +1,9 @@
-"""The gate's statistics: run records as a frame, per-round paired deltas, and the verdict rule.
+"""The gate's statistics: run records as a frame, per-round paired deltas, and each cell's
+verdicts by the rule of gate/rule.py.
 
-Arms are compared paired by round: in each round (session) an arm and the baseline share an
-Inductor cache, a prompt seed and the host's state at that hour, so the per-round ratio removes
-what differs between rounds. Significance is an exact sign test over those ratios; the effect
-must also clear the A/A spread (a second copy of the baseline against the baseline) when one ran.
+Arms are compared paired by round: in each round an arm and the baseline share an Inductor
+cache, a prompt seed and the host's state at that hour, so the per-round ratio removes what
+differs between rounds.
 """
 
 from __future__ import annotations
@@ -13,39 +13,27 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from gate import rule
+from gate.load import ServeMetrics
 from gate.records import GpuSample, RunRecord
 
-MIN_ROUNDS = 6
-MIN_EFFECT = 0.01
-ALPHA = 0.05
-
-VERDICTS = ("faster", "slower", "within noise", "too few rounds")
-
-RULE = (
-    "Paired by round: in each round, an arm's median output tok/s over its ok runs is divided by "
-    "the baseline's median in the same round, and delta = arm / baseline - 1; a round where "
-    "either side has no ok run is left out. Each arm and cell gets exactly one verdict: "
-    f"`faster`, `slower`, `within noise` or `too few rounds`. Fewer than {MIN_ROUNDS} paired "
-    "rounds is `too few rounds`. Otherwise the verdict is `faster` or `slower` (by the sign of "
-    "the median delta) only when the exact two-sided sign test over the rounds gives "
-    f"p < {ALPHA} and |median paired delta| > threshold, where threshold = "
-    f"max({MIN_EFFECT:.0%}, the A/A spread) and the A/A spread is the largest |paired delta| of "
-    "the A/A arm (a second copy of the baseline, run when `--aa` is given) in that cell; "
-    "anything else is `within noise`. "
-    f"With {MIN_ROUNDS} rounds all of one sign the sign test gives p = 2/64 = 0.03125; "
-    "with 5 its smallest p is 0.0625, hence the floor."
-)
-
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuSample))
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord) if f.name != "gpu")
+METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(ServeMetrics))
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord)
+                       if f.name not in ("gpu", "metrics"))
 ENGINE_KINDS = ("decode", "prefill", "mixed")  # step_ms kinds with a column: engine_<kind>_ms
-RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *(f"gpu_{name}" for name in _GPU_FIELDS),
+RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *METRIC_FIELDS,
+               *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS))
-PAIRED_COLUMNS = ("cell", "concurrency", "arm", "session", "arm_tok_s", "base_tok_s", "delta")
+PAIRED_COLUMNS = ("cell", "concurrency", "arm", "round", "arm_tok_s", "base_tok_s", "delta")
+THROUGHPUT = "output_throughput"  # the verdicts' measure: output tok/s of a run
 PLANNER_OFF = " (planner off!)"  # appended to a flagged arm's name in every table
-VERDICT_COLUMNS = ("cell", "arm", "rounds", "median_delta", "p_value", "threshold", "verdict")
+VERDICT_COLUMNS = ("cell", "arm", "rounds", "decided_at", "noise_arms", "estimate", "ci_low",
+                   "ci_high", "p_t", "median_delta", "p_sign", "sign_threshold", "rule",
+                   "verdict")
 
 
 def cell_order(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
@@ -76,6 +64,7 @@ def planner_off_arms(frame: pd.DataFrame, manifest: dict[str, Any]) -> set[str]:
 
 def _record_row(record: RunRecord) -> dict:
     row = {name: getattr(record, name) for name in _RECORD_FIELDS}
+    row.update({name: getattr(record.metrics, name, None) for name in METRIC_FIELDS})
     gpu = record.gpu or GpuSample()
     row.update({f"gpu_{name}": getattr(gpu, name) for name in _GPU_FIELDS})
     row.update({f"engine_{kind}_ms": record.step_ms.get(kind) for kind in ENGINE_KINDS})
@@ -84,14 +73,14 @@ def _record_row(record: RunRecord) -> dict:
 
 
 def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
-    """One row per run record, `gpu` flattened to `gpu_<field>` columns, the server's mean
-    decode, prefill and mixed step to `engine_<kind>_ms`, plus `cell` ("c=16").
+    """One row per run record, `metrics` flattened to its ServeMetrics field names, `gpu` to
+    `gpu_<field>` columns, the server's mean decode, prefill and mixed step to
+    `engine_<kind>_ms`, plus `cell` ("c=16").
 
-    Numbers a failed run lacks are NaN; `steps` and `step_ms` stay dicts per row.
+    Numbers a run lacks are NaN; `steps` and `step_ms` stay dicts per row.
     """
     frame = pd.DataFrame([_record_row(r) for r in records], columns=list(RUN_COLUMNS))
-    numeric = ["output_tok_s", "itl_p50_ms", "itl_mean_ms", "ttft_p50_ms", "wall_s",
-               "sibling_busy_cpus", *(f"gpu_{name}" for name in _GPU_FIELDS),
+    numeric = [*METRIC_FIELDS, "sibling_busy_cpus", *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS)]
     frame[numeric] = frame[numeric].astype(float)
     frame["ok"] = frame["ok"].astype(bool)
@@ -100,25 +89,24 @@ def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
 
 
 def _round_medians(frame: pd.DataFrame) -> pd.DataFrame:
-    ok = frame[frame["ok"] & frame["output_tok_s"].notna()]
-    return (ok.groupby(["concurrency", "arm", "session"], as_index=False)["output_tok_s"]
-            .median())
+    ok = frame[frame["ok"] & frame[THROUGHPUT].notna()]
+    return ok.groupby(["concurrency", "arm", "round"], as_index=False)[THROUGHPUT].median()
 
 
 def paired_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Per cell and round, each non-baseline arm's median tok/s against the baseline's.
 
     delta = arm / base - 1 (a fraction). Rounds where either side has no ok run are left out.
-    Sorted by concurrency, arm, session.
+    Sorted by concurrency, arm, round.
     """
     medians = _round_medians(frame)
     base = medians[medians["arm"] == baseline].drop(columns="arm")
-    base = base.rename(columns={"output_tok_s": "base_tok_s"})
-    arms = medians[medians["arm"] != baseline].rename(columns={"output_tok_s": "arm_tok_s"})
-    paired = arms.merge(base, on=["concurrency", "session"], how="inner")
+    base = base.rename(columns={THROUGHPUT: "base_tok_s"})
+    arms = medians[medians["arm"] != baseline].rename(columns={THROUGHPUT: "arm_tok_s"})
+    paired = arms.merge(base, on=["concurrency", "round"], how="inner")
     paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
     paired["cell"] = [f"c={c}" for c in paired["concurrency"]]
-    paired = paired.sort_values(["concurrency", "arm", "session"], kind="stable")
+    paired = paired.sort_values(["concurrency", "arm", "round"], kind="stable")
     return paired[list(PAIRED_COLUMNS)].reset_index(drop=True)
 
 
@@ -127,55 +115,83 @@ def sign_test_p(deltas: Iterable[float]) -> float:
 
     p = min(1, 2 * P[X <= min(positives, negatives)]) with X ~ Binomial(n, 1/2); 1.0 for n = 0.
     """
-    values = list(deltas)
-    pos = sum(1 for d in values if d > 0)
-    neg = sum(1 for d in values if d < 0)
-    n = pos + neg
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(pos, neg) + 1))
-    return min(1.0, 2 * tail / 2**n)
+    values = np.asarray(list(deltas), dtype=float)
+    return float(rule.sign_p(np.array([(values > 0).sum()]), np.array([(values < 0).sum()]))[0])
 
 
-def aa_spread(paired: pd.DataFrame, aa_arm: str | None, cell: str) -> float | None:
-    """The largest |paired delta| of the A/A arm in `cell`, or None without A/A rounds there."""
-    if aa_arm is None:
-        return None
-    deltas = paired[(paired["arm"] == aa_arm) & (paired["cell"] == cell)]["delta"]
-    return float(deltas.abs().max()) if len(deltas) else None
+def design_of(manifest: dict[str, Any]) -> rule.Design:
+    """How the session's rounds are judged, from its manifest (a session from before
+    --until-verdict ran a fixed number)."""
+    return rule.Design(until_verdict=bool(manifest.get("until_verdict")),
+                       max_rounds=int(manifest.get("max_rounds") or 0),
+                       min_effect=float(manifest.get("min_effect") or rule.MIN_EFFECT))
 
 
-def decide(deltas: list[float], threshold: float, min_rounds: int = MIN_ROUNDS) -> str:
-    """The verdict for one arm and cell from its paired deltas (see RULE)."""
-    if len(deltas) < min_rounds:
-        return "too few rounds"
-    median = float(pd.Series(deltas).median())
-    if sign_test_p(deltas) < ALPHA and abs(median) > threshold:
-        return "faster" if median > 0 else "slower"
-    return "within noise"
+def round_values(frame: pd.DataFrame, concurrency: int, arms: list[str]) -> np.ndarray:
+    """(rounds, len(arms)) log of each arm's median tok/s over its ok runs in each round of
+    the cell, over the rounds where every one of `arms` has an ok run, in round order."""
+    medians = _round_medians(frame)
+    in_cell = medians[medians["concurrency"] == concurrency]
+    table = in_cell.pivot(index="round", columns="arm", values=THROUGHPUT)
+    table = table.reindex(columns=arms).dropna().sort_index()
+    return np.log(table.to_numpy(dtype=float))
 
 
-def _verdict_row(cell: str, arm: str, deltas: list[float], threshold: float,
-                 min_rounds: int) -> dict:
-    median = float(pd.Series(deltas).median()) if deltas else math.nan
-    return {"cell": cell, "arm": arm, "rounds": len(deltas), "median_delta": median,
-            "p_value": sign_test_p(deltas), "threshold": threshold,
-            "verdict": decide(deltas, threshold, min_rounds)}
+def _model_arms(frame: pd.DataFrame, concurrency: int, baseline: str, arm: str,
+                aa_arm: str | None) -> list[str]:
+    """The arms of the t rule's design for `arm`: the baseline and the arm, and the A/A arm when
+    it ran in this cell and is not the arm judged."""
+    ran = set(frame.loc[(frame["concurrency"] == concurrency) & frame["ok"], "arm"])
+    noise = [aa_arm] if aa_arm and aa_arm != arm and aa_arm in ran else []
+    return [baseline, arm, *noise]
 
 
-def verdicts(paired: pd.DataFrame, baseline: str, aa_arm: str | None = None,
-             min_rounds: int = MIN_ROUNDS, min_effect: float = MIN_EFFECT) -> pd.DataFrame:
-    """One verdict row per (cell, arm) present in `paired`, the A/A arm included (see RULE).
+def _verdict_row(cell: str, arm: str, values: np.ndarray, noise_arms: list[str],
+                 design: rule.Design) -> dict[str, Any]:
+    judged = rule.decide(values[np.newaxis], design)
+    number = {name: float(getattr(judged, name)[0])
+              for name in ("estimate", "ci_low", "ci_high", "p_t", "median_delta", "p_sign",
+                           "sign_threshold")}
+    return {"cell": cell, "arm": arm, "rounds": len(values),
+            "decided_at": int(judged.rounds[0]), "noise_arms": ",".join(noise_arms), **number,
+            "rule": str(judged.rule[0]), "verdict": rule.VERDICT_NAMES[int(judged.code[0])]}
 
-    Columns: cell, arm, rounds, median_delta, p_value, threshold, verdict. Arms or cells with no
-    paired round have no row here; callers treat them as `too few rounds`.
+
+def undecided(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+    """"c=N arm" for each cell of the manifest and arm besides the baseline whose verdict is
+    still `too few rounds` under the session's design."""
+    baseline = manifest.get("baseline")
+    table = verdicts(frame, baseline, manifest.get("aa_arm"), design_of(manifest))
+    arms = [arm for arm in arm_order(frame, manifest) if arm != baseline]
+    return [f"{cell} {arm}" for cell in cell_order(frame, manifest) for arm in arms
+            if verdict_of(table, cell, arm)["verdict"] == "too few rounds"]
+
+
+def verdict_of(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
+    """The verdict row of `arm` in `cell`; an arm with no run there is `too few rounds`."""
+    hit = verdicts[(verdicts["cell"] == cell) & (verdicts["arm"] == arm)]
+    if len(hit):
+        return hit.iloc[0].to_dict()
+    return {**dict.fromkeys(VERDICT_COLUMNS, math.nan), "cell": cell, "arm": arm, "rounds": 0,
+            "decided_at": 0, "noise_arms": "", "rule": "", "verdict": "too few rounds"}
+
+
+def verdicts(frame: pd.DataFrame, baseline: str, aa_arm: str | None = None,
+             design: rule.Design = rule.FIXED) -> pd.DataFrame:
+    """One verdict row per cell and arm with runs in it, the A/A arm included (gate/rule.py).
+
+    Columns VERDICT_COLUMNS: `rounds` the rounds the rule judged (those where the baseline, the
+    arm and, when it ran, the A/A arm all have an ok run), `decided_at` the rounds at the look
+    that gave the verdict, `noise_arms` the A/A arm when it joined the noise model, then the
+    t rule's estimate, interval and p and the sign rule's median delta, p and threshold (ratios
+    arm / baseline - 1), `rule` which rule gave a faster or slower verdict, and `verdict`.
+    Arms with no run in a cell have no row there; callers treat them as `too few rounds`.
     """
     rows = []
-    for (concurrency, arm), group in paired.groupby(["concurrency", "arm"], sort=True):
-        if arm == baseline:
-            continue
-        cell = f"c={concurrency}"
-        spread = aa_spread(paired, aa_arm, cell)
-        threshold = max(min_effect, spread) if spread is not None else min_effect
-        rows.append(_verdict_row(cell, arm, list(group["delta"]), threshold, min_rounds))
+    for concurrency in sorted(set(frame["concurrency"])):
+        in_cell = set(frame.loc[frame["concurrency"] == concurrency, "arm"])
+        for arm in sorted(in_cell - {baseline}):
+            arms = _model_arms(frame, concurrency, baseline, arm, aa_arm)
+            values = round_values(frame, concurrency, arms)
+            rows.append(_verdict_row(f"c={concurrency}", arm, values, arms[2:], design))
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))

@@ -1,4 +1,4 @@
-"""The gate's tables: summary rows, and the per-session, summary and paired markdown reports.
+"""The gate's tables: summary rows, and the per-round, summary and paired markdown reports.
 
 Every renderer is a pure function of the runs frame and the manifest, so a finished session's
 reports can be rebuilt from runs.jsonl and manifest.json alone (`resident-gate report`).
@@ -6,8 +6,8 @@ reports can be rebuilt from runs.jsonl and manifest.json alone (`resident-gate r
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pandas as pd
 
 from gate import plots, stats
 from gate.markdown import (
+    TableSpec,
     arms_line,
     cell_arms,
     fmt,
@@ -28,36 +29,46 @@ from gate.markdown import (
     num,
     page_title,
     plural,
+    round_label,
     tok_digits,
 )
+from gate.paired import PAIRED_FILE, paired_md
 from gate.records import read_manifest, read_runs
+from gate.timing import time_line, time_summary
 
-SESSIONS_FILE = "sessions.md"
+ROUNDS_FILE = "rounds.md"
 SUMMARY_FILE = "summary.md"
-PAIRED_FILE = "paired.md"
+SUMMARY_JSON = "summary.json"
+REPORT_FILES = (ROUNDS_FILE, SUMMARY_FILE, SUMMARY_JSON, PAIRED_FILE, plots.TOK_S_FILE,
+                plots.ITL_FILE)
 LOG_TAIL_LINES = 20
 
 
 # ---- summary rows ----
 
-def _verdict_lookup(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
-    hit = verdicts[(verdicts["cell"] == cell) & (verdicts["arm"] == arm)]
-    if len(hit):
-        return hit.iloc[0].to_dict()
-    return {"cell": cell, "arm": arm, "rounds": 0, "median_delta": math.nan, "p_value": 1.0,
-            "threshold": math.nan, "verdict": "too few rounds"}
+# ServeMetrics fields a summary row carries as the median over the cell's ok runs
+SUMMARY_MEDIANS = ("request_throughput", "output_throughput", "total_token_throughput",
+                   *(f for f in stats.METRIC_FIELDS if f.endswith("_ms")))
+# and those it sums over every run of the cell
+SUMMARY_SUMS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
+
+
+def _total(values: pd.Series) -> int | None:
+    """The sum, or None when a run lacks the number (a record from before it was kept)."""
+    return None if values.isna().any() or values.empty else int(values.sum())
 
 
 def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
+    """vLLM-named numbers of one arm in one cell: medians over ok runs, tok/s's range, and
+    request and token counts summed over all its runs."""
     ok = runs[runs["ok"]]
-    tok = ok["output_tok_s"].dropna()
+    tok = ok[stats.THROUGHPUT].dropna()
     return {
-        "tok_s_median": num(median(tok), 1),
-        "tok_s_min": num(tok.min() if len(tok) else None, 1),
-        "tok_s_max": num(tok.max() if len(tok) else None, 1),
-        "itl_p50_ms": num(median(ok["itl_p50_ms"]), 3),
-        "itl_mean_ms": num(median(ok["itl_mean_ms"]), 3),
-        "ttft_p50_ms": num(median(ok["ttft_p50_ms"]), 2),
+        "max_concurrency": int(runs["concurrency"].iloc[0]),
+        **{name: num(median(ok[name]), 3) for name in SUMMARY_MEDIANS},
+        "output_throughput_min": num(tok.min() if len(tok) else None, 3),
+        "output_throughput_max": num(tok.max() if len(tok) else None, 3),
+        **{name: _total(runs[name]) for name in SUMMARY_SUMS},
     }
 
 
@@ -65,7 +76,6 @@ def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
     return {
         "runs_ok": int(runs["ok"].sum()),
         "runs_failed": int((~runs["ok"]).sum()),
-        "requests_failed": int(runs["num_failed"].sum()),
         "tracebacks": int(runs["server_tracebacks"].max()),
         "recompile_limit_lines": int(runs["recompile_limit_lines"].max()),
         "planner_off": planner_off,
@@ -80,11 +90,15 @@ def _vs(arm_median: float, base_median: float) -> float | None:
 
 def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
                  verdicts: pd.DataFrame) -> list[dict[str, Any]]:
-    """One row per cell (manifest order) and arm (manifest order) that has runs in that cell.
+    """One row per cell (manifest order) and arm (manifest order) that has runs in that cell:
+    the session's JSON result (summary.json).
 
-    tok/s median/min/max over the ok runs of all rounds; ITL and TTFT are medians over ok runs;
-    `vs_main` is against the baseline whatever its name (None for the baseline, as `verdict`);
-    health counts: failed runs and requests, max tracebacks and recompile-limit lines.
+    Rates and latencies are named as `vllm bench serve --save-result` names them, each the
+    median over the ok runs of all rounds of that run's number; output_throughput_min/max is
+    tok/s's range over those runs; completed and failed requests and the token totals are sums
+    over every run. `vs_baseline` is the medians' ratio - 1 against the baseline (None for the
+    baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
+    one server log held, and whether the arm asked for the planner and did not get it.
     """
     baseline = manifest.get("baseline")
     flagged = stats.planner_off_arms(frame, manifest)
@@ -92,63 +106,63 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     for cell in stats.cell_order(frame, manifest):
         in_cell = frame[frame["cell"] == cell]
         base_ok = in_cell[(in_cell["arm"] == baseline) & in_cell["ok"]]
-        base_median = median(base_ok["output_tok_s"])
+        base_median = median(base_ok[stats.THROUGHPUT])
         for arm in cell_arms(frame, manifest, cell):
             runs = in_cell[in_cell["arm"] == arm]
-            arm_median = median(runs.loc[runs["ok"], "output_tok_s"])
+            arm_median = median(runs.loc[runs["ok"], stats.THROUGHPUT])
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs),
-                "vs_main": None if is_base else _vs(arm_median, base_median),
-                "verdict": None if is_base else _verdict_lookup(verdicts, cell, arm)["verdict"],
+                "vs_baseline": None if is_base else _vs(arm_median, base_median),
+                "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
             })
     return rows
 
 
-# ---- sessions.md ----
+# ---- rounds.md ----
 
 def _run_cell(run: pd.Series, digits: int) -> str:
-    return fmt_tok(run["output_tok_s"], digits) if run["ok"] else "failed"
+    return fmt_tok(run[stats.THROUGHPUT], digits) if run["ok"] else "failed"
 
 
 def _failed_text(runs: pd.DataFrame) -> str:
-    requests = int(runs["num_failed"].sum())
+    requests = int(runs["failed"].fillna(0).sum())
     failed_runs = int((~runs["ok"]).sum())
     if not failed_runs:
         return str(requests)
     return f"{requests}, {plural(failed_runs, 'run')}"
 
 
-def _session_row(runs: pd.DataFrame, label: str, session: int, run_numbers: list[int],
-                 digits: int) -> list[str]:
+def _round_row(runs: pd.DataFrame, label: str, round_index: int, run_numbers: list[int],
+               digits: int) -> list[str]:
     ok = runs[runs["ok"]]
     by_run = {int(r["run"]): r for _, r in runs.iterrows()}
     tok = [_run_cell(by_run[n], digits) if n in by_run else "-" for n in run_numbers]
-    return [label, f"s{session + 1}", *tok,
-            fmt_slashed(median(ok["itl_p50_ms"]), median(ok["itl_mean_ms"])),
-            fmt(median(ok["ttft_p50_ms"]), 1),
+    return [label, round_label(round_index), *tok,
+            fmt_slashed(median(ok["median_itl_ms"]), median(ok["mean_itl_ms"])),
+            fmt(median(ok["median_ttft_ms"]), 1),
             fmt_slashed(*(median(ok[f"engine_{kind}_ms"]) for kind in stats.ENGINE_KINDS),
                          missing="n/a"),
             fmt(median(runs["sibling_busy_cpus"]), 1, missing="n/a"),
             _failed_text(runs)]
 
 
-def _sessions_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
-                    flagged: set[str]) -> str:
+def _rounds_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
+                  flagged: set[str]) -> str:
     in_cell = frame[frame["cell"] == cell]
     run_numbers = sorted(int(n) for n in set(in_cell["run"]))
-    header = ["arm", "session", *(f"tok/s r{n}" for n in run_numbers), "ITL p50/mean ms",
+    header = ["arm", "round", *(f"tok/s run {n}" for n in run_numbers), "ITL p50/mean ms",
               "TTFT p50 ms", "server step ms decode/prefill/mixed", "sibling busy CPUs",
               "failed"]
-    digits = tok_digits(list(in_cell.loc[in_cell["ok"], "output_tok_s"]))
+    digits = tok_digits(list(in_cell.loc[in_cell["ok"], stats.THROUGHPUT]))
     rows = []
     for arm in cell_arms(frame, manifest, cell):
         of_arm = in_cell[in_cell["arm"] == arm]
-        for session in sorted(set(of_arm["session"])):
-            runs = of_arm[of_arm["session"] == session]
-            rows.append(_session_row(runs, label(arm, flagged), int(session), run_numbers,
-                                     digits))
+        for round_index in sorted(set(of_arm["round"])):
+            runs = of_arm[of_arm["round"] == round_index]
+            rows.append(_round_row(runs, label(arm, flagged), int(round_index), run_numbers,
+                                   digits))
     if not rows:
         return f"## {cell}\n\nNo runs."
     align = "ll" + "r" * (len(header) - 2)
@@ -161,8 +175,8 @@ def _fence(text: str) -> str:
 
 
 def _failed_run_block(run: pd.Series, flagged: set[str]) -> str:
-    title = (f"### {label(run['arm'], flagged)} {run['cell']} s{int(run['session']) + 1} "
-             f"r{int(run['run'])}")
+    title = (f"### {label(run['arm'], flagged)} {run['cell']} {round_label(run['round'])} "
+             f"run {int(run['run'])}")
     parts = [title, "", f"Error: {run['error'] or 'none recorded'}"]
     tail = run["log_tail"]
     if tail:
@@ -174,7 +188,7 @@ def _failed_run_block(run: pd.Series, flagged: set[str]) -> str:
 
 
 def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
-    failed = frame[~frame["ok"]].sort_values(["concurrency", "session", "arm", "run"],
+    failed = frame[~frame["ok"]].sort_values(["concurrency", "round", "arm", "run"],
                                              kind="stable")
     if failed.empty:
         return None
@@ -182,17 +196,17 @@ def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
     return "## Failed runs\n\n" + "\n\n".join(blocks)
 
 
-def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
-    """Per-session blocks: per cell, one row per (arm, session) with each run's tok/s."""
+def rounds_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
+    """Per cell, one row per (arm, round) with each run's tok/s."""
     flagged = stats.planner_off_arms(frame, manifest)
-    parts = [page_title(manifest, "per-session runs"), header_line(manifest), arms_line(manifest),
-             "Each row is one arm's server in one round (s1 is the first). tok/s per run "
+    parts = [page_title(manifest, "runs by round"), header_line(manifest), arms_line(manifest),
+             "Each row is one arm's server in one round (r1 is the first). tok/s per run "
              "(`failed`: the run could not be measured); ITL, TTFT, server step and sibling "
              "busy CPUs are medians over the row's runs; server step is the server's mean wall "
              "time in one engine step of that kind over the run (n/a: the server does not "
              "report it), for ITL and TTFT to be read against; failed counts failed requests "
              "(and failed runs)."]
-    parts += [_sessions_block(frame, manifest, cell, flagged)
+    parts += [_rounds_block(frame, manifest, cell, flagged)
               for cell in stats.cell_order(frame, manifest)]
     failed = _failed_runs_section(frame, flagged)
     if failed:
@@ -202,37 +216,53 @@ def sessions_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
 
 # ---- summary.md ----
 
-def summary_cells(row: dict[str, Any], baseline: str) -> list[str]:
-    """One summary row as text: cell, arm, tok/s median [min-max], ITL p50/mean, TTFT p50,
-    vs baseline, verdict (`baseline` for the baseline)."""
-    label = row["arm"] + stats.PLANNER_OFF if row["planner_off"] else row["arm"]
-    is_base = row["arm"] == baseline
-    if row["tok_s_median"] is None:
-        tok = "no ok run"
-    else:
-        digits = tok_digits([row["tok_s_min"], row["tok_s_median"], row["tok_s_max"]])
-        tok = (f"{fmt_tok(row['tok_s_median'], digits)} [{fmt_tok(row['tok_s_min'], digits)}"
-               f"-{fmt_tok(row['tok_s_max'], digits)}]")
-    return [row["cell"], label, tok, fmt_slashed(row["itl_p50_ms"], row["itl_mean_ms"]),
-            fmt(row["ttft_p50_ms"], 1), "" if is_base else fmt_pct(row["vs_main"]),
-            "baseline" if is_base else row["verdict"]]
+def _tok_range(row: dict[str, Any]) -> str:
+    if row["output_throughput"] is None:
+        return "no ok run"
+    values = [row["output_throughput_min"], row["output_throughput"],
+              row["output_throughput_max"]]
+    low, mid, high = (fmt_tok(value, tok_digits(values)) for value in values)
+    return f"{mid} [{low}-{high}]"
 
 
-def _summary_table(rows: list[dict[str, Any]], baseline: str, flagged: set[str]) -> str:
-    header = ["cell", "arm", "tok/s median [min-max] · ITL p50/mean ms · TTFT p50 ms",
-              f"vs {baseline}", "verdict"]
-    body = []
-    for row in rows:
-        cell, _, tok, itl, ttft, vs, verdict = summary_cells(row, baseline)
-        numbers = tok if tok == "no ok run" else f"{tok} · {itl} · {ttft}"
-        body.append([cell, label(row["arm"], flagged), numbers, vs, verdict])
-    return md_table(header, body, "llrrl")
+def _verdict_text(row: dict[str, Any], baseline: str) -> tuple[str, str]:
+    """(vs baseline, verdict) of a row; the baseline's own row says `baseline`."""
+    if row["arm"] == baseline:
+        return "", "baseline"
+    return fmt_pct(row["vs_baseline"]), row["verdict"]
+
+
+# the latency table's columns: title, and the ServeMetrics fields slashed together
+LATENCY_COLUMNS = (
+    ("TTFT p50/p90/p99", ("median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms")),
+    ("TPOT p50/p90/p99", ("median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms")),
+    ("ITL mean/p50/p90/p99", ("mean_itl_ms", "median_itl_ms", "p90_itl_ms", "p99_itl_ms")),
+    ("E2EL p50/p90/p99", ("median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms")),
+)
+
+
+def summary_tables(rows: list[dict[str, Any]], baseline: str,
+                   flagged: set[str]) -> list[TableSpec]:
+    """The summary's two tables, as summary.md and the stdout table render them: throughput
+    with the verdicts, and latencies (ms)."""
+    throughput = [[row["cell"], label(row["arm"], flagged), _tok_range(row),
+                   fmt(row["request_throughput"], 2), *_verdict_text(row, baseline)]
+                  for row in rows]
+    latency = [[row["cell"], label(row["arm"], flagged),
+                *(fmt_slashed(*(row[field] for field in fields))
+                  for _, fields in LATENCY_COLUMNS)] for row in rows]
+    return [
+        TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
+                                 f"vs {baseline}", "verdict"], throughput, "llrrrl"),
+        TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
+                  latency, "ll" + "r" * len(LATENCY_COLUMNS)),
+    ]
 
 
 def _arm_health(rows: list[dict[str, Any]], arm: str) -> list[str]:
     mine = [row for row in rows if row["arm"] == arm]
     failures = [(sum(r["runs_failed"] for r in mine), "failed run"),
-                (sum(r["requests_failed"] for r in mine), "failed request")]
+                (sum(r["failed"] or 0 for r in mine), "failed request")]
     # log counts are cumulative per server, so the most one log held is what is known
     in_log = [(max(r["tracebacks"] for r in mine), "traceback"),
               (max(r["recompile_limit_lines"] for r in mine), "recompile-limit line")]
@@ -255,91 +285,49 @@ def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]
                      "in any arm."]
 
 
+def summary_flagged(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> set[str]:
+    """Arms flagged planner-off in the manifest or in any summary row."""
+    return stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
+
+
 def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
-    """Per cell and arm: tok/s median [min-max] · ITL p50/mean · TTFT p50, vs main, verdict."""
+    """Per cell and arm: tok/s median [min-max], req/s, vs baseline and verdict; then TTFT,
+    TPOT, ITL and E2EL percentiles; then each arm's health."""
     baseline = manifest.get("baseline", "main")
     arms = [arm["name"] for arm in manifest.get("arms") or []]
     arms += [row["arm"] for row in rows if row["arm"] not in arms]
     arms = list(dict.fromkeys(arms))
-    flagged = stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
+    flagged = summary_flagged(rows, manifest)
     parts = [page_title(manifest, "summary"), header_line(manifest), arms_line(manifest),
-             "Over the ok runs of all rounds: tok/s median [min-max] · ITL p50/mean ms · "
-             f"TTFT p50 ms. vs {baseline}: the medians' ratio. Verdicts are paired by round "
-             "(paired.md)."]
-    parts.append(_summary_table(rows, baseline, flagged) if rows else "No runs.")
+             time_line(manifest),
+             "Each number is the median over the ok runs of all rounds of that run's value "
+             "(tok/s's range beside it): tok/s is output tokens over the run's wall time, "
+             "req/s completed requests over it; TTFT the time to a request's first token, TPOT "
+             "its time per output token after the first, ITL every gap between its tokens, "
+             "E2EL the request's whole time. summary.json holds these rows under vLLM's names "
+             f"(`vllm bench serve --save-result`). vs {baseline}: the tok/s medians' ratio. "
+             "Verdicts are paired by round (paired.md)."]
+    if rows:
+        parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
+                  for table in summary_tables(rows, baseline, flagged)]
+    else:
+        parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged)))
     return "\n\n".join(parts) + "\n"
 
 
-# ---- paired.md ----
-
-def _deltas_table(paired: pd.DataFrame, arms: list[str], flagged: set[str]) -> str | None:
-    sessions = sorted(int(s) for s in set(paired["session"]))
-    rows = []
-    for arm in arms:
-        of_arm = paired[paired["arm"] == arm]
-        if of_arm.empty:
-            continue
-        by_round = dict(zip(of_arm["session"], of_arm["delta"], strict=True))
-        rows.append([label(arm, flagged),
-                     *(fmt_pct(by_round[s]) if s in by_round else "-" for s in sessions)])
-    if not rows:
-        return None
-    return md_table(["arm", *(f"s{s + 1}" for s in sessions)], rows, "l" + "r" * len(sessions))
-
-
-def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
-                   flagged: set[str]) -> str:
-    header = ["cell", "arm", "rounds", "median delta", "p", "threshold", "verdict"]
-    body = []
-    for arm in arms:
-        row = _verdict_lookup(verdicts, cell, arm)
-        body.append([cell, label(arm, flagged), str(int(row["rounds"])),
-                     fmt_pct(row["median_delta"]), f"{row['p_value']:.4g}",
-                     fmt(row["threshold"] * 100, 1) + "%"
-                     if not math.isnan(row["threshold"]) else "-",
-                     row["verdict"]])
-    return md_table(header, body, "llrrrrl")
-
-
-def _paired_arms(paired: pd.DataFrame, verdicts: pd.DataFrame,
-                 manifest: dict[str, Any]) -> list[str]:
-    names = [arm["name"] for arm in manifest.get("arms") or []]
-    names += [manifest.get("aa_arm"), *paired["arm"], *verdicts["arm"]]
-    return [n for n in dict.fromkeys(names) if n and n != manifest.get("baseline")]
-
-
-def _paired_block(paired: pd.DataFrame, verdicts: pd.DataFrame, cell: str, arms: list[str],
-                  flagged: set[str]) -> str:
-    deltas = _deltas_table(paired[paired["cell"] == cell], arms, flagged)
-    deltas = deltas or ("No paired round: a round pairs only when both the arm and the "
-                        "baseline have an ok run in it.")
-    return "\n\n".join([f"## {cell}", "Delta per round, arm / baseline - 1:", deltas,
-                        _verdict_table(verdicts, cell, arms, flagged)])
-
-
-def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, Any],
-              planner_off: Iterable[str] = ()) -> str:
-    """RULE, then per cell the per-round deltas (arms x rounds) and the verdicts.
-
-    Every non-baseline arm of the manifest gets a verdict row in every cell (`too few rounds`
-    where it has no paired round). `planner_off` names arms to flag beyond the manifest's.
-    """
-    flagged = stats.manifest_planner_off(manifest) | set(planner_off)
-    arms = _paired_arms(paired, verdicts, manifest)
-    parts = [page_title(manifest, "paired by round"), stats.RULE, arms_line(manifest)]
-    if not arms:
-        parts.append("No arm besides the baseline.")
-    else:
-        parts += [_paired_block(paired, verdicts, cell, arms, flagged)
-                  for cell in stats.cell_order(paired, manifest)]
-    return "\n\n".join(parts) + "\n"
+def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The session's JSON result: its name and baseline, where its time went (`timing`:
+    gate/timing.py's time_summary, None when not recorded), and the summary rows as `cells`."""
+    return {"name": manifest.get("name"), "baseline": manifest.get("baseline"),
+            "timing": time_summary(manifest), "cells": rows}
 
 
 # ---- the whole report ----
 
 def write_reports(directory: Path) -> list[dict[str, Any]]:
-    """Rebuild sessions.md, summary.md, paired.md, tok_s.png and itl.png in `directory`.
+    """Rebuild REPORT_FILES (rounds.md, summary.md, summary.json, paired.md and the plots) in
+    `directory`.
 
     Reads runs.jsonl and manifest.json there; returns the summary rows.
     """
@@ -347,10 +335,12 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     frame = stats.runs_frame(read_runs(directory))
     baseline = manifest.get("baseline")
     paired = stats.paired_deltas(frame, baseline)
-    verdicts = stats.verdicts(paired, baseline, manifest.get("aa_arm"))
+    verdicts = stats.verdicts(frame, baseline, manifest.get("aa_arm"), stats.design_of(manifest))
     rows = summary_rows(frame, manifest, verdicts)
-    (directory / SESSIONS_FILE).write_text(sessions_md(frame, manifest))
+    (directory / ROUNDS_FILE).write_text(rounds_md(frame, manifest))
     (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))
+    (directory / SUMMARY_JSON).write_text(json.dumps(summary_json(rows, manifest), indent=2)
+                                          + "\n")
     flagged = stats.planner_off_arms(frame, manifest)
     (directory / PAIRED_FILE).write_text(paired_md(paired, verdicts, manifest, flagged))
     plots.plot_tok_s(frame, manifest, directory / plots.TOK_S_FILE)

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
+from resident.config import (
+    _CHOICES,
+    EngineConfig,
+    build_engine_config,
+    env_name,
+    model_yaml_knobs,
+    parse_set_options,
+)
 from resident.info import model_facts
 from resident.model.config import load_model_config
+from resident.provenance import package_version
 from resident.render import OutputFormat, render
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -23,9 +32,18 @@ ModelArg = Annotated[str, typer.Argument(
 FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="table or json.")]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"resident {package_version()}")
+        raise typer.Exit()
+
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", metavar="", is_eager=True, expose_value=False, callback=_print_version,
+        help="Print the version and exit.")] = False,
+) -> None:
     """resident: a Qwen3.5 serving engine with decode planning on the GPU."""
 
 
@@ -118,6 +136,69 @@ def serve(
     options = ServeOptions(config, engine_config, device_type, host, port, api_key,
                            log_level.upper())
     raise typer.Exit(run_server(options))
+
+
+# one line a knob for `resident knobs`; tests/test_gate_cli.py checks every knob has one
+KNOB_MEANINGS = {
+    "dtype": "weights, KV cache and activations; auto: bfloat16 on CUDA, float32 on CPU",
+    "page_size": "tokens a KV-cache page holds (a power of two)",
+    "num_kv_pages": "KV-cache pages; 0: 4096 on CPU, as many as kv_cache_gib holds on CUDA",
+    "kv_cache_gib": "GiB of KV cache on CUDA when num_kv_pages is 0",
+    "max_model_len": "the longest sequence, prompt and output; 0: min(max positions, 32768)",
+    "max_num_seqs": "the most sequences running at once",
+    "num_state_slots": "GDN state slots; 0: max_num_seqs and the sink",
+    "prefill_token_budget": "the most prompt tokens a step takes",
+    "decode_buckets": "decode batch sizes; a decode step pads to the smallest that holds it",
+    "decode_order": "the order of a step's decode rows",
+    "resident_planning": "decode planning on the device (auto) or on the host (off)",
+    "row_check": "debug: after each resident step, compare the device's rows with the streams",
+    "phase_timing": "time each step's phases, read at GET /debug/phases",
+    "plan_ahead": "stage step N+1 while N runs (on); also launch the next decode (launch)",
+    "attention_backend": "the decode attention kernel; auto: triton on CUDA, torch on CPU",
+    "cuda_graphs": "capture steps as CUDA graphs; auto: on for CUDA",
+    "padded_prefill": "pad prefill and mixed steps to token buckets; auto: on for CUDA",
+    "prefill_buckets": "padded steps' token sizes; empty: powers of two up to the largest step",
+    "max_prefill_rows": "the most prefill chunks a step takes, besides its decode rows",
+    "compile": "torch.compile of the dense parts; auto: on for CUDA",
+    "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM or cuBLAS",
+    "api_core": "CPU list for the API process; empty: not pinned",
+    "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
+    "seed": "the sampling seed of requests that bring none",
+    "max_waiting": "requests in flight past max_num_seqs before new ones get a 429",
+    "max_body_mib": "a request body's cap in MiB (413), checked before it is read",
+    "request_timeout_s": "seconds a completion may run before it is aborted (504); 0: none",
+    "read_timeout_s": "seconds a request's headers, then its body, may take to arrive",
+    "shutdown_grace_s": "seconds in-flight requests get to finish after SIGTERM",
+    "core_stall_s": "seconds the engine core may stay silent before the server fails and exits",
+    "profile_dir": "where POST /debug/profile writes traces; empty: <tmp>/resident-profiles",
+}
+_KNOB_TYPES = {"int": "integer", "float": "number", "str": "text",
+               "tuple[int, ...]": "integers, comma-separated"}
+
+
+def _knob_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "(empty)"
+    return str(value) if value != "" else "(empty)"
+
+
+def knob_rows() -> list[dict[str, str]]:
+    """Every EngineConfig knob: its default, allowed values (or type), environment variable
+    and meaning."""
+    return [{"name": field.name, "default": _knob_text(field.default),
+             "values": " | ".join(_CHOICES[field.name]) if field.name in _CHOICES
+             else _KNOB_TYPES.get(str(field.type), str(field.type)),
+             # "what": a column render() sets left, as text reads
+             "env": env_name(field.name), "what": KNOB_MEANINGS.get(field.name, "")}
+            for field in dataclasses.fields(EngineConfig)]
+
+
+@app.command()
+def knobs(output_format: FormatOpt = OutputFormat.table) -> None:
+    """Every engine knob: default, allowed values, environment variable and meaning. Set one
+    with `--set knob=value` (`resident serve`) or RESIDENT_<KNOB>; the model YAML's `engine:`
+    mapping sits under both."""
+    render({"knobs": knob_rows()}, output_format)
 
 
 def _device_type(device: str) -> str:

@@ -11,12 +11,27 @@ think ran; the digests match when the package sources do.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def package_version() -> str:
+    """The version of the `resident` distribution (pyproject.toml's, as installed), which
+    resident and resident-gate both report; when it is not installed, read from the
+    pyproject.toml of the tree this package sits in."""
+    try:
+        return importlib.metadata.version("resident")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = PACKAGE_DIR.parent / "pyproject.toml"
+        if pyproject.is_file():
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        return "unknown"
 
 
 def _git(directory: Path, *args: str) -> str | None:

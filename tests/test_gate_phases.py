@@ -30,7 +30,7 @@ def test_phases_measures_every_arm_and_cell(session):
         assert sorted(cell) == ["auto", "off"]
         for arm, measured in cell.items():
             decode = measured["kinds"]["decode"]
-            assert measured["enabled"] and measured["num_failed"] == 0
+            assert measured["enabled"] and measured["failed"] == 0
             assert decode["steps"] > 0 and set(COLUMNS) <= set(decode)
             assert (decode["resident"] > 0) == (arm == "auto")
     manifest = read_manifest(out)

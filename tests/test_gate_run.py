@@ -86,7 +86,7 @@ def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate") / "session"
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
                     "--set", "main.resident_planning=off", "--set", "dtype=float32",
-                    "--concurrency", "1,2", "--sessions", "2", "--runs", "2",
+                    "--concurrency", "1,2", "--rounds", "2", "--runs", "2",
                     "--out", str(out), "--format", "json", *SHORT)
     return out, result
 
@@ -99,7 +99,7 @@ def test_a_session_writes_everything(session):
     assert cells == {(c, a) for c in ("c=1", "c=2") for a in ("main", "head")}
     runs = read_runs(out)
     assert len(runs) == 2 * 2 * 2 * 2 and all(r.ok for r in runs)
-    assert all(r.output_tokens == 4 * 8 for r in runs)
+    assert all(r.metrics.total_output_tokens == 4 * 8 for r in runs)
     assert [r.arm for r in runs if r.concurrency == 1 and r.run == 1] == [
         "main", "head", "head", "main"]  # ABBA
     assert all(r.steps.get("decode", 0) > 0 for r in runs)
@@ -108,9 +108,9 @@ def test_a_session_writes_everything(session):
     assert all(r.step_ms.get("decode", 0) > 0 for r in runs)
     assert all(r.step_ms.get("prefill", 0) > 0 for r in runs if r.concurrency == 1)
     # the warm-up comes before the first run's counters are read: one prefill a request
-    assert all(r.steps.get("prefill") == r.num_requests for r in runs if r.concurrency == 1)
-    for name in ("manifest.json", "sessions.md", "summary.md", "paired.md", "tok_s.png",
-                 "itl.png"):
+    assert all(r.steps.get("prefill") == r.metrics.completed for r in runs if r.concurrency == 1)
+    for name in ("manifest.json", "rounds.md", "summary.md", "summary.json", "paired.md",
+                 "tok_s.png", "itl.png"):
         assert (out / name).is_file(), name
     manifest = read_manifest(out)
     configs = {a["name"]: a["debug_config"] for a in manifest["arms"]}
@@ -118,6 +118,16 @@ def test_a_session_writes_everything(session):
     assert configs["head"]["planning_mode"] == "resident"
     assert configs["main"]["resident_package_path"] == str(ROOT / "resident")
     assert manifest["placement"]["overlap"] == (os.cpu_count() < 4)
+    # every server's start-up was timed, and the session's wall time holds them all
+    servers = manifest["timing"]["servers"]
+    assert sorted((s["round"], s["arm"]) for s in servers) == [
+        (r, a) for r in (0, 1) for a in ("head", "main")]
+    assert all(0 < s["health_s"] < 120 and s["stop_s"] >= 0 for s in servers)
+    timing = json.loads((out / "summary.json").read_text())["timing"]
+    span = max(r.started_at for r in runs) - min(r.started_at for r in runs)
+    assert timing["wall_s"] > max(timing["startup_s"], span + servers[0]["health_s"])
+    assert timing["startup_s"] == pytest.approx(sum(s["health_s"] for s in servers), abs=1e-3)
+    assert "Time: the session took" in (out / "summary.md").read_text()
     assert not servers_left(result)
 
 
@@ -125,11 +135,11 @@ def test_report_reproduces_the_tables(session, tmp_path):
     out, _ = session
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    for name in ("sessions.md", "summary.md", "paired.md"):
+    for name in ("rounds.md", "summary.md", "paired.md"):
         (copy / name).unlink()
     result = invoke("report", str(copy), "--format", "md")
     assert result.exit_code == 0, result.output
-    for name in ("sessions.md", "summary.md", "paired.md"):
+    for name in ("rounds.md", "summary.md", "paired.md"):
         assert (copy / name).read_text() == (out / name).read_text(), name
 
 
@@ -141,7 +151,7 @@ def test_a_git_arm_runs_its_own_commit(tmp_path):
                            text=True).stdout.strip()
     assert first and older
     out = tmp_path / "git-arm"
-    result = invoke("run", "--arm", f"old=git:{older}", "--concurrency", "1", "--sessions",
+    result = invoke("run", "--arm", f"old=git:{older}", "--concurrency", "1", "--rounds",
                     "1", "--runs", "1", "--out", str(out), *SHORT)
     assert result.exit_code == 0, result.output
     arm = read_manifest(out)["arms"][0]
@@ -158,7 +168,7 @@ def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     # the server prints the run id it inherited: what servers_left finds a run's servers by
     command = f"python3 -c 'import os, sys; print(os.environ[\"{RUN_ID}\"]); sys.exit(3)' {{port}}"
     result = invoke("run", "--arm", f"broken=cmd:{command}", "--concurrency", "1,2",
-                    "--sessions", "1", "--runs", "2", "--out", str(out), *SHORT)
+                    "--rounds", "1", "--runs", "2", "--out", str(out), *SHORT)
     assert result.exit_code == 1
     runs = read_runs(out)
     assert len(runs) == 4 and not any(r.ok for r in runs)
@@ -174,30 +184,54 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     out = tmp_path / "resumed"
     one_round = ["run", "--arm", "main=.", "--concurrency", "1", "--runs", "2", "--out",
                  str(out), *SHORT]
-    result = invoke(*one_round, "--sessions", "1")
+    result = invoke(*one_round, "--rounds", "1")
     assert result.exit_code == 0, result.output
-    again = invoke(*one_round, "--sessions", "1")
+    again = invoke(*one_round, "--rounds", "1")
     assert again.exit_code == 2 and "--resume" in " ".join(again.output.split())
-    partial = json.loads(read_runs(out)[0].to_json()) | {"session": 1, "output_tok_s": -1.0}
+    partial = json.loads(read_runs(out)[0].to_json()) | {"round": 1}
+    partial["metrics"]["output_throughput"] = -1.0
     with (out / "runs.jsonl").open("a") as runs_file:
         runs_file.write(json.dumps(partial) + "\n")
-    wrong = invoke(*one_round, "--sessions", "2", "--resume", "--prompt-len", "8")
+    wrong = invoke(*one_round, "--rounds", "2", "--resume", "--prompt-len", "8")
     assert wrong.exit_code == 2 and "prompt_len" in " ".join(wrong.output.split())
+    # --sessions, the option's old name, still works
     result = invoke(*one_round, "--sessions", "2", "--resume")
     assert result.exit_code == 0, result.output
     runs = read_runs(out)
-    assert [(r.session, r.run, r.ok) for r in runs] == [
+    assert [(r.round, r.run, r.ok) for r in runs] == [
         (0, 1, True), (0, 2, True), (1, 1, True), (1, 2, True)]
-    assert all(r.output_tok_s > 0 for r in runs)
+    assert all(r.metrics.output_throughput > 0 for r in runs)
     manifest = read_manifest(out)
-    assert manifest["sessions"] == 2 and manifest["resumed"][0]["from_round"] == 1
-    assert "s2" in (out / "sessions.md").read_text()
+    assert manifest["rounds"] == 2 and manifest["resumed"][0]["from_round"] == 1
+    assert "| r2 |" in (out / "rounds.md").read_text()
     # a third round on other code than the first two ran is refused, arm by arm
     manifest["arms"][0]["debug_config"]["source_digest"] = "0" * 64
     (out / "manifest.json").write_text(json.dumps(manifest))
-    result = invoke(*one_round, "--sessions", "3", "--resume")
+    result = invoke(*one_round, "--rounds", "3", "--resume")
     assert result.exit_code == 1
-    assert all("source digest" in r.error for r in read_runs(out) if r.session == 2)
+    assert all("source digest" in r.error for r in read_runs(out) if r.round == 2)
+    assert not servers_left(result)
+
+
+def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
+    """Tiny servers on the CPU: an arm capped at one sequence serves c=8 at a fraction of the
+    baseline's tok/s, so it is `slower` after two or three rounds, well before the sixth."""
+    out = tmp_path / "until"
+    result = invoke("run", "--arm", "main=.", "--arm", "capped=.",
+                    "--set", "capped.max_num_seqs=1", "--concurrency", "8", "--runs", "1",
+                    "--until-verdict", "--max-rounds", "6", "--out", str(out),
+                    "--format", "json", "--model", "tiny", "--device", "cpu",
+                    "--prompt-len", "16", "--output-len", "16", "--requests", "16",
+                    "--startup-timeout", "120")
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest["until_verdict"] and manifest["max_rounds"] == 6
+    rounds = manifest["stopped"]["after_rounds"]
+    assert manifest["stopped"]["reason"] == "every cell had a verdict" and 2 <= rounds < 6
+    assert {r.round for r in read_runs(out)} == set(range(rounds))
+    (row,) = [row for row in json.loads(result.stdout)["cells"] if row["arm"] == "capped"]
+    assert row["verdict"] == "slower" and row["vs_baseline"] < -0.5
+    assert f"stopping after {rounds} rounds" in " ".join(result.stderr.split())
     assert not servers_left(result)
 
 
@@ -207,21 +241,18 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     (["run", "--arm", "main=.", "--set", "head.page_size=8"], "no arm named 'head'"),
     (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
     (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
+    (["run", "--arm", "main=.", "--rounds", "2", "--sessions", "3"], "old name of --rounds"),
+    (["run", "--arm", "main=.", "--until-verdict"], "--until-verdict needs --max-rounds"),
+    (["run", "--arm", "main=.", "--max-rounds", "3"], "goes with --until-verdict"),
+    (["run", "--arm", "main=.", "--rounds", "3", "--until-verdict", "--max-rounds", "4"],
+     "--rounds 3 and --until-verdict"),
+    (["run", "--arm", "main=.", "--min-effect", "2"], "--min-effect must be a fraction"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):
     result = invoke(*args)
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
-
-
-def test_run_help_shows_every_default():
-    """The help's bracketed defaults survive rich markup ("[tiny]" once printed as nothing)."""
-    result = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
-    assert result.exit_code == 0, result.output
-    for default in ("[tiny]", "[cpu]", "[1,16,64]", "[gate]", "[results/<name>-<time>]",
-                    "[max(8, requests-per-slot x concurrency)]", "[0 with --device cuda]"):
-        assert default in result.output, default
 
 
 def test_a_killed_gate_leaves_no_server_behind(tmp_path):

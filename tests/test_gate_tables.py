@@ -16,15 +16,23 @@ from typer.testing import CliRunner
 
 from gate import tables
 from gate.commands.report import report
-from gate.records import GpuSample, RunRecord, append_run, write_manifest
+from gate.load import LoadSpec, RequestResult, ServeMetrics, summarize
+from gate.records import (
+    GpuSample,
+    RunRecord,
+    append_run,
+    read_manifest,
+    read_runs,
+    write_manifest,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
-REPORTS = (tables.SESSIONS_FILE, tables.SUMMARY_FILE, tables.PAIRED_FILE)
+REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)
 INPUTS = ("runs.jsonl", "manifest.json")
 PLOTS = ("tok_s.png", "itl.png")
 
 MANIFEST = {
-    "name": "golden", "baseline": "main", "aa_arm": None, "cells": [1, 16], "sessions": 2,
+    "name": "golden", "baseline": "main", "aa_arm": None, "cells": [1, 16], "rounds": 2,
     "runs": 2, "model": "tiny", "device": "cpu", "prompt_len": 64, "output_len": 16,
     "arms": [
         {"name": "main", "spec": "git:HEAD~1", "kind": "resident", "knobs": {},
@@ -33,8 +41,11 @@ MANIFEST = {
          "knobs": {"resident_planning": "auto"}, "planner_off": False},
     ],
     "host": {"opaque": True},
+    "timing": {"wall_s": 125.0, "servers": [
+        {"round": r, "arm": a, "health_s": 3.0 + r + (a == "head"), "stop_s": 0.5}
+        for r in (0, 1) for a in ("main", "head")]},
 }
-# (session, arm, concurrency) -> tok/s of runs 1 and 2; None marks a failed run
+# (round, arm, concurrency) -> tok/s of runs 1 and 2; None marks a failed run
 TOK_S = {
     (0, "main", 1): (100.0, 104.0), (0, "head", 1): (110.0, 112.5),
     (1, "main", 1): (98.0, 101.0), (1, "head", 1): (109.0, 111.0),
@@ -45,38 +56,56 @@ LOG_TAIL = ("INFO engine core up\nTraceback (most recent call last):\n"
             "  File \"core.py\", line 1, in step\nRuntimeError: CUDA error: out of memory\n")
 
 
-def _record(session: int, arm: str, concurrency: int, run: int, tok_s: float | None) -> RunRecord:
-    position = (0 if arm == "main" else 1) if session % 2 == 0 else (1 if arm == "main" else 0)
-    common = {"session": session, "arm": arm, "position": position, "concurrency": concurrency,
-              "run": run, "started_at": 1_700_000_000.0 + 60 * (session * 8 + run)}
+OUTPUT_LEN = 16
+
+
+def _metrics(concurrency: int, tok_s: float, failed: int) -> ServeMetrics:
+    """A run's metrics through the load's own summary: 4 requests a slot, `failed` of them
+    failed, TTFT and ITL spread over each request, the wall time that gives `tok_s`."""
+    itl_s = concurrency / tok_s
+    requests = []
+    for index in range(4 * concurrency - failed):
+        ttft = (5.0 + concurrency * 0.5 + index % 5) / 1e3
+        gaps = [itl_s * (0.8 + 0.05 * ((index + k) % 9)) for k in range(OUTPUT_LEN - 1)]
+        requests.append(RequestResult(True, OUTPUT_LEN, ttft, gaps, ttft + sum(gaps)))
+    requests += [RequestResult(False, error="HTTP 500")] * failed
+    spec = LoadSpec(concurrency=concurrency, num_requests=4 * concurrency, prompt_len=64,
+                    output_len=OUTPUT_LEN)
+    return summarize(spec, requests, OUTPUT_LEN * (4 * concurrency - failed) / tok_s).metrics
+
+
+def _record(round_index: int, arm: str, concurrency: int, run: int,
+            tok_s: float | None) -> RunRecord:
+    position = (0 if arm == "main" else 1) if round_index % 2 == 0 else (
+        1 if arm == "main" else 0)
+    common = {"round": round_index, "arm": arm, "position": position, "concurrency": concurrency,
+              "run": run, "started_at": 1_700_000_000.0 + 60 * (round_index * 8 + run)}
     if tok_s is None:
         return RunRecord(**common, ok=False, error="server exited with code 1",
                          log_tail=LOG_TAIL, server_tracebacks=1)
     itl = 1000.0 * concurrency / tok_s
+    failed = 2 if (round_index, arm, concurrency, run) == (1, "main", 1, 1) else 0
     return RunRecord(
-        **common, ok=True, output_tok_s=tok_s, itl_p50_ms=round(itl, 3),
-        itl_mean_ms=round(itl * 1.05, 3), ttft_p50_ms=round(5.0 + concurrency * 0.5, 3),
-        num_requests=4 * concurrency, num_failed=2 if (session, arm, concurrency, run) ==
-        (1, "main", 1, 1) else 0, output_tokens=64 * concurrency, wall_s=1.0,
+        **common, ok=True, metrics=_metrics(concurrency, tok_s, failed),
         steps={"decode": 60, "prefill": 4} | ({"mixed": 3} if concurrency > 1 else {}),
-        # a server that reports no step times (another engine) in main's second session; at
+        # a server that reports no step times (another engine) in main's second round; at
         # c=1 no step mixes prefill and decode
-        step_ms={} if session == 1 and arm == "main" else
+        step_ms={} if round_index == 1 and arm == "main" else
         {"decode": round(itl * 0.9, 3), "prefill": round(4.0 + concurrency * 0.25, 3)}
         | ({"mixed": round(6.0 + concurrency * 0.5, 3)} if concurrency > 1 else {}),
-        sibling_busy_cpus=None if session == 1 and arm == "main" else 0.5 + run * 0.25,
+        sibling_busy_cpus=None if round_index == 1 and arm == "main" else 0.5 + run * 0.25,
         gpu=GpuSample(sm_clock_mhz=1980.0, power_w=250.0) if concurrency == 16 else None,
-        planner_off=arm == "head" and session == 1)
+        planner_off=arm == "head" and round_index == 1)
 
 
 def build_session(directory: Path) -> None:
-    """The synthetic session: main/head, c=1 and c=16, 2 sessions x 2 runs, one failed run."""
+    """The synthetic session: main/head, c=1 and c=16, 2 rounds x 2 runs, one failed run."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "runs.jsonl").unlink(missing_ok=True)
     write_manifest(directory, MANIFEST)
-    for (session, arm, concurrency), values in sorted(TOK_S.items()):
+    for (round_index, arm, concurrency), values in sorted(TOK_S.items()):
         for run, tok_s in enumerate(values, start=1):
-            append_run(directory, _record(session, arm, concurrency, run, tok_s))
+            append_run(directory, _record(round_index, arm, concurrency, run, tok_s))
 
 
 def _regenerate() -> None:
@@ -111,14 +140,20 @@ def test_summary_rows_values(tmp_path):
     rows = {(r["cell"], r["arm"]): r for r in tables.write_reports(tmp_path)}
     head16 = rows[("c=16", "head")]
     assert head16["runs_ok"] == 3 and head16["runs_failed"] == 1
-    assert head16["tok_s_median"] == 1620.0
-    assert (head16["tok_s_min"], head16["tok_s_max"]) == (1600.0, 1650.0)
-    assert head16["vs_main"] == round(1620.0 / 1505.0 - 1, 4)
+    assert head16["output_throughput"] == 1620.0
+    assert (head16["output_throughput_min"], head16["output_throughput_max"]) == (1600.0, 1650.0)
+    assert head16["request_throughput"] == 1620.0 / OUTPUT_LEN
+    assert head16["vs_baseline"] == round(1620.0 / 1505.0 - 1, 4)
     assert head16["verdict"] == "too few rounds"
     assert head16["tracebacks"] == 1 and head16["planner_off"] is True
+    # latencies are ordered as their names say
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        assert (head16[f"median_{name}_ms"] <= head16[f"p90_{name}_ms"]
+                <= head16[f"p99_{name}_ms"]), name
     main1 = rows[("c=1", "main")]
-    assert main1["vs_main"] is None and main1["verdict"] is None
-    assert main1["requests_failed"] == 2
+    assert main1["vs_baseline"] is None and main1["verdict"] is None
+    assert main1["failed"] == 2 and main1["completed"] == 4 * 4 * 1 - 2
+    assert main1["total_output_tokens"] == main1["completed"] * OUTPUT_LEN
     json.dumps(list(rows.values()))  # plain Python values only
 
 
@@ -132,9 +167,9 @@ def _session(directory: Path, records: list[RunRecord], **manifest) -> Path:
 
 
 def test_degenerate_sessions_do_not_crash(tmp_path):
-    failed = [_record(s, a, c, 1, None) for s in (0, 1) for a in ("main", "head") for c in (1, 16)]
-    head_only = [_record(s, "head", c, r, 100.0) for s in (0, 1) for c in (1, 16) for r in (1, 2)]
-    one_arm = [_record(s, "main", 1, 1, 100.0) for s in (0, 1)]
+    failed = [_record(r, a, c, 1, None) for r in (0, 1) for a in ("main", "head") for c in (1, 16)]
+    head_only = [_record(r, "head", c, n, 100.0) for r in (0, 1) for c in (1, 16) for n in (1, 2)]
+    one_arm = [_record(r, "main", 1, 1, 100.0) for r in (0, 1)]
     cases = {"all_failed": (failed, {}), "no_baseline": (head_only, {}),
              "one_arm": (one_arm, {"arms": MANIFEST["arms"][:1], "cells": [1]}),
              "empty": ([], {})}
@@ -159,6 +194,7 @@ def test_report_json(tmp_path):
     result = CliRunner().invoke(_app(), [str(tmp_path), "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
+    assert data == json.loads((tmp_path / tables.SUMMARY_JSON).read_text())
     assert [row["arm"] for row in data["cells"]] == ["main", "head", "main", "head"]
     assert (tmp_path / tables.SUMMARY_FILE).is_file()
 
@@ -184,3 +220,52 @@ def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
     assert half.exit_code == 2
     assert "half-session" in half.output and "runs.jsonl" in half.output
 
+
+
+LEGACY = Path(__file__).parent / "golden" / "gate-legacy"
+
+
+def _identity(record: RunRecord) -> tuple:
+    return (record.round, record.arm, record.concurrency, record.run, record.ok,
+            record.metrics.output_throughput if record.ok else None)
+
+
+def test_a_session_written_by_an_older_gate_still_reports(tmp_path):
+    """The golden session as the gate wrote it before rounds had their name and before
+    ServeMetrics: records hold the round as `session` and their numbers flat, the manifest
+    `sessions`. They read as the same runs, their numbers land in ServeMetrics' fields, and
+    the verdicts come out as today's golden ones."""
+    lines = [json.loads(line) for line in (LEGACY / "runs.jsonl").read_text().splitlines()]
+    assert "session" in lines[0] and "output_tok_s" in lines[0] and "metrics" not in lines[0]
+    assert '"sessions": 2' in (LEGACY / "manifest.json").read_text()
+    old, new = read_runs(LEGACY), read_runs(GOLDEN)
+    assert [_identity(r) for r in old] == [_identity(r) for r in new]
+    for line, record in zip(lines, old, strict=True):
+        if not line["ok"]:
+            assert record.metrics is None
+            continue
+        metrics = record.metrics
+        assert (metrics.median_itl_ms, metrics.mean_itl_ms, metrics.median_ttft_ms) == (
+            line["itl_p50_ms"], line["itl_mean_ms"], line["ttft_p50_ms"])
+        assert (metrics.completed, metrics.failed, metrics.duration) == (
+            line["num_requests"] - line["num_failed"], line["num_failed"], line["wall_s"])
+        assert metrics.p99_itl_ms is None  # not kept then
+    assert read_manifest(LEGACY)["rounds"] == 2
+    directory = tmp_path / "old"
+    shutil.copytree(LEGACY, directory)
+    rows = tables.write_reports(directory)
+    assert (directory / tables.PAIRED_FILE).read_text() == (
+        GOLDEN / tables.PAIRED_FILE).read_text()
+    golden_rows = tables.write_reports(_copy_golden(tmp_path / "new"))
+    assert [(r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in rows] == [
+        (r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in golden_rows]
+    summary = (directory / tables.SUMMARY_FILE).read_text()
+    assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in summary  # not kept then
+    assert "Time: not recorded" in summary
+
+
+def _copy_golden(directory: Path) -> Path:
+    directory.mkdir()
+    for name in INPUTS:
+        shutil.copy(GOLDEN / name, directory / name)
+    return directory

@@ -1,7 +1,7 @@
 """The package's import graph runs one way: kernels at the bottom, then the model and the
 resources, the backends and the planner, the engine, the server, and the tools and CLI on top;
 the gate stands apart (it measures other trees' engines over HTTP and imports only the knob
-parsing and the profile reading it shares). Function-level imports count."""
+parsing, the profile reading and the version it shares). Function-level imports count."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ LAYERS = [
     ("resident.server",),
     ("resident.tools", "resident.cli", "resident.__main__"),
 ]
-GATE_MAY_IMPORT = ("resident.config", "resident.profiling")
+GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance")
 
 
 def _layer(module: str) -> int:

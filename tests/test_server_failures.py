@@ -20,7 +20,8 @@ from resident.server.serve import IPC_PREFIX, PID_FILE, remove_stale_ipc_dirs
 
 from server_fixture import ROOT, Server, get, metrics, post, run
 
-STREAM = {"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True, "stream": True}
+# long enough to be in flight when a test acts on the server (a tiny CPU step is ~1-2 ms)
+STREAM = {"prompt": [1, 2, 3], "max_tokens": 3000, "ignore_eos": True, "stream": True}
 
 
 @pytest.fixture(scope="module")

@@ -31,10 +31,14 @@ def phases(
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
+    show_help: opt.HelpOpt = False,
 ) -> None:
-    """Where each arm's step time goes: one server per arm with phase timing on, a steady load
-    per cell, the engine's phases read after a reset; writes phases.md (the plan thread's CPU
-    by phase, and what each arm takes off the baseline's), phases.json and manifest.json."""
+    """Where each arm's step time goes, by the engine's own phase timing.
+
+    One server per arm with phase timing on, a steady load per cell, the engine's phases read
+    after a reset; writes phases.md (the plan thread's CPU by phase, and what each arm takes
+    off the baseline's), phases.json and manifest.json.
+    """
     given = dict(locals())
     console = Console(stderr=True)
     session = open_session(PhasesSession, given, console, "phases")

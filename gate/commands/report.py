@@ -7,9 +7,10 @@ from typing import Annotated
 
 import typer
 
+from gate import options as opt
 from gate.output import OutputFormat, print_summary
 from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
-from gate.tables import write_reports
+from gate.tables import REPORT_FILES, write_reports
 
 
 def _session_dir(directory: Path) -> Path:
@@ -21,13 +22,12 @@ def _session_dir(directory: Path) -> Path:
 
 def report(
     directory: Annotated[Path, typer.Argument(
-        exists=True, file_okay=False, dir_okay=True, callback=_session_dir,
+        exists=True, file_okay=False, dir_okay=True, callback=_session_dir, metavar="DIR",
         help="A session directory holding runs.jsonl and manifest.json.")],
-    output_format: Annotated[OutputFormat, typer.Option(
-        "--format", help="How the summary is printed on stdout.")] = OutputFormat.table,
+    output_format: opt.FormatOpt = OutputFormat.table,
+    show_help: opt.HelpOpt = False,
 ) -> None:
-    """Rebuild every table and plot of a finished session from runs.jsonl and manifest.json."""
+    """Rebuild a session's tables, plots and verdicts from runs.jsonl and manifest.json."""
     rows = write_reports(directory)
-    typer.echo(f"wrote sessions.md, summary.md, paired.md, tok_s.png, itl.png in {directory}",
-               err=True)
+    typer.echo(f"wrote {', '.join(REPORT_FILES)} in {directory}", err=True)
     print_summary(rows, read_manifest(directory), output_format)

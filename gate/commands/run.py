@@ -22,7 +22,10 @@ def run(
     concurrency: opt.ConcurrencyOpt = None,
     prompt_len: opt.PromptLenOpt = None,
     output_len: opt.OutputLenOpt = None,
-    sessions: opt.SessionsOpt = None,
+    rounds: opt.RoundsOpt = None,
+    until_verdict: opt.UntilVerdictOpt = None,
+    max_rounds: opt.MaxRoundsOpt = None,
+    min_effect: opt.MinEffectOpt = None,
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
@@ -36,10 +39,16 @@ def run(
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
     resume: opt.ResumeOpt = False,
+    sessions: opt.SessionsOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
+    show_help: opt.HelpOpt = False,
 ) -> None:
-    """Gate arms against the baseline: alternated rounds, per-round Inductor caches, pinned
-    cores; writes runs.jsonl, manifest.json, tables and plots, and prints the summary."""
+    """Gate arms against the baseline, round by round, and print the verdicts.
+
+    Each round starts every arm's server once, in alternated order (ABBA), on the round's own
+    Inductor cache and pinned cores; writes runs.jsonl, manifest.json, rounds.md, summary.md,
+    summary.json, paired.md and the plots, and prints the summary.
+    """
     given = dict(locals())
     console = Console(stderr=True)
     session = open_session(Session, given, console, "session")

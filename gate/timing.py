@@ -1,0 +1,59 @@
+"""Where a session's time went: its wall time and each server's start-up, kept in the manifest.
+
+The manifest's `timing` holds `wall_s` (every invocation of the session, resumptions added) and
+`servers`: for each server launched, its round, arm, `health_s` (launch to the first /health
+200; None when it never answered) and `stop_s` (stopping it). Sessions from before this was kept
+have no `timing`; their reports say so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def server_entry(round_index: int, arm: str, health_s: float | None,
+                 stop_s: float | None) -> dict[str, Any]:
+    return {"round": round_index, "arm": arm, "health_s": health_s, "stop_s": stop_s}
+
+
+def time_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """wall_s, startup_s (the servers' launch-to-/health times added up), its share of the
+    wall time, the number of servers launched, their median and longest start-up, and stop_s
+    (their stops added up); None for a session that did not keep its times."""
+    timing = manifest.get("timing")
+    if not timing:
+        return None
+    servers = timing.get("servers") or []
+    health = [s["health_s"] for s in servers if s.get("health_s") is not None]
+    wall = timing.get("wall_s") or 0.0
+    startup = round(sum(health), 3)
+    return {
+        "wall_s": round(wall, 3), "startup_s": startup,
+        "startup_share": round(startup / wall, 4) if wall else None,
+        "servers": len(servers), "servers_ready": len(health),
+        "startup_median_s": round(statistics.median(health), 3) if health else None,
+        "startup_max_s": max(health) if health else None,
+        "stop_s": round(sum(s.get("stop_s") or 0.0 for s in servers), 3),
+    }
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f} s"
+
+
+def time_line(manifest: dict[str, Any]) -> str:
+    """The summary's sentence on where the session's time went."""
+    summary = time_summary(manifest)
+    if summary is None:
+        return "Time: not recorded (a session from before the gate kept it)."
+    line = (f"Time: the session took {_duration(summary['wall_s'])}; server start-up (launch to "
+            f"/health 200) took {_duration(summary['startup_s'])} of it")
+    if summary["startup_share"] is not None:
+        line += f" ({summary['startup_share']:.0%})"
+    line += f" over {summary['servers']} server starts"
+    if summary["startup_median_s"] is not None:
+        line += (f" (median {summary['startup_median_s']:.1f} s, longest "
+                 f"{summary['startup_max_s']:.1f} s)")
+    return line + f"; stopping them {_duration(summary['stop_s'])}. manifest.json has each."

@@ -1,0 +1,93 @@
+"""Both command lines' help in the ecosystem's style (metavars that say what a value is, flags
+shown as flags, defaults as [default: X]), their --version, and `resident knobs`."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import resident.cli
+from gate.cli import app as gate_app
+from gate.config import GateConfig
+from resident.config import EngineConfig, env_name
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+PYTHON_TYPES = re.compile(r"<(bool|int|float|str|list\[[^>]*\]|path)>")
+FLAGS = ("--resume", "--until-verdict", "--aa", "--help")
+
+
+def _gate(*args: str):
+    return CliRunner().invoke(gate_app, list(args), env=ENV)
+
+
+@pytest.mark.parametrize("command", ["run", "phases", "report"])
+def test_help_names_values_not_python_types(command):
+    result = _gate(command, "--help")
+    assert result.exit_code == 0, result.output
+    assert not PYTHON_TYPES.search(result.output), PYTHON_TYPES.search(result.output).group()
+    for flag in FLAGS:  # a flag's line holds no metavar between it and its help
+        for line in result.output.splitlines():
+            if re.search(rf"│ {flag}\b(?!-)", line):
+                assert re.search(rf"{flag}(\s+--no-\w+)?\s{{3,}}[A-Z]", line), line
+
+
+def test_run_help_shows_every_default_in_one_style():
+    output = _gate("run", "--help").output
+    assert "--arm" in output and "NAME=SPEC" in output and "INT,..." in output
+    defaults = {field.name: field.default for field in dataclasses.fields(GateConfig)}
+    for field in ("model", "device", "prompt_len", "output_len", "rounds", "runs", "seed",
+                  "requests_per_slot", "min_effect", "name", "startup_timeout"):
+        assert f"[default: {defaults[field]}]" in output, field
+    for text in ("[default: 1,16,64]", "[default: max(8, requests-per-slot x concurrency)]",
+                 "[default: 0 with --device cuda]", "[default: results/<name>-<time>]",
+                 "[default: table]", "[default: --no-aa]"):
+        assert text in output, text
+    assert not re.search(r"\[(tiny|cpu|gate|512)\]", output)  # the old bare style
+    assert "--sessions" not in output  # the old name works, hidden
+
+
+def _pyproject_version() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_both_clis_print_the_package_version():
+    version = _pyproject_version()
+    gate_cli = _gate("--version")
+    assert gate_cli.exit_code == 0 and gate_cli.stdout == f"resident-gate {version}\n"
+    engine = CliRunner().invoke(resident.cli.app, ["--version"], env=ENV)
+    assert engine.exit_code == 0 and engine.stdout == f"resident {version}\n"
+
+
+def test_the_version_falls_back_to_pyproject_when_not_installed(monkeypatch):
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert resident.cli.package_version() == _pyproject_version()
+
+
+def test_resident_knobs_lists_every_knob():
+    result = CliRunner().invoke(resident.cli.app, ["knobs", "--format", "json"], env=ENV)
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.stdout)["knobs"]}
+    fields = dataclasses.fields(EngineConfig)
+    assert list(rows) == [field.name for field in fields]
+    for field in fields:
+        row = rows[field.name]
+        assert row["what"], f"{field.name} has no meaning in resident.cli.KNOB_MEANINGS"
+        assert row["env"] == env_name(field.name)
+    assert rows["resident_planning"]["env"] == "RESIDENT_PLANNING"
+    assert rows["plan_ahead"]["values"] == "off | on | launch"
+    assert rows["plan_ahead"]["default"] == "launch"
+    assert rows["decode_buckets"]["default"].startswith("1,2,4,8,")
+    assert rows["page_size"]["values"] == "integer"
+    table = CliRunner().invoke(resident.cli.app, ["knobs"], env=ENV)
+    assert table.exit_code == 0 and "RESIDENT_PAGE_SIZE" in table.stdout

@@ -1,0 +1,74 @@
+"""The gate's load generator against a real tiny server: counts, timings and failures."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gate.load import LoadSpec, RequestResult, make_prompts, run_load, summarize
+
+from server_fixture import Server, run
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = Server().wait_ready()
+    yield srv
+    srv.stop()
+
+
+def test_a_run_streams_every_token(server):
+    spec = LoadSpec(concurrency=4, num_requests=8, prompt_len=24, output_len=6, num_warmup=2,
+                    seed=3)
+    metrics = run(run_load(server.url, spec)).metrics
+    assert (metrics.completed, metrics.failed, metrics.max_concurrency) == (8, 0, 4)
+    assert (metrics.total_output_tokens, metrics.total_input_tokens) == (48, 8 * 24)
+    assert metrics.output_throughput == pytest.approx(48 / metrics.duration, rel=1e-3)
+    assert metrics.request_throughput == pytest.approx(8 / metrics.duration, rel=1e-3)
+    assert metrics.total_token_throughput == pytest.approx((48 + 8 * 24) / metrics.duration,
+                                                           rel=1e-3)
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        values = [getattr(metrics, f"{stat}_{name}_ms") for stat in ("median", "p90", "p99")]
+        assert 0 < values[0] <= values[1] <= values[2], name
+        assert getattr(metrics, f"mean_{name}_ms") > 0 and getattr(metrics, f"std_{name}_ms") >= 0
+    # a request's whole time holds its first token and every gap after it
+    assert metrics.median_e2el_ms > metrics.median_ttft_ms
+
+
+def test_failures_are_counted_not_measured(server):
+    spec = LoadSpec(concurrency=2, num_requests=3, prompt_len=8, output_len=5000)
+    result = run(run_load(server.url, spec))  # past max_model_len: every request is a 400
+    metrics = result.metrics
+    assert (metrics.failed, metrics.completed, metrics.total_output_tokens) == (3, 0, 0)
+    assert metrics.median_ttft_ms is None and metrics.p99_e2el_ms is None
+    assert "HTTP 400" in result.errors[0]
+
+
+def test_summary_follows_vllms_definitions():
+    """Two requests of 3 tokens: TTFT, TPOT = (latency - TTFT) / (tokens - 1), every ITL gap
+    and E2EL, with numpy's mean, median, population std and linear percentiles."""
+    spec = LoadSpec(concurrency=2, num_requests=3, prompt_len=10, output_len=3)
+    results = [RequestResult(True, 3, 0.010, [0.002, 0.004], 0.016),
+               RequestResult(True, 3, 0.020, [0.003, 0.003], 0.026),
+               RequestResult(False, error="HTTP 500")]
+    metrics = summarize(spec, results, wall_s=0.5).metrics
+    assert (metrics.completed, metrics.failed) == (2, 1)
+    assert metrics.output_throughput == 12.0 and metrics.request_throughput == 4.0
+    assert metrics.total_input_tokens == 20 and metrics.total_token_throughput == 52.0
+    assert (metrics.mean_ttft_ms, metrics.median_ttft_ms, metrics.std_ttft_ms) == (15, 15, 5)
+    assert metrics.p90_ttft_ms == pytest.approx(19.0)
+    assert metrics.p99_ttft_ms == pytest.approx(19.9)
+    assert metrics.mean_tpot_ms == pytest.approx(3.0)  # (16 - 10) / 2 and (26 - 20) / 2
+    assert metrics.median_itl_ms == pytest.approx(3.0) and metrics.p99_itl_ms == pytest.approx(
+        3.97)
+    assert (metrics.median_e2el_ms, metrics.mean_e2el_ms) == (21.0, 21.0)
+
+
+def test_prompts_are_seeded():
+    spec = LoadSpec(concurrency=1, num_requests=2, prompt_len=16, vocab_size=100, seed=7)
+    assert make_prompts(spec, 2, salt=2) == make_prompts(spec, 2, salt=2)
+    assert make_prompts(spec, 2, 2) != make_prompts(dataclasses.replace(spec, seed=8), 2, 2)
+    assert all(0 <= t < 100 for p in make_prompts(spec, 2, 2) for t in p)
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+        LoadSpec(concurrency=0, num_requests=1)

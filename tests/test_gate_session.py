@@ -1,0 +1,122 @@
+"""The session's round loop with its servers replaced by synthetic runs: --until-verdict stops
+once every cell has a verdict, runs to --max-rounds when one never comes, and a resumed session
+that had stopped runs no more; the options that go together are checked."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gate.config import GateConfig, build_gate_config
+from gate.load import ServeMetrics
+from gate.records import RunRecord, append_run, read_manifest, read_runs
+from gate.session import Session
+from gate.tables import write_reports
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class SyntheticSession(Session):
+    """A Session whose arms' servers are replaced by runs of a known speed: each arm's tok/s
+    in a round is 1000 x (1 + its effect) x (1 + noise drawn for that arm and round)."""
+
+    effects: dict[str, float] = {}
+    noise = 0.0
+
+    async def _serve_arm(self, arm, round_index: int, position: int, cache: Path) -> int:
+        rng = np.random.default_rng([round_index, sum(map(ord, arm.name))])
+        for concurrency in self.config.concurrency:
+            for run in range(1, self.config.runs + 1):
+                tok_s = 1000.0 * (1 + self.effects.get(arm.name, 0.0)) * math.exp(
+                    rng.normal(0, self.noise))
+                metrics = ServeMetrics(max_concurrency=concurrency, duration=1.0, completed=8,
+                                       failed=0, total_input_tokens=8, total_output_tokens=100,
+                                       request_throughput=8.0, output_throughput=tok_s)
+                append_run(self.out, RunRecord(round=round_index, arm=arm.name,
+                                               position=position, concurrency=concurrency,
+                                               run=run, ok=True, metrics=metrics))
+        return 0
+
+
+def _session(out: Path, effects: dict[str, float], noise: float, **options) -> Session:
+    config = GateConfig(arms=("main=.", "head=."), concurrency=(1, 4), runs=1, out=str(out),
+                        **options)
+    session = SyntheticSession(config, ROOT, [sys.argv[0]])
+    session.effects, session.noise = effects, noise
+    return session
+
+
+def test_until_verdict_stops_once_every_cell_has_one(tmp_path):
+    session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
+                       max_rounds=8)
+    assert session.run() == 0
+    manifest = read_manifest(session.out)
+    assert manifest["stopped"] == {"after_rounds": 2, "reason": "every cell had a verdict"}
+    assert manifest["rounds_run"] == 2 and manifest["max_rounds"] == 8
+    assert {r.round for r in read_runs(session.out)} == {0, 1}
+    rows = write_reports(session.out)
+    assert [row["verdict"] for row in rows if row["arm"] == "head"] == ["slower", "slower"]
+    assert "2 of at most 8 rounds" in (session.out / "summary.md").read_text()
+
+
+def test_a_verdict_at_the_last_round_is_one(tmp_path):
+    session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
+                       max_rounds=2)
+    session.run()
+    assert read_manifest(session.out)["stopped"] == {"after_rounds": 2,
+                                                     "reason": "every cell had a verdict"}
+
+
+def test_until_verdict_runs_to_max_rounds_when_no_verdict_comes(tmp_path):
+    """Noise of 20% a run and no effect: the interval stays wider than the 1% floor."""
+    session = _session(tmp_path / "s", {}, 0.2, until_verdict=True, max_rounds=3)
+    session.run()
+    manifest = read_manifest(session.out)
+    assert manifest["stopped"] == {"after_rounds": 3, "reason": "the planned rounds ran"}
+    assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
+    rows = write_reports(session.out)
+    assert {row["verdict"] for row in rows if row["arm"] == "head"} == {"too few rounds"}
+
+
+def test_a_resumed_session_that_had_its_verdicts_runs_no_more(tmp_path):
+    out = tmp_path / "s"
+    _session(out, {"head": -0.3}, 0.002, until_verdict=True, max_rounds=8).run()
+    again = _session(out, {"head": -0.3}, 0.002, until_verdict=True, max_rounds=10)
+    again.run(resume=True)
+    assert {r.round for r in read_runs(out)} == {0, 1}
+    assert read_manifest(out)["max_rounds"] == 10
+    with pytest.raises(ValueError, match="until_verdict"):
+        _session(out, {}, 0.0, rounds=4).run(resume=True)
+
+
+def test_a_fixed_design_runs_every_round(tmp_path):
+    session = _session(tmp_path / "s", {"head": -0.3}, 0.002, rounds=3)
+    session.run()
+    assert read_manifest(session.out)["stopped"]["after_rounds"] == 3
+    assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
+
+
+def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):
+    config_file = tmp_path / "gate.yaml"
+    config_file.write_text('arm: ["main=."]\nrounds: 4\n')
+    config = build_gate_config({"until_verdict": True, "max_rounds": 6}, config_file)
+    assert config.until_verdict and config.planned_rounds == 6
+    assert build_gate_config({}, config_file).planned_rounds == 4
+    config_file.write_text('arm: ["main=."]\nrounds: 4\nuntil_verdict: true\nmax_rounds: 6\n')
+    with pytest.raises(ValueError, match="--rounds 4 and --until-verdict"):
+        build_gate_config({}, config_file)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"until_verdict": True}, "--until-verdict needs --max-rounds"),
+    ({"max_rounds": 4}, "--max-rounds 4 goes with --until-verdict"),
+    ({"until_verdict": True, "max_rounds": 1}, "--max-rounds must be >= 2"),
+    ({"min_effect": 1.5}, "--min-effect must be a fraction"),
+])
+def test_options_that_go_together(options, message):
+    with pytest.raises(ValueError, match=message):
+        GateConfig(arms=("main=.",), **options)
