@@ -43,6 +43,8 @@ class GateConfig:
     api_core: str | None = None
     client_cpus: str | None = None
     gpu: str | None = None
+    profile: bool = False  # one profile window per arm and cell after round 1's timed runs
+    profile_steps: int = 100
 
     def __post_init__(self) -> None:
         if len(self.arms) < 1:
@@ -51,6 +53,8 @@ class GateConfig:
             if getattr(self, field) < 1:
                 raise ValueError(f"--{field.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, field)}")
+        if self.profile_steps < 1:
+            raise ValueError(f"--profile-steps must be >= 1, got {self.profile_steps}")
         if self.requests_per_slot < 1:
             raise ValueError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
         if self.requests < 0:

@@ -170,6 +170,25 @@ async def _drive(session, url: str, spec: LoadSpec, prompts: list[list[int]]):
     return results
 
 
+async def steady_load(url: str, spec: LoadSpec, stop: asyncio.Event) -> int:
+    """`spec.concurrency` clients each sending the next request as its last finishes, until
+    `stop` is set (requests in flight then finish); nothing is measured. Returns the requests
+    sent. For a window inside a load that neither starts nor drains (a profile)."""
+    prompts = make_prompts(spec, max(spec.num_requests, spec.concurrency), salt=3)
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            prompt = prompts[sent % len(prompts)]
+            sent += 1
+            await _one(session, url, spec, prompt)
+
+    async with _client(spec) as session:
+        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+    return sent
+
+
 def _client(spec: LoadSpec) -> aiohttp.ClientSession:
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
     timeout = aiohttp.ClientTimeout(total=spec.timeout_s)

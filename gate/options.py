@@ -22,6 +22,7 @@ ARMS = "Arms"
 CELLS = "Cells"
 ROUNDS = "Rounds and verdicts"
 PLACEMENT = "Placement"
+PROFILE = "Profile"
 
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(GateConfig)}
 
@@ -106,6 +107,14 @@ MinEffectOpt = Annotated[float | None, typer.Option(
     rich_help_panel=ROUNDS)]
 # the old name of --rounds, still accepted
 SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
+
+ProfileOpt = Annotated[bool | None, typer.Option(
+    "--profile", metavar="", help="After the timed runs of round 1, one profile window per arm "
+    "and cell in a steady load (POST /debug/profile): profile.md, profiles/*.json.gz. The "
+    "timed runs are never profiled.", rich_help_panel=PROFILE)]
+ProfileStepsOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Steps in each profile window." + config_default("profile_steps"),
+    rich_help_panel=PROFILE)]
 
 ServerCpusOpt = Annotated[str | None, typer.Option(
     metavar="CPUS", help="CPU list for the servers, e.g. 0-3,8.", rich_help_panel=PLACEMENT)]

@@ -10,6 +10,7 @@ from typing import Any
 from gate.markdown import fmt, md_table, page_title
 from resident.profiling.summary import KindDiff, KindSummary, ProfileSummary, diff
 
+PROFILE_FILE = "profile.md"
 KERNEL_ROWS = 25  # the costliest kernels shown a table; the diff lists every change
 NAME_CHARS = 80
 

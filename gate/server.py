@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -124,6 +125,22 @@ class Server:
     async def get_json(self, path: str) -> dict | None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
             return await _fetch(session, self.url + path)
+
+    async def request_json(self, method: str, path: str, body: dict | None = None,
+                           timeout_s: float = 10.0) -> tuple[int, Any]:
+        """(status, the answer's JSON or text); status 0 when the server did not answer."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
+                    method, self.url + path, json=body) as resp:
+                text = await resp.text()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return 0, {"error": {"message": f"no answer: {err!r}"}}
+        try:
+            return status, json.loads(text)
+        except json.JSONDecodeError:
+            return status, text
 
     async def post_json(self, path: str) -> dict | None:
         """POST an empty JSON body; the answer as get_json gives it."""

@@ -34,6 +34,7 @@ from gate.placement import (
     read_topology,
     resolve_placement,
 )
+from gate.profiling import append_profile, profile_cell, profile_tool
 from gate.records import (
     RUNS_FILE,
     RunRecord,
@@ -92,6 +93,7 @@ class Session:
         self._fingerprint: str | None = None
         self._clock = time.monotonic()  # this invocation's start
         self._wall_before = 0.0  # the wall time of the invocations this one resumes
+        self._never_started: list[str] = []  # arms whose server never became ready
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -136,6 +138,8 @@ class Session:
             "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
             "seed": config.seed, "placement": self.placement.to_dict(),
             "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
+            "profile": ({**profile_tool(config.device), "steps": config.profile_steps}
+                        if config.profile else None),
         }
 
     # -- the session ------------------------------------------------------------------------
@@ -151,6 +155,10 @@ class Session:
             if self._every_cell_decided(round_index):
                 break
             failed += self._run_round(round_index)
+            if round_index == 0 and self._never_started:
+                self._note_stop(1, f"{', '.join(self._never_started)} could not start in the "
+                                "first round, and later rounds would start the same tree")
+                break
         else:
             if not (self.config.until_verdict and self._every_cell_decided(last)):
                 self._note_stop(last, "the planned rounds ran")
@@ -241,8 +249,10 @@ class Session:
         log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
         self.console.log(f"round {round_index}: starting {arm.name} ({arm.spec})")
         server = Server(arm, launch, knobs, log_path)
+        ready = False
         try:
             models = await server.wait_ready()
+            ready = True
             planner_off = await self._check_identity(arm, server)
             vocab = int(models["data"][0].get("vocab_size", 0) or 0) if "data" in models else 0
             if vocab < 1:
@@ -256,6 +266,8 @@ class Session:
         except ServerFailed as err:
             self.console.log(f"[red]{err}[/red]")
             self.failures.append(str(err))
+            if not ready:
+                self._never_started.append(arm.name)
             return self._record_all_failed(arm, round_index, position, str(err), err.log_tail)
         finally:
             server.stop()
@@ -323,7 +335,20 @@ class Session:
             self.console.log(f"round {round_index} {arm.name} c={concurrency} run {run}: "
                              f"{metrics.output_throughput} tok/s, {metrics.failed} failed "
                              "requests")
+        if self.config.profile and round_index == 0:
+            await self._profile(server, arm, spec)
         return failed
+
+    async def _profile(self, server: Server, arm: Arm, spec: LoadSpec) -> None:
+        """The cell's profile window, after its timed runs (profiling.py)."""
+        self.console.log(f"{arm.name} c={spec.concurrency}: profiling "
+                         f"{self.config.profile_steps} steps")
+        record = await profile_cell(server, spec, self.config.profile_steps, self.out,
+                                    arm.name, 0)
+        if record["error"]:
+            self.console.log(f"[yellow]{arm.name} c={spec.concurrency}: {record['error']}"
+                             "[/yellow]")
+        append_profile(self.out, record)
 
     async def _warmed_load(self, server: Server, concurrency: int, vocab: int,
                            round_index: int) -> LoadSpec:

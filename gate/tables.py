@@ -33,6 +33,8 @@ from gate.markdown import (
     tok_digits,
 )
 from gate.paired import PAIRED_FILE, paired_md
+from gate.profile_report import PROFILE_FILE, render_profile_md
+from gate.profiling import read_profiles
 from gate.records import read_manifest, read_runs
 from gate.timing import time_line, time_summary
 
@@ -327,7 +329,7 @@ def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[s
 
 def write_reports(directory: Path) -> list[dict[str, Any]]:
     """Rebuild REPORT_FILES (rounds.md, summary.md, summary.json, paired.md and the plots) in
-    `directory`.
+    `directory`, and profile.md when the session profiled.
 
     Reads runs.jsonl and manifest.json there; returns the summary rows.
     """
@@ -345,4 +347,7 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     (directory / PAIRED_FILE).write_text(paired_md(paired, verdicts, manifest, flagged))
     plots.plot_tok_s(frame, manifest, directory / plots.TOK_S_FILE)
     plots.plot_itl(frame, manifest, directory / plots.ITL_FILE)
+    profiles = read_profiles(directory)
+    if profiles:
+        (directory / PROFILE_FILE).write_text(render_profile_md(manifest, profiles))
     return rows

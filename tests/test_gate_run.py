@@ -168,10 +168,11 @@ def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     # the server prints the run id it inherited: what servers_left finds a run's servers by
     command = f"python3 -c 'import os, sys; print(os.environ[\"{RUN_ID}\"]); sys.exit(3)' {{port}}"
     result = invoke("run", "--arm", f"broken=cmd:{command}", "--concurrency", "1,2",
-                    "--rounds", "1", "--runs", "2", "--out", str(out), *SHORT)
+                    "--rounds", "3", "--runs", "2", "--out", str(out), *SHORT)
     assert result.exit_code == 1
     runs = read_runs(out)
-    assert len(runs) == 4 and not any(r.ok for r in runs)
+    assert len(runs) == 4 and not any(r.ok for r in runs)  # round 1 only: no second try
+    assert read_manifest(out)["stopped"]["reason"].startswith("broken could not start")
     assert "exited with code 3" in runs[0].error
     assert result.run_id in runs[0].log_tail
     assert "failed" in result.stderr

@@ -1,8 +1,14 @@
 """Profile summaries and kernel diffs (resident/profiling/) on the hand-built window of
 profile_fixtures.py: its numbers are known, and torch.profiler's trace and nsys's CSVs of it
-must give the same tables."""
+must give the same tables; and on six decode steps recorded on the H200 (tests/golden/h200-profile,
+cut by tests/gpu/trim_trace.py from `resident-gate run --profile`'s traces, results/
+2026-12-01-h200-0.8b-profile)."""
 
 from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +93,49 @@ def test_a_difference_inside_the_noise_is_not_a_change(summary):
     result = diff(base, type(base)(**{**base.__dict__, "kernels": tuple(shifted)}))
     status = {c.name: c.status for c in result.changes}
     assert status["gemm"] == "changed" and status["sample"] == "same"
+
+
+def test_run_to_run_drift_and_the_window_mix_are_not_changes(summary):
+    """Two servers run a steady kernel ~1% apart, and a window whose steps mix kinds gives
+    fractional calls a step: neither is a change; a kernel launched once more a step is."""
+    base = summary.kind("decode")
+    us = {k.name: k.us_per_step for k in base.kernels}
+    drifted = {"gemm": (us["gemm"] * 1.01, 1.0), "attn": (us["attn"], 0.97),
+               "norm": (us["norm"], 2.0)}
+    kernels = tuple(type(k)(k.name, *drifted.get(k.name, (k.us_per_step, k.calls_per_step)),
+                            k.us_sd) for k in base.kernels)
+    result = diff(base, type(base)(**{**base.__dict__, "kernels": kernels}))
+    status = {c.name: c.status for c in result.changes}
+    assert (status["gemm"], status["attn"], status["norm"]) == ("same", "same", "changed")
+
+
+def _recorded(arm: str) -> ProfileSummary:
+    path = Path(__file__).parent / "golden" / "h200-profile" / f"{arm}-c1.json.gz"
+    with gzip.open(path, "rt") as file:
+        return summarize(from_chrome_trace(json.load(file)))
+
+
+def test_recorded_h200_steps_read_as_graph_replays():
+    """qwen3.5-0.8b at c=1, planning off, fa2 decode: each step replays one graph of ~295
+    kernels that keeps the GPU ~80% busy; every kernel is attributed to its step."""
+    decode = _recorded("off-flashinfer").kind("decode")
+    assert decode.steps == 6 and 280 <= decode.ops_per_step <= 310
+    assert 1000 < decode.graph_us_median < decode.period_us_mean < 1500
+    assert 0.7 < decode.busy_share < 0.95
+    assert decode.kernel_us == pytest.approx(sum(k.us_per_step for k in decode.kernels))
+
+
+def test_recorded_h200_diff_explains_the_triton_decode_gap():
+    """The triton arm's decode step is ~8% shorter than fa2's: its split-K attention
+    (_split_kernel + _combine_kernel, ~58 µs a step) replaces fa2's decode and merge kernels
+    (~119 µs), and fa2's per-step pageable plan upload is gone."""
+    result = diff(_recorded("off-flashinfer").kind("decode"),
+                  _recorded("off-triton").kind("decode"))
+    assert {c.name for c in result.of("added")} == {"_split_kernel", "_combine_kernel"}
+    removed = {c.name.split("<")[0] for c in result.of("removed")}
+    assert removed == {"void flashinfer::BatchDecodeWithPagedKVCacheKernel",
+                       "void flashinfer::PersistentVariableLengthMergeStatesKernel",
+                       "Memcpy HtoD (Pageable -> Device)"}
+    assert not result.of("changed")  # the GEMMs, GDN and norms are the same kernels
+    assert -75 < result.head.kernel_us - result.base.kernel_us < -45
+    assert result.head.period_us_mean < 0.95 * result.base.period_us_mean

@@ -9,6 +9,8 @@ import typer
 
 from gate import options as opt
 from gate.output import OutputFormat, print_summary
+from gate.profile_report import PROFILE_FILE
+from gate.profiling import read_profiles
 from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
 from gate.tables import REPORT_FILES, write_reports
 
@@ -27,7 +29,9 @@ def report(
     output_format: opt.FormatOpt = OutputFormat.table,
     show_help: opt.HelpOpt = False,
 ) -> None:
-    """Rebuild a session's tables, plots and verdicts from runs.jsonl and manifest.json."""
+    """Rebuild a session's tables, plots and verdicts from runs.jsonl and manifest.json (and
+    profile.md from profiles.jsonl)."""
     rows = write_reports(directory)
-    typer.echo(f"wrote {', '.join(REPORT_FILES)} in {directory}", err=True)
+    written = [*REPORT_FILES, *([PROFILE_FILE] if read_profiles(directory) else [])]
+    typer.echo(f"wrote {', '.join(written)} in {directory}", err=True)
     print_summary(rows, read_manifest(directory), output_format)

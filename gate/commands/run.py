@@ -30,6 +30,8 @@ def run(
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
     seed: opt.SeedOpt = None,
+    profile: opt.ProfileOpt = None,
+    profile_steps: opt.ProfileStepsOpt = None,
     startup_timeout: opt.StartupOpt = None,
     server_cpus: opt.ServerCpusOpt = None,
     step_cores: opt.StepCoresOpt = None,
@@ -47,7 +49,8 @@ def run(
 
     Each round starts every arm's server once, in alternated order (ABBA), on the round's own
     Inductor cache and pinned cores; writes runs.jsonl, manifest.json, rounds.md, summary.md,
-    summary.json, paired.md and the plots, and prints the summary.
+    summary.json, paired.md and the plots (with --profile, profile.md and the traces), and
+    prints the summary.
     """
     given = dict(locals())
     console = Console(stderr=True)

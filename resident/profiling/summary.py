@@ -14,7 +14,10 @@ Per kind (a step's numbers, then their mean over the window's steps of that kind
   µs over steps (the noise a diff compares against).
 
 A diff matches kernels by name: added, removed, or changed when the means differ by more than
-3 standard errors of the difference (and more than `floor_us`) or the calls per step differ.
+3 standard errors of the difference, 2% of the baseline's µs and `floor_us` (two server processes
+run the same kernel up to ~1% apart: clocks, placement; the steps' spread inside one window
+does not see that), or the calls per step differ by half a call or more (less is the window's
+mix of steps, not a kernel launched more often).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from dataclasses import asdict, dataclass
 from resident.profiling.timeline import DeviceOp, Timeline
 
 NOISE_SIGMAS = 3.0
+RELATIVE_FLOOR = 0.02
+CALLS_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -204,7 +209,7 @@ class KindDiff:
                 f"launches, gaps {head.gaps_us - base.gaps_us:+.1f} µs")
 
 
-def diff(base: KindSummary, head: KindSummary, floor_us: float = 0.05) -> KindDiff:
+def diff(base: KindSummary, head: KindSummary, floor_us: float = 0.5) -> KindDiff:
     before = {k.name: k for k in base.kernels}
     after = {k.name: k for k in head.kernels}
     changes = [_change(before.get(name), after.get(name), name, base.steps, head.steps, floor_us)
@@ -218,13 +223,15 @@ def _change(before: KernelStat | None, after: KernelStat | None, name: str, base
             head_steps: int, floor_us: float) -> KernelChange:
     empty = KernelStat(name, 0.0, 0.0, 0.0)
     b, h = before or empty, after or empty
-    noise = max(floor_us, NOISE_SIGMAS * math.sqrt(b.us_sd ** 2 / max(base_steps, 1)
-                                                   + h.us_sd ** 2 / max(head_steps, 1)))
+    noise = max(floor_us, RELATIVE_FLOOR * b.us_per_step,
+                NOISE_SIGMAS * math.sqrt(b.us_sd ** 2 / max(base_steps, 1)
+                                         + h.us_sd ** 2 / max(head_steps, 1)))
     if before is None:
         status = "added"
     elif after is None:
         status = "removed"
-    elif abs(h.us_per_step - b.us_per_step) > noise or h.calls_per_step != b.calls_per_step:
+    elif (abs(h.us_per_step - b.us_per_step) > noise
+          or abs(h.calls_per_step - b.calls_per_step) >= CALLS_FLOOR):
         status = "changed"
     else:
         status = "same"

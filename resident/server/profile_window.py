@@ -163,7 +163,12 @@ class _Window:
         self._out_dir.mkdir(parents=True, exist_ok=True)
         path = self._out_dir / f"profile-{os.getpid()}-{self.query.nonce}.json.gz"
         self._profiler.export_chrome_trace(str(path))
-        with gzip.open(path, "rt") as trace:
-            summary = summarize(from_chrome_trace(json.load(trace)))
         log.info("profile window closed: %d steps, trace %s", self._num_steps, path)
-        return {"trace": str(path), "summary": summary.to_dict()}
+        answer: dict[str, Any] = {"trace": str(path), "summary": None}
+        try:
+            with gzip.open(path, "rt") as trace:
+                answer["summary"] = summarize(from_chrome_trace(json.load(trace))).to_dict()
+        except Exception as error:  # noqa: BLE001 - the trace is kept, and stays readable
+            log.exception("summarizing the profile failed")
+            answer["summary_error"] = f"{type(error).__name__}: {error}"
+        return answer
