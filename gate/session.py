@@ -15,7 +15,6 @@ manifest.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import shutil
 import time
@@ -26,7 +25,8 @@ from rich.console import Console
 
 from gate.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.config import GateConfig
-from gate.load import LoadSpec, RunResult, run_load, warm_up
+from gate.load import LoadSpec
+from gate.measure import RunPlace, check_identity, measure_run, warmed_load
 from gate.placement import (
     Placement,
     default_placement,
@@ -39,37 +39,18 @@ from gate.records import (
     RUNS_FILE,
     RunRecord,
     append_run,
-    read_manifest,
     read_runs,
-    rewrite_runs,
     write_manifest,
 )
-from gate.rule import FIRST_LOOK, MIN_EFFECT
-from gate.server import EngineSteps, LaunchSpec, Server, ServerFailed, clean_environment
+from gate.resume import first_fingerprint, resume_manifest
+from gate.rule import FIRST_LOOK
+from gate.server import LaunchSpec, Server, ServerFailed, clean_environment
 from gate.stats import runs_frame, undecided
-from gate.telemetry import GpuSampler, SiblingBusy, gather_versions, host_info, scan_log
+from gate.telemetry import gather_versions, host_info
 from gate.timing import server_entry
 
 WORKTREES = Path(".gate/worktrees")
 INDUCTOR = Path(".gate/inductor")
-
-
-# what must match between a session's manifest and a run that resumes it, and the value of those
-# an older manifest lacks
-RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
-               "runs", "requests", "seed", "until_verdict", "min_effect")
-RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT}
-
-
-def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
-                     runs: int) -> int:
-    """How many leading rounds hold a record (ok or failed) of every arm, cell and run."""
-    have = {(r.round, r.arm, r.concurrency, r.run) for r in records}
-    count = 0
-    while all((count, arm, cell, run) in have for arm in arms for cell in cells
-              for run in range(1, runs + 1)):
-        count += 1
-    return count
 
 
 def round_order(arms: list[Arm], round_index: int) -> list[Arm]:
@@ -205,34 +186,11 @@ class Session:
         return 0
 
     def _resume(self, removed_env: list[str]) -> int:
-        """Checks the session in --out is this one; keeps its whole rounds, drops a partial
-        one. Returns the first round to run."""
-        if not (self.out / RUNS_FILE).exists():
-            raise ValueError(f"--resume: {self.out} holds no session to resume")
-        manifest = read_manifest(self.out)
-        fresh = self._base_manifest(removed_env)
-        for key in RESUME_KEYS + ("arms",):
-            ours, theirs = fresh[key], manifest.get(key, RESUME_DEFAULTS.get(key))
-            if key == "arms":  # the code itself is checked by digest as each server starts
-                ours, theirs = ([[a["name"], a["spec"], a["knobs"]] for a in arms]
-                                for arms in (ours, theirs))
-            if ours != theirs:
-                raise ValueError(f"--resume: {key} is {ours} here but {theirs} in {self.out}")
-        records = read_runs(self.out)
-        first = completed_rounds(records, [a.name for a in self.arms],
-                                 self.config.concurrency, self.config.runs)
-        rewrite_runs(self.out, [r for r in records if r.round < first])
-        fingerprints = [a["debug_config"].get("weights_fingerprint")
-                        for a in manifest["arms"] if a.get("debug_config")]
-        self._fingerprint = fingerprints[0] if fingerprints else None
-        manifest["rounds"] = self.config.planned_rounds
-        manifest["max_rounds"] = self.config.max_rounds
-        manifest.setdefault("resumed", []).append({
-            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
-            "command": self.command_line, "host": fresh["host"],
-            "versions": fresh["versions"], "removed_env": removed_env})
-        self.manifest = manifest
-        self._wall_before = (manifest.get("timing") or {}).get("wall_s") or 0.0
+        """Continues the session in --out (resume.py); returns the first round to run."""
+        first, self.manifest = resume_manifest(self.out, self._base_manifest(removed_env),
+                                               self.config, self.command_line)
+        self._fingerprint = first_fingerprint(self.manifest)
+        self._wall_before = (self.manifest.get("timing") or {}).get("wall_s") or 0.0
         self._save_manifest()
         self.console.log(f"resuming {self.out} at round {first} of "
                          f"{self.config.planned_rounds}")
@@ -287,31 +245,15 @@ class Session:
         write_manifest(self.out, self.manifest)
 
     async def _check_identity(self, arm: Arm, server: Server) -> bool:
-        """Records the arm's /debug/config; fails an arm whose package is not its own tree or
-        whose weights differ from the baseline's. Returns whether it asked for the planner
-        and did not get it."""
+        """Records the arm's /debug/config and fails a server that is not the arm
+        (measure.check_identity). Returns whether it asked for the planner and did not get
+        it."""
         entry = next(a for a in self.manifest["arms"] if a["name"] == arm.name)
         if arm.kind != "resident":
             return False
         debug = await server.get_json("/debug/config") or {}
-        recorded = (entry.get("debug_config") or {}).get("source_digest")
-        if recorded and debug.get("source_digest") != recorded:
-            raise ServerFailed(f"{arm.name}: its package's source digest "
-                               f"{debug.get('source_digest')} differs from {recorded}, which "
-                               f"the session's earlier rounds ran", server.log_tail())
-        entry["debug_config"] = debug
-        expected = str((arm.tree / "resident").resolve())
-        if debug.get("resident_package_path") != expected:
-            raise ServerFailed(f"{arm.name}: its resident package came from "
-                               f"{debug.get('resident_package_path')}, not its tree {expected}",
-                               server.log_tail())
-        fingerprint = debug.get("weights_fingerprint")
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint
-        elif fingerprint != self._fingerprint:
-            raise ServerFailed(f"{arm.name}: weights fingerprint {fingerprint} differs from "
-                               f"{self._fingerprint} of the first arm measured",
-                               server.log_tail())
+        self._fingerprint = check_identity(arm, entry, debug, self._fingerprint,
+                                           server.log_tail())
         planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"
         entry["planner_off"] = entry["planner_off"] or planner_off
         self._save_manifest()
@@ -321,14 +263,15 @@ class Session:
                     concurrency: int, vocab: int, planner_off: bool) -> int:
         # warmed before the first run's counters are read, so its server step times and GPU
         # samples cover its own requests only
-        spec = await self._warmed_load(server, concurrency, vocab, round_index)
+        spec = await warmed_load(server, self.config, concurrency, vocab, round_index)
         failed = 0
         for run in range(1, self.config.runs + 1):
             if not server.alive():
                 raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
                                    server.log_tail())
-            record = await self._measure(server, arm, spec, round_index, position, run,
-                                         planner_off)
+            record = await measure_run(server, self.placement, spec,
+                                       RunPlace(arm.name, round_index, position, run),
+                                       planner_off)
             append_run(self.out, record)
             failed += not record.ok
             metrics = record.metrics
@@ -349,42 +292,6 @@ class Session:
             self.console.log(f"[yellow]{arm.name} c={spec.concurrency}: {record['error']}"
                              "[/yellow]")
         append_profile(self.out, record)
-
-    async def _warmed_load(self, server: Server, concurrency: int, vocab: int,
-                           round_index: int) -> LoadSpec:
-        """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
-        config = self.config
-        spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
-                        prompt_len=config.prompt_len, output_len=config.output_len,
-                        vocab_size=vocab, seed=config.seed * 1000 + round_index,
-                        num_warmup=concurrency)
-        await warm_up(server.url, spec)
-        return dataclasses.replace(spec, num_warmup=0)
-
-    async def _measure(self, server: Server, arm: Arm, spec: LoadSpec, round_index: int,
-                       position: int, run: int, planner_off: bool) -> RunRecord:
-        placement = self.placement
-        siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
-                               set(os.sched_getaffinity(0)))
-        gpu = GpuSampler(placement.gpu)
-        before = EngineSteps.parse(await server.metrics())
-        started = time.time()
-        siblings.start()
-        gpu.start()
-        result: RunResult = await run_load(server.url, spec)
-        gpu_sample, busy = gpu.stop(), siblings.stop()
-        steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
-        tracebacks, recompiles = scan_log(server.log_path)
-        metrics = result.metrics
-        ok = metrics.completed > 0 and server.alive()
-        return RunRecord(
-            round=round_index, arm=arm.name, position=position, concurrency=spec.concurrency,
-            run=run, ok=ok, error=None if ok else "; ".join(result.errors) or "server died",
-            metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
-            gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
-            planner_off=planner_off, log_tail=None if ok else server.log_tail(),
-            started_at=started,
-        )
 
     def _record_all_failed(self, arm: Arm, round_index: int, position: int, error: str,
                            log_tail: str) -> int:

@@ -1,0 +1,90 @@
+"""One cell on a running server: its warm-up, each timed run as a RunRecord (the load's metrics,
+the server's step counters over it, sibling CPUs, GPU samples, log scan), and the check that
+a server is the arm it claims to be (its package's tree, weights and source digest)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from gate.arms import Arm
+from gate.config import GateConfig
+from gate.load import LoadSpec, RunResult, run_load, warm_up
+from gate.placement import Placement
+from gate.records import RunRecord
+from gate.server import EngineSteps, Server, ServerFailed
+from gate.telemetry import GpuSampler, SiblingBusy, scan_log
+
+
+async def warmed_load(server: Server, config: GateConfig, concurrency: int, vocab: int,
+                      round_index: int) -> LoadSpec:
+    """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
+    spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
+                    prompt_len=config.prompt_len, output_len=config.output_len,
+                    vocab_size=vocab, seed=config.seed * 1000 + round_index,
+                    num_warmup=concurrency)
+    await warm_up(server.url, spec)
+    return dataclasses.replace(spec, num_warmup=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlace:
+    """Where a run sits in the session: its arm, round, the arm's position in the round's
+    order, and the run's number in its cell."""
+
+    arm: str
+    round: int
+    position: int
+    run: int
+
+
+async def measure_run(server: Server, placement: Placement, spec: LoadSpec, place: RunPlace,
+                      planner_off: bool) -> RunRecord:
+    """One timed run of the cell's load, with what the server and the machine did meanwhile."""
+    siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
+                           set(os.sched_getaffinity(0)))
+    gpu = GpuSampler(placement.gpu)
+    before = EngineSteps.parse(await server.metrics())
+    started = time.time()
+    siblings.start()
+    gpu.start()
+    result: RunResult = await run_load(server.url, spec)
+    gpu_sample, busy = gpu.stop(), siblings.stop()
+    steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
+    tracebacks, recompiles = scan_log(server.log_path)
+    metrics = result.metrics
+    ok = metrics.completed > 0 and server.alive()
+    return RunRecord(
+        round=place.round, arm=place.arm, position=place.position,
+        concurrency=spec.concurrency, run=place.run, ok=ok,
+        error=None if ok else "; ".join(result.errors) or "server died",
+        metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
+        gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
+        planner_off=planner_off, log_tail=None if ok else server.log_tail(),
+        started_at=started,
+    )
+
+
+def check_identity(arm: Arm, entry: dict, debug: dict, fingerprint: str | None,
+                   log_tail: str) -> str | None:
+    """Fails (ServerFailed) a resident arm's server whose /debug/config (`debug`) shows a
+    package from outside the arm's tree, a source digest other than the one its manifest
+    `entry` recorded in an earlier round, or weights other than `fingerprint` (the first arm's;
+    None: this is the first). Records `debug` in `entry`; returns the weights fingerprint."""
+    recorded = (entry.get("debug_config") or {}).get("source_digest")
+    if recorded and debug.get("source_digest") != recorded:
+        raise ServerFailed(f"{arm.name}: its package's source digest "
+                           f"{debug.get('source_digest')} differs from {recorded}, which "
+                           f"the session's earlier rounds ran", log_tail)
+    entry["debug_config"] = debug
+    expected = str((arm.tree / "resident").resolve())
+    if debug.get("resident_package_path") != expected:
+        raise ServerFailed(f"{arm.name}: its resident package came from "
+                           f"{debug.get('resident_package_path')}, not its tree {expected}",
+                           log_tail)
+    found = debug.get("weights_fingerprint")
+    if fingerprint is not None and found != fingerprint:
+        raise ServerFailed(f"{arm.name}: weights fingerprint {found} differs from "
+                           f"{fingerprint} of the first arm measured", log_tail)
+    return fingerprint if fingerprint is not None else found

@@ -1,0 +1,66 @@
+"""`resident-gate run --resume`: continuing the session in --out. The session must be this one
+(RESUME_KEYS and the arms' names, specs and knobs match the manifest); the rounds runs.jsonl
+holds whole stay, a partial round is dropped to run again, and the manifest logs the
+resumption. The code and weights are checked again as each server starts (measure.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gate.config import GateConfig
+from gate.records import RUNS_FILE, RunRecord, read_manifest, read_runs, rewrite_runs
+from gate.rule import MIN_EFFECT
+
+# what must match between a session's manifest and a run that resumes it, and the value of those
+# an older manifest lacks
+RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
+               "runs", "requests", "seed", "until_verdict", "min_effect")
+RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT}
+
+
+def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
+                     runs: int) -> int:
+    """How many leading rounds hold a record (ok or failed) of every arm, cell and run."""
+    have = {(r.round, r.arm, r.concurrency, r.run) for r in records}
+    count = 0
+    while all((count, arm, cell, run) in have for arm in arms for cell in cells
+              for run in range(1, runs + 1)):
+        count += 1
+    return count
+
+
+def resume_manifest(out: Path, fresh: dict[str, Any], config: GateConfig,
+                    command_line: list[str]) -> tuple[int, dict[str, Any]]:
+    """Checks that `out` holds the session whose manifest this invocation would write
+    (`fresh`), drops its partial round from runs.jsonl and logs the resumption; returns the
+    first round to run and the session's manifest."""
+    if not (out / RUNS_FILE).exists():
+        raise ValueError(f"--resume: {out} holds no session to resume")
+    manifest = read_manifest(out)
+    for key in RESUME_KEYS + ("arms",):
+        ours, theirs = fresh[key], manifest.get(key, RESUME_DEFAULTS.get(key))
+        if key == "arms":  # the code itself is checked by digest as each server starts
+            ours, theirs = ([[a["name"], a["spec"], a["knobs"]] for a in arms]
+                            for arms in (ours, theirs))
+        if ours != theirs:
+            raise ValueError(f"--resume: {key} is {ours} here but {theirs} in {out}")
+    records = read_runs(out)
+    first = completed_rounds(records, [a["name"] for a in fresh["arms"]], config.concurrency,
+                             config.runs)
+    rewrite_runs(out, [r for r in records if r.round < first])
+    manifest["rounds"] = config.planned_rounds
+    manifest["max_rounds"] = config.max_rounds
+    manifest.setdefault("resumed", []).append({
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
+        "command": command_line, "host": fresh["host"], "versions": fresh["versions"],
+        "removed_env": fresh["removed_env"]})
+    return first, manifest
+
+
+def first_fingerprint(manifest: dict[str, Any]) -> str | None:
+    """The weights fingerprint of the first arm the session's earlier rounds measured."""
+    fingerprints = [a["debug_config"].get("weights_fingerprint")
+                    for a in manifest["arms"] if a.get("debug_config")]
+    return fingerprints[0] if fingerprints else None
