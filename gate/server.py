@@ -90,6 +90,7 @@ class Server:
         self._launched = time.monotonic()
         self.health_s: float | None = None  # launch to the first /health 200
         self.stop_s: float | None = None  # stop() to the process group gone
+        self.startup: dict | None = None  # a resident core's start-up spans (/debug/config)
 
     def alive(self) -> bool:
         return self.process.poll() is None

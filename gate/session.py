@@ -234,7 +234,7 @@ class Session:
     def _record_server(self, round_index: int, arm: Arm, server: Server) -> None:
         timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
         timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
-                                              server.stop_s))
+                                              server.stop_s, server.startup))
         self._save_manifest()
 
     def _save_manifest(self) -> None:
@@ -252,6 +252,7 @@ class Session:
         if arm.kind != "resident":
             return False
         debug = await server.get_json("/debug/config") or {}
+        server.startup = debug.get("startup")
         self._fingerprint = check_identity(arm, entry, debug, self._fingerprint,
                                            server.log_tail())
         planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"

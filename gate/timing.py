@@ -2,8 +2,10 @@
 
 The manifest's `timing` holds `wall_s` (every invocation of the session, resumptions added) and
 `servers`: for each server launched, its round, arm, `health_s` (launch to the first /health
-200; None when it never answered) and `stop_s` (stopping it). Sessions from before this was kept
-have no `timing`; their reports say so.
+200; None when it never answered), `stop_s` (stopping it) and, for a resident server, `startup`:
+where its engine core's start went (resident/engine/startup.py: imports, model, buffers, decode
+and prefill graphs, total; the rest of health_s is the API process and the core's spawn).
+Sessions from before this was kept have no `timing`; their reports say so.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import statistics
 from typing import Any
 
 
-def server_entry(round_index: int, arm: str, health_s: float | None,
-                 stop_s: float | None) -> dict[str, Any]:
-    return {"round": round_index, "arm": arm, "health_s": health_s, "stop_s": stop_s}
+def server_entry(round_index: int, arm: str, health_s: float | None, stop_s: float | None,
+                 startup: dict[str, float] | None = None) -> dict[str, Any]:
+    return {"round": round_index, "arm": arm, "health_s": health_s, "stop_s": stop_s,
+            "startup": startup}
 
 
 def time_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:

@@ -123,6 +123,10 @@ def test_a_session_writes_everything(session):
     assert sorted((s["round"], s["arm"]) for s in servers) == [
         (r, a) for r in (0, 1) for a in ("head", "main")]
     assert all(0 < s["health_s"] < 120 and s["stop_s"] >= 0 for s in servers)
+    # and where each engine core's start went, as its log says too
+    assert all({"imports", "model", "buffers", "total"} <= set(s["startup"])
+               and 0 < s["startup"]["total"] < s["health_s"] for s in servers)
+    assert all("start-up " in log.read_text() for log in (out / "logs").glob("*.log"))
     timing = json.loads((out / "summary.json").read_text())["timing"]
     span = max(r.started_at for r in runs) - min(r.started_at for r in runs)
     assert timing["wall_s"] > max(timing["startup_s"], span + servers[0]["health_s"])

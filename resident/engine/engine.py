@@ -44,6 +44,7 @@ from resident.engine.rowcheck import RowCheck
 from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler, TokenReadback
 from resident.engine.scheduler import Scheduler, StepPlan
+from resident.engine.startup import StartupTimes
 from resident.engine.swap import StateSwapper
 from resident.engine.types import (
     FINISH_ABORT,
@@ -78,12 +79,14 @@ def freeze_heap() -> None:
 
 class Engine:
     def __init__(self, model_config: ModelConfig, config: EngineConfig,
-                 device: torch.device) -> None:
-        """config: resolved for this model and device type (EngineConfig.resolve)."""
+                 device: torch.device, startup: StartupTimes | None = None) -> None:
+        """config: resolved for this model and device type (EngineConfig.resolve); startup:
+        the clock of the start-up this engine is part of (a fresh one if None)."""
         if not config.is_resolved or config != config.resolve(model_config, device.type):
             raise ValueError("an Engine needs its config resolved for its model and device: "
                              f"EngineConfig.resolve(model, {device.type!r})")
         self.model_config, self.config, self.device = model_config, config, device
+        self.startup = startup or StartupTimes()
         self.dtype = torch_dtype(config.dtype)
         self.model = load_model(model_config, device, self.dtype,
                                 dense=build_dense_ops(config.compile == "on"))
@@ -91,6 +94,7 @@ class Engine:
             log.info("torch.compile on for the dense parts; Inductor cache %s",
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))
         self.fingerprint = weights_fingerprint(self.model)
+        self.startup.lap("model")
         self.cache = ModelCache.allocate(model_config, config.num_kv_pages, config.page_size,
                                          config.num_state_slots, self.dtype, device)
         self.kv = KVPool(config.num_kv_pages, config.page_size)
@@ -105,8 +109,9 @@ class Engine:
         self.planning = self._build_planning()
         self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
                                  self.kernels, self.phases, config.cuda_graphs == "on")
+        self.startup.lap("buffers")
         if config.cuda_graphs == "on" or config.compile == "on":
-            self.runner.prepare_all(config.decode_buckets)
+            self.runner.prepare_all(config.decode_buckets, self.startup.lap)
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper)

@@ -14,6 +14,7 @@ runs the next. Decode and prefill graphs keep separate pools.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -39,6 +40,7 @@ class StepGraphs:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         for bucket in sorted(buckets, reverse=True):
+            started = time.perf_counter()
             prepare(bucket)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -48,7 +50,8 @@ class StepGraphs:
             with torch.cuda.graph(graph, pool=pool):
                 self._logits[bucket] = forward(bucket)
             self._graphs[bucket] = graph
-            log.info("captured %s bucket %d: %s", self.kind, bucket, describe(bucket))
+            log.info("captured %s bucket %d in %.2f s (its warm-up compiles and tunes): %s",
+                     self.kind, bucket, time.perf_counter() - started, describe(bucket))
         torch.cuda.synchronize()
 
     def has(self, bucket: int) -> bool:

@@ -76,6 +76,7 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "weights_fingerprint": engine.fingerprint,
         "torch_version": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
+        "startup": engine.startup.to_dict(),  # seconds per span (startup.py)
     }
 
 

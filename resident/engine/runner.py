@@ -10,6 +10,8 @@ is its graph's replay.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from resident.backends import StepKernels
@@ -91,10 +93,12 @@ class StepRunner:
         self.planning.after_forward(bucket)
         return logits
 
-    def prepare_all(self, decode_buckets: tuple[int, ...]) -> None:
+    def prepare_all(self, decode_buckets: tuple[int, ...],
+                    lap: Callable[[str], None] = lambda name: None) -> None:
         """Every decode bucket (largest first) then every padded prefill bucket, staged all
         padding and run once: under `cuda_graphs` each is then captured (graphs.py), else this
         is the warm-up that compiles and tunes every step shape before the first request.
+        `lap(name)` ends each half's start-up span (startup.py).
         Warming matters beyond start-up time: an engine whose compiled dense ops first meet
         the shapes in its requests' order gave other greedy tokens (1 of 24 prompts on the
         H200) than one warmed this way, and every later engine in the process."""
@@ -118,13 +122,17 @@ class StepRunner:
             for bucket in sorted(decode_buckets, reverse=True):
                 prepare(bucket)
                 self._decode_forward(bucket, width)
+            lap("decode warm-up")
             for bucket in buckets:
                 inputs.varlen.stage_idle(bucket)
                 self.run_padded(bucket, 1)
+            lap("prefill warm-up")
             return
         self.graphs.capture(decode_buckets, prepare,
                             lambda bucket: self._decode_forward(bucket, width), describe)
+        lap("decode graphs")
         self.prefill_graphs.capture(tuple(range(len(buckets))),
                                     lambda index: inputs.varlen.stage_idle(buckets[index]),
                                     lambda index: self.run_padded(buckets[index], 1),
                                     lambda index: buckets[index].describe())
+        lap("prefill graphs")

@@ -26,6 +26,7 @@ import time
 import zmq
 
 from resident.config import EngineConfig, parse_cpu_list
+from resident.engine.startup import StartupTimes
 from resident.engine.types import FINISH_ERROR, RequestOutput
 from resident.model.config import ModelConfig
 from resident.server.profile_window import ProfileWindows, profile_dir
@@ -60,7 +61,8 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
     outputs = context.socket(zmq.PUSH)
     outputs.connect(output_addr)
     try:
-        engine = _build_engine(model_config, config, device)
+        engine = _build_engine(model_config, config, device, StartupTimes())
+        log.info("%s", engine.startup.line())
         outputs.send_pyobj(Ready(engine.info()))
         _serve(engine, requests, outputs, parent=parent)
     except Exception as error:  # noqa: BLE001 - the API process must learn why, whatever it was
@@ -72,10 +74,13 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
         context.term()
 
 
-def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: str):
+def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: str,
+                  startup: StartupTimes):
     import torch
 
     from resident.engine.engine import Engine, freeze_heap
+
+    startup.lap("imports")
 
     cores = step_cores(config, sorted(os.sched_getaffinity(0)))
     if cores:
@@ -83,7 +88,7 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
         log.info("step thread on CPUs %s (step_thread_cores=%s)", cores,
                  config.step_thread_cores)
     torch.set_num_threads(torch_threads(config, device_name, sorted(os.sched_getaffinity(0))))
-    engine = Engine(model_config, config, torch.device(device_name))
+    engine = Engine(model_config, config, torch.device(device_name), startup)
     freeze_heap()
     log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
              model_config.name, device_name, engine.dtype, engine.fingerprint,
