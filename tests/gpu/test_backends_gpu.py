@@ -114,6 +114,28 @@ def test_flashinfer_decode_plan_reuse_is_exact():
     assert reusing.num_plans_reused > 10 and fresh.num_plans_reused == 0
 
 
+def test_flashinfer_decode_replan_does_not_sync():
+    """A re-plan must not wait for the GPU: under plan_ahead the host plans the next step while
+    the last one runs. FlashInfer's graph-mode plan() copies host page indices with a blocking
+    copy (a stream sync, 208-545 µs a step outside the graph in
+    results/2026-12-01-h200-0.8b-profile); the backend hands it device indices instead."""
+    from resident.backends.flashinfer import FlashInferDecode, flashinfer_workspace
+
+    bucket = 4
+    decode = FlashInferDecode(_heads(*SHAPES[0]), flashinfer_workspace(DEVICE), (bucket,),
+                              max_pages_per_row=16)
+    layouts = [paged_layout([(list(range(1 + 16 * row, 17 + 16 * row)), 40 + shift, 1)
+                             for row in range(3)], PAGE, pad_to=bucket) for shift in (0, 16)]
+    decode.plan_decode(bucket, layouts[0])  # JIT and first plan outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        decode.plan_decode(bucket, layouts[1])  # a page more a row: a fresh plan
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert decode.num_plans_reused == 0
+
+
 @pytest.mark.parametrize("heads", SHAPES)
 def test_flashinfer_prefill_matches_reference(heads):
     from resident.backends.flashinfer import FlashInferPrefill, flashinfer_workspace
