@@ -19,6 +19,7 @@ from typing import Any
 from gate.arms import Arm
 from gate.load import run_load
 from gate.markdown import TableSpec, header_line, page_title
+from gate.measure import warmed_load
 from gate.server import Server, ServerFailed
 from gate.session import Session
 
@@ -52,7 +53,7 @@ class PhasesSession(Session):
 
     async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
-        spec = await self._warmed_load(server, concurrency, vocab, round_index)
+        spec = await warmed_load(server, self.config, concurrency, vocab, round_index)
         if await server.post_json("/debug/phases/reset") is None:
             raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
                                f"server with /debug/phases?)", server.log_tail())
