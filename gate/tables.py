@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,11 @@ LOG_TAIL_LINES = 20
 # ---- summary rows ----
 
 # ServeMetrics fields a summary row carries as the median over the cell's ok runs
-SUMMARY_MEDIANS = ("request_throughput", "output_throughput", "total_token_throughput",
-                   *(f for f in stats.METRIC_FIELDS if f.endswith("_ms")))
+SUMMARY_MEDIANS = ("duration", "request_throughput", "output_throughput",
+                   "total_token_throughput", *(f for f in stats.METRIC_FIELDS if f.endswith("_ms")))
+# a run whose median TTFT is more than this share of its wall time is mostly its start burst
+# and drain (every request starts at once): its tok/s moves with them
+BURST_SHARE = 0.1
 # and those it sums over every run of the cell
 SUMMARY_SUMS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
 
@@ -287,6 +291,23 @@ def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]
                      "in any arm."]
 
 
+def short_run_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell whose runs are short against their requests' TTFT."""
+    lines = []
+    for cell in dict.fromkeys(row["cell"] for row in rows):
+        mine = [r for r in rows if r["cell"] == cell and r["duration"] and r["median_ttft_ms"]]
+        if not mine:
+            continue
+        duration = statistics.median(r["duration"] for r in mine)
+        ttft_s = statistics.median(r["median_ttft_ms"] for r in mine) / 1000
+        if ttft_s > BURST_SHARE * duration:
+            lines.append(f"- {cell}: a run lasts {duration:.2f} s and a request waits "
+                         f"{ttft_s * 1000:.0f} ms for its first token (median): much of each run "
+                         "is the start burst and the drain, and its tok/s moves with them; more "
+                         "requests a run (--requests-per-slot) measure the steady state.")
+    return lines
+
+
 def summary_flagged(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> set[str]:
     """Arms flagged planner-off in the manifest or in any summary row."""
     return stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
@@ -314,7 +335,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
                   for table in summary_tables(rows, baseline, flagged)]
     else:
         parts.append("No runs.")
-    parts.append("\n".join(_health_lines(rows, arms, flagged)))
+    parts.append("\n".join(_health_lines(rows, arms, flagged) + short_run_lines(rows)))
     return "\n\n".join(parts) + "\n"
 
 

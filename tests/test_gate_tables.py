@@ -269,3 +269,17 @@ def _copy_golden(directory: Path) -> Path:
     for name in INPUTS:
         shutil.copy(GOLDEN / name, directory / name)
     return directory
+
+
+def test_short_runs_are_named():
+    """A cell whose requests wait for their first token more than a tenth of a run's wall time
+    is named, with the way out; a long one and one without numbers are not."""
+    rows = [{"cell": "c=64", "duration": 0.87, "median_ttft_ms": 140.0},
+            {"cell": "c=64", "duration": 0.91, "median_ttft_ms": 130.0},
+            {"cell": "c=1", "duration": 2.3, "median_ttft_ms": 8.5},
+            {"cell": "c=4", "duration": None, "median_ttft_ms": None}]
+    lines = tables.short_run_lines(rows)
+    assert lines == [
+        "- c=64: a run lasts 0.89 s and a request waits 135 ms for its first token (median): "
+        "much of each run is the start burst and the drain, and its tok/s moves with them; "
+        "more requests a run (--requests-per-slot) measure the steady state."]
