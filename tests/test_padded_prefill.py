@@ -38,12 +38,17 @@ def test_buckets_resolve_by_device_budget_and_decode_rows():
         (0, 8, 0, 1), (1, 8, 2, 1), (2, 32, 0, 1), (3, 32, 2, 1), (4, 66, 0, 16),
         (5, 66, 2, 16)]
     assert buckets[3].rows == 3 and buckets[3].logits_rows == 3 and buckets[3].chunks == 0 + 1 + 2
+    # mixed steps get room for a sixteenth, a quarter and all of the decode rows
+    wide = PaddedBucket.all_of(EngineConfig(prefill_token_budget=2048).resolve(TINY, "cuda"))
+    assert [b.decode_rows for b in wide if b.tokens == 2048] == [0, 16, 64, 256]
+    assert [b.decode_rows for b in wide if b.tokens == 128] == [0, 8, 32, 128]
 
 
 def test_a_step_takes_the_smallest_bucket_that_holds_its_tokens_and_rows():
     varlen = _engine("on").inputs.varlen  # buckets of 4, 8, 16 and 20 tokens
     assert varlen.bucket_for(4, 0, 1).tokens == 4
-    assert varlen.bucket_for(4, 2, 1).decode_rows == 4  # the mixed one of the same size
+    assert varlen.bucket_for(4, 2, 1).decode_rows == 4  # a mixed one of the same size
+    assert varlen.bucket_for(4, 1, 1).decode_rows == 1  # the mixed one a quarter as wide
     assert varlen.bucket_for(5, 0, 1).tokens == 8
     many = varlen.bucket_for(16, 0, 3)  # 3 prefill rows: no bucket below 20 tokens holds them
     assert (many.tokens, many.prefill_rows) == (20, 3)
@@ -169,6 +174,6 @@ def test_a_step_of_only_padding_rows_is_what_a_capture_runs():
 def test_a_step_past_the_largest_bucket_is_refused():
     varlen = _engine("on").inputs.varlen
     top = varlen.buckets[-1]
-    assert varlen.bucket_for(top.tokens, 1, 1) is top
+    assert varlen.bucket_for(top.tokens, top.decode_rows, 1) is top
     with pytest.raises(ValueError, match="fits no prefill bucket"):
         varlen.bucket_for(top.tokens + 1, 1, 1)

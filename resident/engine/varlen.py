@@ -42,10 +42,15 @@ GDN_CHUNK = 64  # tokens a chunk of the chunked delta rule (fla's BT)
 @dataclass(frozen=True)
 class PaddedBucket:
     """A padded step's shape: its tokens, and room for decode rows and prefill rows. Each
-    token size comes twice: for prefill steps (no decode rows: nothing of a decode row runs,
-    not even a skipped kernel) and for mixed steps. Prefill rows: one per TOKENS_PER_ROW tokens,
-    at most max_prefill_rows, so a small bucket's padding sequences stay few; the largest
-    bucket holds max_prefill_rows, so every step the scheduler makes fits one."""
+    token size comes for prefill steps (no decode rows: nothing of a decode row runs, not even a
+    skipped kernel) and for mixed steps with room for a sixteenth, a quarter and all of the
+    decode rows a step of that size can hold: a padded decode row still runs the GDN and conv
+    decode kernels, and those grow with the rows (the H200's GDN decode: 0.69 ms a step at 64
+    rows), so a mixed step at c=64 should not pay for 256. Their graphs are cheap: the compiled
+    dense parts see only the tokens, which the sizes share. Prefill rows: one per
+    TOKENS_PER_ROW tokens, at most max_prefill_rows, so a small bucket's padding sequences stay
+    few; the largest bucket holds max_prefill_rows, so every step the scheduler makes fits
+    one."""
 
     index: int  # the bucket's place among the engine's buckets: its graph's key
     tokens: int
@@ -61,8 +66,9 @@ class PaddedBucket:
             prefill = min(config.max_prefill_rows, max(1, tokens // cls.TOKENS_PER_ROW))
             if tokens == largest:  # any step the scheduler makes fits the largest
                 prefill = config.max_prefill_rows
-            shapes += [(tokens, 0, prefill),
-                       (tokens, min(config.max_decode_rows, tokens), prefill)]
+            most = min(config.max_decode_rows, tokens)
+            ladder = sorted({most >> 4, most >> 2, most} - {0})
+            shapes += [(tokens, 0, prefill), *((tokens, decode, prefill) for decode in ladder)]
         return [cls(index, *shape) for index, shape in enumerate(shapes)]
 
     def holds(self, num_tokens: int, decode: int, prefill: int) -> bool:
