@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rich import box
@@ -47,44 +48,40 @@ def _console() -> Console:
     return Console(file=sys.stdout, width=None if sys.stdout.isatty() else WIDE)
 
 
+def _render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], str],
+            specs: Callable[[], list[TableSpec]], footer: str | None = None) -> None:
+    """One report on stdout as `fmt`: json (`as_json()`, indented), md (`as_md()`) or the
+    terminal's tables (`specs()`, then `footer` in bold)."""
+    if fmt == OutputFormat.json:
+        sys.stdout.write(json.dumps(as_json(), indent=2) + "\n")
+    elif fmt == OutputFormat.md:
+        sys.stdout.write(as_md())
+    else:
+        console = _console()
+        for spec in specs():
+            console.print(rich_table(spec))
+        if footer is not None:
+            console.print(Text(footer, style="bold"))
+
+
 def print_summary(rows: list[dict[str, Any]], manifest: dict[str, Any],
                   fmt: OutputFormat) -> None:
     """Print the summary rows on stdout as `fmt`: table (its two tables), json (the session's
     JSON result, as summary.json holds it) or md (summary.md)."""
-    if fmt == OutputFormat.json:
-        sys.stdout.write(json.dumps(tables.summary_json(rows, manifest), indent=2) + "\n")
-    elif fmt == OutputFormat.md:
-        sys.stdout.write(tables.summary_md(rows, manifest))
-    else:
-        console = _console()
-        for spec in tables.summary_tables(rows, manifest.get("baseline", "main"),
-                                          tables.summary_flagged(rows, manifest)):
-            console.print(rich_table(spec))
+    _render(fmt, lambda: tables.summary_json(rows, manifest),
+            lambda: tables.summary_md(rows, manifest),
+            lambda: tables.summary_tables(rows, manifest.get("baseline", "main"),
+                                          tables.summary_flagged(rows, manifest)))
 
 
 def print_phases(results: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
     """A phases session on stdout as `fmt`: its two tables, or json (`{"cells": results}`)."""
-    if fmt == OutputFormat.json:
-        sys.stdout.write(json.dumps({"cells": results}, indent=2) + "\n")
-        return
-    if fmt == OutputFormat.md:
-        sys.stdout.write(phases.phases_md(results, manifest))
-        return
-    console = _console()
-    for spec in phases.phase_tables(results, [arm["name"] for arm in manifest["arms"]]):
-        console.print(rich_table(spec))
+    _render(fmt, lambda: {"cells": results}, lambda: phases.phases_md(results, manifest),
+            lambda: phases.phase_tables(results, [arm["name"] for arm in manifest["arms"]]))
 
 
 def print_check(report: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
     """A check on stdout as `fmt`: its verdict and tables, json (check.json's report) or md
     (check.md)."""
-    if fmt == OutputFormat.json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
-        return
-    if fmt == OutputFormat.md:
-        sys.stdout.write(check_report.check_md(report, manifest))
-        return
-    console = _console()
-    for spec in check_report.check_tables(report):
-        console.print(rich_table(spec))
-    console.print(Text(f"verdict: {report['verdict']}", style="bold"))
+    _render(fmt, lambda: report, lambda: check_report.check_md(report, manifest),
+            lambda: check_report.check_tables(report), footer=f"verdict: {report['verdict']}")
