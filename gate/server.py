@@ -129,19 +129,10 @@ class Server:
 
     async def request_json(self, method: str, path: str, body: dict | None = None,
                            timeout_s: float = 10.0) -> tuple[int, Any]:
-        """(status, the answer's JSON or text); status 0 when the server did not answer."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        try:
-            async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
-                    method, self.url + path, json=body) as resp:
-                text = await resp.text()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as err:
-            return 0, {"error": {"message": f"no answer: {err!r}"}}
-        try:
-            return status, json.loads(text)
-        except json.JSONDecodeError:
-            return status, text
+        """(status, the answer's JSON, {"text": ...} when it is not JSON); status 0 when the
+        server did not answer."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            return await _request(session, method, self.url + path, body)
 
     async def post_json(self, path: str) -> dict | None:
         """POST an empty JSON body; the answer as get_json gives it."""
@@ -193,19 +184,25 @@ def _child_setup(cpus: set[int], gate_pid: int):
     return setup
 
 
+async def _request(session: aiohttp.ClientSession, method: str, url: str,
+                   body: dict | None = None) -> tuple[int, Any]:
+    """(status, the answer's JSON, {"text": ...} when it is not JSON); status 0 and an error
+    message when the server did not answer."""
+    try:
+        async with session.request(method, url, json=body) as resp:
+            status, text = resp.status, await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as err:
+        return 0, {"error": {"message": f"no answer: {err!r}"}}
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, {"text": text}
+
+
 async def _fetch(session: aiohttp.ClientSession, url: str, method: str = "GET") -> dict | None:
     """The answer's JSON ({"text": ...} when it is not JSON), or None unless it is a 200."""
-    try:
-        async with session.request(method, url, json={} if method == "POST" else None) as resp:
-            if resp.status != 200:
-                return None
-            text = await resp.text()
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return {"text": text}
+    status, answer = await _request(session, method, url, {} if method == "POST" else None)
+    return answer if status == 200 else None
 
 
 def parse_metrics(text: str) -> dict[str, float]:
