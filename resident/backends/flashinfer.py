@@ -100,7 +100,11 @@ class FlashInferDecode(DecodeKernels):
         device = workspace.device
         self.heads = heads
         self.wrappers, self._ops, self._last_page_len = {}, {}, {}
-        self._indices_cpu, self._indices_gpu = {}, {}
+        # one stage for every bucket: a step plans one bucket, and plan() copies the indices
+        # into that bucket's own buffer, in stream order
+        num_indices = max(buckets) * max_pages_per_row
+        self._indices_gpu = torch.zeros(num_indices, dtype=torch.int32, device=device)
+        self._indices_cpu = torch.zeros(num_indices, dtype=torch.int32, pin_memory=True)
         self.reuse = PlanReuse()
         self.num_plans_reused = 0
         for bucket in buckets:
@@ -109,9 +113,6 @@ class FlashInferDecode(DecodeKernels):
 
             # the graph-mode wrapper keeps these buffers and plans into them
             self._last_page_len[bucket] = int_buffer(bucket)
-            self._indices_gpu[bucket] = int_buffer(bucket * max_pages_per_row)
-            self._indices_cpu[bucket] = torch.zeros(bucket * max_pages_per_row,
-                                                    dtype=torch.int32, pin_memory=True)
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 workspace, "NHD", use_cuda_graph=True, use_tensor_cores=False,
                 paged_kv_indptr_buffer=int_buffer(bucket + 1),
@@ -134,9 +135,9 @@ class FlashInferDecode(DecodeKernels):
         # from a device tensor it is a D2D copy. The pinned stage is free again once the
         # read-back that follows this step's uploads returns (Engine._launch).
         num_indices = len(layout.kv_indices)
-        staged = self._indices_cpu[bucket][:num_indices]
+        staged = self._indices_cpu[:num_indices]
         staged.copy_(layout.kv_indices)
-        indices = self._indices_gpu[bucket][:num_indices]
+        indices = self._indices_gpu[:num_indices]
         indices.copy_(staged, non_blocking=True)
         on_device = dataclasses.replace(layout, kv_indices=indices)
         self.wrappers[bucket].plan(*self.heads.plan_args(on_device), **self.heads.plan_kwargs())
