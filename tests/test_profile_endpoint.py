@@ -16,7 +16,9 @@ from resident.profiling.torch_trace import from_chrome_trace
 
 from server_fixture import Server, post, run
 
-LOAD = {"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True}
+# long enough to be still decoding when the window opens, on a busy host too (200 tokens were
+# sometimes done within the 0.5 s before it)
+LOAD = {"prompt": [1, 2, 3], "max_tokens": 2000, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
