@@ -100,11 +100,14 @@ class FlashInferDecode(DecodeKernels):
         device = workspace.device
         self.heads = heads
         self.wrappers, self._ops, self._last_page_len = {}, {}, {}
-        # one stage for every bucket: a step plans one bucket, and plan() copies the indices
-        # into that bucket's own buffer, in stream order
-        num_indices = max(buckets) * max_pages_per_row
+        # one stage for every bucket: a step plans one bucket, and plan() copies from the stage
+        # into that bucket's own buffers, in stream order
+        widest = max(buckets)
+        num_indices = widest * max_pages_per_row
         self._indices_gpu = torch.zeros(num_indices, dtype=torch.int32, device=device)
         self._indices_cpu = torch.zeros(num_indices, dtype=torch.int32, pin_memory=True)
+        self._indptr_cpu = torch.zeros(widest + 1, dtype=torch.int32, pin_memory=True)
+        self._last_page_len_cpu = torch.zeros(widest, dtype=torch.int32, pin_memory=True)
         self.reuse = PlanReuse()
         self.num_plans_reused = 0
         for bucket in buckets:
@@ -126,22 +129,30 @@ class FlashInferDecode(DecodeKernels):
         return self._ops[bucket]
 
     def plan_decode(self, bucket: int, layout: PagedLayout) -> None:
+        # Every host tensor reaches the device from a pinned stage: a copy from pageable memory
+        # costs the host a staging copy each (the H200 profile: two a step), and a graph-mode
+        # wrapper copies host page indices with a blocking copy, a stream sync that makes the
+        # host wait for the step in flight (1.25 ms a re-plan at c=64), so those go to the
+        # device first and plan() copies them device to device. The stages are free again once
+        # the read-back that follows this step's uploads returns (Engine._launch).
+        last_page_len = _staged(self._last_page_len_cpu, layout.kv_last_page_len)
         if self.reuse.reusable(bucket, layout):
-            self._last_page_len[bucket].copy_(layout.kv_last_page_len, non_blocking=True)
+            self._last_page_len[bucket].copy_(last_page_len, non_blocking=True)
             self.num_plans_reused += 1
             return
-        # A graph-mode wrapper copies host page indices with a blocking copy, a stream sync that
-        # makes the host wait for the step in flight (measured: 1.25 ms a re-plan at c=64);
-        # from a device tensor it is a D2D copy. The pinned stage is free again once the
-        # read-back that follows this step's uploads returns (Engine._launch).
-        num_indices = len(layout.kv_indices)
-        staged = self._indices_cpu[:num_indices]
-        staged.copy_(layout.kv_indices)
-        indices = self._indices_gpu[:num_indices]
-        indices.copy_(staged, non_blocking=True)
-        on_device = dataclasses.replace(layout, kv_indices=indices)
-        self.wrappers[bucket].plan(*self.heads.plan_args(on_device), **self.heads.plan_kwargs())
+        indices = self._indices_gpu[:len(layout.kv_indices)]
+        indices.copy_(_staged(self._indices_cpu, layout.kv_indices), non_blocking=True)
+        staged = dataclasses.replace(layout, kv_indptr=_staged(self._indptr_cpu, layout.kv_indptr),
+                                     kv_indices=indices, kv_last_page_len=last_page_len)
+        self.wrappers[bucket].plan(*self.heads.plan_args(staged), **self.heads.plan_kwargs())
         self.reuse.planned(bucket, layout)
+
+
+def _staged(stage_cpu: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+    """`host` copied into the front of a pinned stage (a host copy: no device work)."""
+    staged = stage_cpu[:len(host)]
+    staged.copy_(host)
+    return staged
 
 
 def flashinfer_workspace(device: torch.device) -> torch.Tensor:

@@ -35,6 +35,7 @@ import json
 import pstats
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -78,12 +79,14 @@ class GcPauses:
         gc.callbacks.remove(self._callback)
 
 
-def _kernel_profile(run, count: int) -> tuple[float, float, list[dict]]:
+def _kernel_profile(run, count: int | Callable[[], int]) -> tuple[float, float, list[dict]]:
     """(GPU kernel ms, kernels, the TOP_KERNELS costliest kernel names) per one of the `count`
-    units of work `run` does, from torch.profiler."""
+    units of work (steps) `run` does, from torch.profiler; `count` may be read after `run`."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
+    if callable(count):
+        count = count()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_name: dict[str, list[float]] = {}
     for event in kernels:
@@ -201,13 +204,13 @@ def burst_rows(engine: Engine, count: int, prompt_len: int) -> dict:
     def run() -> None:
         profiled.update(_burst_once(engine, "burst-profiled", count, prompt_len))
 
-    gpu_ms, kernels, top = _kernel_profile(run, 1)
+    step_gpu_ms, step_kernels, top = _kernel_profile(run, lambda: profiled["steps"])
+    gpu_ms = step_gpu_ms * profiled["steps"]
     return {"prompts": count, "prompt_len": prompt_len, "first": first, "steady": steady,
             "first_over_steady": round(first["wall_ms"] / steady["wall_ms"], 2),
             "profiled_wall_ms": profiled["wall_ms"], "gpu_busy_ms": round(gpu_ms, 1),
             "gpu_busy_share": round(gpu_ms / profiled["wall_ms"], 3),
-            "kernels_per_step": round(kernels / profiled["steps"], 1),
-            "top_kernels": top}
+            "kernels_per_step": round(step_kernels, 1), "top_kernels": top}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,10 @@
 #   gate      configs/gate/h200-0.8b-padded.yaml (padded prefill against the eager path), tarred
 #   profile   configs/gate/h200-0.8b-profile.yaml (four arms' profile windows, issue 20), tarred
 #   planted   configs/gate/h200-0.8b-planted.yaml (a planted slowdown and an A/A copy, issue 21)
+#   budget-served  configs/gate/h200-0.8b-budget.yaml (the served prefill budget sweep, issue 18)
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
+#   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others.
 set -uo pipefail
@@ -54,16 +56,17 @@ for part in "$@"; do
       run gate 380 python3 -m gate run --config configs/gate/h200-0.8b-padded.yaml \
         --out "$OUT/gate-padded"
       tar czf "$OUT/gate-padded.tgz" -C "$OUT" gate-padded && rm -rf "$OUT/gate-padded" ;;
-    profile | planted)
+    profile | planted | budget-served)
       [ "$part" = planted ] && python3 tests/gpu/plant_slowdown.py /tmp/planted --cycles 80000
-      run "$part" 560 python3 -m gate run --config "configs/gate/h200-0.8b-$part.yaml" \
+      run "$part" 560 python3 -m gate run --config "configs/gate/h200-0.8b-${part%-served}.yaml" \
         --out "$OUT/gate-$part"
       tar czf "$OUT/gate-$part.tgz" -C "$OUT" "gate-$part" && rm -rf "$OUT/gate-$part" ;;
-    check)
-      run check 560 python3 -m gate check --config configs/gate/check-h200-0.8b.yaml \
+    check | check-2b)
+      size=0.8b; [ "$part" = check-2b ] && size=2b
+      run "$part" 560 python3 -m gate check --config "configs/gate/check-h200-$size.yaml" \
         --arm main=path:.gate/worktrees/main-dc7131b --arm head=. --sweep greedy,concurrency \
-        --out "$OUT/check-0.8b"
-      tar czf "$OUT/check-0.8b.tgz" -C "$OUT" check-0.8b && rm -rf "$OUT/check-0.8b" ;;
+        --out "$OUT/check-$size"
+      tar czf "$OUT/check-$size.tgz" -C "$OUT" "check-$size" && rm -rf "$OUT/check-$size" ;;
     burst)
       run burst 200 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1 \
         --burst 64 --json "$OUT/burst.json" ;;

@@ -227,8 +227,9 @@ def _engine(**knobs) -> Engine:
     engine = build_engine(MODEL, config, DEVICE)
     if config.cuda_graphs == "on":
         assert engine.runner.graphs.buckets == [1, 2, 4, 8]
-        assert [b["tokens"] for b in engine.info()["prefill_graphs"]] == [
-            size for size in (128, 256, 512, 1024, 2048, 2056) for _ in range(2)]
+        # each size: a prefill form and mixed forms for 8 >> 2 and 8 decode rows
+        assert [(b["tokens"], b["decode_rows"]) for b in engine.info()["prefill_graphs"]] == [
+            (size, rows) for size in (128, 256, 512, 1024, 2048, 2056) for rows in (0, 2, 8)]
     assert (engine.planning.mode == "resident") == (config.resident_planning == "auto")
     return engine
 

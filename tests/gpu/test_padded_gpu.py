@@ -169,8 +169,9 @@ def test_padded_steps_give_the_same_tokens_with_and_without_graphs(backend):
         assert steps["mixed"] > 0 and engine.runner.num_padded_prefills == (
             steps["mixed"] + steps["prefill"])
         if graphs == "on":
-            assert [b["tokens"] for b in engine.info()["prefill_graphs"]] == [
-                size for size in (128, 256, 512, 1024, 1036) for _ in range(2)]
+            # each size: a prefill form and mixed forms for 12 >> 2 and 12 decode rows
+            assert [(b["tokens"], b["decode_rows"]) for b in engine.info()["prefill_graphs"]] == [
+                (size, rows) for size in (128, 256, 512, 1024, 1036) for rows in (0, 3, 12)]
         del engine
         torch.cuda.empty_cache()
     assert outputs["on"] == outputs["off"]
