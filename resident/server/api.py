@@ -208,11 +208,12 @@ class _Completion:
 
     async def respond(self) -> web.Response:
         final: RequestOutput | None = None
-        async with aclosing(self.state.client.generate(self.request)) as outputs:
-            async for output in outputs:
-                self.token_ids.extend(output.new_token_ids)
-                self.logprobs.extend(output.logprobs or ())
-                final = output
+        async with aclosing(self.state.client.generate(self.request)) as batches:
+            async for outputs in batches:
+                for output in outputs:
+                    self.token_ids.extend(output.new_token_ids)
+                    self.logprobs.extend(output.logprobs or ())
+                final = outputs[-1]
         assert final is not None and final.finished
         if final.error is not None:
             raise _finish_error(final)
@@ -226,16 +227,16 @@ class _Completion:
         wait for the first output, so a request that fails at once gets a real HTTP error.
         Past `timeout` seconds the request is aborted: an error event, then [DONE]."""
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        async with aclosing(self.state.client.generate(self.request)) as outputs:
-            first = await anext(outputs)
-            if first.error is not None and not first.new_token_ids:
-                raise _finish_error(first)
+        async with aclosing(self.state.client.generate(self.request)) as batches:
+            first = await anext(batches)
+            if first[0].error is not None and not first[0].new_token_ids:
+                raise _finish_error(first[0])
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
             try:
                 await response.prepare(request)
                 await response.write(self._events(first))
-                await self._stream_rest(response, outputs, deadline)
+                await self._stream_rest(response, batches, deadline)
                 if self.parsed.include_usage:
                     await response.write(_sse(self._envelope([]) | {"usage": self._usage()}))
                 await response.write(b"data: [DONE]\n\n")
@@ -252,27 +253,29 @@ class _Completion:
                                          + b"data: [DONE]\n\n")
         return response
 
-    async def _stream_rest(self, response: web.StreamResponse, outputs,
+    async def _stream_rest(self, response: web.StreamResponse, batches,
                            deadline: float | None) -> None:
         try:
             async with asyncio.timeout_at(deadline):
-                async for output in outputs:
-                    await response.write(self._events(output))
+                async for outputs in batches:
+                    await response.write(self._events(outputs))
         except TimeoutError:
             message = (f"the completion took longer than request_timeout_s; it was aborted "
                        f"after {len(self.token_ids)} tokens")
             await response.write(self._token_event([], (), True, RequestOutput(
                 self.request.request_id, [], True, FINISH_ABORT, message)))
 
-    def _events(self, output: RequestOutput) -> bytes:
-        """The SSE events for one output: one per new token, or one empty closing event."""
+    def _events(self, outputs: list[RequestOutput]) -> bytes:
+        """The SSE events for some outputs, one write: an event per new token, or one empty
+        closing event."""
         events = []
-        logprobs = output.logprobs or ()
-        for i, token in enumerate(output.new_token_ids):
-            last = output.finished and i == len(output.new_token_ids) - 1
-            events.append(self._token_event([token], logprobs[i:i + 1], last, output))
-        if output.finished and not output.new_token_ids:
-            events.append(self._token_event([], (), True, output))
+        for output in outputs:
+            logprobs = output.logprobs or ()
+            for i, token in enumerate(output.new_token_ids):
+                last = output.finished and i == len(output.new_token_ids) - 1
+                events.append(self._token_event([token], logprobs[i:i + 1], last, output))
+            if output.finished and not output.new_token_ids:
+                events.append(self._token_event([], (), True, output))
         return b"".join(events)
 
     def _token_event(self, tokens: list[int], logprobs: tuple[TokenLogprobs, ...], last: bool,

@@ -75,9 +75,11 @@ class EngineClient:
         assert self._ready is not None, "start() first"
         return await asyncio.shield(self._ready)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Submits a request and yields its outputs until the finished one. Leaving the loop
-        early (a client that went away) aborts the request in the core."""
+    async def generate(self, request: EngineRequest) -> AsyncIterator[list[RequestOutput]]:
+        """Submits a request and yields its outputs until the finished one: each time, every
+        output that arrived since the consumer last asked (one while it keeps up; more once it
+        falls behind, so a stream writes them at once, as vLLM's output collector merges them).
+        Leaving the loop early (a client that went away) aborts the request in the core."""
         if not self.is_ready:
             raise EngineUnavailable(self.fatal or "the engine is still starting")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
@@ -86,9 +88,11 @@ class EngineClient:
         try:
             await self._requests.send_pyobj(AddRequest(request))
             while not finished:
-                output = await queue.get()
-                finished = output.finished
-                yield output
+                outputs = [await queue.get()]
+                while not outputs[-1].finished and not queue.empty():
+                    outputs.append(queue.get_nowait())
+                finished = outputs[-1].finished
+                yield outputs
         finally:
             self._streams.pop(request.request_id, None)
             if not finished and self.fatal is None:

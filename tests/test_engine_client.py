@@ -1,0 +1,63 @@
+"""The API process's EngineClient against a real engine core (tiny model, CPU), no HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import tempfile
+from contextlib import aclosing
+
+from resident.config import build_engine_config, model_yaml_knobs
+from resident.engine.types import EngineRequest, SamplingParams
+from resident.model.config import load_model_config
+from resident.server.client import EngineClient
+from resident.server.core import run_engine_core
+
+MAX_TOKENS = 24
+
+
+async def _batches(client: EngineClient, request_id: str, pause_s: float) -> list[list]:
+    """generate()'s batches for one greedy request; the consumer sleeps after the first."""
+    request = EngineRequest(request_id, [7, 8, 9, 10],
+                            SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    batches = []
+    async with aclosing(client.generate(request)) as outputs:
+        async for batch in outputs:
+            batches.append(batch)
+            if len(batches) == 1:
+                await asyncio.sleep(pause_s)
+    return batches
+
+
+def _tokens(batches: list[list]) -> list[int]:
+    return [token for batch in batches for output in batch for token in output.new_token_ids]
+
+
+def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
+    """A stream that falls behind its core writes what queued up at once (api.py), in order
+    and complete; one that keeps up gets the same tokens."""
+    model = load_model_config("tiny")
+    config = build_engine_config(model_yaml_knobs("tiny"), {}).resolve(model, "cpu")
+
+    async def body():
+        with tempfile.TemporaryDirectory(prefix="rclient") as directory:
+            addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+            client = EngineClient(*addrs)
+            core = multiprocessing.get_context("spawn").Process(
+                target=run_engine_core, args=(model, config, "cpu", *addrs), daemon=True)
+            core.start()
+            client.start()
+            try:
+                await asyncio.wait_for(client.wait_ready(), 120)
+                behind = await _batches(client, "behind", pause_s=2.0)
+                along = await _batches(client, "along", pause_s=0.0)
+            finally:
+                await client.close()
+                core.kill()
+                core.join(10)
+        # the core ran the other 23 steps while the consumer slept: one batch holds them all
+        assert [len(batch) for batch in behind] == [1, MAX_TOKENS - 1]
+        assert behind[-1][-1].finished and not any(o.finished for o in behind[-1][:-1])
+        assert _tokens(behind) == _tokens(along) and len(_tokens(along)) == MAX_TOKENS
+
+    asyncio.run(body())
