@@ -14,7 +14,7 @@ from gate.load import LoadSpec, RunResult, run_load, warm_up
 from gate.placement import Placement
 from gate.records import RunRecord
 from gate.server import EngineSteps, Server, ServerFailed
-from gate.telemetry import GpuSampler, SiblingBusy, scan_log
+from gate.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
 
 
 async def warmed_load(server: Server, config: GateConfig, concurrency: int, vocab: int,
@@ -45,12 +45,14 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
     siblings = SiblingBusy(set(placement.server_cpus) | set(placement.client_cpus),
                            set(os.sched_getaffinity(0)))
     gpu = GpuSampler(placement.gpu)
+    server_cpu = ProcessCpu(server.process.pid)
     before = EngineSteps.parse(await server.metrics())
     started = time.time()
     siblings.start()
+    server_cpu.start()
     gpu.start()
     result: RunResult = await run_load(server.url, spec)
-    gpu_sample, busy = gpu.stop(), siblings.stop()
+    gpu_sample, busy, (api_cpu_s, core_cpu_s) = gpu.stop(), siblings.stop(), server_cpu.stop()
     steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
     tracebacks, recompiles = scan_log(server.log_path)
     metrics = result.metrics
@@ -60,6 +62,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         concurrency=spec.concurrency, run=place.run, ok=ok,
         error=None if ok else "; ".join(result.errors) or "server died",
         metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
+        api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s,
         gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
         planner_off=planner_off, log_tail=None if ok else server.log_tail(),
         started_at=started,

@@ -51,6 +51,10 @@ class RunRecord:
     # the server's mean wall ms inside a step of each kind over the run (resident's /metrics)
     step_ms: dict[str, float] = field(default_factory=dict)
     sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
+    # CPU seconds over the run of the launched server process (a resident arm's API process)
+    # and of its descendants (the engine core); None: n/a (no /proc)
+    api_cpu_s: float | None = None
+    core_cpu_s: float | None = None
     gpu: GpuSample | None = None
     server_tracebacks: int = 0  # in the arm's server log so far
     recompile_limit_lines: int = 0

@@ -55,6 +55,8 @@ SUMMARY_MEDIANS = ("duration", "request_throughput", "output_throughput",
 # a run whose median TTFT is more than this share of its wall time is mostly its start burst
 # and drain (every request starts at once): its tok/s moves with them
 BURST_SHARE = 0.1
+# an API process busy this share of a core or more is at its one event loop's limit
+API_BOUND_SHARE = 0.9
 # and those it sums over every run of the cell
 SUMMARY_SUMS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
 
@@ -76,6 +78,17 @@ def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
         "output_throughput_max": num(tok.max() if len(tok) else None, 3),
         **{name: _total(runs[name]) for name in SUMMARY_SUMS},
     }
+
+
+def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
+    """Medians over the ok runs: the launched server process's CPU (a resident arm's API
+    process, one event loop) as a share of one core and in µs an output token, and its
+    descendants' (the engine core's) in cores. None where no run recorded it."""
+    ok = runs[runs["ok"]]
+    api, core, duration = ok["api_cpu_s"], ok["core_cpu_s"], ok["duration"]
+    return {"api_cpu_share": num(median(api / duration), 3),
+            "api_cpu_us_per_token": num(median(api / ok["total_output_tokens"] * 1e6), 1),
+            "core_cpu_share": num(median(core / duration), 3)}
 
 
 def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
@@ -104,7 +117,8 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     tok/s's range over those runs; completed and failed requests and the token totals are sums
     over every run. `vs_baseline` is the medians' ratio - 1 against the baseline (None for the
     baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
-    one server log held, and whether the arm asked for the planner and did not get it.
+    one server log held, and whether the arm asked for the planner and did not get it; the
+    server's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token, core_cpu_share).
     """
     baseline = manifest.get("baseline")
     flagged = stats.planner_off_arms(frame, manifest)
@@ -118,7 +132,7 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
             arm_median = median(runs.loc[runs["ok"], stats.THROUGHPUT])
             is_base = arm == baseline
             rows.append({
-                "cell": cell, "arm": arm, **_arm_cell_numbers(runs),
+                "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
                 "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
@@ -249,19 +263,24 @@ LATENCY_COLUMNS = (
 
 def summary_tables(rows: list[dict[str, Any]], baseline: str,
                    flagged: set[str]) -> list[TableSpec]:
-    """The summary's two tables, as summary.md and the stdout table render them: throughput
-    with the verdicts, and latencies (ms)."""
+    """The summary's tables, as summary.md and the stdout table render them: throughput with
+    the verdicts, latencies (ms), and the server's CPU."""
     throughput = [[row["cell"], label(row["arm"], flagged), _tok_range(row),
                    fmt(row["request_throughput"], 2), *_verdict_text(row, baseline)]
                   for row in rows]
     latency = [[row["cell"], label(row["arm"], flagged),
                 *(fmt_slashed(*(row[field] for field in fields))
                   for _, fields in LATENCY_COLUMNS)] for row in rows]
+    cpu = [[row["cell"], label(row["arm"], flagged), fmt(row["api_cpu_share"], 2),
+            fmt(row["api_cpu_us_per_token"], 1), fmt(row["core_cpu_share"], 2)]
+           for row in rows]
     return [
         TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
                                  f"vs {baseline}", "verdict"], throughput, "llrrrl"),
         TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
                   latency, "ll" + "r" * len(LATENCY_COLUMNS)),
+        TableSpec("Server CPU", ["cell", "arm", "API process (cores)", "API µs a token",
+                                 "engine core (cores)"], cpu, "llrrr"),
     ]
 
 
@@ -308,6 +327,14 @@ def short_run_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def api_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell and arm whose API process was near one full core over its runs."""
+    return [f"- {row['cell']} {row['arm']}: the API process was busy {row['api_cpu_share']:.2f} "
+            "of a core over the runs: its one event loop, not the engine, may set this cell's "
+            "pace." for row in rows
+            if row["api_cpu_share"] is not None and row["api_cpu_share"] >= API_BOUND_SHARE]
+
+
 def summary_flagged(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> set[str]:
     """Arms flagged planner-off in the manifest or in any summary row."""
     return stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
@@ -329,13 +356,17 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
              "its time per output token after the first, ITL every gap between its tokens, "
              "E2EL the request's whole time. summary.json holds these rows under vLLM's names "
              f"(`vllm bench serve --save-result`). vs {baseline}: the tok/s medians' ratio. "
-             "Verdicts are paired by round (paired.md)."]
+             "Verdicts are paired by round (paired.md). Server CPU: CPU time over a run (from "
+             "/proc) of the process the gate launched (a resident arm's API process, whose "
+             "event loop is one thread: near 1.00 it is the limit) and of its descendants (the "
+             "engine core), over the run's wall time."]
     if rows:
         parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
                   for table in summary_tables(rows, baseline, flagged)]
     else:
         parts.append("No runs.")
-    parts.append("\n".join(_health_lines(rows, arms, flagged) + short_run_lines(rows)))
+    parts.append("\n".join(_health_lines(rows, arms, flagged) + short_run_lines(rows)
+                           + api_bound_lines(rows)))
     return "\n\n".join(parts) + "\n"
 
 

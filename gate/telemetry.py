@@ -4,6 +4,9 @@
   temperature) and returns medians; without NVML (no GPU, no driver, no pynvml) it is a no-op.
 - `SiblingBusy` counts how many CPUs outside the server and client masks were busy over a run
   (from /proc/stat): other work on the host that could have disturbed the measurement.
+- `ProcessCpu` reads the CPU time of a server's launched process (a resident arm's API
+  process) and of its descendants (the engine core) over a run, from /proc/<pid>/stat: which
+  side of the server the host time went to, and whether the API's one event loop was full.
 - `scan_log` counts tracebacks and recompile-limit lines in a server log.
 - `gather_versions` and `host_info` describe the software and the host for the manifest.
 """
@@ -95,6 +98,58 @@ class SiblingBusy:
             d_total = after[cpu][1] - before[cpu][1]
             busy += d_busy / d_total if d_total > 0 else 0.0
         return round(busy, 2)
+
+
+class ProcessCpu:
+    """CPU seconds (user + system, every thread) of one process and of its descendants over an
+    interval (`start` .. `stop`). Descendants are found at each snapshot through the parent pids
+    in /proc; one that exits between the snapshots is not counted. Without /proc (not Linux),
+    or once the process is gone, `stop` gives (None, None)."""
+
+    def __init__(self, pid: int, proc: Path = Path("/proc")) -> None:
+        self.pid, self.proc = pid, proc
+        self._before: dict[int, float] | None = None
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def _stat(self, pid: int) -> tuple[int, float] | None:
+        """(parent pid, CPU seconds) of a pid, or None when it cannot be read."""
+        try:
+            fields = (self.proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / self._tick
+
+    def _snapshot(self) -> dict[int, float] | None:
+        """CPU seconds of the process and of each descendant, by pid."""
+        own = self._stat(self.pid)
+        if own is None:
+            return None
+        stats = {}
+        for entry in self.proc.iterdir():
+            if entry.name.isdigit() and (stat := self._stat(int(entry.name))) is not None:
+                stats[int(entry.name)] = stat
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _) in stats.items():
+            children.setdefault(parent, []).append(pid)
+        tree, todo = {self.pid: own[1]}, list(children.get(self.pid, ()))
+        while todo:
+            pid = todo.pop()
+            tree[pid] = stats[pid][1]
+            todo += children.get(pid, ())
+        return tree
+
+    def start(self) -> None:
+        self._before = self._snapshot()
+
+    def stop(self) -> tuple[float | None, float | None]:
+        """(the process's CPU seconds, its descendants' together) since `start`."""
+        before, self._before = self._before, None
+        after = self._snapshot()
+        if before is None or after is None:
+            return None, None
+        descendants = sum(seconds - before.get(pid, 0.0)
+                          for pid, seconds in after.items() if pid != self.pid)
+        return round(after[self.pid] - before[self.pid], 3), round(descendants, 3)
 
 
 def _median(values: list[float]) -> float | None:

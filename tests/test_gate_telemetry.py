@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,6 +14,7 @@ from types import SimpleNamespace
 from gate.records import GpuSample
 from gate.telemetry import (
     GpuSampler,
+    ProcessCpu,
     SiblingBusy,
     gather_versions,
     host_info,
@@ -204,3 +208,35 @@ def test_host_info_describes_this_machine():
     assert info["allowed_cpus"]
     assert info["memory_gib"] > 0
     assert set(info) == {"hostname", "cpu_model", "logical_cpus", "allowed_cpus", "memory_gib"}
+
+
+
+SPIN_S = 0.6  # CPU seconds the child spends, however busy the host
+_CHILD = (f"import time\nend = time.process_time() + {SPIN_S}\n"
+          f"while time.process_time() < end: pass\ntime.sleep(30)")
+_PARENT = (f"import subprocess, sys, time; time.sleep(0.2); "
+           f"subprocess.Popen([sys.executable, '-c', {_CHILD!r}]); time.sleep(30)")
+
+
+def test_process_cpu_counts_a_descendant_apart_from_the_process():
+    """A parent that only sleeps, and its child that spins: the child's CPU is the
+    descendants', not the parent's."""
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], start_new_session=True)
+    try:
+        cpu = ProcessCpu(parent.pid)
+        cpu.start()
+        time.sleep(0.5 + 2 * SPIN_S + 0.5)  # the child starts, spins, then sleeps
+        own, descendants = cpu.stop()
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert own is not None and own < 0.3
+    assert SPIN_S <= descendants < SPIN_S + 0.5
+
+
+def test_process_cpu_of_a_process_that_is_gone_is_none():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    cpu = ProcessCpu(process.pid)
+    cpu.start()
+    assert cpu.stop() == (None, None)
