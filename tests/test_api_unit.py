@@ -12,13 +12,18 @@ from collections.abc import AsyncIterator
 import pytest
 import tokenizers
 from aiohttp.test_utils import TestClient, TestServer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from resident.config import EngineConfig
 from resident.engine.types import SamplingParams
 from resident.server.api import create_app
 from resident.server.client import EngineClient
-from resident.server.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from resident.server.tokenizer import (
+    DELTA_CONTEXT,
+    ByteTokenizer,
+    HFTokenizer,
+    load_tokenizer,
+)
 from resident.server.validation import ApiError, parse_completion_request
 
 VOCAB = 512
@@ -206,13 +211,53 @@ _AWKWARD_IDS = [0x41, 0x80, 0xBF, 0xC2, 0xE0, 0xE4, 0xB8, 0xAD, 0xF0, 0x9F, 0x98
 
 
 def test_decode_delta_concatenates_to_decode_for_any_ids(tmp_path):
+    """Sequences past the HF tokenizer's DELTA_CONTEXT, so its windows start inside
+    characters, after runs of incomplete bytes longer than the window, and on text."""
     rng = random.Random(0)
     tokenizers_ = [BYTES, HFTokenizer(_byte_level_tokenizer(tmp_path), VOCAB)]
     for _ in range(500):
-        ids = [rng.choice(_AWKWARD_IDS) for _ in range(rng.randint(1, 12))]
+        ids = [rng.choice(_AWKWARD_IDS) for _ in range(rng.randint(1, 40))]
         for tokenizer in tokenizers_:
             ids = [i % 256 for i in ids] if tokenizer is not BYTES else ids
             assert "".join(_stream_text(tokenizer, ids)) == tokenizer.decode(ids), ids
+
+
+def test_decode_delta_of_a_metaspace_tokenizer_concatenates_to_decode(tmp_path):
+    """A sentencepiece-style tokenizer drops a window's leading space when it decodes it alone;
+    both windows of a delta start alike, so the stream keeps its spaces."""
+    tokenizer = tokenizers.Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.train_from_iterator(["abc def ghi jab cde fgh " * 50], trainers.BpeTrainer(
+        vocab_size=64, special_tokens=["<unk>"], initial_alphabet=list("abcdefghij")))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    metaspace = HFTokenizer(str(tmp_path / "tokenizer.json"), VOCAB)
+    rng = random.Random(1)
+    for _ in range(200):
+        text = " ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randint(1, 6)))
+                        for _ in range(rng.randint(1, 15)))
+        ids = metaspace.encode(text)
+        assert "".join(_stream_text(metaspace, ids)) == metaspace.decode(ids) == text
+
+
+class _CountingTokenizer(HFTokenizer):
+    """Records how many ids each decode call was given."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, VOCAB)
+        self.decoded: list[int] = []
+
+    def decode(self, ids: list[int]) -> str:
+        self.decoded.append(len(ids))
+        return super().decode(ids)
+
+
+def test_decode_delta_decodes_a_window_not_the_whole_stream(tmp_path):
+    tokenizer = _CountingTokenizer(_byte_level_tokenizer(tmp_path))
+    ids = tokenizer.encode("streamed text, one token at a time: 中文 🙂 " * 20)
+    assert "".join(_stream_text(tokenizer, ids)) == tokenizer.decode(ids)
+    # two decodes a token, each of at most the context and the new id
+    assert max(tokenizer.decoded[:-1]) <= DELTA_CONTEXT + 1 < len(ids)
 
 
 def _byte_level_tokenizer(directory) -> str:

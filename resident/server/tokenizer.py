@@ -6,7 +6,8 @@ token id b is the byte b, so any text round-trips through ids 0-255, and the ids
 samples above 255 are shown as `<|id|>`.
 
 Streaming decodes incrementally with `decode_delta`, which is stateless: the caller passes every
-generated id so far and how many of them it has already turned into text.
+generated id so far and how many of them it has already turned into text; each call decodes
+only the new ids and a few before them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import tokenizers
 log = logging.getLogger("resident.api")
 
 _REPLACEMENT = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
+# ids decoded before a stream's new ones: more than a character's bytes (4) or a word's pieces
+DELTA_CONTEXT = 8
 
 
 class Tokenizer(Protocol):
@@ -117,9 +120,18 @@ class HFTokenizer:
 
     def decode_delta(self, all_ids: list[int], num_previous: int, final: bool = False) -> str:
         """The text that `all_ids[num_previous:]` adds. Until `final`, a trailing U+FFFD (maybe
-        a character still incomplete) is held back and comes with a later delta. Decodes all
-        ids each time: tokenizers need not decode a suffix the same on its own."""
-        # Emitted text is the stable part of the previous prefix; it is a prefix of the stable
-        # part of any longer sequence, so the deltas concatenate to decode(all_ids).
-        previous = _stable_text(self.decode(all_ids[:num_previous]), final=False)
-        return _stable_text(self.decode(all_ids), final)[len(previous):]
+        a character still incomplete) is held back and comes with a later delta.
+
+        Costs O(new ids + DELTA_CONTEXT), not O(all ids): it decodes the new ids with the
+        DELTA_CONTEXT ids before them, twice from the same start (without and with the new
+        ids), as vLLM's incremental detokenizer does, since a tokenizer need not decode a
+        suffix the same on its own (a leading space dropped, a character split) but decodes
+        both windows' common start alike. The emitted text is the stable part of the previous
+        window, so the deltas concatenate to decode(all_ids). A window whose text is all held
+        back (a run of incomplete bytes or skipped tokens longer than the context) falls back
+        to decoding from the first id."""
+        start = max(0, num_previous - DELTA_CONTEXT)
+        previous = _stable_text(self.decode(all_ids[start:num_previous]), final=False)
+        if start and not previous:
+            start, previous = 0, _stable_text(self.decode(all_ids[:num_previous]), final=False)
+        return _stable_text(self.decode(all_ids[start:]), final)[len(previous):]
