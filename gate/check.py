@@ -109,6 +109,7 @@ class CheckSession(Session):
             self.console.log(f"[red]{arm.name} under {launch.name}: {err}[/red]")
         finally:
             server.stop()
+            self._record_server(0, arm, server, launch.name)
         for load in launch.loads:  # a server that failed answered nothing
             answers = self.answers.setdefault(load.name, {})
             answers.setdefault(arm.name, [Answer(False, error=f"server: {record['error']}")]

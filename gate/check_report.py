@@ -12,6 +12,7 @@ from typing import Any
 from gate.check_judge import margin
 from gate.check_load import Answer
 from gate.markdown import TableSpec, page_title
+from gate.timing import time_line
 
 CHECK_JSON, CHECK_MD, ANSWERS_JSONL = "check.json", "check.md", "answers.jsonl"
 TOKEN_SWEEPS = ("greedy", "concurrency", "kv-pressure")
@@ -139,7 +140,7 @@ def check_md(report: dict[str, Any], manifest: dict[str, Any]) -> str:
     return "\n\n".join([
         page_title(manifest, "check"), _intro(report, manifest),
         f"**Verdict: {report['verdict']}** (exit code {exit_code}; the check took "
-        f"{report['wall_s']:.0f} s)",
+        f"{report['wall_s']:.0f} s)", time_line(manifest),
         "## The rule", report["rule"],
         *(table.md() for table in check_tables(report))]) + "\n"
 

@@ -231,10 +231,11 @@ class Session:
             server.stop()
             self._record_server(round_index, arm, server)
 
-    def _record_server(self, round_index: int, arm: Arm, server: Server) -> None:
+    def _record_server(self, round_index: int, arm: Arm, server: Server,
+                       launch: str | None = None) -> None:
         timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
         timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
-                                              server.stop_s, server.startup))
+                                              server.stop_s, server.startup, launch))
         self._save_manifest()
 
     def _save_manifest(self) -> None:

@@ -15,9 +15,12 @@ from typing import Any
 
 
 def server_entry(round_index: int, arm: str, health_s: float | None, stop_s: float | None,
-                 startup: dict[str, float] | None = None) -> dict[str, Any]:
-    return {"round": round_index, "arm": arm, "health_s": health_s, "stop_s": stop_s,
-            "startup": startup}
+                 startup: dict[str, float] | None = None,
+                 launch: str | None = None) -> dict[str, Any]:
+    """A server's times; `launch` names a check's launch (its servers have no rounds)."""
+    entry = {"round": round_index, "arm": arm, "health_s": health_s, "stop_s": stop_s,
+             "startup": startup}
+    return entry | ({"launch": launch} if launch else {})
 
 
 def time_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:

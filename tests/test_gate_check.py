@@ -287,11 +287,16 @@ def test_the_cpu_check_writes_its_tables_manifest_answers_and_logs(cpu_check):
     lines = (out / ANSWERS_JSONL).read_text().splitlines()
     assert len(lines) == 32 * (3 + 3 + 3 + 2)  # greedy, concurrency, kv-pressure, slot-pressure
     assert all(json.loads(line)["ok"] for line in lines)
+    launched = [*((a, "plain") for a in ("main", "main-aa", "head")),
+                *((a, "kv-pressure") for a in ("main", "main-aa", "head")),
+                ("main", "slot-pressure"), ("head", "slot-pressure")]
     logs = sorted(path.name for path in (out / "logs").iterdir())
-    assert logs == sorted(f"{arm}-{launch}.log" for arm, launch in [
-        *((a, "plain") for a in ("main", "main-aa", "head")),
-        *((a, "kv-pressure") for a in ("main", "main-aa", "head")),
-        ("main", "slot-pressure"), ("head", "slot-pressure")])
+    assert logs == sorted(f"{arm}-{launch}.log" for arm, launch in launched)
+    # each server's start-up is timed, named by its launch, and check.md says the total
+    servers = manifest["timing"]["servers"]
+    assert sorted((s["arm"], s["launch"]) for s in servers) == sorted(launched)
+    assert all(s["health_s"] > 0 and s["startup"]["total"] > 0 for s in servers)
+    assert "over 8 server starts" in text
 
 
 # The resident planner's advance on the device (the torch reference the CPU runs) moves the
