@@ -51,7 +51,9 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
     siblings.start()
     server_cpu.start()
     gpu.start()
+    client_started = time.process_time()
     result: RunResult = await run_load(server.url, spec)
+    client_cpu_s = round(time.process_time() - client_started, 3)
     gpu_sample, busy, (api_cpu_s, core_cpu_s) = gpu.stop(), siblings.stop(), server_cpu.stop()
     steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
     tracebacks, recompiles = scan_log(server.log_path)
@@ -62,7 +64,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         concurrency=spec.concurrency, run=place.run, ok=ok,
         error=None if ok else "; ".join(result.errors) or "server died",
         metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
-        api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s,
+        api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=client_cpu_s,
         gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
         planner_off=planner_off, log_tail=None if ok else server.log_tail(),
         started_at=started,

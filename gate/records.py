@@ -55,6 +55,8 @@ class RunRecord:
     # and of its descendants (the engine core); None: n/a (no /proc)
     api_cpu_s: float | None = None
     core_cpu_s: float | None = None
+    # CPU seconds of the gate's own process over the run: the load's client (one event loop)
+    client_cpu_s: float | None = None
     gpu: GpuSample | None = None
     server_tracebacks: int = 0  # in the arm's server log so far
     recompile_limit_lines: int = 0

@@ -55,8 +55,8 @@ SUMMARY_MEDIANS = ("duration", "request_throughput", "output_throughput",
 # a run whose median TTFT is more than this share of its wall time is mostly its start burst
 # and drain (every request starts at once): its tok/s moves with them
 BURST_SHARE = 0.1
-# an API process busy this share of a core or more is at its one event loop's limit
-API_BOUND_SHARE = 0.9
+# an API process or a client busy this share of a core or more is at its event loop's limit
+CPU_BOUND_SHARE = 0.9
 # and those it sums over every run of the cell
 SUMMARY_SUMS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
 
@@ -82,13 +82,15 @@ def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
 
 def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
     """Medians over the ok runs: the launched server process's CPU (a resident arm's API
-    process, one event loop) as a share of one core and in µs an output token, and its
-    descendants' (the engine core's) in cores. None where no run recorded it."""
+    process, one event loop) as a share of one core and in µs an output token, its
+    descendants' (the engine core's) in cores, and the gate's own (the load's client, one
+    event loop) in cores. None where no run recorded it."""
     ok = runs[runs["ok"]]
-    api, core, duration = ok["api_cpu_s"], ok["core_cpu_s"], ok["duration"]
+    api, duration = ok["api_cpu_s"], ok["duration"]
     return {"api_cpu_share": num(median(api / duration), 3),
             "api_cpu_us_per_token": num(median(api / ok["total_output_tokens"] * 1e6), 1),
-            "core_cpu_share": num(median(core / duration), 3)}
+            "core_cpu_share": num(median(ok["core_cpu_s"] / duration), 3),
+            "client_cpu_share": num(median(ok["client_cpu_s"] / duration), 3)}
 
 
 def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
@@ -118,7 +120,8 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     over every run. `vs_baseline` is the medians' ratio - 1 against the baseline (None for the
     baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
     one server log held, and whether the arm asked for the planner and did not get it; the
-    server's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token, core_cpu_share).
+    server's and the client's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token,
+    core_cpu_share, client_cpu_share).
     """
     baseline = manifest.get("baseline")
     flagged = stats.planner_off_arms(frame, manifest)
@@ -272,15 +275,16 @@ def summary_tables(rows: list[dict[str, Any]], baseline: str,
                 *(fmt_slashed(*(row[field] for field in fields))
                   for _, fields in LATENCY_COLUMNS)] for row in rows]
     cpu = [[row["cell"], label(row["arm"], flagged), fmt(row["api_cpu_share"], 2),
-            fmt(row["api_cpu_us_per_token"], 1), fmt(row["core_cpu_share"], 2)]
-           for row in rows]
+            fmt(row["api_cpu_us_per_token"], 1), fmt(row["core_cpu_share"], 2),
+            fmt(row["client_cpu_share"], 2)] for row in rows]
     return [
         TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
                                  f"vs {baseline}", "verdict"], throughput, "llrrrl"),
         TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
                   latency, "ll" + "r" * len(LATENCY_COLUMNS)),
         TableSpec("Server CPU", ["cell", "arm", "API process (cores)", "API µs a token",
-                                 "engine core (cores)"], cpu, "llrrr"),
+                                 "engine core (cores)", "gate's client (cores)"], cpu,
+                  "llrrrr"),
     ]
 
 
@@ -327,12 +331,18 @@ def short_run_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def api_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """A line per cell and arm whose API process was near one full core over its runs."""
-    return [f"- {row['cell']} {row['arm']}: the API process was busy {row['api_cpu_share']:.2f} "
-            "of a core over the runs: its one event loop, not the engine, may set this cell's "
-            "pace." for row in rows
-            if row["api_cpu_share"] is not None and row["api_cpu_share"] >= API_BOUND_SHARE]
+def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell and arm whose API process or the gate's client was near one full core
+    over its runs: one event loop each, so that one, not the engine, may set the pace."""
+    lines = []
+    for row in rows:
+        for field, who in (("api_cpu_share", "the API process"),
+                           ("client_cpu_share", "the gate's client")):
+            if row[field] is not None and row[field] >= CPU_BOUND_SHARE:
+                lines.append(f"- {row['cell']} {row['arm']}: {who} was busy {row[field]:.2f} "
+                             "of a core over the runs: its one event loop, not the engine, may "
+                             "set this cell's pace.")
+    return lines
 
 
 def summary_flagged(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> set[str]:
@@ -358,15 +368,16 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
              f"(`vllm bench serve --save-result`). vs {baseline}: the tok/s medians' ratio. "
              "Verdicts are paired by round (paired.md). Server CPU: CPU time over a run (from "
              "/proc) of the process the gate launched (a resident arm's API process, whose "
-             "event loop is one thread: near 1.00 it is the limit) and of its descendants (the "
-             "engine core), over the run's wall time."]
+             "event loop is one thread: near 1.00 it is the limit), of its descendants (the "
+             "engine core) and of the gate itself (the load's client, also one event loop), "
+             "over the run's wall time."]
     if rows:
         parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
                   for table in summary_tables(rows, baseline, flagged)]
     else:
         parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged) + short_run_lines(rows)
-                           + api_bound_lines(rows)))
+                           + cpu_bound_lines(rows)))
     return "\n\n".join(parts) + "\n"
 
 

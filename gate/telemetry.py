@@ -102,9 +102,10 @@ class SiblingBusy:
 
 class ProcessCpu:
     """CPU seconds (user + system, every thread) of one process and of its descendants over an
-    interval (`start` .. `stop`). Descendants are found at each snapshot through the parent pids
-    in /proc; one that exits between the snapshots is not counted. Without /proc (not Linux),
-    or once the process is gone, `stop` gives (None, None)."""
+    interval (`start` .. `stop`), in the kernel's clock ticks (10 ms: a run of a second reads
+    to about 1%). Descendants are found at each snapshot through the parent pids in /proc; one
+    that exits between the snapshots is not counted. Without /proc (not Linux), or once the
+    process is gone, `stop` gives (None, None)."""
 
     def __init__(self, pid: int, proc: Path = Path("/proc")) -> None:
         self.pid, self.proc = pid, proc

@@ -132,10 +132,12 @@ def test_a_session_writes_everything(session):
     assert timing["wall_s"] > max(timing["startup_s"], span + servers[0]["health_s"])
     assert timing["startup_s"] == pytest.approx(sum(s["health_s"] for s in servers), abs=1e-3)
     assert "Time: the session took" in (out / "summary.md").read_text()
-    # the server's CPU over each run: the engine core (a descendant) decodes on the CPU here
-    # and the API process streams every token, so both used some
-    assert all(r.api_cpu_s > 0 and r.core_cpu_s > 0 for r in runs)
-    assert all(row["api_cpu_us_per_token"] > 0 and row["core_cpu_share"] > 0
+    # the CPU over each run: the engine core (a descendant) decodes on the CPU here, the API
+    # process streams every token and the gate's client reads them, so each used some
+    # (/proc counts server CPU in 10 ms ticks: a 0.1 s run's API process may read 0)
+    assert all(r.api_cpu_s >= 0 and r.core_cpu_s > 0 and r.client_cpu_s > 0 for r in runs)
+    assert sum(r.api_cpu_s for r in runs) > 0
+    assert all(row["core_cpu_share"] > 0 and row["client_cpu_share"] > 0
                for row in summary["cells"])
     assert "## Server CPU" in (out / "summary.md").read_text()
     assert not servers_left(result)
