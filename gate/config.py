@@ -16,6 +16,8 @@ import yaml
 
 from gate.rule import MIN_EFFECT, Design
 
+SLOTS_PER_CLIENT = 16
+
 
 @dataclass(frozen=True)
 class GateConfig:
@@ -33,6 +35,7 @@ class GateConfig:
     runs: int = 2
     requests: int = 0  # 0: max(8, requests_per_slot x concurrency) per run
     requests_per_slot: int = 4
+    clients: int = 0  # load client processes a run; 0: clients_for's rule
     aa: bool = False
     seed: int = 0
     name: str = "gate"
@@ -59,6 +62,8 @@ class GateConfig:
             raise ValueError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
         if self.requests < 0:
             raise ValueError(f"--requests must be >= 0, got {self.requests}")
+        if self.clients < 0:
+            raise ValueError(f"--clients must be >= 0, got {self.clients}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"--concurrency must be positive ints, got {self.concurrency}")
         if self.device not in ("cpu", "cuda"):
@@ -82,6 +87,12 @@ class GateConfig:
 
     def requests_for(self, concurrency: int) -> int:
         return self.requests or max(8, self.requests_per_slot * concurrency)
+
+    def clients_for(self, concurrency: int, num_client_cpus: int) -> int:
+        """Load client processes at `concurrency`: --clients, or one per SLOTS_PER_CLIENT
+        slots, at most one per client CPU (a Python client streams ~15k tokens a second on
+        one core of a 2-core host)."""
+        return self.clients or max(1, min(num_client_cpus, concurrency // SLOTS_PER_CLIENT))
 
     def out_dir(self) -> Path:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -11,7 +11,10 @@ ITL and E2EL as ServeMetrics says. Failed requests are counted and kept out of t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import multiprocessing
+import queue
 import random
 import time
 from dataclasses import dataclass, field
@@ -32,9 +35,11 @@ class LoadSpec:
     model: str | None = None
     api_key: str | None = None
     timeout_s: float = 3600.0
+    num_clients: int = 1  # processes the measured requests' slots are split over
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size"):
+        for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size",
+                     "num_clients"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_warmup < 0:
@@ -52,6 +57,7 @@ class RequestResult:
 
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+BARRIER_TIMEOUT_S = 120.0  # client processes wait this long for each other to be ready
 PERCENTILES = (90, 99)
 
 
@@ -209,14 +215,91 @@ async def warm_up(url: str, spec: LoadSpec) -> None:
 
 
 async def run_load(url: str, spec: LoadSpec) -> RunResult:
-    """Warm-up, then the measured requests at `spec.concurrency`."""
+    """Warm-up, then the measured requests at `spec.concurrency`: from this process, or with
+    `spec.num_clients` > 1 from that many processes, each driving its share of the slots.
+
+    One Python client parses every streamed event on one core (~65 µs a token on a 2-core
+    host), so at tens of thousands of tokens a second a single client, not the server, would
+    set the pace; the processes start together (a barrier) and the run's wall time spans the
+    first start to the last finish."""
+    prompts = make_prompts(spec, spec.num_requests, 2)
     async with _client(spec) as session:
         if spec.num_warmup:
             await _warm(session, url, spec)
-        start = time.perf_counter()
-        results = await _drive(session, url, spec, make_prompts(spec, spec.num_requests, 2))
-        wall = time.perf_counter() - start
+        if spec.num_clients == 1:
+            start = time.perf_counter()
+            results = await _drive(session, url, spec, prompts)
+            wall = time.perf_counter() - start
+    if spec.num_clients > 1:
+        results, wall = await asyncio.to_thread(_drive_in_processes, url, spec, prompts)
     return summarize(spec, results, wall)
+
+
+def client_shares(spec: LoadSpec, prompts: list[list[int]]) -> list[tuple[int, list]]:
+    """(slots, prompts) of each client process: slots split as evenly as they go, and prompt
+    j to the process of slot j mod concurrency, so each process's queue lasts as long."""
+    num = min(spec.num_clients, spec.concurrency)
+    return [(spec.concurrency // num + (i < spec.concurrency % num),
+             [p for j, p in enumerate(prompts) if (j % spec.concurrency) % num == i])
+            for i in range(num)]
+
+
+def _drive_in_processes(url: str, spec: LoadSpec,
+                        prompts: list[list[int]]) -> tuple[list[RequestResult], float]:
+    context = multiprocessing.get_context("spawn")
+    shares = client_shares(spec, prompts)
+    barrier, answers = context.Barrier(len(shares)), context.Queue()
+    processes = [context.Process(target=_client_process, daemon=True,
+                                 args=(url, dataclasses.replace(spec, concurrency=slots),
+                                       share, barrier, answers))
+                 for slots, share in shares]
+    for process in processes:
+        process.start()
+    try:
+        spans = _answers(answers, processes, spec.timeout_s)
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    results = [result for _, _, share in spans for result in share]
+    missing = sum(len(share) for _, share in shares) - len(results)
+    results += [RequestResult(False, error="a client process died")] * missing
+    if not spans:
+        return results, 0.0
+    return results, max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+
+
+def _answers(answers, processes, timeout_s: float) -> list[tuple]:
+    """Each process's answer; stops early once every process has exited (one that died
+    without answering is missing from the list)."""
+    spans, deadline = [], time.monotonic() + timeout_s
+    while len(spans) < len(processes) and time.monotonic() < deadline:
+        try:
+            spans.append(answers.get(timeout=1.0))
+        except queue.Empty:
+            if not any(process.is_alive() for process in processes) and answers.empty():
+                break
+    return spans
+
+
+def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier,
+                    answers) -> None:
+    """One client process: its slots' requests; answers (start, end, results), with start
+    and end on the system-wide monotonic clock."""
+    async def drive() -> tuple[float, float, list[RequestResult]]:
+        async with _client(spec) as session:
+            barrier.wait(timeout=BARRIER_TIMEOUT_S)
+            start = time.monotonic()
+            results = await _drive(session, url, spec, prompts)
+            return start, time.monotonic(), results
+
+    try:
+        answers.put(asyncio.run(drive()))
+    except Exception as err:  # noqa: BLE001 - the parent must hear of it, not wait out its timeout
+        barrier.abort()  # the others stop waiting for this one
+        answers.put((time.monotonic(), time.monotonic(),
+                     [RequestResult(False, error=f"client process: {err!r}")] * len(prompts)))
 
 
 def _tpot_s(result: RequestResult) -> float | None:

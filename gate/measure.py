@@ -18,12 +18,13 @@ from gate.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
 
 
 async def warmed_load(server: Server, config: GateConfig, concurrency: int, vocab: int,
-                      round_index: int) -> LoadSpec:
+                      round_index: int, num_client_cpus: int) -> LoadSpec:
     """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
     spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
                     prompt_len=config.prompt_len, output_len=config.output_len,
                     vocab_size=vocab, seed=config.seed * 1000 + round_index,
-                    num_warmup=concurrency)
+                    num_warmup=concurrency,
+                    num_clients=config.clients_for(concurrency, num_client_cpus))
     await warm_up(server.url, spec)
     return dataclasses.replace(spec, num_warmup=0)
 
@@ -65,6 +66,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         error=None if ok else "; ".join(result.errors) or "server died",
         metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
         api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=client_cpu_s,
+        num_clients=spec.num_clients,
         gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
         planner_off=planner_off, log_tail=None if ok else server.log_tail(),
         started_at=started,

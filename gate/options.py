@@ -89,6 +89,10 @@ RequestsOpt = Annotated[int | None, typer.Option(
 RequestsPerSlotOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Requests per run per unit of concurrency, when --requests is not "
     "given." + config_default("requests_per_slot"), rich_help_panel=CELLS)]
+ClientsOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Load client processes a run, each driving its share of the slots; 0: "
+    "one per 16 slots, at most one per client CPU." + config_default("clients"),
+    rich_help_panel=CELLS)]
 SeedOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Prompt seed base." + config_default("seed"), rich_help_panel=CELLS)]
 

@@ -53,7 +53,8 @@ class PhasesSession(Session):
 
     async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
                     concurrency: int, vocab: int, planner_off: bool) -> int:
-        spec = await warmed_load(server, self.config, concurrency, vocab, round_index)
+        spec = await warmed_load(server, self.config, concurrency, vocab, round_index,
+                                 len(self.placement.client_cpus))
         if await server.post_json("/debug/phases/reset") is None:
             raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
                                f"server with /debug/phases?)", server.log_tail())

@@ -55,8 +55,10 @@ class RunRecord:
     # and of its descendants (the engine core); None: n/a (no /proc)
     api_cpu_s: float | None = None
     core_cpu_s: float | None = None
-    # CPU seconds of the gate's own process over the run: the load's client (one event loop)
+    # CPU seconds of the gate's own process over the run: the load's client (one event loop),
+    # or the parent of `num_clients` client processes (their CPU is not counted)
     client_cpu_s: float | None = None
+    num_clients: int = 1
     gpu: GpuSample | None = None
     server_tracebacks: int = 0  # in the arm's server log so far
     recompile_limit_lines: int = 0

@@ -265,7 +265,8 @@ class Session:
                     concurrency: int, vocab: int, planner_off: bool) -> int:
         # warmed before the first run's counters are read, so its server step times and GPU
         # samples cover its own requests only
-        spec = await warmed_load(server, self.config, concurrency, vocab, round_index)
+        spec = await warmed_load(server, self.config, concurrency, vocab, round_index,
+                                 len(self.placement.client_cpus))
         failed = 0
         for run in range(1, self.config.runs + 1):
             if not server.alive():

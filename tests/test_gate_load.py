@@ -6,7 +6,14 @@ import dataclasses
 
 import pytest
 
-from gate.load import LoadSpec, RequestResult, make_prompts, run_load, summarize
+from gate.load import (
+    LoadSpec,
+    RequestResult,
+    client_shares,
+    make_prompts,
+    run_load,
+    summarize,
+)
 
 from server_fixture import Server, run
 
@@ -34,6 +41,40 @@ def test_a_run_streams_every_token(server):
         assert getattr(metrics, f"mean_{name}_ms") > 0 and getattr(metrics, f"std_{name}_ms") >= 0
     # a request's whole time holds its first token and every gap after it
     assert metrics.median_e2el_ms > metrics.median_ttft_ms
+
+
+def test_client_processes_stream_every_token_and_one_wall_time(server):
+    """Three client processes share 7 slots: every request of every process is counted, once,
+    and the run's wall time spans them all."""
+    spec = LoadSpec(concurrency=7, num_requests=21, prompt_len=16, output_len=6, num_warmup=3,
+                    seed=5, num_clients=3)
+    result = run(run_load(server.url, spec))
+    metrics = result.metrics
+    assert (metrics.completed, metrics.failed, metrics.max_concurrency) == (21, 0, 7)
+    assert metrics.total_output_tokens == 21 * 6 and result.errors == ()
+    # every request's whole time fits in the run's
+    assert 0 < metrics.p99_e2el_ms <= metrics.duration * 1000
+    assert metrics.output_throughput == pytest.approx(21 * 6 / metrics.duration, rel=1e-3)
+
+
+def test_client_processes_that_cannot_connect_fail_their_requests():
+    spec = LoadSpec(concurrency=4, num_requests=6, prompt_len=8, output_len=4, num_clients=2,
+                    timeout_s=30)
+    result = run(run_load("http://127.0.0.1:9", spec))  # nothing listens on port 9
+    assert (result.metrics.completed, result.metrics.failed) == (0, 6)
+    assert result.errors
+
+
+def test_client_shares_split_slots_and_prompts_evenly():
+    spec = LoadSpec(concurrency=7, num_requests=21, num_clients=3)
+    prompts = [[j] for j in range(21)]
+    shares = client_shares(spec, prompts)
+    assert [slots for slots, _ in shares] == [3, 2, 2]
+    # prompt j goes to the process of slot j mod 7: slots 0, 3, 6 to the first
+    assert [p[0] for p in shares[0][1]] == [0, 3, 6, 7, 10, 13, 14, 17, 20]
+    assert sorted(p[0] for _, share in shares for p in share) == list(range(21))
+    # never more processes than slots
+    assert len(client_shares(dataclasses.replace(spec, concurrency=2), prompts)) == 2
 
 
 def test_failures_are_counted_not_measured(server):

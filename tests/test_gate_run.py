@@ -260,6 +260,7 @@ def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
     (["run", "--arm", "main=.", "--rounds", "3", "--until-verdict", "--max-rounds", "4"],
      "--rounds 3 and --until-verdict"),
     (["run", "--arm", "main=.", "--min-effect", "2"], "--min-effect must be a fraction"),
+    (["run", "--arm", "main=.", "--clients", "-1"], "--clients must be >= 0, got -1"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):

@@ -120,3 +120,12 @@ def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):
 def test_options_that_go_together(options, message):
     with pytest.raises(ValueError, match=message):
         GateConfig(arms=("main=.",), **options)
+
+
+def test_client_processes_follow_the_slots_and_the_client_cpus():
+    config = GateConfig(arms=("main=.",))
+    # one per 16 slots, at most one per client CPU, at least one
+    assert [config.clients_for(c, 4) for c in (1, 16, 31, 32, 64, 256)] == [1, 1, 1, 2, 4, 4]
+    assert config.clients_for(256, 1) == 1
+    # --clients wins
+    assert GateConfig(arms=("main=.",), clients=3).clients_for(1, 4) == 3

@@ -21,6 +21,7 @@ def phases(
     output_len: opt.OutputLenOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
+    clients: opt.ClientsOpt = None,
     seed: opt.SeedOpt = None,
     startup_timeout: opt.StartupOpt = None,
     server_cpus: opt.ServerCpusOpt = None,

@@ -29,6 +29,7 @@ def run(
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
+    clients: opt.ClientsOpt = None,
     seed: opt.SeedOpt = None,
     profile: opt.ProfileOpt = None,
     profile_steps: opt.ProfileStepsOpt = None,
