@@ -91,8 +91,9 @@ class GateConfig:
     def clients_for(self, concurrency: int, num_client_cpus: int) -> int:
         """Load client processes at `concurrency`: --clients, or one per SLOTS_PER_CLIENT
         slots, at most one per client CPU (a Python client streams ~15k tokens a second on
-        one core of a 2-core host)."""
-        return self.clients or max(1, min(num_client_cpus, concurrency // SLOTS_PER_CLIENT))
+        one core of a 2-core host); never more than the slots."""
+        wanted = self.clients or min(num_client_cpus, concurrency // SLOTS_PER_CLIENT)
+        return max(1, min(concurrency, wanted))
 
     def out_dir(self) -> Path:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 import time
 
 from gate.arms import Arm
@@ -52,9 +53,9 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
     siblings.start()
     server_cpu.start()
     gpu.start()
-    client_started = time.process_time()
+    client_started = _client_cpu_s()
     result: RunResult = await run_load(server.url, spec)
-    client_cpu_s = round(time.process_time() - client_started, 3)
+    client_cpu_s = round(_client_cpu_s() - client_started, 3)
     gpu_sample, busy, (api_cpu_s, core_cpu_s) = gpu.stop(), siblings.stop(), server_cpu.stop()
     steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
     tracebacks, recompiles = scan_log(server.log_path)
@@ -71,6 +72,13 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         planner_off=planner_off, log_tail=None if ok else server.log_tail(),
         started_at=started,
     )
+
+
+def _client_cpu_s() -> float:
+    """CPU seconds of the gate's process and of its children that have exited and been
+    waited for: the load's client processes, once a run has joined them."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def check_identity(arm: Arm, entry: dict, debug: dict, fingerprint: str | None,

@@ -55,8 +55,8 @@ class RunRecord:
     # and of its descendants (the engine core); None: n/a (no /proc)
     api_cpu_s: float | None = None
     core_cpu_s: float | None = None
-    # CPU seconds of the gate's own process over the run: the load's client (one event loop),
-    # or the parent of `num_clients` client processes (their CPU is not counted)
+    # CPU seconds over the run of the gate's process and its `num_clients` load client
+    # processes (with one, the client is the gate's own event loop)
     client_cpu_s: float | None = None
     num_clients: int = 1
     gpu: GpuSample | None = None

@@ -81,7 +81,7 @@ def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
     """
     frame = pd.DataFrame([_record_row(r) for r in records], columns=list(RUN_COLUMNS))
     numeric = [*METRIC_FIELDS, "sibling_busy_cpus", "api_cpu_s", "core_cpu_s", "client_cpu_s",
-               *(f"gpu_{name}" for name in _GPU_FIELDS),
+               "num_clients", *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS)]
     frame[numeric] = frame[numeric].astype(float)
     frame["ok"] = frame["ok"].astype(bool)

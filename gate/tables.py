@@ -90,7 +90,8 @@ def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
     return {"api_cpu_share": num(median(api / duration), 3),
             "api_cpu_us_per_token": num(median(api / ok["total_output_tokens"] * 1e6), 1),
             "core_cpu_share": num(median(ok["core_cpu_s"] / duration), 3),
-            "client_cpu_share": num(median(ok["client_cpu_s"] / duration), 3)}
+            "client_cpu_share": num(median(ok["client_cpu_s"] / duration), 3),
+            "num_clients": num(median(ok["num_clients"]), 0)}
 
 
 def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
@@ -276,16 +277,22 @@ def summary_tables(rows: list[dict[str, Any]], baseline: str,
                   for _, fields in LATENCY_COLUMNS)] for row in rows]
     cpu = [[row["cell"], label(row["arm"], flagged), fmt(row["api_cpu_share"], 2),
             fmt(row["api_cpu_us_per_token"], 1), fmt(row["core_cpu_share"], 2),
-            fmt(row["client_cpu_share"], 2)] for row in rows]
+            _clients_text(row)] for row in rows]
     return [
         TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
                                  f"vs {baseline}", "verdict"], throughput, "llrrrl"),
         TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
                   latency, "ll" + "r" * len(LATENCY_COLUMNS)),
         TableSpec("Server CPU", ["cell", "arm", "API process (cores)", "API µs a token",
-                                 "engine core (cores)", "gate's client (cores)"], cpu,
+                                 "engine core (cores)", "client (cores)"], cpu,
                   "llrrrr"),
     ]
+
+
+def _clients_text(row: dict[str, Any]) -> str:
+    """The client processes' cores, and how many processes when more than one."""
+    cores = fmt(row["client_cpu_share"], 2)
+    return cores if (row["num_clients"] or 1) == 1 else f"{cores} ({row['num_clients']:.0f})"
 
 
 def _arm_health(rows: list[dict[str, Any]], arm: str) -> list[str]:
@@ -336,12 +343,13 @@ def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
     over its runs: one event loop each, so that one, not the engine, may set the pace."""
     lines = []
     for row in rows:
-        for field, who in (("api_cpu_share", "the API process"),
-                           ("client_cpu_share", "the gate's client")):
-            if row[field] is not None and row[field] >= CPU_BOUND_SHARE:
-                lines.append(f"- {row['cell']} {row['arm']}: {who} was busy {row[field]:.2f} "
-                             "of a core over the runs: its one event loop, not the engine, may "
-                             "set this cell's pace.")
+        client = row["client_cpu_share"]
+        for share, who in ((row["api_cpu_share"], "the API process"),
+                           (client and client / (row["num_clients"] or 1), "each client")):
+            if share is not None and share >= CPU_BOUND_SHARE:
+                lines.append(f"- {row['cell']} {row['arm']}: {who} was busy {share:.2f} of a "
+                             "core over the runs: its one event loop, not the engine, may set "
+                             "this cell's pace.")
     return lines
 
 
@@ -369,8 +377,8 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
              "Verdicts are paired by round (paired.md). Server CPU: CPU time over a run (from "
              "/proc) of the process the gate launched (a resident arm's API process, whose "
              "event loop is one thread: near 1.00 it is the limit), of its descendants (the "
-             "engine core) and of the gate itself (the load's client, also one event loop), "
-             "over the run's wall time."]
+             "engine core) and of the gate's load clients (each one event loop; in brackets "
+             "how many processes, where more than one), over the run's wall time."]
     if rows:
         parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
                   for table in summary_tables(rows, baseline, flagged)]

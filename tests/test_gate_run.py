@@ -58,7 +58,11 @@ def servers_left(result, grace_s: float = 5.0) -> list[str]:
                 args = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:  # gone, or not ours to read
                 continue
-            found.append(b" ".join(args).decode(errors="replace"))
+            command = b" ".join(args).decode(errors="replace")
+            # the load's client processes leave multiprocessing's resource tracker to this
+            # (pytest's) process, where the gate runs in-process; it ends with it
+            if "multiprocessing.resource_tracker" not in command:
+                found.append(command)
         if not found or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
@@ -86,7 +90,7 @@ def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate") / "session"
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
                     "--set", "main.resident_planning=off", "--set", "dtype=float32",
-                    "--concurrency", "1,2", "--rounds", "2", "--runs", "2",
+                    "--concurrency", "1,2", "--rounds", "2", "--runs", "2", "--clients", "2",
                     "--out", str(out), "--format", "json", *SHORT)
     return out, result
 
@@ -100,6 +104,8 @@ def test_a_session_writes_everything(session):
     runs = read_runs(out)
     assert len(runs) == 2 * 2 * 2 * 2 and all(r.ok for r in runs)
     assert all(r.metrics.total_output_tokens == 4 * 8 for r in runs)
+    # --clients 2: c=2's slots from two client processes, c=1's from one
+    assert [r.num_clients for r in runs] == [r.concurrency for r in runs]
     assert [r.arm for r in runs if r.concurrency == 1 and r.run == 1] == [
         "main", "head", "head", "main"]  # ABBA
     assert all(r.steps.get("decode", 0) > 0 for r in runs)

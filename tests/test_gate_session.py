@@ -127,5 +127,6 @@ def test_client_processes_follow_the_slots_and_the_client_cpus():
     # one per 16 slots, at most one per client CPU, at least one
     assert [config.clients_for(c, 4) for c in (1, 16, 31, 32, 64, 256)] == [1, 1, 1, 2, 4, 4]
     assert config.clients_for(256, 1) == 1
-    # --clients wins
-    assert GateConfig(arms=("main=.",), clients=3).clients_for(1, 4) == 3
+    # --clients wins, up to the slots
+    assert GateConfig(arms=("main=.",), clients=3).clients_for(8, 1) == 3
+    assert GateConfig(arms=("main=.",), clients=3).clients_for(2, 4) == 2

@@ -95,18 +95,22 @@ def _record(round_index: int, arm: str, concurrency: int, run: int,
         | ({"mixed": round(6.0 + concurrency * 0.5, 3)} if concurrency > 1 else {}),
         sibling_busy_cpus=None if round_index == 1 and arm == "main" else 0.5 + run * 0.25,
         # the API process at 0.4 of a core at c=1, 0.7 at c=16, and at its limit (0.95) in
-        # head at c=16; the engine core at 1.5 cores, the client at 0.3; main's second round
-        # reads no /proc
+        # head at c=16; the engine core at 1.5 cores; one client at 0.3 of a core at c=1, two
+        # at c=16, at their limit (1.9 cores) in head; main's second round reads no /proc
         **({} if round_index == 1 and arm == "main" else _server_cpu(
             OUTPUT_LEN * (4 * concurrency - failed) / tok_s,
-            0.4 if concurrency == 1 else 0.95 if arm == "head" else 0.7)),
+            0.4 if concurrency == 1 else 0.95 if arm == "head" else 0.7,
+            1 if concurrency == 1 else 2,
+            0.3 if concurrency == 1 else 1.9 if arm == "head" else 0.6)),
         gpu=GpuSample(sm_clock_mhz=1980.0, power_w=250.0) if concurrency == 16 else None,
         planner_off=arm == "head" and round_index == 1)
 
 
-def _server_cpu(duration_s: float, api_share: float) -> dict[str, float]:
+def _server_cpu(duration_s: float, api_share: float, num_clients: int,
+                client_share: float) -> dict[str, float]:
     return {"api_cpu_s": round(api_share * duration_s, 3),
-            "core_cpu_s": round(1.5 * duration_s, 3), "client_cpu_s": round(0.3 * duration_s, 3)}
+            "core_cpu_s": round(1.5 * duration_s, 3),
+            "client_cpu_s": round(client_share * duration_s, 3), "num_clients": num_clients}
 
 
 def build_session(directory: Path) -> None:
