@@ -14,13 +14,17 @@ import asyncio
 import dataclasses
 import json
 import multiprocessing
+import os
 import queue
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
+
+from gate.server import end_with_parent
 
 
 @dataclass(frozen=True)
@@ -251,7 +255,7 @@ def _drive_in_processes(url: str, spec: LoadSpec,
     barrier, answers = context.Barrier(len(shares)), context.Queue()
     processes = [context.Process(target=_client_process, daemon=True,
                                  args=(url, dataclasses.replace(spec, concurrency=slots),
-                                       share, barrier, answers))
+                                       share, barrier, answers, os.getpid()))
                  for slots, share in shares]
     for process in processes:
         process.start()
@@ -283,10 +287,12 @@ def _answers(answers, processes, timeout_s: float) -> list[tuple]:
     return spans
 
 
-def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier,
-                    answers) -> None:
+def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier, answers,
+                    gate_pid: int) -> None:
     """One client process: its slots' requests; answers (start, end, results), with start
-    and end on the system-wide monotonic clock."""
+    and end on the system-wide monotonic clock. Killed with the gate: with no reader, its
+    answer could never leave and the process would hang at exit."""
+    end_with_parent(gate_pid, signal.SIGKILL)
     async def drive() -> tuple[float, float, list[RequestResult]]:
         async with _client(spec) as session:
             barrier.wait(timeout=BARRIER_TIMEOUT_S)

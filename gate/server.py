@@ -170,15 +170,21 @@ class Server:
             os.killpg(self.process.pid, signal.SIGKILL)
 
 
+def end_with_parent(parent_pid: int, sig: int) -> None:
+    """This process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG, Linux), and exits
+    at once if the parent (`parent_pid`) is already gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 def _child_setup(cpus: set[int], gate_pid: int):
-    """What the server's process does before exec: SIGTERM when the gate dies (prctl
-    PR_SET_PDEATHSIG; its own session would otherwise outlive a SIGKILLed gate, holding the GPU
-    and the port), exit at once if the gate is already gone, and pin to `cpus`."""
+    """What the server's process does before exec: SIGTERM when the gate dies (its own session
+    would otherwise outlive a SIGKILLed gate, holding the GPU and the port), exit at once if the
+    gate is already gone, and pin to `cpus`."""
     def setup() -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != gate_pid:
-            os._exit(1)
+        end_with_parent(gate_pid, signal.SIGTERM)
         if cpus:
             os.sched_setaffinity(0, cpus)
     return setup

@@ -294,3 +294,54 @@ def test_a_killed_gate_leaves_no_server_behind(tmp_path):
         gate.kill()
         gate.wait()
     assert not servers_left(run, grace_s=30)
+
+
+def test_a_killed_gate_mid_run_leaves_no_client_process_behind(tmp_path):
+    """Killed while two client processes stream: nothing of the run is left (the server dies
+    with the gate, the clients with it: end_with_parent, tested below)."""
+    run = SimpleNamespace(run_id=uuid.uuid4().hex)
+    env = {**os.environ, RUN_ID: run.run_id, "PYTHONPATH": str(ROOT)}
+    gate = subprocess.Popen([sys.executable, "-m", "gate", "run", "--arm", "main=.",
+                             "--concurrency", "2", "--clients", "2", "--runs", "1",
+                             "--out", str(tmp_path / "s"), *SHORT, "--output-len", "3000"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while sum("spawn_main" in line for line in servers_left(run, grace_s=0)) < 2:
+            assert gate.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        gate.kill()
+        gate.wait()
+    assert not servers_left(run, grace_s=30)
+
+
+_CHILD = ("import sys, time; from gate.server import end_with_parent; "
+          "end_with_parent(int(sys.argv[1]), 9); print('ready', flush=True); time.sleep(60)")
+_PARENT = ("import os, subprocess, sys, time; "
+           "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())]); "
+           "print(child.pid, flush=True); time.sleep(60)")
+
+
+def test_end_with_parent_kills_a_child_whose_parent_is_killed():
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _CHILD], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        child = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "ready"
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
