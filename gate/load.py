@@ -61,8 +61,8 @@ class RequestResult:
 
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
-BARRIER_TIMEOUT_S = 120.0  # client processes wait this long for each other to be ready
 PERCENTILES = (90, 99)
+BARRIER_TIMEOUT_S = 120.0  # client processes wait this long for each other to be ready
 
 
 @dataclass(frozen=True)
@@ -269,9 +269,10 @@ def _drive_in_processes(url: str, spec: LoadSpec,
     results = [result for _, _, share in spans for result in share]
     missing = sum(len(share) for _, share in shares) - len(results)
     results += [RequestResult(False, error="a client process died")] * missing
-    if not spans:
+    ran = [(start, end) for start, end, _ in spans if start is not None]
+    if not ran:
         return results, 0.0
-    return results, max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+    return results, max(end for _, end in ran) - min(start for start, _ in ran)
 
 
 def _answers(answers, processes, timeout_s: float) -> list[tuple]:
@@ -290,9 +291,10 @@ def _answers(answers, processes, timeout_s: float) -> list[tuple]:
 def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier, answers,
                     gate_pid: int) -> None:
     """One client process: its slots' requests; answers (start, end, results), with start
-    and end on the system-wide monotonic clock. Killed with the gate: with no reader, its
-    answer could never leave and the process would hang at exit."""
+    and end on the system-wide monotonic clock (None when it could not run). Killed with the
+    gate: with no reader, its answer could never leave and the process would hang at exit."""
     end_with_parent(gate_pid, signal.SIGKILL)
+
     async def drive() -> tuple[float, float, list[RequestResult]]:
         async with _client(spec) as session:
             barrier.wait(timeout=BARRIER_TIMEOUT_S)
@@ -304,7 +306,7 @@ def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier,
         answers.put(asyncio.run(drive()))
     except Exception as err:  # noqa: BLE001 - the parent must hear of it, not wait out its timeout
         barrier.abort()  # the others stop waiting for this one
-        answers.put((time.monotonic(), time.monotonic(),
+        answers.put((None, None,
                      [RequestResult(False, error=f"client process: {err!r}")] * len(prompts)))
 
 

@@ -83,8 +83,8 @@ def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
 def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
     """Medians over the ok runs: the launched server process's CPU (a resident arm's API
     process, one event loop) as a share of one core and in µs an output token, its
-    descendants' (the engine core's) in cores, and the gate's own (the load's client, one
-    event loop) in cores. None where no run recorded it."""
+    descendants' (the engine core's) in cores, the load's client processes' (the gate's own
+    with one) in cores, and how many there were. None where no run recorded it."""
     ok = runs[runs["ok"]]
     api, duration = ok["api_cpu_s"], ok["duration"]
     return {"api_cpu_share": num(median(api / duration), 3),
@@ -268,7 +268,7 @@ LATENCY_COLUMNS = (
 def summary_tables(rows: list[dict[str, Any]], baseline: str,
                    flagged: set[str]) -> list[TableSpec]:
     """The summary's tables, as summary.md and the stdout table render them: throughput with
-    the verdicts, latencies (ms), and the server's CPU."""
+    the verdicts, latencies (ms), and the server's and the client's CPU."""
     throughput = [[row["cell"], label(row["arm"], flagged), _tok_range(row),
                    fmt(row["request_throughput"], 2), *_verdict_text(row, baseline)]
                   for row in rows]
@@ -283,7 +283,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline: str,
                                  f"vs {baseline}", "verdict"], throughput, "llrrrl"),
         TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
                   latency, "ll" + "r" * len(LATENCY_COLUMNS)),
-        TableSpec("Server CPU", ["cell", "arm", "API process (cores)", "API µs a token",
+        TableSpec("Server and client CPU", ["cell", "arm", "API process (cores)", "API µs a token",
                                  "engine core (cores)", "client (cores)"], cpu,
                   "llrrrr"),
     ]
@@ -374,11 +374,12 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
              "its time per output token after the first, ITL every gap between its tokens, "
              "E2EL the request's whole time. summary.json holds these rows under vLLM's names "
              f"(`vllm bench serve --save-result`). vs {baseline}: the tok/s medians' ratio. "
-             "Verdicts are paired by round (paired.md). Server CPU: CPU time over a run (from "
-             "/proc) of the process the gate launched (a resident arm's API process, whose "
-             "event loop is one thread: near 1.00 it is the limit), of its descendants (the "
-             "engine core) and of the gate's load clients (each one event loop; in brackets "
-             "how many processes, where more than one), over the run's wall time."]
+             "Verdicts are paired by round (paired.md). Server and client CPU: CPU time over "
+             "a run (from /proc) of the process the gate launched (a resident arm's API "
+             "process, whose event loop is one thread: near 1.00 it is the limit), of its "
+             "descendants (the engine core) and of the gate's load clients (each one event "
+             "loop; in brackets how many processes, where more than one), over the run's wall "
+             "time."]
     if rows:
         parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
                   for table in summary_tables(rows, baseline, flagged)]

@@ -145,7 +145,7 @@ def test_a_session_writes_everything(session):
     assert sum(r.api_cpu_s for r in runs) > 0
     assert all(row["core_cpu_share"] > 0 and row["client_cpu_share"] > 0
                for row in summary["cells"])
-    assert "## Server CPU" in (out / "summary.md").read_text()
+    assert "## Server and client CPU" in (out / "summary.md").read_text()
     assert not servers_left(result)
 
 
