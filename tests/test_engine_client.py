@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import tempfile
+import time
 from contextlib import aclosing
 
 from resident.config import build_engine_config, model_yaml_knobs
@@ -16,15 +17,19 @@ from resident.server.core import run_engine_core
 MAX_TOKENS = 24
 
 
-async def _batches(client: EngineClient, request_id: str, pause_s: float) -> list[list]:
-    """generate()'s batches for one greedy request; the consumer sleeps after the first."""
+async def _batches(client: EngineClient, request_id: str, pause_s: float,
+                   block_loop: bool = False) -> list[list]:
+    """generate()'s batches for one greedy request; after the first the consumer sleeps, or
+    (block_loop) holds the whole event loop, as a busy API process does."""
     request = EngineRequest(request_id, [7, 8, 9, 10],
                             SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     batches = []
     async with aclosing(client.generate(request)) as outputs:
         async for batch in outputs:
             batches.append(batch)
-            if len(batches) == 1:
+            if len(batches) == 1 and block_loop:
+                time.sleep(pause_s)  # the core's messages queue up in the socket meanwhile
+            elif len(batches) == 1:
                 await asyncio.sleep(pause_s)
     return batches
 
@@ -35,7 +40,9 @@ def _tokens(batches: list[list]) -> list[int]:
 
 def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
     """A stream that falls behind its core writes what queued up at once (api.py), in order
-    and complete; one that keeps up gets the same tokens."""
+    and complete, whether its consumer slept or the whole event loop was busy (the client
+    routes every queued core message before a stream runs); one that keeps up gets the same
+    tokens."""
     model = load_model_config("tiny")
     config = build_engine_config(model_yaml_knobs("tiny"), {}).resolve(model, "cpu")
 
@@ -50,14 +57,17 @@ def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
             try:
                 await asyncio.wait_for(client.wait_ready(), 120)
                 behind = await _batches(client, "behind", pause_s=2.0)
+                blocked = await _batches(client, "blocked", pause_s=2.0, block_loop=True)
                 along = await _batches(client, "along", pause_s=0.0)
             finally:
                 await client.close()
                 core.kill()
                 core.join(10)
         # the core ran the other 23 steps while the consumer slept: one batch holds them all
-        assert [len(batch) for batch in behind] == [1, MAX_TOKENS - 1]
-        assert behind[-1][-1].finished and not any(o.finished for o in behind[-1][:-1])
-        assert _tokens(behind) == _tokens(along) and len(_tokens(along)) == MAX_TOKENS
+        for batches in (behind, blocked):
+            assert [len(batch) for batch in batches] == [1, MAX_TOKENS - 1]
+            assert batches[-1][-1].finished and not any(o.finished for o in batches[-1][:-1])
+            assert _tokens(batches) == _tokens(along)
+        assert len(_tokens(along)) == MAX_TOKENS
 
     asyncio.run(body())

@@ -22,8 +22,10 @@ def _step_meta(lengths: list[int], slots: list[int], device: str):
     return torch.tensor(slots, device=device), qsl, token_seq
 
 
-def _check(lengths, slots, channels, dtype, device, atol):
-    """One varlen step of both; the rows' x is a strided view, as the model's split makes it."""
+def _check(lengths, slots, widths, dtype, device, atol):
+    """One varlen step of both; the rows' x is a strided view, as the model's split makes it.
+    The kernel's query, key and value planes are the reference's columns, each contiguous."""
+    channels = sum(widths)
     generator = torch.Generator().manual_seed(sum(lengths))
     num_tokens = sum(lengths)
     wide = torch.randn(num_tokens, channels + 24, generator=generator).to(device, dtype)
@@ -32,26 +34,37 @@ def _check(lengths, slots, channels, dtype, device, atol):
     pool = torch.randn(NUM_SLOTS, channels, WIDTH, generator=generator).to(device, dtype)
     ref_pool = pool.clone()
     state_slots, qsl, token_seq = _step_meta(lengths, slots, device)
-    y = causal_conv_varlen(x, weight, pool, state_slots, qsl, token_seq)
+    planes = causal_conv_varlen(x, weight, pool, state_slots, qsl, token_seq, widths)
     want = causal_conv_ref(x, weight, ref_pool, state_slots, qsl, max(lengths))
-    torch.testing.assert_close(y, want, atol=atol, rtol=atol)
+    for plane, columns in zip(planes, want.split(widths, dim=-1), strict=True):
+        assert plane.is_contiguous()
+        torch.testing.assert_close(plane, columns, atol=atol, rtol=atol)
     torch.testing.assert_close(pool, ref_pool, atol=0, rtol=0)  # untouched slots too
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rows_shorter_and_longer_than_the_window(dtype):
     # rows of 1 and 2 tokens take history from the pool; 11 and 5 straddle token blocks
-    _check([1, 11, 2, 5, 3], [5, 2, 7, 1, 6], channels=20, dtype=dtype, device="cpu",
+    _check([1, 11, 2, 5, 3], [5, 2, 7, 1, 6], widths=(6, 6, 8), dtype=dtype, device="cpu",
            atol=1e-5 if dtype == torch.float32 else 1e-12)
 
 
 def test_one_long_row_over_several_channel_blocks():
-    _check([37], [3], channels=200, dtype=torch.float32, device="cpu", atol=1e-5)
+    # the planes' edges (48, 96) fall inside the first 128-channel block
+    _check([37], [3], widths=(48, 48, 104), dtype=torch.float32, device="cpu", atol=1e-5)
+
+
+def test_widths_that_are_not_query_key_value_are_refused():
+    x = torch.zeros(3, 20)
+    state_slots, qsl, token_seq = _step_meta([3], [1], "cpu")
+    with pytest.raises(ValueError, match="not \\(Kd, Kd, Vd\\) of 20 channels"):
+        causal_conv_varlen(x, torch.zeros(20, WIDTH), torch.zeros(NUM_SLOTS, 20, WIDTH),
+                           state_slots, qsl, token_seq, (6, 7, 7))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prefill_shapes_bf16_gpu():
     # a 512-token prompt, a chunk continuing one, and decode rows of a mixed step
-    _check([512, 100, 1, 1], [5, 2, 7, 1], channels=6144, dtype=torch.bfloat16, device="cuda",
-           atol=2e-2)
+    _check([512, 100, 1, 1], [5, 2, 7, 1], widths=(2048, 2048, 2048), dtype=torch.bfloat16,
+           device="cuda", atol=2e-2)

@@ -164,10 +164,11 @@ def test_tiny_model_decode_with_kernels_matches_reference():
 
     from model_driver import ModelDriver
 
-    def conv(x, weight, pool, meta):
+    def conv(x, weight, pool, meta, widths):
         if meta.max_query_len != 1:
-            return conv_ref_op(x, weight, pool, meta)
-        return causal_conv_decode(x, weight, pool, meta.state_slots, meta.query_start_loc, 1)
+            return conv_ref_op(x, weight, pool, meta, widths)
+        return causal_conv_decode(x, weight, pool, meta.state_slots, meta.query_start_loc,
+                                  1).split(widths, dim=-1)
 
     def delta_rule(query, key, value, a, b, a_log, dt_bias, pool, meta):
         if meta.max_query_len != 1:

@@ -23,8 +23,9 @@ def write_kv_triton_op(kv_layer, key, value, meta: StepMeta) -> None:
     write_kv(kv_layer, key, value, meta.kv_write_loc)
 
 
-def conv_decode_op(x, weight, conv_pool, meta: StepMeta):
-    return causal_conv_decode(x, weight, conv_pool, meta.state_slots, meta.query_start_loc, 1)
+def conv_decode_op(x, weight, conv_pool, meta: StepMeta, widths: tuple[int, int, int]):
+    return causal_conv_decode(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
+                              1).split(widths, dim=-1)
 
 
 def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_pool,

@@ -7,7 +7,10 @@ about 0.6 ms of host time per layer in its wrapper, on a prefill that is host-bo
 
 - `_conv_varlen_kernel`, grid (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C)): y[t] = silu(sum_j w[j] *
   v(i - (W-1) + j)) for token t, the row's i-th new token, where v(k) is the row's input k, or
-  for k < 0 the pool's history pool[slot][W + k]. Reads the pool only.
+  for k < 0 the pool's history pool[slot][W + k]. Reads the pool only. It writes y as three
+  planes, query [T, Kd], key [T, Kd] and value [T, Vd] back to back, each contiguous: fla's
+  chunked delta rule copies any input that is not (three copies a GDN layer, 54 kernels of a
+  2,048-token step at 0.8B, when they were column slices of one [T, C] output).
 - `_conv_state_kernel`, grid (B, cdiv(C, BLOCK_C)): pool[slot] = the last W entries of
   (pool[slot], the row's inputs); a row with no new token returns at once. It runs after the
   first launch in stream order, so no program of the first reads a window this one has
@@ -20,16 +23,18 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdn_decode import CONV_BLOCK_C, CONV_NUM_WARPS, compute_dtype
+from resident.kernels.gdn_decode import compute_dtype
 
-CONV_BLOCK_T = 16  # tokens a program: [16, 128] tiles, 48 channel blocks x T/16 programs
+# [8, 64] tiles on 2 warps: at 2,304 tokens x 6,144 channels (0.8B) the H200 ran the conv in
+# 54 us against 68 for [16, 128] on 4 warps, the best of 36 tiles timed
+CONV_BLOCK_T, CONV_BLOCK_C, CONV_NUM_WARPS = 8, 64, 2
 
 
 @triton.jit
 def _conv_varlen_kernel(
     x_ptr, w_ptr, pool_ptr, slots_ptr, qsl_ptr, seq_ptr, y_ptr,
     stride_xt, stride_xc, stride_wc, stride_ww, stride_pn, stride_pc, stride_pw,
-    stride_yt, stride_yc, num_tokens, channels,
+    num_tokens, channels, key_width,
     WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, COMPUTE: tl.constexpr,
 ):
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
@@ -55,8 +60,13 @@ def _conv_varlen_kernel(
         weight = tl.load(w_ptr + offs_c * stride_wc + tap * stride_ww, mask=mask_c, other=0.0)
         acc += value.to(COMPUTE) * weight.to(COMPUTE)[None, :]
     y = acc / (1.0 + tl.exp(-acc))  # silu
-    tl.store(y_ptr + offs_t[:, None] * stride_yt + offs_c[None, :] * stride_yc,
-             y.to(y_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_c[None, :])
+    # channel c is column c - plane * Kd of plane 0 (query), 1 (key) or 2 (value, Vd wide)
+    plane = (offs_c >= key_width).to(tl.int64) + (offs_c >= 2 * key_width).to(tl.int64)  # [BC]
+    width = tl.where(plane == 2, channels - 2 * key_width, key_width)
+    place = (plane * num_tokens * key_width + offs_c - plane * key_width)[None, :] \
+        + offs_t[:, None].to(tl.int64) * width[None, :]
+    tl.store(y_ptr + place, y.to(y_ptr.dtype.element_ty),
+             mask=mask_t[:, None] & mask_c[None, :])
 
 
 @triton.jit
@@ -93,17 +103,22 @@ def causal_conv_varlen(
     state_slots: torch.Tensor,  # [B]
     query_start_loc: torch.Tensor,  # [B+1]: row b owns tokens [qsl[b], qsl[b+1])
     token_seq: torch.Tensor,  # [T]: each token's row
-) -> torch.Tensor:  # [T, C] in x's dtype, silu applied
+    widths: tuple[int, int, int],  # (Kd, Kd, Vd): query, key and value channels, C in all
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [T, Kd], [T, Kd], [T, Vd], contiguous
     """Depthwise causal conv + silu over each row's new tokens, the row's history from its
-    pool slot; the slot then holds the row's last W inputs. No host reads or syncs."""
+    pool slot; the slot then holds the row's last W inputs. No host reads or syncs. Returns
+    the output split into query, key and value, each contiguous (module docstring)."""
     num_tokens, channels = x.shape
     width = weight.shape[-1]
-    y = torch.empty(num_tokens, channels, dtype=x.dtype, device=x.device)
+    key_width, _, value_width = widths
+    if widths[1] != key_width or 2 * key_width + value_width != channels:
+        raise ValueError(f"widths {widths} are not (Kd, Kd, Vd) of {channels} channels")
+    y = torch.empty(num_tokens * channels, dtype=x.dtype, device=x.device)
     blocks_c = triton.cdiv(channels, CONV_BLOCK_C)
     _conv_varlen_kernel[(triton.cdiv(num_tokens, CONV_BLOCK_T), blocks_c)](
         x, weight, conv_pool, state_slots, query_start_loc, token_seq, y,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), conv_pool.stride(0),
-        conv_pool.stride(1), conv_pool.stride(2), y.stride(0), y.stride(1), num_tokens, channels,
+        conv_pool.stride(1), conv_pool.stride(2), num_tokens, channels, key_width,
         WIDTH=width, BLOCK_T=CONV_BLOCK_T, BLOCK_C=CONV_BLOCK_C,
         COMPUTE=compute_dtype(weight.dtype), num_warps=CONV_NUM_WARPS,
     )
@@ -113,4 +128,5 @@ def causal_conv_varlen(
         WIDTH=width, BLOCK_W=triton.next_power_of_2(width), BLOCK_C=CONV_BLOCK_C,
         num_warps=CONV_NUM_WARPS,
     )
-    return y
+    planes = y.split([num_tokens * key_width, num_tokens * key_width, num_tokens * value_width])
+    return tuple(plane.view(num_tokens, -1) for plane in planes)

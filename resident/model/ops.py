@@ -41,10 +41,12 @@ def attention_ref_op(query: torch.Tensor, kv_layer: torch.Tensor, meta: StepMeta
 
 
 def conv_ref_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
-                meta: StepMeta) -> torch.Tensor:
-    """[T, C] -> [T, C]: causal depthwise conv + silu, pool updated in place."""
+                meta: StepMeta, widths: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+    """[T, C] -> query [T, Kd], key [T, Kd], value [T, Vd] (`widths`): causal depthwise conv +
+    silu, pool updated in place. A kernel may return them as views of one [T, C] output or as
+    three contiguous tensors (conv_varlen's planes)."""
     return causal_conv_ref(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
-                           meta.max_query_len)
+                           meta.max_query_len).split(widths, dim=-1)
 
 
 def gated_delta_rule_ref_op(query, key, value, a, b, a_log, dt_bias, state_pool: torch.Tensor,

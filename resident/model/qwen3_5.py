@@ -184,8 +184,8 @@ class GatedDeltaNet(nn.Module):
         projected, residual = block.project(self.in_proj_weight, self.dense)
         num_tokens, layer = projected.shape[0], self.cache_index
         mixed_qkv, z, b, a = projected.split(self.split, dim=-1)
-        mixed = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta)
-        query, key, value = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        query, key, value = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta,
+                                     (self.key_dim, self.key_dim, self.value_dim))
         query = query.view(num_tokens, self.num_k_heads, self.k_head_dim)
         key = key.view(num_tokens, self.num_k_heads, self.k_head_dim)
         value = value.view(num_tokens, self.num_v_heads, self.v_head_dim)

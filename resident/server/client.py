@@ -140,25 +140,41 @@ class EngineClient:
             self.fail(f"reading from the engine core failed: {type(err).__name__}")
 
     async def _route_messages(self) -> None:
-        while True:
-            message = await self._outputs.recv_pyobj()
-            self.last_heard = time.monotonic()
-            if isinstance(message, StepOutputs):
-                for output in message.outputs:
-                    queue = self._streams.get(output.request_id)
-                    if queue is not None:
-                        queue.put_nowait(output)
-            elif isinstance(message, StatsReply):
-                waiter = self._stats_waiters.get(message.nonce)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(message.stats)
-            elif isinstance(message, Ready):
-                self.info = message.info
-                if not self._ready.done():
-                    self._ready.set_result(message.info)
-            elif isinstance(message, Fatal):
-                self.fail(message.message)
-                return
+        # The same socket, read without the event loop: pyzmq's asyncio recv yields to the loop
+        # even for a message already queued.
+        queued = zmq.Socket.shadow(self._outputs.underlying)
+        while self._route(await self._outputs.recv_pyobj()):
+            # Route every message already queued before the streams run: a stream that fell
+            # behind the core (one message a step) then finds several outputs and writes them
+            # at once (generate), rather than a wake-up and a socket write per step each.
+            while True:
+                try:
+                    message = queued.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if not self._route(message):
+                    return
+
+    def _route(self, message) -> bool:
+        """One core message to whoever waits for it; False once the core has failed."""
+        self.last_heard = time.monotonic()
+        if isinstance(message, StepOutputs):
+            for output in message.outputs:
+                queue = self._streams.get(output.request_id)
+                if queue is not None:
+                    queue.put_nowait(output)
+        elif isinstance(message, StatsReply):
+            waiter = self._stats_waiters.get(message.nonce)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message.stats)
+        elif isinstance(message, Ready):
+            self.info = message.info
+            if not self._ready.done():
+                self._ready.set_result(message.info)
+        elif isinstance(message, Fatal):
+            self.fail(message.message)
+            return False
+        return True
 
     def fail(self, reason: str) -> None:
         """The core cannot go on: every open stream ends with an error, every waiter fails,

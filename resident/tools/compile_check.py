@@ -126,15 +126,15 @@ def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:
     state = Variant("prefill conv state", conv_varlen._conv_state_kernel,
                     pointers | {name: "i32" for name in strides},
                     {"WIDTH": width, "BLOCK_W": triton.next_power_of_2(width),
-                     "BLOCK_C": gdn_decode.CONV_BLOCK_C}, gdn_decode.CONV_NUM_WARPS)
+                     "BLOCK_C": conv_varlen.CONV_BLOCK_C}, conv_varlen.CONV_NUM_WARPS)
     kernel = conv_varlen._conv_varlen_kernel
     types = pointers | {"w_ptr": "*bf16", "seq_ptr": "*i64", "y_ptr": "*bf16"}
     types |= {arg: "i32" for arg in kernel.arg_names
-              if arg.startswith("stride_") or arg in ("num_tokens", "channels")}
+              if arg.startswith("stride_") or arg in ("num_tokens", "channels", "key_width")}
     conv = Variant("prefill conv", kernel, types, {
         "WIDTH": width, "BLOCK_T": conv_varlen.CONV_BLOCK_T,
-        "BLOCK_C": gdn_decode.CONV_BLOCK_C, "COMPUTE": triton.language.float32},
-        gdn_decode.CONV_NUM_WARPS)
+        "BLOCK_C": conv_varlen.CONV_BLOCK_C, "COMPUTE": triton.language.float32},
+        conv_varlen.CONV_NUM_WARPS)
     return [conv, state]
 
 
