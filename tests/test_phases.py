@@ -45,6 +45,30 @@ def test_phase_timing_files_each_step_under_its_kind():
     assert phases.report() == {}
 
 
+def test_work_done_ahead_is_filed_under_its_own_steps_kind():
+    """plan_ahead: a decode step stages and launches the mixed step after it; that work (CPU
+    and wall) is the mixed step's, and the decode record keeps only its own."""
+    phases = PhaseTiming()
+    phases.open()
+    phases.kind("decode")
+    phases.lap("sample_sync")
+    with phases.ahead("mixed"):
+        time.sleep(0.004)
+        sum(range(20000))
+        phases.lap("kv_plan")
+    assert "mixed" not in phases.report()  # no mixed step has run yet
+    phases.close()
+    phases.open()
+    phases.kind("mixed")
+    phases.lap("sample_sync")
+    phases.close()
+    report = phases.report()
+    decode, mixed = report["decode"], report["mixed"]
+    assert decode["kv_plan"] == 0 and mixed["kv_plan"] > 0
+    assert decode["step"] < 4.0 <= mixed["step"]
+    assert decode["steps"] == mixed["steps"] == 1
+
+
 def test_phase_timing_knob_reads_its_environment_variable():
     assert build_engine_config(environ={"RESIDENT_PHASE_TIMING": "on"}).phase_timing == "on"
     assert build_engine_config(environ={}).phase_timing == "off"
@@ -125,7 +149,7 @@ def test_host_planned_decode_reports_its_plan_parts():
         assert decode[part] > 0, part
 
 
-def test_plan_ahead_times_the_next_steps_plan_inside_this_one():
+def test_plan_ahead_files_the_next_steps_plan_under_its_kind():
     server = Server("--set", "phase_timing=on", "--set", "plan_ahead=on").wait_ready()
     try:
         before = _steps(server)

@@ -21,6 +21,9 @@ PRESSURE = {
     "none": {},
     "kv": {"num_kv_pages": 14, "prefill_token_budget": 32},
     "slot": {"decode_buckets": (1, 2, 4, 8), "decode_order": "turns", "max_num_seqs": 24},
+    # padded prefill and mixed steps, as on CUDA, in small buckets
+    "padded": {"padded_prefill": "on", "prefill_token_budget": 32, "decode_buckets": (1, 2, 4, 8),
+               "prefill_buckets": (16, 40)},
 }
 
 
@@ -45,6 +48,15 @@ def assert_all_given_back(engine: Engine, planning: str) -> None:
         assert not engine.planning.planner.ledger()["held"]
 
 
+def assert_launched_ahead(engine: Engine) -> None:
+    """Under launch every varlen step but the first ran ahead (a mixed one's decode rows
+    gathered their ids on the device), and decode steps did."""
+    stats = engine.stats()
+    launched, steps = stats["steps_launched_ahead"], stats["steps"]
+    assert launched["decode"] > 0 and launched["mixed"] == steps["mixed"] > 0
+    assert launched["prefill"] == steps["prefill"] - 1
+
+
 @pytest.mark.parametrize("planning", ["off", "auto"])
 @pytest.mark.parametrize("pressure", sorted(PRESSURE))
 def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
@@ -59,6 +71,8 @@ def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
             assert engine.scheduler.num_offloads > 0
         if pressure == "slot" and planning == "auto":
             assert engine.rowcheck_counts()["displaced"] > 0
+        if plan_ahead == "launch":
+            assert_launched_ahead(engine)
     assert runs["on"] == runs["off"]
     assert runs["launch"] == runs["off"]
 
@@ -145,3 +159,20 @@ def test_plan_ahead_runs_the_in_order_batches(planning, pressure):
     in_order = _batches("off", planning, pressure)
     assert _batches("on", planning, pressure) == in_order
     assert _batches("launch", planning, pressure) == in_order
+
+
+@pytest.mark.parametrize("padded", ["off", "on"])
+def test_a_burst_of_prompts_runs_its_prefill_steps_ahead(padded):
+    """Prompts that all arrive at once and end on their first token (the bench's burst): a
+    run of prefill steps (budget 32, prompts of 40-49 tokens), each staged and launched while
+    the one before runs; the in-order tokens."""
+    generator = torch.Generator().manual_seed(11)
+    requests = {f"b{i}": (torch.randint(0, TINY.vocab_size, (40 + i,),
+                                        generator=generator).tolist(), 1) for i in range(10)}
+    knobs = {"padded_prefill": padded, "prefill_token_budget": 32, "max_prefill_rows": 2}
+    want = run_engine(make_engine("off", "auto", **knobs), requests, concurrency=10)
+    engine = make_engine("launch", "auto", **knobs)
+    assert run_engine(engine, requests, concurrency=10) == want
+    launched, steps = (engine.stats()[key] for key in ("steps_launched_ahead", "steps"))
+    assert launched["prefill"] == steps["prefill"] - 1 >= 5
+    assert_all_given_back(engine, "auto")

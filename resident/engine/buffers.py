@@ -66,6 +66,8 @@ _INT_ARRAYS = {
     # rows whose ids come from the last step's tokens on the device: k destinations then k
     # sources, contiguous
     "id_rows": lambda c: 2 * c.max_rows,
+    # the same for a varlen step's decode rows, staged with its rows (the `step` turn)
+    "varlen_id_rows": lambda c: 2 * c.max_rows,
     # a varlen (prefill or mixed) step's [tokens] and [rows] arrays
     "input_ids": lambda c: c.max_tokens,
     "positions": lambda c: c.max_tokens,
@@ -121,6 +123,28 @@ class StepBuffers:
 
     def device(self, name: str) -> torch.Tensor:
         return getattr(self, f"{name}_gpu")
+
+
+def ids_from_sampled(ids_gpu: torch.Tensor, sources: list[int], sampled: SampledTokens | None,
+                     rows_cpu: np.ndarray, rows_gpu: torch.Tensor,
+                     values_gpu: torch.Tensor) -> None:
+    """ids_gpu[r] = sampled.tokens_gpu[sources[r]] for each row r whose source is >= 0 (the
+    others keep what the host uploaded): one copy when those rows lead in the sampled order,
+    else a gather, its k destinations then k sources staged in rows_cpu (pinned) and copied to
+    rows_gpu; values_gpu holds the gathered tokens. The host arrays are the step's ring entry."""
+    moved = [(row, source) for row, source in enumerate(sources) if source >= 0]
+    if not moved:
+        return
+    count = len(moved)
+    if sources[:count] == list(range(count)):
+        ids_gpu[:count].copy_(sampled.tokens_gpu[:count])
+        return
+    rows_cpu, rows_gpu = rows_cpu[:2 * count], rows_gpu[:2 * count]
+    rows_cpu[:] = np.array(moved).T.reshape(-1)
+    rows_gpu.copy_(torch.from_numpy(rows_cpu), non_blocking=True)
+    values = values_gpu[:count]
+    torch.index_select(sampled.tokens_gpu, 0, rows_gpu[count:], out=values)
+    ids_gpu.index_copy_(0, rows_gpu[:count], values)
 
 
 def copy_all(copies: list[tuple[torch.Tensor, np.ndarray]]) -> None:

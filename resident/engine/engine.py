@@ -6,12 +6,13 @@ commits what needs no token value (the streams advance; each sampling row takes 
 so max_tokens is decided), then waits for the tokens, the step's one wait for the GPU, and
 emits. `plan_ahead` overlaps the next step with this one:
 
-- `on`: between the commit and the wait, the next step is scheduled and, if it is a decode
-  step, prepared (planning.py), while the GPU runs this one; it launches once this step's tokens
-  are emitted, before the engine core sends them and takes in new requests.
-- `launch`: the prepared decode step also launches before the wait, its token ids gathered on
-  the device from this step's sampled tokens (buffers.SampledTokens), so the GPU goes from one
-  step to the next without waiting for the host.
+- `on`: between the commit and the wait, the next step is scheduled and prepared (a decode
+  step's staging, planning.py), while the GPU runs this one; it launches once this step's
+  tokens are emitted, before the engine core sends them and takes in new requests.
+- `launch`: the next step also launches before the wait, decode or varlen (a varlen step is
+  staged then), the token ids of rows this step sampled gathered on the device from its sampled
+  tokens (buffers.SampledTokens), so the GPU goes from one step to the next without waiting for
+  the host: a burst of prompts no longer idles the GPU while each step is staged.
 
 Host staging is reused safely because every launch moves the read-back's event past its uploads
 (TokenReadback.mark): the wait that returns a step's tokens also frees the host sources of every
@@ -220,9 +221,12 @@ class Engine:
         self._commit(prepared, live)
         if self.config.plan_ahead != "off":
             self._plan_next()
-        if self._prepared and live and self.config.plan_ahead == "launch":
-            sampled = SampledTokens(tokens_gpu, {r.request_id: i for i, r in enumerate(live)})
-            self._prepared.logits = self._launch(self._prepared, sampled)
+        if self._prepared and self.config.plan_ahead == "launch" \
+                and (live or not self._prepared.is_decode):
+            sampled = SampledTokens(tokens_gpu, {r.request_id: i for i, r in enumerate(live)}) \
+                if live else None
+            self._launch_ahead(sampled)
+            self.counters[f"launched_ahead_{self._prepared.plan.kind}"] += 1
         tokens = self.phases.event_sync(self.readback.wait) if live else []
         self.phases.lap("sample_sync")
         logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
@@ -230,8 +234,13 @@ class Engine:
                    for request, token, token_logprobs in zip(live, tokens, logprobs, strict=True)]
         self.phases.lap("outputs")
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
-            self._prepared.logits = self._launch(self._prepared)
+            self._launch_ahead(None)
         return outputs
+
+    def _launch_ahead(self, sampled: SampledTokens | None) -> None:
+        """Launches the prepared next step inside this one (its phases are its own)."""
+        with self.phases.ahead(self._prepared.plan.kind):
+            self._prepared.logits = self._launch(self._prepared, sampled)
 
     def _prepare(self, plan: StepPlan) -> PreparedStep:
         """What can be done before the step's token ids are known: a decode step's staging
@@ -241,13 +250,14 @@ class Engine:
         return PreparedStep(plan)
 
     def _launch(self, prepared: PreparedStep, sampled: SampledTokens | None = None):
-        """Uploads a prepared decode step's token ids, moves the read-back's event past them
-        (so the wait that returns the last step's tokens also frees their host sources), runs
-        it; a varlen step is staged and run."""
+        """Uploads a prepared decode step's token ids (a varlen step: stages and uploads its
+        rows), moves the read-back's event past them (so the wait that returns the last
+        step's tokens also frees their host sources), runs it. Ids the last step sampled and
+        has not read back come from `sampled` on the device."""
         if not prepared.is_decode:
+            staged = self.inputs.varlen.stage(prepared.plan, sampled)
             self.readback.mark()
-            return self.runner.forward_varlen(prepared.plan,
-                                              self.inputs.varlen.stage(prepared.plan))
+            return self.runner.forward_varlen(prepared.plan, staged)
         self.planning.upload_decode(prepared, sampled)
         self.readback.mark()
         return self.runner.forward_decode(prepared.bucket, prepared.width)
@@ -274,13 +284,15 @@ class Engine:
         self.phases.lap("commit")
 
     def _plan_next(self) -> None:
-        """Schedules the next step while this one runs on the GPU and, for a decode step,
-        prepares it: its host staging is written only after the previous step's read-back,
-        which orders every earlier upload from the same host buffers before it."""
+        """Schedules the next step while this one runs on the GPU and prepares it (a decode
+        step's staging; a varlen step stages at launch): its host staging is written only
+        after the previous step's read-back, which orders every earlier upload from the same
+        host buffers before it."""
         self._next_plan = self.scheduler.schedule()
         self.phases.lap("schedule")
-        if self._next_plan.kind == "decode" and self._next_plan.rows:
-            self._prepared = self._prepare(self._next_plan)
+        if self._next_plan.rows:
+            with self.phases.ahead(self._next_plan.kind):
+                self._prepared = self._prepare(self._next_plan)
 
     def _emit(self, request: Request, token: int, logprobs: TokenLogprobs | None,
               error: str | None = None) -> RequestOutput:

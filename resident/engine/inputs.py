@@ -20,7 +20,14 @@ import torch
 from resident.backends import PagedLayout, StepKernels
 from resident.backends.layout import table_layout
 from resident.config import EngineConfig
-from resident.engine.buffers import Capacity, DecodeInputs, SampledTokens, StepBuffers, copy_all
+from resident.engine.buffers import (
+    Capacity,
+    DecodeInputs,
+    SampledTokens,
+    StepBuffers,
+    copy_all,
+    ids_from_sampled,
+)
 from resident.engine.phases import PhaseTiming
 from resident.engine.scheduler import StepPlan
 from resident.engine.varlen import GDN_CHUNK, VarlenInputs
@@ -120,17 +127,8 @@ class StepInputs:
         self.phases.lap("declare_admit_pad")
         ids_gpu = DecodeInputs.input_ids_of(buf.decode_gpu, bucket)
         ids_gpu.copy_(torch.from_numpy(host_ids), non_blocking=True)
-        moved = [(row, source) for row, source in enumerate(sources) if source >= 0]
-        if moved and sources[:len(moved)] == list(range(len(moved))):
-            ids_gpu[:len(moved)].copy_(sampled.tokens_gpu[:len(moved)])
-        elif moved:
-            count = len(moved)
-            rows_cpu, rows_gpu = host.id_rows[:2 * count], buf.id_rows_gpu[:2 * count]
-            rows_cpu[:] = np.array(moved).T.reshape(-1)
-            rows_gpu.copy_(torch.from_numpy(rows_cpu), non_blocking=True)
-            values = buf.id_values_gpu[:count]
-            torch.index_select(sampled.tokens_gpu, 0, rows_gpu[count:], out=values)
-            ids_gpu.index_copy_(0, rows_gpu[:count], values)
+        ids_from_sampled(ids_gpu, sources, sampled, host.id_rows, buf.id_rows_gpu,
+                         buf.id_values_gpu)
         self.phases.lap("kv_stage")
 
     def plan_attention(self, plan: StepPlan, bucket: int, width: int) -> None:

@@ -19,15 +19,18 @@ step's token ids and its padding rows), `rest` (the plan's remainder: buckets, m
 
 The step path is one thread, so the three roles are three shares of one thread's CPU; with
 phase timing off the engine holds `NO_PHASES`, whose methods do nothing. Under `plan_ahead`
-a step's record holds the next step's scheduling, staging and (for decode) launch, which run
-inside it, and not its own: the means per step are the same work, shifted by one step.
+the next step's staging and launch run inside the step before it (`ahead`): they are charged
+to their own step's kind, with their wall time, which the record they ran in gives up; so each
+kind's means are its own steps' work, whatever ran before them. Scheduling the next step stays
+in the record it ran in (the plan's kind is known only after it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -53,12 +56,14 @@ class PhaseTiming:
         self._kind: str | None = None
         self._parts: Counter[str] = Counter()
         self._wall = self._cpu = 0.0
+        self._ahead_wall = 0.0  # wall seconds of the open step given to steps ahead
 
     def open(self) -> None:
         self._depth += 1
         if self._depth == 1:
             self._parts.clear()
             self._kind = None
+            self._ahead_wall = 0.0
             self._wall, self._cpu = time.perf_counter(), time.thread_time()
 
     def lap(self, part: str) -> None:
@@ -69,6 +74,22 @@ class PhaseTiming:
     def kind(self, kind: str) -> None:
         """The open step's kind, once its plan is made."""
         self._kind = kind
+
+    @contextlib.contextmanager
+    def ahead(self, kind: str) -> Iterator[None]:
+        """Work for the next step, of `kind`, done inside the open one: its laps and its wall
+        time are filed under `kind`, not under the open step."""
+        outer, self._parts = self._parts, Counter()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            wall = time.perf_counter() - start
+            sums = self._sums.setdefault(kind, Counter())
+            sums.update(self._parts)
+            sums["step"] += wall
+            self._ahead_wall += wall
+            self._parts = outer
 
     def event_sync(self, wait: Callable[[], T]) -> T:
         """wait(), the host's wait on the GPU, timed as event_sync (wall)."""
@@ -83,15 +104,17 @@ class PhaseTiming:
             return
         sums = self._sums.setdefault(self._kind, Counter())
         sums.update(self._parts)
-        sums["step"] += time.perf_counter() - self._wall
+        sums["step"] += time.perf_counter() - self._wall - self._ahead_wall
         sums["steps"] += 1
 
     def reset(self) -> None:
         self._sums.clear()
 
     def report(self) -> dict[str, dict[str, float]]:
-        """{kind: {key: ms per step}} for every REPORT_KEYS key, `steps` a count."""
-        return {kind: _per_step(sums) for kind, sums in sorted(self._sums.items())}
+        """{kind: {key: ms per step}} for every REPORT_KEYS key, `steps` a count; a kind whose
+        only work so far ran ahead (its step not done yet) is left out."""
+        return {kind: _per_step(sums) for kind, sums in sorted(self._sums.items())
+                if sums["steps"]}
 
 
 def _per_step(sums: Counter[str]) -> dict[str, float]:
@@ -115,6 +138,9 @@ class NoPhases:
 
     def kind(self, kind: str) -> None:
         pass
+
+    def ahead(self, kind: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
     def event_sync(self, wait: Callable[[], T]) -> T:
         return wait()

@@ -28,6 +28,8 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "gdn_slots_used": engine.states.num_used,
         "gdn_slots_free": engine.states.num_free,
         "steps": {kind: engine.counters[f"steps_{kind}"] for kind in STEP_KINDS},
+        "steps_launched_ahead": {kind: engine.counters[f"launched_ahead_{kind}"]
+                                 for kind in STEP_KINDS},
         "step_seconds": {kind: engine.step_seconds[kind] for kind in STEP_KINDS},
         "prefills_padded": engine.runner.num_padded_prefills,
         "generated_tokens": engine.counters["generated_tokens"],

@@ -26,9 +26,15 @@ import numpy as np
 
 from resident.backends import PrefillStep, StepKernels
 from resident.config import EngineConfig
-from resident.engine.buffers import HostStaging, StepBuffers, copy_all
+from resident.engine.buffers import (
+    HostStaging,
+    SampledTokens,
+    StepBuffers,
+    copy_all,
+    ids_from_sampled,
+)
 from resident.engine.phases import PhaseTiming
-from resident.engine.request import Request
+from resident.engine.request import PENDING_TOKEN, Request
 from resident.engine.scheduler import StepPlan
 from resident.model.ops import ModelOps
 from resident.model.step import GdnSplit, StepMeta
@@ -126,11 +132,14 @@ class VarlenInputs:
         raise ValueError(f"a step of {num_tokens} tokens, {decode} decode and {prefill} prefill "
                          f"rows fits no prefill bucket (the largest: {self.buckets[-1]})")
 
-    def stage(self, plan: StepPlan) -> StagedVarlen:
+    def stage(self, plan: StepPlan, sampled: SampledTokens | None = None) -> StagedVarlen:
         """Stages and uploads a prefill or mixed step's rows, padded to its bucket if steps
-        are padded."""
+        are padded. A decode row whose last token the step before sampled and has not read
+        back takes it from `sampled` on the device (the step launches before that read-back,
+        engine.py); every other token comes from the host."""
         host = self.host = self.buffers.next_host()
         num_tokens, width, num_sampling, max_len = self._stage_rows(host, plan)
+        sources = self._pending_sources(host, plan, sampled)
         self.phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
         num_rows, decode = len(plan.rows), plan.num_decode_rows
         bucket = self.bucket_for(num_tokens, decode, num_rows - decode)
@@ -141,8 +150,27 @@ class VarlenInputs:
             self._stage_split(host, plan, bucket, num_tokens)
             self.phases.lap("declare_admit_pad")
             self._upload(host, bucket.tokens, bucket.rows, bucket.logits_rows, bucket)
+        # decode row r is token r: its id lands over the placeholder the host uploaded
+        ids_from_sampled(self.buffers.input_ids_gpu, sources, sampled, host.varlen_id_rows,
+                         self.buffers.varlen_id_rows_gpu, self.buffers.id_values_gpu)
         self.phases.lap("kv_stage")
         return StagedVarlen(num_tokens, num_rows, width, num_sampling, max_len, bucket)
+
+    @staticmethod
+    def _pending_sources(host: HostStaging, plan: StepPlan,
+                         sampled: SampledTokens | None) -> list[int]:
+        """Each decode row's place in `sampled` (-1: its token is on the host); the pending
+        ones' staged ids become 0 until the device copy replaces them."""
+        sources = []
+        for index, row in enumerate(plan.rows[:plan.num_decode_rows]):
+            source = sampled.index_of.get(row.request.request_id, -1) if sampled else -1
+            if source >= 0:
+                host.input_ids[index] = 0
+            elif host.input_ids[index] == PENDING_TOKEN:
+                raise RuntimeError(f"request {row.request.request_id}'s last token is not "
+                                   f"read back and was not sampled by the step before")
+            sources.append(source)
+        return sources
 
     def _stage_rows(self, host: HostStaging, plan: StepPlan) -> tuple[int, int, int, int]:
         """Each row's arrays; returns (tokens, block-table width, sampling rows, longest row).

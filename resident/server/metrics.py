@@ -25,6 +25,9 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     "gdn_slots_used": ("resident_gdn_slots_used", "gauge", "GDN state slots in use."),
     "gdn_slots_free": ("resident_gdn_slots_free", "gauge", "GDN state slots free."),
     "steps": ("resident_steps", "counter", "Engine steps by kind."),
+    "steps_launched_ahead": ("resident_steps_launched_ahead", "counter",
+                             "Steps launched before the step ahead of them was read back "
+                             "(plan_ahead=launch), by kind."),
     "step_seconds": ("resident_step_seconds", "counter",
                      "Wall seconds of engine steps by kind, schedule to sampled tokens."),
     "prefills_padded": ("resident_prefills_padded", "counter",
