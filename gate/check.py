@@ -29,7 +29,7 @@ from gate.check_load import Answer, complete_all, gives_logprobs
 from gate.check_report import CHECK_JSON, write_check
 from gate.records import write_manifest
 from gate.server import LaunchSpec, Server, ServerFailed, clean_environment
-from gate.session import INDUCTOR, Session
+from gate.session import INDUCTOR, Session, triton_cache
 
 # the manifest keys `run` writes that a check has too (the rest describe rounds and cells)
 MANIFEST_KEYS = ("name", "command", "created", "baseline", "arms", "model", "device",
@@ -93,7 +93,7 @@ class CheckSession(Session):
         loads; its row-check counts. A server that fails fails its loads' requests."""
         config, placement = self.config, self.placement
         spec = LaunchSpec(config.model, config.device, placement.server_cpus, cache,
-                          placement.gpu, config.startup_timeout)
+                          triton_cache(self.repo), placement.gpu, config.startup_timeout)
         knobs = {**placement.server_knobs(), **arm.knobs, **launch.knobs}
         record: dict[str, Any] = {"knobs": knobs, "error": None}
         self.launched.setdefault(launch.name, {})[arm.name] = record

@@ -44,6 +44,7 @@ class LaunchSpec:
     device: str
     cpus: tuple[int, ...]
     inductor_cache: Path
+    triton_cache: Path
     gpu: int | None
     startup_timeout_s: float
 
@@ -67,6 +68,7 @@ class Server:
         self.url = f"http://{HOST}:{self.port}"
         env, self.removed_env = clean_environment()
         env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
+        env["TRITON_CACHE_DIR"] = str(launch.triton_cache)
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
         if launch.gpu is not None:
@@ -91,6 +93,7 @@ class Server:
         self.health_s: float | None = None  # launch to the first /health 200
         self.stop_s: float | None = None  # stop() to the process group gone
         self.startup: dict | None = None  # a resident core's start-up spans (/debug/config)
+        self.caches: dict | None = None  # and the compile caches it used
 
     def alive(self) -> bool:
         return self.process.poll() is None

@@ -50,7 +50,19 @@ from gate.telemetry import gather_versions, host_info
 from gate.timing import server_entry
 
 WORKTREES = Path(".gate/worktrees")
+# One Inductor cache per round, shared by its arms (so they replay the same kernel choices) and
+# removed after it; one Triton cache for every server the gate starts, kept: compiled kernels
+# (ours, fla's, Inductor's) and Triton's autotuning results, keyed by source, device and
+# shapes, which no arm can bias, and which a fresh cache would redo in every round.
 INDUCTOR = Path(".gate/inductor")
+TRITON = Path(".gate/triton")
+
+
+def triton_cache(repo: Path) -> Path:
+    """The gate's Triton cache under `repo` (TRITON above), made if missing."""
+    path = (repo / TRITON).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def round_order(arms: list[Arm], round_index: int) -> list[Arm]:
@@ -201,7 +213,8 @@ class Session:
         the number of failed runs."""
         config = self.config
         launch = LaunchSpec(config.model, config.device, self.placement.server_cpus, cache,
-                            self.placement.gpu, config.startup_timeout)
+                            triton_cache(self.repo), self.placement.gpu,
+                            config.startup_timeout)
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
             else {}
         log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
@@ -235,7 +248,8 @@ class Session:
                        launch: str | None = None) -> None:
         timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
         timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
-                                              server.stop_s, server.startup, launch))
+                                              server.stop_s, server.startup, launch,
+                                              server.caches))
         self._save_manifest()
 
     def _save_manifest(self) -> None:
@@ -253,7 +267,7 @@ class Session:
         if arm.kind != "resident":
             return False
         debug = await server.get_json("/debug/config") or {}
-        server.startup = debug.get("startup")
+        server.startup, server.caches = debug.get("startup"), debug.get("caches")
         self._fingerprint = check_identity(arm, entry, debug, self._fingerprint,
                                            server.log_tail())
         planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"

@@ -15,11 +15,12 @@ from typing import Any
 
 
 def server_entry(round_index: int, arm: str, health_s: float | None, stop_s: float | None,
-                 startup: dict[str, float] | None = None,
-                 launch: str | None = None) -> dict[str, Any]:
-    """A server's times; `launch` names a check's launch (its servers have no rounds)."""
+                 startup: dict[str, float] | None = None, launch: str | None = None,
+                 caches: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """A server's times, and the compile caches a resident server used; `launch` names a
+    check's launch (its servers have no rounds)."""
     entry = {"round": round_index, "arm": arm, "health_s": health_s, "stop_s": stop_s,
-             "startup": startup}
+             "startup": startup, "caches": caches}
     return entry | ({"launch": launch} if launch else {})
 
 

@@ -133,6 +133,11 @@ def test_a_session_writes_everything(session):
     assert all({"imports", "model", "buffers", "total"} <= set(s["startup"])
                and 0 < s["startup"]["total"] < s["health_s"] for s in servers)
     assert all("start-up " in log.read_text() for log in (out / "logs").glob("*.log"))
+    # each engine core compiled into its round's Inductor cache and the gate's one Triton cache
+    assert all(s["caches"]["inductor"].endswith(f"/{out.name}/round-{s['round']}")
+               for s in servers)
+    triton = (Path.cwd() / ".gate" / "triton").resolve()
+    assert {s["caches"]["triton"] for s in servers} == {str(triton)}
     timing = json.loads((out / "summary.json").read_text())["timing"]
     span = max(r.started_at for r in runs) - min(r.started_at for r in runs)
     assert timing["wall_s"] > max(timing["startup_s"], span + servers[0]["health_s"])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -79,6 +80,9 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
         "startup": engine.startup.to_dict(),  # seconds per span (startup.py)
+        # where compiled kernels and autotuning results went (None: the library's default)
+        "caches": {"inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                   "triton": os.environ.get("TRITON_CACHE_DIR")},
     }
 
 
