@@ -251,13 +251,14 @@ class Engine:
 
     def _launch(self, prepared: PreparedStep, sampled: SampledTokens | None = None):
         """Uploads a prepared decode step's token ids (a varlen step: stages and uploads its
-        rows), moves the read-back's event past them (so the wait that returns the last
-        step's tokens also frees their host sources), runs it. Ids the last step sampled and
-        has not read back come from `sampled` on the device."""
+        rows, and its prefill backend plans), moves the read-back's event past them (so the
+        wait that returns the last step's tokens also frees their host sources), runs it. Ids
+        the last step sampled and has not read back come from `sampled` on the device."""
         if not prepared.is_decode:
             staged = self.inputs.varlen.stage(prepared.plan, sampled)
+            launch = self.runner.plan_varlen(prepared.plan, staged)
             self.readback.mark()
-            return self.runner.forward_varlen(prepared.plan, staged)
+            return launch()
         self.planning.upload_decode(prepared, sampled)
         self.readback.mark()
         return self.runner.forward_decode(prepared.bucket, prepared.width)

@@ -40,10 +40,16 @@ class StepRunner:
 
     def forward_varlen(self, plan: StepPlan, staged: StagedVarlen) -> torch.Tensor:
         """[sampling rows, vocab] logits of a staged varlen step."""
+        return self.plan_varlen(plan, staged)()
+
+    def plan_varlen(self, plan: StepPlan, staged: StagedVarlen) -> Callable[[], torch.Tensor]:
+        """A staged varlen step's host work, done now (an eager step's prefill backend plans
+        for it, which may queue copies from its own host buffers); returns the launch of its
+        forward, which gives [sampling rows, vocab] logits."""
         if staged.bucket is not None:
             self.num_padded_prefills += 1
-            logits = self._timed(self.run_padded, staged.bucket, staged.max_query_len)
-            return logits[:staged.num_sampling]
+            return lambda: self._timed(self.run_padded, staged.bucket,
+                                       staged.max_query_len)[:staged.num_sampling]
         varlen, layout = self.inputs.varlen, None
         if self.kernels.prefill.needs_layout:
             layout = self.inputs.host_layout(plan, staged.num_rows, staged.width,
@@ -52,7 +58,7 @@ class StepRunner:
         meta = varlen.meta(staged)
         self.phases.lap("rest")
         ids = self.inputs.buffers.input_ids_gpu[:staged.num_tokens]
-        return self._timed(self.execute, ids, meta, ops)
+        return lambda: self._timed(self.execute, ids, meta, ops)
 
     def forward_decode(self, bucket: int, width: int) -> torch.Tensor:
         """[bucket, vocab] logits of a decode bucket whose inputs (and host attention plan, if
