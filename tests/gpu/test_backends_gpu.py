@@ -197,7 +197,8 @@ def test_gdn_prefill_matches_reference():
     ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
     want_conv = causal_conv_ref(x, weight, ref_conv, meta.state_slots, meta.query_start_loc,
                                 meta.max_query_len)
-    got_conv = ops.conv(x, weight, conv_pool, meta)
+    # the 0.8B conv's query, key and value channels (_gdn_case's defaults), as three planes
+    got_conv = torch.cat(ops.conv(x, weight, conv_pool, meta, (2048, 2048, 2048)), dim=-1)
     assert _rel_err(got_conv, want_conv) < 1e-2
     torch.testing.assert_close(conv_pool, ref_conv)  # the window is copied, not computed
 
