@@ -12,6 +12,9 @@
 #   profile   configs/gate/h200-0.8b-profile.yaml (four arms' profile windows, issue 20), tarred
 #   planted   configs/gate/h200-0.8b-planted.yaml (a planted slowdown and an A/A copy, issue 21)
 #   budget-served  configs/gate/h200-0.8b-budget.yaml (the served prefill budget sweep, issue 18)
+#   served    results/2026-12-01-h200-0.8b-drain/served.yaml (2048 against 8192 at c=64/256) up
+#             to $ROUNDS rounds in all (default 1), tarred to gate-served.tgz; a gate-served.tgz
+#             at the tree's root (from a call before: carry it) is resumed, so rounds add up
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
@@ -61,6 +64,12 @@ for part in "$@"; do
       run "$part" 560 python3 -m gate run --config "configs/gate/h200-0.8b-${part%-served}.yaml" \
         --out "$OUT/gate-$part"
       tar czf "$OUT/gate-$part.tgz" -C "$OUT" "gate-$part" && rm -rf "$OUT/gate-$part" ;;
+    served)
+      resume=()
+      if [ -f gate-served.tgz ]; then tar xzf gate-served.tgz -C "$OUT" && resume=(--resume); fi
+      run served 560 python3 -m gate run --config results/2026-12-01-h200-0.8b-drain/served.yaml \
+        --rounds "${ROUNDS:-1}" --out "$OUT/gate-served" "${resume[@]}"
+      tar czf "$OUT/gate-served.tgz" -C "$OUT" gate-served && rm -rf "$OUT/gate-served" ;;
     check | check-2b)
       size=0.8b; [ "$part" = check-2b ] && size=2b
       run "$part" 560 python3 -m gate check --config "configs/gate/check-h200-$size.yaml" \
