@@ -176,3 +176,19 @@ def test_a_burst_of_prompts_runs_its_prefill_steps_ahead(padded):
     launched, steps = (engine.stats()[key] for key in ("steps_launched_ahead", "steps"))
     assert launched["prefill"] == steps["prefill"] - 1 >= 5
     assert_all_given_back(engine, "auto")
+
+
+@pytest.mark.parametrize("sources, want", [
+    ([0, 1, -1, -1], [10, 11, 7, 7]),  # leading in the sampled order: one copy
+    ([-1, 2, 0, -1], [7, 12, 10, 7]),  # anywhere else: the staged gather
+    ([-1, -1, -1, -1], [7, 7, 7, 7]),  # nothing pending: the host's ids stay
+])
+def test_ids_from_sampled_moves_each_pending_row_its_token(sources, want):
+    """The device gather both a decode step's and a varlen step's ids use (buffers.py)."""
+    from resident.engine.buffers import SampledTokens, ids_from_sampled
+
+    ids = torch.full((4,), 7)
+    sampled = SampledTokens(torch.tensor([10, 11, 12]), {"a": 0, "b": 1, "c": 2})
+    rows = torch.zeros(8, dtype=torch.int64)
+    ids_from_sampled(ids, sources, sampled, rows.clone().numpy(), rows, torch.zeros(4).long())
+    assert ids.tolist() == want
