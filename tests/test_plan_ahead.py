@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from resident.config import EngineConfig
+from resident.engine.buffers import SampledTokens, ids_from_sampled
 from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
@@ -185,8 +186,6 @@ def test_a_burst_of_prompts_runs_its_prefill_steps_ahead(padded):
 ])
 def test_ids_from_sampled_moves_each_pending_row_its_token(sources, want):
     """The device gather both a decode step's and a varlen step's ids use (buffers.py)."""
-    from resident.engine.buffers import SampledTokens, ids_from_sampled
-
     ids = torch.full((4,), 7)
     sampled = SampledTokens(torch.tensor([10, 11, 12]), {"a": 0, "b": 1, "c": 2})
     rows = torch.zeros(8, dtype=torch.int64)
