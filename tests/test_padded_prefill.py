@@ -109,7 +109,7 @@ def _staged_step(engine, plan: StepPlan):
     """Runs one padded step of `plan` eagerly and returns its logits."""
     staged = engine.inputs.varlen.stage(plan)
     assert staged.bucket is not None
-    return engine.runner.forward_varlen(plan, staged)
+    return engine.runner.plan_varlen(plan, staged)()
 
 
 def test_padding_touches_no_real_rows_pages_window_or_state():
@@ -139,7 +139,7 @@ def test_padding_touches_no_real_rows_pages_window_or_state():
     slots = {padded.states.slots[rid] for rid in rows}
     before = {name: getattr(cache, name).clone() for name in ("kv", "conv", "recurrent")}
     got = _staged_step(padded, plans[0])
-    want = eager.runner.forward_varlen(plans[1], eager.inputs.varlen.stage(plans[1]))
+    want = eager.runner.plan_varlen(plans[1], eager.inputs.varlen.stage(plans[1]))()
     # float64: other GEMM shapes and the split GDN round differently, in the last bits only
     torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
     others = sorted(set(range(cache.kv.shape[1])) - pages - {0})

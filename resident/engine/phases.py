@@ -85,9 +85,7 @@ class PhaseTiming:
             yield
         finally:
             wall = time.perf_counter() - start
-            sums = self._sums.setdefault(kind, Counter())
-            sums.update(self._parts)
-            sums["step"] += wall
+            self._file(kind, self._parts, wall)
             self._ahead_wall += wall
             self._parts = outer
 
@@ -102,10 +100,15 @@ class PhaseTiming:
         self._depth -= 1
         if self._depth or self._kind is None:
             return
-        sums = self._sums.setdefault(self._kind, Counter())
-        sums.update(self._parts)
-        sums["step"] += time.perf_counter() - self._wall - self._ahead_wall
-        sums["steps"] += 1
+        wall = time.perf_counter() - self._wall - self._ahead_wall
+        self._file(self._kind, self._parts, wall)["steps"] += 1
+
+    def _file(self, kind: str, parts: Counter[str], wall: float) -> Counter[str]:
+        """Adds parts (thread CPU) and wall seconds to `kind`'s sums; returns them."""
+        sums = self._sums.setdefault(kind, Counter())
+        sums.update(parts)
+        sums["step"] += wall
+        return sums
 
     def reset(self) -> None:
         self._sums.clear()

@@ -38,10 +38,6 @@ class StepRunner:
         self.prefill_graphs = StepGraphs("prefill") if cuda_graphs else None
         self.num_padded_prefills = 0
 
-    def forward_varlen(self, plan: StepPlan, staged: StagedVarlen) -> torch.Tensor:
-        """[sampling rows, vocab] logits of a staged varlen step."""
-        return self.plan_varlen(plan, staged)()
-
     def plan_varlen(self, plan: StepPlan, staged: StagedVarlen) -> Callable[[], torch.Tensor]:
         """A staged varlen step's host work, done now (an eager step's prefill backend plans
         for it, which may queue copies from its own host buffers); returns the launch of its

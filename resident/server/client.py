@@ -143,17 +143,15 @@ class EngineClient:
         # The same socket, read without the event loop: pyzmq's asyncio recv yields to the loop
         # even for a message already queued.
         queued = zmq.Socket.shadow(self._outputs.underlying)
-        while self._route(await self._outputs.recv_pyobj()):
+        while True:
+            message = await self._outputs.recv_pyobj()
             # Route every message already queued before the streams run: a stream that fell
             # behind the core (one message a step) then finds several outputs and writes them
             # at once (generate), rather than a wake-up and a socket write per step each.
-            while True:
-                try:
-                    message = queued.recv_pyobj(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            while message is not None:
                 if not self._route(message):
                     return
+                message = _queued_message(queued)
 
     def _route(self, message) -> bool:
         """One core message to whoever waits for it; False once the core has failed."""
@@ -204,3 +202,11 @@ class EngineClient:
         for request_id, queue in self._streams.items():
             queue.put_nowait(RequestOutput(request_id, [], finished=True,
                                            finish_reason=finish_reason, error=error))
+
+
+def _queued_message(socket: zmq.Socket):
+    """The next message already queued on `socket`, or None."""
+    try:
+        return socket.recv_pyobj(zmq.NOBLOCK)
+    except zmq.Again:
+        return None
