@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
@@ -22,14 +23,53 @@ from resident.model.config import load_model_config
 from resident.provenance import package_version
 from resident.render import OutputFormat, render
 
+# no built-in --help, which typer's help lists with a <bool> metavar: every command, and the
+# callback, takes HelpOpt, a flag listed as one (as in the gate's CLI)
 app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  context_settings={"help_option_names": []},
                   help="resident: a Qwen3.5 serving engine with decode planning on the GPU.")
 
-ModelArg = Annotated[str, typer.Argument(
-    metavar="MODEL",
-    help="A shipped config (tiny, qwen3.5-0.8b, ...), a YAML file, or a Hugging Face directory.",
-)]
-FormatOpt = Annotated[OutputFormat, typer.Option("--format", help="table or json.")]
+
+def _show_help(ctx: typer.Context, value: bool) -> None:
+    if value:
+        typer.echo(ctx.get_help(), nl=False)
+        raise typer.Exit()
+
+
+def _choices(values: Iterable[str]) -> str:
+    """A metavar naming the allowed values: [a|b|c]."""
+    return f"[{'|'.join(values)}]"
+
+
+def _ranged(help_text: str, low: float, high: float | None = None) -> dict[str, Any]:
+    """help and callback for a number kept in [low, high], the range written into the help at
+    {range}: in place of typer's min/max, which print a Python comparison after the metavar."""
+    span = f"{low}-{high}" if high is not None else f"at least {low}"
+
+    def check(value: float) -> float:
+        if value < low or (high is not None and value > high):
+            raise typer.BadParameter(f"must be {span}, not {value}")
+        return value
+
+    return {"help": help_text.format(range=span), "callback": check}
+
+
+class Device(enum.StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+# hidden: typer lists an argument with its Python type (<str>); the usage line shows {MODEL}
+# and each command's help says what it is
+ModelArg = Annotated[str, typer.Argument(metavar="MODEL", hidden=True)]
+FormatOpt = Annotated[OutputFormat, typer.Option(
+    "--format", metavar=_choices(OutputFormat), help="How the results print.")]
+HelpOpt = Annotated[bool, typer.Option(
+    "--help", metavar="", is_eager=True, expose_value=False, callback=_show_help,
+    help="Show this message and exit.")]
 
 
 def _print_version(value: bool) -> None:
@@ -43,11 +83,9 @@ def _root(
     version: Annotated[bool, typer.Option(
         "--version", metavar="", is_eager=True, expose_value=False, callback=_print_version,
         help="Print the version and exit.")] = False,
+    show_help: HelpOpt = False,
 ) -> None:
     """resident: a Qwen3.5 serving engine with decode planning on the GPU."""
-
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _model_config(model: str):
@@ -60,15 +98,21 @@ def _model_config(model: str):
 @app.command()
 def info(
     model: ModelArg,
-    context: Annotated[int, typer.Option(min=0, help="Tokens of KV each sequence reads.")] = 640,
+    context: Annotated[int, typer.Option(
+        metavar="INT", **_ranged("Tokens of KV each sequence reads, {range}.", 0))] = 640,
     bandwidth: Annotated[float, typer.Option(
-        min=0.001, help="Memory bandwidth in TB/s (4.28: the H200's measured copy bandwidth).")
-    ] = 4.28,
-    dtype: Annotated[str, typer.Option(help="Weight and KV dtype: bfloat16, float16, float32.")
-                     ] = "bfloat16",
+        metavar="FLOAT", **_ranged("Memory bandwidth in TB/s, {range} (4.28: the H200's "
+                                   "measured copy bandwidth).", 0.001))] = 4.28,
+    dtype: Annotated[str, typer.Option(
+        metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
     output_format: FormatOpt = OutputFormat.table,
+    show_help: HelpOpt = False,
 ) -> None:
-    """Parameters, weight, KV and GDN state bytes and the decode roofline, from the config alone."""
+    """Parameters, weight, KV and GDN state bytes and the decode roofline, from the config alone.
+
+    MODEL: a shipped config (tiny, qwen3.5-0.8b, ...), a YAML file,
+    or a Hugging Face directory.
+    """
     config = _model_config(model)
     if dtype not in _DTYPE_BYTES:
         raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPE_BYTES)}",
@@ -96,27 +140,29 @@ def info(
     render({"model": summary, "decode_roofline": roofline}, output_format)
 
 
-class Device(enum.StrEnum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
 @app.command()
 def serve(
     model: ModelArg,
-    device: Annotated[Device, typer.Option(help="auto: cuda when available, else cpu.")] =
-    Device.auto,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    device: Annotated[Device, typer.Option(
+        metavar=_choices(Device), help="auto: cuda when available, else cpu.")] = Device.auto,
+    host: Annotated[str, typer.Option(metavar="HOST", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(
+        metavar="INT", **_ranged("Port to bind, {range}.", 1, 65535))] = 8000,
     knobs: Annotated[list[str] | None, typer.Option(
-        "--set", help="knob=value, repeatable; beats RESIDENT_<KNOB> and the model YAML.")
-    ] = None,
+        "--set", metavar="KNOB=VALUE", help="An engine knob, repeatable; beats RESIDENT_<KNOB> "
+        "and the model YAML (`resident knobs` lists them).")] = None,
     api_key: Annotated[str | None, typer.Option(
-        envvar="RESIDENT_API_KEY", help="Require Authorization: Bearer <key>.")] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING.")] = "INFO",
+        metavar="KEY", envvar="RESIDENT_API_KEY", help="Require Authorization: Bearer <key>.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(
+        metavar="LEVEL", help="DEBUG, INFO or WARNING.")] = "INFO",
+    show_help: HelpOpt = False,
 ) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API (an API process and an engine core)."""
+    """Serve MODEL over an OpenAI-compatible HTTP API (an API process and an engine core).
+
+    MODEL: a shipped config (tiny, qwen3.5-0.8b, ...), a YAML file,
+    or a Hugging Face directory.
+    """
     from resident.server.serve import ServeOptions
     from resident.server.serve import serve as run_server
 
@@ -194,10 +240,12 @@ def knob_rows() -> list[dict[str, str]]:
 
 
 @app.command()
-def knobs(output_format: FormatOpt = OutputFormat.table) -> None:
-    """Every engine knob: default, allowed values, environment variable and meaning. Set one
-    with `--set knob=value` (`resident serve`) or RESIDENT_<KNOB>; the model YAML's `engine:`
-    mapping sits under both."""
+def knobs(output_format: FormatOpt = OutputFormat.table, show_help: HelpOpt = False) -> None:
+    """Every engine knob: default, allowed values, environment variable and meaning.
+
+    Set one with `--set KNOB=VALUE` (`resident serve`) or RESIDENT_<KNOB>;
+    the model YAML's `engine:` mapping sits under both.
+    """
     render({"knobs": knob_rows()}, output_format)
 
 

@@ -54,6 +54,59 @@ def test_run_help_shows_every_default_in_one_style():
     assert "--sessions" not in output  # the old name works, hidden
 
 
+def _resident(*args: str):
+    return CliRunner().invoke(resident.cli.app, list(args), env=ENV)
+
+
+# typer's own labels: <str>, <int range>, <list[str]>, <auto|cpu|cuda>
+TYPER_LABELS = re.compile(r"<(bool|int|float|str|list|path)\b|<\w+(\|\w+)+>")
+
+
+@pytest.mark.parametrize("command, metavars", [
+    ((), ()),
+    (("serve",), ("KNOB=VALUE", "INT", "HOST", "KEY", "LEVEL", "[auto|cpu|cuda]")),
+    (("info",), ("INT", "FLOAT", "[bfloat16|float16|float32]", "[table|json]")),
+    (("knobs",), ("[table|json]",)),
+])
+def test_resident_help_names_values_not_python_types(command, metavars):
+    result = _resident(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert not TYPER_LABELS.search(result.output), TYPER_LABELS.search(result.output).group()
+    for metavar in metavars:
+        assert f" {metavar} " in result.output, metavar
+    lines = result.output.splitlines()
+    flags = [line for line in lines if re.search(r"│ --(help|version)\b", line)]
+    assert len(flags) == (2 if not command else 1)
+    for line in flags:  # a flag's line holds no metavar between it and its help
+        assert re.search(r"--(help|version)\s{3,}[A-Z]", line), line
+
+
+def test_resident_help_shows_ranges_and_defaults_in_words():
+    serve = " ".join(_resident("serve", "--help").output.split())
+    assert "[OPTIONS] {MODEL}" in serve and "MODEL: a shipped config" in serve
+    assert "Port to bind, 1-65535. [default: 8000]" in serve
+    assert "[default: 127.0.0.1]" in serve and "[default: auto]" in serve
+    info = " ".join(_resident("info", "--help").output.split())
+    assert "at least 0.001" in info and "[default: 4.28]" in info
+    assert "<=" not in serve + info and ">=" not in serve + info
+    # a command's first paragraph is one line of the command list, not wrapped as its source is
+    root = _resident("--help").output.splitlines()
+    knobs = next(i for i, line in enumerate(root) if line.startswith("│ knobs "))
+    assert root[knobs].rstrip(" │").endswith("environment variable and meaning."), root[knobs]
+    assert not re.match(r"│\s{3,}\S", root[knobs + 1]), root[knobs + 1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("serve", "tiny", "--port", "0"), "must be 1-65535, not 0"),
+    (("serve", "tiny", "--port", "65536"), "must be 1-65535, not 65536"),
+    (("info", "tiny", "--bandwidth", "0"), "must be at least 0.001, not 0.0"),
+    (("info", "tiny", "--context", "-1"), "must be at least 0, not -1"),
+])
+def test_resident_ranges_still_hold(args, message):
+    result = _resident(*args)
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
 def _pyproject_version() -> str:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
