@@ -89,6 +89,9 @@ class Engine:
         self.model_config, self.config, self.device = model_config, config, device
         self.startup = startup or StartupTimes()
         self.dtype = torch_dtype(config.dtype)
+        if device.type == "cuda":
+            torch.empty(1, device=device)  # the CUDA context, timed apart from the weights
+            self.startup.lap("device")
         self.model = load_model(model_config, device, self.dtype,
                                 dense=build_dense_ops(config.compile == "on"))
         if config.compile == "on":

@@ -117,21 +117,51 @@ class DenseOps:
     sigmoid_gate: Callable = sigmoid_gate
 
 
-def build_dense_ops(compile: bool) -> DenseOps:
-    """Each function compiled on its own (fullgraph: nothing in them may break the graph).
+# The token dim of each function's positional tensor arguments (None: a weight, a table or
+# not a tensor). add_rms_norm's x is [T, H] or a split-K projection's partials [S, T, H].
+TOKEN_DIMS: dict[str, tuple[int | None, ...]] = {
+    "rms_norm": (0,),
+    "add_rms_norm": (-2, 0),
+    "gated_rms_norm": (0, 0),
+    "gdn_gates": (0, 0),
+    "silu_mul": (0,),
+    "rope_tables": (0,),
+    "qk_norm_rope": (0, 0, None, None, 0, 0),
+    "sigmoid_gate": (0, 0),
+}
 
-    Compiled dynamic from the first call: otherwise Inductor specialises the first shape it
-    sees (say one prompt's length) and goes dynamic only at the second, so the same tokens
-    would round differently depending on which step came first. A one-token batch is always
-    its own graph, so each function compiles twice whatever the step mix.
+
+def build_dense_ops(compile: bool) -> DenseOps:
+    """Each function compiled on its own (fullgraph: nothing in them may break the graph),
+    with only its tokens dim dynamic, from the first call.
+
+    Dynamic from the first call: otherwise Inductor specialises the first token count it sees
+    (say one prompt's length) and goes dynamic only at the second, so the same tokens would
+    round differently depending on which step came first. Only the tokens dim: with every dim
+    symbolic (`dynamic=True`) the feature dims became runtime values, so Inductor's kernels
+    indexed by division (silu*mul of a 2,304-token step ran 29 µs for 10 µs of bytes), and a
+    token count equal to a feature dim (256 rows, head_dim 256) was duck-sized into one symbol,
+    which the next bucket's count then broke: a recompile. A one-token batch is always its own
+    graph, so each function compiles twice whatever the step mix.
     """
     plain = DenseOps()
     if not compile:
         return plain
     install_recompile_reporter()
-    return DenseOps(**{f.name: torch.compile(getattr(plain, f.name), fullgraph=True,
-                                             dynamic=True)
+    return DenseOps(**{f.name: _compile_tokens_dynamic(getattr(plain, f.name), TOKEN_DIMS[f.name])
                        for f in fields(DenseOps)})
+
+
+def _compile_tokens_dynamic(function: Callable, token_dims: tuple[int | None, ...]) -> Callable:
+    compiled = torch.compile(function, fullgraph=True)
+
+    @functools.wraps(function)
+    def call(*args):
+        for arg, dim in zip(args, token_dims, strict=False):  # eps and dtypes come last
+            if dim is not None:
+                torch._dynamo.maybe_mark_dynamic(arg, dim % arg.dim())
+        return compiled(*args)
+    return call
 
 
 class _RecompileLimitFilter(logging.Filter):
