@@ -12,9 +12,10 @@
 #   profile   configs/gate/h200-0.8b-profile.yaml (four arms' profile windows, issue 20), tarred
 #   planted   configs/gate/h200-0.8b-planted.yaml (a planted slowdown and an A/A copy, issue 21)
 #   budget-served  configs/gate/h200-0.8b-budget.yaml (the served prefill budget sweep, issue 18)
-#   served    results/2026-12-01-h200-0.8b-drain/served.yaml (2048 against 8192 at c=64/256) up
-#             to $ROUNDS rounds in all (default 1), tarred to gate-served.tgz; a gate-served.tgz
-#             at the tree's root (from a call before: carry it) is resumed, so rounds add up
+#   served    $SERVED (default results/2026-12-02-h200-0.8b-dense/served.yaml: 2048 against
+#             8192 at c=16/64/256) up to $ROUNDS rounds in all (default 1), tarred to
+#             gate-served.tgz; a gate-served.tgz at the tree's root (from a call before: carry
+#             it) is resumed, so rounds add up
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
@@ -67,7 +68,8 @@ for part in "$@"; do
     served)
       resume=()
       if [ -f gate-served.tgz ]; then tar xzf gate-served.tgz -C "$OUT" && resume=(--resume); fi
-      run served 560 python3 -m gate run --config results/2026-12-01-h200-0.8b-drain/served.yaml \
+      run served 560 python3 -m gate run \
+        --config "${SERVED:-results/2026-12-02-h200-0.8b-dense/served.yaml}" \
         --rounds "${ROUNDS:-1}" --out "$OUT/gate-served" "${resume[@]}"
       tar czf "$OUT/gate-served.tgz" -C "$OUT" gate-served && rm -rf "$OUT/gate-served" ;;
     check | check-2b)
