@@ -99,12 +99,14 @@ def _model_config(model: str):
 def info(
     model: ModelArg,
     context: Annotated[int, typer.Option(
-        metavar="INT", **_ranged("Tokens of KV each sequence reads, {range}.", 0))] = 640,
+        "--context", metavar="INT",
+        **_ranged("Tokens of KV each sequence reads, {range}.", 0))] = 640,
     bandwidth: Annotated[float, typer.Option(
-        metavar="FLOAT", **_ranged("Memory bandwidth in TB/s, {range} (4.28: the H200's "
-                                   "measured copy bandwidth).", 0.001))] = 4.28,
+        "--bandwidth", metavar="FLOAT",
+        **_ranged("Memory bandwidth in TB/s, {range} (4.28: the H200's measured copy "
+                  "bandwidth).", 0.001))] = 4.28,
     dtype: Annotated[str, typer.Option(
-        metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
+        "--dtype", metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
     output_format: FormatOpt = OutputFormat.table,
     show_help: HelpOpt = False,
 ) -> None:
@@ -144,18 +146,20 @@ def info(
 def serve(
     model: ModelArg,
     device: Annotated[Device, typer.Option(
-        metavar=_choices(Device), help="auto: cuda when available, else cpu.")] = Device.auto,
-    host: Annotated[str, typer.Option(metavar="HOST", help="Address to bind.")] = "127.0.0.1",
+        "--device", metavar=_choices(Device), help="auto: cuda when available, else cpu.")
+    ] = Device.auto,
+    host: Annotated[str, typer.Option(
+        "--host", metavar="HOST", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(
-        metavar="INT", **_ranged("Port to bind, {range}.", 1, 65535))] = 8000,
+        "--port", metavar="INT", **_ranged("Port to bind, {range}.", 1, 65535))] = 8000,
     knobs: Annotated[list[str] | None, typer.Option(
         "--set", metavar="KNOB=VALUE", help="An engine knob, repeatable; beats RESIDENT_<KNOB> "
         "and the model YAML (`resident knobs` lists them).")] = None,
     api_key: Annotated[str | None, typer.Option(
-        metavar="KEY", envvar="RESIDENT_API_KEY", help="Require Authorization: Bearer <key>.")
-    ] = None,
+        "--api-key", metavar="KEY", envvar="RESIDENT_API_KEY",
+        help="Require Authorization: Bearer <key>.")] = None,
     log_level: Annotated[str, typer.Option(
-        metavar="LEVEL", help="DEBUG, INFO or WARNING.")] = "INFO",
+        "--log-level", metavar="LEVEL", help="DEBUG, INFO or WARNING.")] = "INFO",
     show_help: HelpOpt = False,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API (an API process and an engine core).
