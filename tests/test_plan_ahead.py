@@ -179,6 +179,25 @@ def test_a_burst_of_prompts_runs_its_prefill_steps_ahead(padded):
     assert_all_given_back(engine, "auto")
 
 
+@pytest.mark.parametrize("mode", ["on", "launch"])
+def test_the_first_step_after_an_idle_runs_what_arrived(mode):
+    """The last step before the engine drains plans nothing ahead: a request that arrives
+    while it is idle runs in the very next step() (an empty plan kept from before the idle
+    would have spent that step on nothing)."""
+    engine = make_engine(mode, "auto")
+    for rid, (prompt, max_tokens) in workload(2, seed=4).items():
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens,
+                                                                  ignore_eos=True)))
+    while engine.has_work():
+        engine.step()
+    engine.add_request(EngineRequest("late", [5, 6, 7], SamplingParams(max_tokens=2,
+                                                                       ignore_eos=True)))
+    outputs = engine.step()
+    assert engine.last_step_kind == "prefill"
+    assert [out.request_id for out in outputs] == ["late"]
+    assert len(outputs[0].new_token_ids) == 1
+
+
 @pytest.mark.parametrize("sources, want", [
     ([0, 1, -1, -1], [10, 11, 7, 7]),  # leading in the sampled order: one copy
     ([-1, 2, 0, -1], [7, 12, 10, 7]),  # anywhere else: the staged gather

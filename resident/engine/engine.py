@@ -31,6 +31,7 @@ from collections import Counter
 from typing import Any
 
 import torch
+import torch._dynamo  # noqa: F401 - imported by torch at the first module built; ~4 s: `imports`
 
 from resident.backends import build_kernels
 from resident.config import EngineConfig
@@ -291,12 +292,14 @@ class Engine:
         """Schedules the next step while this one runs on the GPU and prepares it (a decode
         step's staging; a varlen step stages at launch): its host staging is written only
         after the previous step's read-back, which orders every earlier upload from the same
-        host buffers before it."""
-        self._next_plan = self.scheduler.schedule()
+        host buffers before it. A plan with no rows is dropped: the next step() schedules
+        afresh, with whatever arrived meanwhile."""
+        plan = self.scheduler.schedule()
         self.phases.lap("schedule")
-        if self._next_plan.rows:
-            with self.phases.ahead(self._next_plan.kind):
-                self._prepared = self._prepare(self._next_plan)
+        if plan.rows:
+            self._next_plan = plan
+            with self.phases.ahead(plan.kind):
+                self._prepared = self._prepare(plan)
 
     def _emit(self, request: Request, token: int, logprobs: TokenLogprobs | None,
               error: str | None = None) -> RequestOutput:
