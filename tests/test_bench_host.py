@@ -6,6 +6,10 @@ import json
 
 import pytest
 
+from resident.config import EngineConfig
+from resident.engine.engine import build_engine
+from resident.model.config import load_model_config
+from resident.tools.bench import _add_prompts, _prefill
 from resident.tools.bench_host import main
 
 
@@ -23,3 +27,17 @@ def test_a_bad_concurrency_is_named(capsys):
         main(["--concurrency", "1,x"])
     assert exit_info.value.code == 2
     assert "--concurrency '1,x'" in capsys.readouterr().err
+
+
+def test_a_burst_after_an_idle_counts_the_steps_its_prompts_took():
+    """The bench's burst rows divide their wall by the prefill steps: a second burst, after
+    the engine drained, takes as many as the first (8 prompts of 24 tokens, 64 a step)."""
+    config = EngineConfig(plan_ahead="launch", prefill_token_budget=64)
+    engine = build_engine(load_model_config("tiny"), config, "cpu")
+    counts = []
+    for tag in ("first", "steady"):
+        _add_prompts(engine, tag, 8, 24, 1)
+        counts.append(_prefill(engine)[1])
+        while engine.has_work():
+            engine.step()
+    assert counts == [3, 3]

@@ -116,13 +116,16 @@ def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_toke
 
 
 def _prefill(engine: Engine) -> tuple[float, int]:
-    """(seconds, steps) until every request has its prompt computed."""
-    start, steps = time.perf_counter(), 0
+    """(seconds, steps that ran rows) until every request has its prompt computed."""
+    start, steps_before = time.perf_counter(), _steps_run(engine)
     while engine.scheduler.waiting or any(r.num_computed < len(r.prompt_ids)
                                           for r in engine.requests.values()):
         engine.step()
-        steps += 1
-    return time.perf_counter() - start, steps
+    return time.perf_counter() - start, _steps_run(engine) - steps_before
+
+
+def _steps_run(engine: Engine) -> int:
+    return sum(engine.stats()["steps"].values())
 
 
 def _write_cprofile(profiler: cProfile.Profile, path: Path) -> None:
