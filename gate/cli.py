@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from gate import options as opt
 from gate.commands.check import check
 from gate.commands.phases import phases
 from gate.commands.report import report
 from gate.commands.run import run
-from resident.provenance import package_version
+from resident.cli_flags import NO_BUILTIN_HELP, HelpOpt, version_option
 
-# no built-in --help: each command takes opt.HelpOpt, a flag listed as one
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  context_settings={"help_option_names": []},
+# every command, and the callback, takes HelpOpt (resident/cli_flags.py)
+app = typer.Typer(no_args_is_help=True, add_completion=False, context_settings=NO_BUILTIN_HELP,
                   help="resident-gate: prove an engine change with alternated A/B server arms.")
 app.command()(run)
 app.command()(phases)
@@ -23,18 +19,13 @@ app.command()(report)
 app.command()(check)
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"resident-gate {package_version()}")
-        raise typer.Exit()
+VersionOpt = version_option("resident-gate")
 
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", metavar="", is_eager=True, expose_value=False, callback=_print_version,
-        help="Print the version and exit.")] = False,
-    show_help: opt.HelpOpt = False,
+    version: VersionOpt = False,
+    show_help: HelpOpt = False,
 ) -> None:
     """resident-gate: prove an engine change with alternated A/B server arms."""
 

@@ -38,17 +38,6 @@ def config_default(field: str) -> str:
     return default(",".join(map(str, value)) if isinstance(value, tuple) else str(value))
 
 
-def _show_help(ctx: typer.Context, value: bool) -> None:
-    if value:
-        typer.echo(ctx.get_help(), nl=False)
-        raise typer.Exit()
-
-
-# a flag in place of the built-in --help, which typer's help lists with a <bool> metavar
-HelpOpt = Annotated[bool, typer.Option(
-    "--help", metavar="", is_eager=True, expose_value=False, callback=_show_help,
-    help="Show this message and exit.")]
-
 ArmOpt = Annotated[list[str] | None, typer.Option(
     "--arm", metavar="NAME=SPEC", help="An arm, repeatable; the first is the baseline. SPEC: "
     "git:<ref>, path:<dir>, . or cmd:<server command with {host} {port}>.",

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from resident.cli_flags import NO_BUILTIN_HELP, HelpOpt, version_option
 from resident.config import (
     _CHOICES,
     EngineConfig,
@@ -20,20 +21,11 @@ from resident.config import (
 )
 from resident.info import model_facts
 from resident.model.config import load_model_config
-from resident.provenance import package_version
 from resident.render import OutputFormat, render
 
-# no built-in --help, which typer's help lists with a <bool> metavar: every command, and the
-# callback, takes HelpOpt, a flag listed as one (as in the gate's CLI)
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  context_settings={"help_option_names": []},
+# every command, and the callback, takes HelpOpt (cli_flags.py)
+app = typer.Typer(no_args_is_help=True, add_completion=False, context_settings=NO_BUILTIN_HELP,
                   help="resident: a Qwen3.5 serving engine with decode planning on the GPU.")
-
-
-def _show_help(ctx: typer.Context, value: bool) -> None:
-    if value:
-        typer.echo(ctx.get_help(), nl=False)
-        raise typer.Exit()
 
 
 def _choices(values: Iterable[str]) -> str:
@@ -67,22 +59,12 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ModelArg = Annotated[str, typer.Argument(metavar="MODEL", hidden=True)]
 FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", metavar=_choices(OutputFormat), help="How the results print.")]
-HelpOpt = Annotated[bool, typer.Option(
-    "--help", metavar="", is_eager=True, expose_value=False, callback=_show_help,
-    help="Show this message and exit.")]
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"resident {package_version()}")
-        raise typer.Exit()
+VersionOpt = version_option("resident")
 
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option(
-        "--version", metavar="", is_eager=True, expose_value=False, callback=_print_version,
-        help="Print the version and exit.")] = False,
+    version: VersionOpt = False,
     show_help: HelpOpt = False,
 ) -> None:
     """resident: a Qwen3.5 serving engine with decode planning on the GPU."""

@@ -16,6 +16,7 @@ from gate.check_report import CHECK_MD
 from gate.commands.common import bad_parameter, start_session
 from gate.config import GateConfig, build_gate_config, load_yaml
 from gate.output import OutputFormat, print_check
+from resident.cli_flags import HelpOpt
 
 
 def check(
@@ -37,6 +38,7 @@ def check(
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
+    show_help: HelpOpt = False,
 ) -> None:
     """Correctness before throughput: greedy tokens of each arm against the baseline's beside
     the baseline against a second server of itself (the yardstick), at c=1, at c=8 and under KV

@@ -8,6 +8,7 @@ from gate import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
 from gate.output import OutputFormat, print_phases
 from gate.phases import PHASES_MD, PhasesSession
+from resident.cli_flags import HelpOpt
 
 
 def phases(
@@ -32,7 +33,7 @@ def phases(
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
-    show_help: opt.HelpOpt = False,
+    show_help: HelpOpt = False,
 ) -> None:
     """Where each arm's step time goes, by the engine's own phase timing.
 

@@ -13,6 +13,7 @@ from gate.profile_report import PROFILE_FILE
 from gate.profiling import read_profiles
 from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
 from gate.tables import REPORT_FILES, write_reports
+from resident.cli_flags import HelpOpt
 
 
 def _session_dir(directory: Path) -> Path:
@@ -27,7 +28,7 @@ def report(
         exists=True, file_okay=False, dir_okay=True, callback=_session_dir, metavar="DIR",
         help="A session directory holding runs.jsonl and manifest.json.")],
     output_format: opt.FormatOpt = OutputFormat.table,
-    show_help: opt.HelpOpt = False,
+    show_help: HelpOpt = False,
 ) -> None:
     """Rebuild a session's tables, plots and verdicts from runs.jsonl and manifest.json (and
     profile.md from profiles.jsonl)."""

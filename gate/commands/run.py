@@ -10,6 +10,7 @@ from gate.output import OutputFormat, print_summary
 from gate.records import read_manifest
 from gate.session import Session
 from gate.tables import write_reports
+from resident.cli_flags import HelpOpt
 
 
 def run(
@@ -44,7 +45,7 @@ def run(
     resume: opt.ResumeOpt = False,
     sessions: opt.SessionsOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
-    show_help: opt.HelpOpt = False,
+    show_help: HelpOpt = False,
 ) -> None:
     """Gate arms against the baseline, round by round, and print the verdicts.
 
