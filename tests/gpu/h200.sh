@@ -15,7 +15,8 @@
 #   served    $SERVED (default results/2026-12-02-h200-0.8b-dense/served.yaml: 2048 against
 #             8192 at c=16/64/256) up to $ROUNDS rounds in all (default 1), tarred to
 #             gate-served.tgz; a gate-served.tgz at the tree's root (from a call before: carry
-#             it) is resumed, so rounds add up
+#             it) is resumed, so rounds add up. SERVED=configs/gate/h200-0.8b-aa.yaml: the A/A
+#             pair at c=64 (issue 18's gate noise), 3 rounds a call
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
