@@ -1,7 +1,8 @@
 """The package's import graph runs one way: kernels at the bottom, then the model and the
 resources, the backends and the planner, the engine, the server, and the tools and CLI on top;
 the gate stands apart (it measures other trees' engines over HTTP and imports only the knob
-parsing, the profile reading and the version it shares). Function-level imports count."""
+parsing, the profile reading, the version and the CLI flags it shares). Function-level imports
+count."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # lowest first; a module may import its own layer or any below
 LAYERS = [
-    ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling"),
+    ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
+     "resident.cli_flags"),
     ("resident.model", "resident.resources"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),
@@ -20,7 +22,8 @@ LAYERS = [
     ("resident.server",),
     ("resident.tools", "resident.cli", "resident.__main__"),
 ]
-GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance")
+GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance",
+                   "resident.cli_flags")
 
 
 def _layer(module: str) -> int:
