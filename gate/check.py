@@ -28,8 +28,8 @@ from gate.check_judge import PASS, Roles, judge
 from gate.check_load import Answer, complete_all, gives_logprobs
 from gate.check_report import CHECK_JSON, write_check
 from gate.records import write_manifest
-from gate.server import LaunchSpec, Server, ServerFailed, clean_environment
-from gate.session import INDUCTOR, Session, triton_cache
+from gate.server import Server, ServerFailed, clean_environment
+from gate.session import INDUCTOR, Session
 
 # the manifest keys `run` writes that a check has too (the rest describe rounds and cells)
 MANIFEST_KEYS = ("name", "command", "created", "baseline", "arms", "model", "device",
@@ -91,10 +91,8 @@ class CheckSession(Session):
     async def _serve(self, arm: Arm, launch: Launch, cache: Path) -> None:
         """One server: the arm's knobs, then the launch's; the identity checks; the launch's
         loads; its row-check counts. A server that fails fails its loads' requests."""
-        config, placement = self.config, self.placement
-        spec = LaunchSpec(config.model, config.device, placement.server_cpus, cache,
-                          triton_cache(self.repo), placement.gpu, config.startup_timeout)
-        knobs = {**placement.server_knobs(), **arm.knobs, **launch.knobs}
+        spec = self.launch_spec(cache)
+        knobs = {**self.placement.server_knobs(), **arm.knobs, **launch.knobs}
         record: dict[str, Any] = {"knobs": knobs, "error": None}
         self.launched.setdefault(launch.name, {})[arm.name] = record
         self.console.log(f"{launch.name}: starting {arm.name} ({arm.spec})")

@@ -211,10 +211,7 @@ class Session:
     async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:
         """Starts the arm's server for the round, measures each cell on it, stops it; returns
         the number of failed runs."""
-        config = self.config
-        launch = LaunchSpec(config.model, config.device, self.placement.server_cpus, cache,
-                            triton_cache(self.repo), self.placement.gpu,
-                            config.startup_timeout)
+        launch = self.launch_spec(cache)
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
             else {}
         log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
@@ -230,7 +227,7 @@ class Session:
                 raise ServerFailed(f"{arm.name}: /v1/models gives no vocab_size",
                                    server.log_tail())
             failed = 0
-            for concurrency in config.concurrency:
+            for concurrency in self.config.concurrency:
                 failed += await self._cell(server, arm, round_index, position, concurrency, vocab,
                                            planner_off)
             return failed
@@ -243,6 +240,13 @@ class Session:
         finally:
             server.stop()
             self._record_server(round_index, arm, server)
+
+    def launch_spec(self, inductor_cache: Path) -> LaunchSpec:
+        """How this session starts a server: its model, device, CPUs and GPU, the given
+        Inductor cache and the gate's kept Triton cache."""
+        config, placement = self.config, self.placement
+        return LaunchSpec(config.model, config.device, placement.server_cpus, inductor_cache,
+                          triton_cache(self.repo), placement.gpu, config.startup_timeout)
 
     def _record_server(self, round_index: int, arm: Arm, server: Server,
                        launch: str | None = None) -> None:
