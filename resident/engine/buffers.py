@@ -12,9 +12,13 @@ steps later, after a read-back that the stream orders behind their copies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from resident.engine.scheduler import Row
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,12 @@ class StepBuffers:
 
     def device(self, name: str) -> torch.Tensor:
         return getattr(self, f"{name}_gpu")
+
+
+def sampled_sources(rows: list[Row], sampled: SampledTokens | None) -> list[int]:
+    """Each row's place in `sampled` (-1: its last token is on the host)."""
+    return [sampled.index_of.get(row.request.request_id, -1) if sampled else -1
+            for row in rows]
 
 
 def ids_from_sampled(ids_gpu: torch.Tensor, sources: list[int], sampled: SampledTokens | None,

@@ -27,6 +27,7 @@ from resident.engine.buffers import (
     StepBuffers,
     copy_all,
     ids_from_sampled,
+    sampled_sources,
 )
 from resident.engine.phases import PhaseTiming
 from resident.engine.scheduler import StepPlan
@@ -118,8 +119,7 @@ class StepInputs:
         device (one copy when they lead in the same order, else a gather)."""
         num_rows, buf = len(plan.rows), self.buffers
         host = buf.next_host("ids")
-        sources = [sampled.index_of.get(row.request.request_id, -1) if sampled else -1
-                   for row in plan.rows]
+        sources = sampled_sources(plan.rows, sampled)
         host_ids = host.decode_ids[:bucket]
         host_ids[:num_rows] = [0 if source >= 0 else row.request.output_ids[-1]
                                for row, source in zip(plan.rows, sources, strict=True)]

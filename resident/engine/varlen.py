@@ -32,6 +32,7 @@ from resident.engine.buffers import (
     StepBuffers,
     copy_all,
     ids_from_sampled,
+    sampled_sources,
 )
 from resident.engine.phases import PhaseTiming
 from resident.engine.request import PENDING_TOKEN, Request
@@ -161,15 +162,14 @@ class VarlenInputs:
                          sampled: SampledTokens | None) -> list[int]:
         """Each decode row's place in `sampled` (-1: its token is on the host); the pending
         ones' staged ids become 0 until the device copy replaces them."""
-        sources = []
-        for index, row in enumerate(plan.rows[:plan.num_decode_rows]):
-            source = sampled.index_of.get(row.request.request_id, -1) if sampled else -1
+        rows = plan.rows[:plan.num_decode_rows]
+        sources = sampled_sources(rows, sampled)
+        for index, (row, source) in enumerate(zip(rows, sources, strict=True)):
             if source >= 0:
                 host.input_ids[index] = 0
             elif host.input_ids[index] == PENDING_TOKEN:
                 raise RuntimeError(f"request {row.request.request_id}'s last token is not "
                                    f"read back and was not sampled by the step before")
-            sources.append(source)
         return sources
 
     def _stage_rows(self, host: HostStaging, plan: StepPlan) -> tuple[int, int, int, int]:
