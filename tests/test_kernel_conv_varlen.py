@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from resident.kernels.conv_varlen import causal_conv_varlen
-from resident.kernels.gdn import causal_conv_ref
+from resident.kernels.gdn import causal_conv_ref, l2norm
 
 NUM_SLOTS, WIDTH = 8, 4
 
@@ -22,9 +22,10 @@ def _step_meta(lengths: list[int], slots: list[int], device: str):
     return torch.tensor(slots, device=device), qsl, token_seq
 
 
-def _check(lengths, slots, widths, dtype, device, atol):
+def _check(lengths, slots, widths, head_dim, dtype, device, atol, l2norm_qk=False):
     """One varlen step of both; the rows' x is a strided view, as the model's split makes it.
-    The kernel's query, key and value planes are the reference's columns, each contiguous."""
+    The kernel's query, key and value planes are the reference's columns, each contiguous;
+    with l2norm_qk the query and key columns l2-normalised a head_dim-wide head at a time."""
     channels = sum(widths)
     generator = torch.Generator().manual_seed(sum(lengths))
     num_tokens = sum(lengths)
@@ -34,24 +35,32 @@ def _check(lengths, slots, widths, dtype, device, atol):
     pool = torch.randn(NUM_SLOTS, channels, WIDTH, generator=generator).to(device, dtype)
     ref_pool = pool.clone()
     state_slots, qsl, token_seq = _step_meta(lengths, slots, device)
-    planes = causal_conv_varlen(x, weight, pool, state_slots, qsl, token_seq, widths)
-    want = causal_conv_ref(x, weight, ref_pool, state_slots, qsl, max(lengths))
-    for plane, columns in zip(planes, want.split(widths, dim=-1), strict=True):
+    planes = causal_conv_varlen(x, weight, pool, state_slots, qsl, token_seq, widths, head_dim,
+                                l2norm_qk=l2norm_qk)
+    want = list(causal_conv_ref(x, weight, ref_pool, state_slots, qsl, max(lengths))
+                .split(widths, dim=-1))
+    if l2norm_qk:
+        want[:2] = [l2norm(t.unflatten(-1, (-1, head_dim))).flatten(-2) for t in want[:2]]
+    for plane, columns in zip(planes, want, strict=True):
         assert plane.is_contiguous()
         torch.testing.assert_close(plane, columns, atol=atol, rtol=atol)
     torch.testing.assert_close(pool, ref_pool, atol=0, rtol=0)  # untouched slots too
 
 
+@pytest.mark.parametrize("l2norm_qk", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rows_shorter_and_longer_than_the_window(dtype):
-    # rows of 1 and 2 tokens take history from the pool; 11 and 5 straddle token blocks
-    _check([1, 11, 2, 5, 3], [5, 2, 7, 1, 6], widths=(6, 6, 8), dtype=dtype, device="cpu",
-           atol=1e-5 if dtype == torch.float32 else 1e-12)
+def test_rows_shorter_and_longer_than_the_window(dtype, l2norm_qk):
+    # rows of 1 and 2 tokens take history from the pool; 11 and 5 straddle token blocks; heads
+    # of 3 channels fill 3 of a program's 4 (the value plane's last program holds 2)
+    _check([1, 11, 2, 5, 3], [5, 2, 7, 1, 6], widths=(6, 6, 8), head_dim=3, dtype=dtype,
+           device="cpu", atol=1e-5 if dtype == torch.float32 else 1e-12, l2norm_qk=l2norm_qk)
 
 
-def test_one_long_row_over_several_channel_blocks():
-    # the planes' edges (48, 96) fall inside the first 128-channel block
-    _check([37], [3], widths=(48, 48, 104), dtype=torch.float32, device="cpu", atol=1e-5)
+@pytest.mark.parametrize("l2norm_qk", [False, True])
+def test_one_long_row_over_several_channel_blocks(l2norm_qk):
+    # 16-channel heads: 3 query and 3 key programs, and 104 value channels end 8 into the last
+    _check([37], [3], widths=(48, 48, 104), head_dim=16, dtype=torch.float32, device="cpu",
+           atol=1e-5, l2norm_qk=l2norm_qk)
 
 
 def test_widths_that_are_not_query_key_value_are_refused():
@@ -59,12 +68,21 @@ def test_widths_that_are_not_query_key_value_are_refused():
     state_slots, qsl, token_seq = _step_meta([3], [1], "cpu")
     with pytest.raises(ValueError, match="not \\(Kd, Kd, Vd\\) of 20 channels"):
         causal_conv_varlen(x, torch.zeros(20, WIDTH), torch.zeros(NUM_SLOTS, 20, WIDTH),
-                           state_slots, qsl, token_seq, (6, 7, 7))
+                           state_slots, qsl, token_seq, (6, 7, 7), 3)
+
+
+def test_a_head_dim_that_does_not_divide_the_key_channels_is_refused():
+    x = torch.zeros(3, 20)
+    state_slots, qsl, token_seq = _step_meta([3], [1], "cpu")
+    with pytest.raises(ValueError, match="head_dim 4 does not divide the 6 key channels"):
+        causal_conv_varlen(x, torch.zeros(20, WIDTH), torch.zeros(NUM_SLOTS, 20, WIDTH),
+                           state_slots, qsl, token_seq, (6, 6, 8), 4)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_prefill_shapes_bf16_gpu():
+@pytest.mark.parametrize("l2norm_qk", [False, True])
+def test_prefill_shapes_bf16_gpu(l2norm_qk):
     # a 512-token prompt, a chunk continuing one, and decode rows of a mixed step
-    _check([512, 100, 1, 1], [5, 2, 7, 1], widths=(2048, 2048, 2048), dtype=torch.bfloat16,
-           device="cuda", atol=2e-2)
+    _check([512, 100, 1, 1], [5, 2, 7, 1], widths=(2048, 2048, 2048), head_dim=128,
+           dtype=torch.bfloat16, device="cuda", atol=2e-2, l2norm_qk=l2norm_qk)

@@ -48,16 +48,17 @@ def _gdn_inputs(gen, rows, hk, hv, dk, dv, dtype=torch.float32, device="cpu"):
             log_decay, beta)
 
 
-def _gdn_step(inputs, pool, ref_pool, slots, device="cpu"):
+def _gdn_step(inputs, pool, ref_pool, slots, device="cpu", l2norm_qk=True):
     """One step of both; returns (ours, reference) for the real rows. A padding row (on the
     sink) writes no output and leaves the sink's state alone; the reference steps it anyway,
-    so its sink is set to ours before the pools are compared."""
+    so its sink is set to ours before the pools are compared. l2norm_qk False: both take q
+    and k as they are (normalised by the varlen conv in a mixed step)."""
     state_slots, qsl = _decode_meta(slots, device)
     out = torch.full_like(inputs[2], float("nan"))
     sink = pool[0].clone()
-    o = gated_delta_rule_decode(*inputs, pool, state_slots, qsl, 1, out=out)
+    o = gated_delta_rule_decode(*inputs, pool, state_slots, qsl, 1, out=out, l2norm_qk=l2norm_qk)
     assert o is out
-    want = gated_delta_rule_ref(*inputs, ref_pool, state_slots, qsl, 1)
+    want = gated_delta_rule_ref(*inputs, ref_pool, state_slots, qsl, 1, l2norm_qk=l2norm_qk)
     real = [row for row, slot in enumerate(slots) if slot != 0]
     padding = [row for row, slot in enumerate(slots) if slot == 0]
     assert o[padding].isnan().all(), "a padding row wrote an output"
@@ -84,8 +85,9 @@ def test_conv_decode_matches_reference_over_steps(channels):
     assert torch.equal(pool[UNTOUCHED], start[UNTOUCHED])
 
 
+@pytest.mark.parametrize("l2norm_qk", [True, False])
 @pytest.mark.parametrize(("k_dim", "v_dim"), [(16, 8), (16, 24), (24, 40)])
-def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim):
+def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim, l2norm_qk):
     gen = torch.Generator().manual_seed(k_dim * 100 + v_dim)
     hk, hv = 2, 4
     pool = torch.randn(NUM_SLOTS, hv, k_dim, v_dim, generator=gen)
@@ -93,7 +95,7 @@ def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim):
     for step in range(STEPS):
         slots = SLOTS if step % 2 == 0 else SLOTS[::-1]  # rows move between steps
         inputs = _gdn_inputs(gen, len(slots), hk, hv, k_dim, v_dim)
-        out, out_ref = _gdn_step(inputs, pool, ref_pool, slots)
+        out, out_ref = _gdn_step(inputs, pool, ref_pool, slots, l2norm_qk=l2norm_qk)
         assert not out.isnan().any(), f"step {step}: unwritten outputs"
         torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(pool, ref_pool, atol=1e-5, rtol=1e-5)
@@ -164,9 +166,9 @@ def test_tiny_model_decode_with_kernels_matches_reference():
 
     from model_driver import ModelDriver
 
-    def conv(x, weight, pool, meta, widths):
+    def conv(x, weight, pool, meta, widths, head_dim):
         if meta.max_query_len != 1:
-            return conv_ref_op(x, weight, pool, meta, widths)
+            return conv_ref_op(x, weight, pool, meta, widths, head_dim)
         return causal_conv_decode(x, weight, pool, meta.state_slots, meta.query_start_loc,
                                   1).split(widths, dim=-1)
 

@@ -273,7 +273,7 @@ def _serve(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-def test_start_up_errors_are_one_clear_line_before_anything_starts():
+def test_start_up_errors_are_one_clear_line():
     empty_key = _serve("--device", "cpu", "--api-key", "")
     assert empty_key.returncode == 2 and "--api-key" in empty_key.stderr
     with socket.socket() as taken:
@@ -287,8 +287,16 @@ def test_start_up_errors_are_one_clear_line_before_anything_starts():
     import torch
 
     if not torch.cuda.is_available():
-        no_cuda = _serve("--device", "cuda")
-        assert no_cuda.returncode == 2 and "sees no CUDA device" in no_cuda.stderr
+        # the API process takes --device cuda as given (it never imports torch): the core finds
+        # no device first thing, and serve exits 1 naming it
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        no_cuda = _serve("--device", "cuda", "--port", str(port))
+        assert no_cuda.returncode == 1
+        assert "the engine core failed: RuntimeError: --device cuda: torch" in no_cuda.stderr
+        assert "sees no CUDA device" in no_cuda.stderr
+        assert "never retrieved" not in no_cuda.stderr
 
 
 def test_stale_ipc_directories_of_dead_servers_are_removed(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -11,7 +12,7 @@ from resident.backends.layout import PagedLayout, paged_layout
 from resident.config import EngineConfig
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
-from resident.model.ops import ModelOps
+from resident.model.ops import ModelOps, gated_delta_rule_ref_op
 
 __all__ = ["DecodeKernels", "PagedLayout", "PrefillKernels", "PrefillStep", "StepKernels",
            "build_kernels", "paged_layout"]
@@ -38,7 +39,10 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
             return StepKernels(RefPrefill(), RefDecode(), padded)
         from resident.backends.gdn_prefill import conv_varlen_op
         from resident.backends.triton_decode import TritonDecode
-        return StepKernels(RefPrefill(ModelOps(conv=conv_varlen_op)),
+        # the varlen conv l2-normalises query and key: the reference delta rule takes them so
+        prefill = RefPrefill(ModelOps(conv=conv_varlen_op, gated_delta_rule=partial(
+            gated_delta_rule_ref_op, l2norm_qk=False)))
+        return StepKernels(prefill,
                            TritonDecode(config.decode_buckets, config.decode_gemm), padded)
 
     from resident.backends.flashinfer import (
@@ -51,7 +55,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
 
     heads = HeadShape.of(model, config.page_size, dtype)
     workspace = flashinfer_workspace(device)
-    prefill = FlashInferPrefill(heads, workspace, gates)
+    prefill = FlashInferPrefill(heads, workspace, gates, lazy=padded is not None)
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,

@@ -72,12 +72,23 @@ class FlashInferPrefill(PrefillKernels):
     needs_layout = True
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor,
-                 gates: Callable = gdn_gates) -> None:
-        """gates: the model's (compiled) dense.gdn_gates, for fla's delta rule."""
-        flashinfer = _import_flashinfer()
-        self.heads, self.device, self.gates = heads, workspace.device, gates
-        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
-                                                                      backend="fa2")
+                 gates: Callable = gdn_gates, lazy: bool = False) -> None:
+        """gates: the model's (compiled) dense.gdn_gates, for fla's delta rule. lazy: FlashInfer
+        is imported and its wrapper made at the first eager step, not here (under
+        padded_prefill every step fits a bucket and none is eager: start-up skips the import);
+        otherwise a FlashInfer that does not import fails here, at start-up."""
+        self.heads, self.workspace, self.device, self.gates = (heads, workspace,
+                                                              workspace.device, gates)
+        self._wrapper = None
+        if not lazy:
+            self._wrapper = self.wrapper
+
+    @property
+    def wrapper(self):
+        if self._wrapper is None:
+            self._wrapper = _import_flashinfer().BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", backend="fa2")
+        return self._wrapper
 
     def ops(self, step: PrefillStep) -> ModelOps:
         layout = step.layout

@@ -25,17 +25,20 @@ from resident.model.step import StepMeta
 
 
 def conv_varlen_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
-                   meta: StepMeta, widths: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+                   meta: StepMeta, widths: tuple[int, int, int],
+                   head_dim: int) -> tuple[torch.Tensor, ...]:
+    """The conv with each query and key head l2-normalised: every delta rule op paired with it
+    takes them so (l2norm_qk False, fla's use_qk_l2norm_in_kernel off)."""
     return causal_conv_varlen(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
-                              meta.token_seq, widths)
+                              meta.token_seq, widths, head_dim, l2norm_qk=True)
 
 
 def chunked_delta_rule(query, key, value, log_decay, beta, state_pool: torch.Tensor,
                        slots: torch.Tensor, **varlen) -> torch.Tensor:
     """fla's chunk_gated_delta_rule over [T, ...] tokens as one batch row of sequences,
-    sequence i's state gathered from pool slot slots[i] and its final state written back;
-    `varlen` is fla's cu_seqlens with its host twin (cu_seqlens_cpu) or its chunk table
-    (chunk_indices)."""
+    sequence i's state gathered from pool slot slots[i] and its final state written back; query
+    and key come l2-normalised (conv_varlen_op); `varlen` is fla's cu_seqlens with its host
+    twin (cu_seqlens_cpu) or its chunk table (chunk_indices)."""
     import fla.utils
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -44,7 +47,7 @@ def chunked_delta_rule(query, key, value, log_decay, beta, state_pool: torch.Ten
         query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), log_decay.unsqueeze(0),
         beta.unsqueeze(0), scale=query.shape[-1] ** -0.5,
         initial_state=state_pool[slots],  # [N, Hv, Dk, Dv]
-        output_final_state=True, use_qk_l2norm_in_kernel=True, **varlen)
+        output_final_state=True, use_qk_l2norm_in_kernel=False, **varlen)
     # index_copy_ rather than index_put: 20 us against 27 for 17 slots of 1 MB on the H200
     state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
     return out[0]

@@ -4,7 +4,8 @@ ModelOps serves every bucket and each bucket's launches can be captured.
 
 - attention: the Triton varlen paged kernel (kernels/varlen_attention.py), whose grid is the
   bucket's tokens and rows; padding rows and tokens cost a program that returns;
-- conv: the Triton varlen conv, in place on the slot pool (padding rows are zero-length);
+- conv: the Triton varlen conv, in place on the slot pool (padding rows are zero-length), query
+  and key heads l2-normalised there, so neither half of the GDN split normalises them again;
 - GDN: split (model/step.GdnSplit). First the chunked delta rule over the prefill rows as
   sequences (fla's `chunk_gated_delta_rule`, fed the chunk table the host built, so fla reads
   nothing on the host and computes no index of its own), states gathered from and scattered
@@ -20,6 +21,7 @@ backend (in the interpreter, for tests) on the Triton kernels where they have no
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -49,18 +51,20 @@ def fla_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,
 
 
 def ref_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,
-                  split: GdnSplit) -> torch.Tensor:
-    """The same on the torch reference (reads the longest sequence on the host: CPU only)."""
+                  split: GdnSplit, *, l2norm_qk: bool = True) -> torch.Tensor:
+    """The same on the torch reference (reads the longest sequence on the host: CPU only);
+    l2norm_qk False after the varlen conv, which normalised query and key."""
     cu = split.cu_seqlens
     longest = max(int((cu[1:] - cu[:-1]).max()), 1)
     return gated_delta_rule_ref(query, key, value, log_decay, beta, state_pool, split.slots,
-                                cu, longest)
+                                cu, longest, l2norm_qk=l2norm_qk)
 
 
 def triton_decode_rows(query, key, value, a, b, a_log, dt_bias, log_decay, beta,
                        state_pool: torch.Tensor, split: GdnSplit, out: torch.Tensor) -> None:
     """The decode kernel over the split's decode rows, writing their outputs into out[:D]
-    (rows on the sink skipped: their tokens keep what out held)."""
+    (rows on the sink skipped: their tokens keep what out held); query and key come
+    l2-normalised from the varlen conv."""
     from resident.kernels.gdn_decode import gated_delta_rule_decode
 
     rows = split.decode_slots.shape[0]
@@ -68,7 +72,7 @@ def triton_decode_rows(query, key, value, a, b, a_log, dt_bias, log_decay, beta,
         return
     gated_delta_rule_decode(query[:rows], key[:rows], value[:rows], a[:rows], b[:rows],
                             state_pool, split.decode_slots, split.decode_slots, 1,
-                            out=out[:rows], gate_params=(a_log, dt_bias))
+                            out=out[:rows], gate_params=(a_log, dt_bias), l2norm_qk=False)
 
 
 def ref_decode_rows(query, key, value, a, b, a_log, dt_bias, log_decay, beta,
@@ -109,7 +113,7 @@ def padded_ops(on_cuda: bool, triton: bool, gates: Callable = gdn_gates) -> Mode
                         gated_delta_rule=split_gdn_op(ref_sequences, ref_decode_rows, gates))
     from resident.backends.gdn_prefill import conv_varlen_op
 
-    sequences = fla_sequences if on_cuda else ref_sequences
+    sequences = fla_sequences if on_cuda else partial(ref_sequences, l2norm_qk=False)
     ops = ModelOps(attention=varlen_attention_op, conv=conv_varlen_op,
                    gated_delta_rule=split_gdn_op(sequences, triton_decode_rows, gates))
     if on_cuda:

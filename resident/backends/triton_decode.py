@@ -23,7 +23,9 @@ def write_kv_triton_op(kv_layer, key, value, meta: StepMeta) -> None:
     write_kv(kv_layer, key, value, meta.kv_write_loc)
 
 
-def conv_decode_op(x, weight, conv_pool, meta: StepMeta, widths: tuple[int, int, int]):
+def conv_decode_op(x, weight, conv_pool, meta: StepMeta, widths: tuple[int, int, int],
+                   head_dim: int):
+    del head_dim  # the decode delta rule kernel normalises query and key itself
     return causal_conv_decode(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
                               1).split(widths, dim=-1)
 

@@ -100,6 +100,8 @@ def gated_delta_rule_ref(
     state_slots: torch.Tensor,  # [B]
     query_start_loc: torch.Tensor,  # [B+1]
     max_query_len: int,
+    *,
+    l2norm_qk: bool = True,  # False: query and key come l2-normed (conv_varlen's l2norm_qk)
 ) -> torch.Tensor:  # [T, Hv, Dv]
     """The delta rule token by token, q/k l2-normed in the kernel and q scaled by Dk**-0.5."""
     num_tokens, num_k_heads, k_dim = key.shape
@@ -107,8 +109,9 @@ def gated_delta_rule_ref(
     compute = state_pool.dtype
     repeat = num_v_heads // num_k_heads
     # [T, Hv, ...] in the state's dtype; q and k per value head
-    q = l2norm(query.to(compute)).repeat_interleave(repeat, dim=1) * k_dim**-0.5
-    k = l2norm(key.to(compute)).repeat_interleave(repeat, dim=1)
+    norm = l2norm if l2norm_qk else (lambda x: x)
+    q = norm(query.to(compute)).repeat_interleave(repeat, dim=1) * k_dim**-0.5
+    k = norm(key.to(compute)).repeat_interleave(repeat, dim=1)
     v, g, b = value.to(compute), log_decay.to(compute), beta.to(compute)
     if max_query_len == 1:
         out = _delta_rule_one_token(q, k, v, g, b, state_pool, state_slots, query_start_loc)

@@ -120,7 +120,7 @@ def _gdn_decode_kernel(
     stride_sn, stride_sh, stride_sk, stride_sv, stride_ot, stride_oh, stride_od,
     group, k_dim, v_dim, scale, eps,
     BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, COMPUTE: tl.constexpr,
-    RAW_GATES: tl.constexpr,
+    RAW_GATES: tl.constexpr, L2NORM_QK: tl.constexpr,
 ):
     """One program: row `pid0`, value head `pid1`, value columns [pid2 * BLOCK_DV, +BLOCK_DV).
     A padding row (on the sink slot 0) does nothing: no state read or write, no output."""
@@ -140,8 +140,10 @@ def _gdn_decode_kernel(
                 mask=mask_k, other=0.0).to(COMPUTE)
     k = tl.load(k_ptr + row * stride_kt + k_head * stride_kh + offs_k * stride_kd,
                 mask=mask_k, other=0.0).to(COMPUTE)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + eps) * scale
-    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
+    if L2NORM_QK:
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + eps)
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + eps)
+    q = q * scale
     v = tl.load(v_ptr + row * stride_vt + head * stride_vh + offs_v * stride_vd,
                 mask=mask_v, other=0.0).to(COMPUTE)  # [BV]
     g = tl.load(g_ptr + row * stride_gt + head * stride_gh).to(COMPUTE)
@@ -178,6 +180,7 @@ def gated_delta_rule_decode(
     *,
     out: torch.Tensor | None = None,  # [B, Hv, Dv] in value's dtype; allocated when None
     gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,  # (A_log, dt_bias) [Hv]
+    l2norm_qk: bool = True,  # False: query and key come l2-normed (conv_varlen's l2norm_qk)
 ) -> torch.Tensor:  # [B, Hv, Dv]
     """One gated delta rule step per row, `gated_delta_rule_ref` for decode.
 
@@ -185,7 +188,8 @@ def gated_delta_rule_decode(
     kernel computes dense.gdn_gates itself (g = -exp(A_log) * softplus(a + dt_bias), beta =
     sigmoid(b)): the gates then cost no kernel of their own.
 
-    Per row and value head h (key head h // (Hv // Hk)), q and k l2-normed, q scaled by Dk**-0.5:
+    Per row and value head h (key head h // (Hv // Hk)), q and k l2-normed (unless l2norm_qk is
+    False: they come normed), q scaled by Dk**-0.5:
     S = state * exp(g); S += k (x) ((v - S^T k) * beta); out = S^T q; S written back to
     state_pool[slot, h] in place. Computed in fp32 (fp64 for a fp64 pool). A row on the sink
     slot 0 (padding) is skipped: no state read or written, its output left as `out` held it.
@@ -206,6 +210,6 @@ def gated_delta_rule_decode(
         num_v_heads // num_k_heads, k_dim, v_dim, k_dim**-0.5, L2NORM_EPS,
         BLOCK_DK=triton.next_power_of_2(k_dim), BLOCK_DV=block_dv,
         COMPUTE=compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
-        num_warps=GDN_NUM_WARPS,
+        L2NORM_QK=l2norm_qk, num_warps=GDN_NUM_WARPS,
     )
     return o

@@ -41,21 +41,26 @@ def attention_ref_op(query: torch.Tensor, kv_layer: torch.Tensor, meta: StepMeta
 
 
 def conv_ref_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
-                meta: StepMeta, widths: tuple[int, int, int]) -> tuple[torch.Tensor, ...]:
+                meta: StepMeta, widths: tuple[int, int, int],
+                head_dim: int) -> tuple[torch.Tensor, ...]:
     """[T, C] -> query [T, Kd], key [T, Kd], value [T, Vd] (`widths`): causal depthwise conv +
     silu, pool updated in place. A kernel may return them as views of one [T, C] output or as
-    three contiguous tensors (conv_varlen's planes)."""
+    three contiguous tensors (conv_varlen's planes), and may l2-normalise each query and key
+    head (head_dim channels) when the delta rule op it is paired with takes them so."""
+    del head_dim  # for the kernels that normalise
     return causal_conv_ref(x, weight, conv_pool, meta.state_slots, meta.query_start_loc,
                            meta.max_query_len).split(widths, dim=-1)
 
 
 def gated_delta_rule_ref_op(query, key, value, a, b, a_log, dt_bias, state_pool: torch.Tensor,
-                            meta: StepMeta) -> torch.Tensor:
+                            meta: StepMeta, *, l2norm_qk: bool = True) -> torch.Tensor:
     """[T, Hv, Dv]: the gated delta rule over each row's tokens, pool updated in place. a, b
-    [T, Hv] are the layer's raw gate projections (see dense.gdn_gates)."""
+    [T, Hv] are the layer's raw gate projections (see dense.gdn_gates). l2norm_qk False: the
+    conv before it normalised query and key."""
     log_decay, beta = gdn_gates(a, b, a_log, dt_bias)
     return gated_delta_rule_ref(query, key, value, log_decay, beta, state_pool,
-                                meta.state_slots, meta.query_start_loc, meta.max_query_len)
+                                meta.state_slots, meta.query_start_loc, meta.max_query_len,
+                                l2norm_qk=l2norm_qk)
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,8 @@ class GatedDeltaNet(nn.Module):
         num_tokens, layer = projected.shape[0], self.cache_index
         mixed_qkv, z, b, a = projected.split(self.split, dim=-1)
         query, key, value = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta,
-                                     (self.key_dim, self.key_dim, self.value_dim))
+                                     (self.key_dim, self.key_dim, self.value_dim),
+                                     self.k_head_dim)
         query = query.view(num_tokens, self.num_k_heads, self.k_head_dim)
         key = key.view(num_tokens, self.num_k_heads, self.k_head_dim)
         value = value.view(num_tokens, self.num_v_heads, self.v_head_dim)

@@ -183,6 +183,9 @@ class EngineClient:
         self.fatal = reason
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(EngineUnavailable(reason))
+            # retrieved here: a core that fails before Ready may have no waiter, and asyncio
+            # would log the unretrieved exception with a traceback at exit
+            self._ready.exception()
         self._end_streams(FINISH_ERROR, f"engine unavailable: {reason}")
         for waiter in self._stats_waiters.values():
             if not waiter.done():

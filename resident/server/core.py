@@ -81,6 +81,8 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
     from resident.engine.engine import Engine, freeze_heap
 
     startup.lap("imports")
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
 
     cores = step_cores(config, sorted(os.sched_getaffinity(0)))
     if cores:

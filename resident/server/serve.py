@@ -1,6 +1,7 @@
 """`resident serve`: the API process, which spawns the engine-core process and serves HTTP.
 
-The API process never imports torch. Before anything starts it binds the port (a port in use is
+The API process never imports torch (`--device auto` asks it which device there is, once).
+Before anything starts it binds the port (a port in use is
 one clear error) and removes IPC directories that killed servers left behind. It then spawns the
 core, answers /health with 503 until the core says Ready, and watches it:
 

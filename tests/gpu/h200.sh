@@ -16,7 +16,8 @@
 #             8192 at c=16/64/256) up to $ROUNDS rounds in all (default 1), tarred to
 #             gate-served.tgz; a gate-served.tgz at the tree's root (from a call before: carry
 #             it) is resumed, so rounds add up. SERVED=configs/gate/h200-0.8b-aa.yaml: the A/A
-#             pair at c=64 (issue 18's gate noise), 3 rounds a call
+#             pair at c=64 (issue 18's gate noise), 3 rounds a call; SERVED_LIMIT: its seconds
+#             (default 560), to leave room for other parts in the call
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
@@ -69,7 +70,7 @@ for part in "$@"; do
     served)
       resume=()
       if [ -f gate-served.tgz ]; then tar xzf gate-served.tgz -C "$OUT" && resume=(--resume); fi
-      run served 560 python3 -m gate run \
+      run served "${SERVED_LIMIT:-560}" python3 -m gate run \
         --config "${SERVED:-results/2026-12-02-h200-0.8b-dense/served.yaml}" \
         --rounds "${ROUNDS:-1}" --out "$OUT/gate-served" "${resume[@]}"
       tar czf "$OUT/gate-served.tgz" -C "$OUT" gate-served && rm -rf "$OUT/gate-served" ;;

@@ -21,7 +21,7 @@ from resident.backends import PrefillStep, paged_layout
 from resident.config import EngineConfig
 from resident.engine.engine import Engine, build_engine
 from resident.kernels.attention import paged_attention_ref
-from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
+from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref, l2norm
 from resident.model.config import load_model_config
 from resident.model.dense import gdn_gates
 from resident.model.step import build_step_meta
@@ -178,8 +178,9 @@ def _gdn_case(generator, starts, news, conv_dim=6144, heads=(16, 16), dims=(128,
     # a column slice, as the model's fused projection hands it over
     x = randn(num_tokens, conv_dim + 2048).bfloat16()[:, :conv_dim]
     weight = randn(conv_dim, 4, scale=0.5).bfloat16()
-    qkv = (randn(num_tokens, num_k_heads, k_dim).bfloat16(),
-           randn(num_tokens, num_k_heads, k_dim).bfloat16(),
+    # query and key l2-normed, as the varlen conv hands them over
+    qkv = (l2norm(randn(num_tokens, num_k_heads, k_dim)).bfloat16(),
+           l2norm(randn(num_tokens, num_k_heads, k_dim)).bfloat16(),
            randn(num_tokens, num_v_heads, v_dim).bfloat16())
     # the layer's raw gate projections a, b and its A_log, dt_bias (dense.gdn_gates)
     gates = (randn(num_tokens, num_v_heads).bfloat16(), randn(num_tokens, num_v_heads).bfloat16(),
@@ -197,8 +198,13 @@ def test_gdn_prefill_matches_reference():
     ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
     want_conv = causal_conv_ref(x, weight, ref_conv, meta.state_slots, meta.query_start_loc,
                                 meta.max_query_len)
-    # the 0.8B conv's query, key and value channels (_gdn_case's defaults), as three planes
-    got_conv = torch.cat(ops.conv(x, weight, conv_pool, meta, (2048, 2048, 2048)), dim=-1)
+    # the 0.8B conv's query, key and value channels (_gdn_case's defaults), as three planes,
+    # each 128-channel query and key head l2-normed
+    query, key, value = ops.conv(x, weight, conv_pool, meta, (2048, 2048, 2048), 128)
+    want_conv = torch.cat([*(l2norm(t.unflatten(-1, (16, 128))).flatten(-2)
+                             for t in want_conv.split(2048, dim=-1)[:2]), want_conv[:, 4096:]],
+                          dim=-1)
+    got_conv = torch.cat([query, key, value], dim=-1)
     assert _rel_err(got_conv, want_conv) < 1e-2
     torch.testing.assert_close(conv_pool, ref_conv)  # the window is copied, not computed
 

@@ -12,7 +12,7 @@ from resident.config import EngineConfig
 from resident.engine.engine import build_engine
 from resident.engine.varlen import GDN_CHUNK, chunk_table
 from resident.kernels.attention import paged_attention_ref
-from resident.kernels.gdn import gated_delta_rule_ref
+from resident.kernels.gdn import gated_delta_rule_ref, l2norm
 from resident.kernels.varlen_attention import paged_varlen_attention
 from resident.model.config import load_model_config
 from resident.model.dense import gdn_gates
@@ -80,7 +80,10 @@ def _split_case(generator, decode: int, decode_cap: int, chunks: list[int], pref
     split = GdnSplit(*(torch.tensor(t, device=DEVICE) for t in (decode_slots, cu,
                                                                 prefill_slots)),
                      table.to(DEVICE), GDN_CHUNK)
-    qkv = tuple(randn(tokens, heads, dim).bfloat16() for _ in range(3))
+    # query and key l2-normed, as the varlen conv hands them to the split (the reference's own
+    # normalisation then changes them by the eps alone)
+    qkv = tuple(randn(tokens, heads, dim) for _ in range(3))
+    qkv = (*(l2norm(t).bfloat16() for t in qkv[:2]), qkv[2].bfloat16())
     gates = (randn(tokens, heads).bfloat16(), randn(tokens, heads).bfloat16(),
              randn(heads, scale=0.5) - 1.0, randn(heads).bfloat16())
     pool = randn(num_slots, heads, dim, dim, scale=0.1)
