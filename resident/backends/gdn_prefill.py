@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from resident.kernels.conv_varlen import causal_conv_varlen
+from resident.kernels.gdn import l2norm
+from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
@@ -51,6 +53,36 @@ def chunked_delta_rule(query, key, value, log_decay, beta, state_pool: torch.Ten
     # index_copy_ rather than index_put: 20 us against 27 for 17 slots of 1 MB on the H200
     state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
     return out[0]
+
+
+def tune_chunked_delta_rule(model: ModelConfig, num_tokens: int, dtype: torch.dtype,
+                            state_dtype: torch.dtype, device: torch.device,
+                            sequence: int = 512) -> None:
+    """fla's chunked delta rule once over num_tokens tokens of random inputs in sequences of
+    `sequence` tokens, before any padded step runs. fla autotunes each of its kernels at the
+    first call, keyed by heads, head dims and dtypes (not the tokens), and the padded steps'
+    warm-up would make that call on an all-padding step whose every chunk is masked out: the
+    tuning then times empty kernels and picks at random (two H200s picked configs 2x apart for
+    the kkt solve, 0.6 ms of a 2,048-token step). With Triton's cache kept (the gate keeps it
+    across rounds) fla loads what it tuned and this costs one step."""
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, device=device)
+
+    hk, hv = model.linear_num_key_heads, model.linear_num_value_heads
+    dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
+    query, key = (l2norm(randn(num_tokens, hk, dk)).to(dtype) for _ in range(2))
+    value = randn(num_tokens, hv, dv).to(dtype)
+    log_decay = -torch.rand(num_tokens, hv, generator=generator, device=device)  # fp32
+    beta = torch.rand(num_tokens, hv, generator=generator, device=device).to(dtype)
+    cu_seqlens_cpu = torch.tensor([*range(0, num_tokens, sequence), num_tokens])
+    num_rows = len(cu_seqlens_cpu) - 1
+    states = torch.zeros(num_rows + 1, hv, dk, dv, dtype=state_dtype, device=device)
+    chunked_delta_rule(query, key, value, log_decay, beta, states,
+                       torch.arange(1, num_rows + 1, device=device),
+                       cu_seqlens=cu_seqlens_cpu.to(device), cu_seqlens_cpu=cu_seqlens_cpu)
+    torch.cuda.synchronize(device)
 
 
 def gdn_prefill_ops(query_start_loc_cpu: np.ndarray, device: torch.device,

@@ -115,6 +115,12 @@ class Engine:
         self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
                                  self.kernels, self.phases, config.cuda_graphs == "on")
         self.startup.lap("buffers")
+        if device.type == "cuda":
+            from resident.backends.gdn_prefill import tune_chunked_delta_rule
+
+            tune_chunked_delta_rule(model_config, config.prefill_token_budget, self.dtype,
+                                    self.cache.recurrent.dtype, device)
+            self.startup.lap("fla tuning")
         if config.cuda_graphs == "on" or config.compile == "on":
             self.runner.prepare_all(config.decode_buckets, self.startup.lap)
         self.swapper = StateSwapper(self.cache, self.kv, self.states,

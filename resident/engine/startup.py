@@ -1,10 +1,11 @@
 """Where an engine core's start-up goes, span by span, for the server log and /debug/config
 (and from there the gate's manifest): `imports` (torch, its compiler and the engine, from the
 core process's start), `device` (the CUDA context), `model` (building the weights and their
-fingerprint), `buffers` (KV and state caches, kernels and planning), `decode graphs` and
-`prefill graphs` (each bucket warmed, which is where torch.compile, Triton autotuning and
-FlashInfer's JIT run, then captured; `... warm-up` without CUDA graphs). Each captured bucket's
-own seconds go to the capture log line."""
+fingerprint), `buffers` (KV and state caches, kernels and planning), `fla tuning` (on CUDA:
+fla's chunked delta rule autotuned on real work, gdn_prefill.tune_chunked_delta_rule),
+`decode graphs` and `prefill graphs` (each bucket warmed, which is where torch.compile, Triton
+autotuning and FlashInfer's JIT run, then captured; `... warm-up` without CUDA graphs). Each
+captured bucket's own seconds go to the capture log line."""
 
 from __future__ import annotations
 
