@@ -77,7 +77,7 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "device": str(engine.device),
         **describe(),  # the package path, its commit, git_dirty, source_digest
         "weights_fingerprint": engine.fingerprint,
-        "torch_version": torch.__version__,
+        "torch_version": str(torch.__version__),  # a str, not a TorchVersion (test_engine.py)
         "torch_num_threads": torch.get_num_threads(),
         "startup": engine.startup.to_dict(),  # seconds per span (startup.py)
         # where compiled kernels and autotuning results went (None: the library's default)
