@@ -63,20 +63,16 @@ def test_one_long_row_over_several_channel_blocks(l2norm_qk):
            atol=1e-5, l2norm_qk=l2norm_qk)
 
 
-def test_widths_that_are_not_query_key_value_are_refused():
+@pytest.mark.parametrize(("widths", "head_dim", "message"), [
+    ((6, 7, 7), 3, "widths \\(6, 7, 7\\) are not \\(Kd, Kd, Vd\\) of 20 channels"),
+    ((6, 6, 8), 4, "head_dim 4 does not divide the 6 key channels"),
+])
+def test_a_split_the_kernel_cannot_take_is_refused(widths, head_dim, message):
     x = torch.zeros(3, 20)
     state_slots, qsl, token_seq = _step_meta([3], [1], "cpu")
-    with pytest.raises(ValueError, match="not \\(Kd, Kd, Vd\\) of 20 channels"):
+    with pytest.raises(ValueError, match=message):
         causal_conv_varlen(x, torch.zeros(20, WIDTH), torch.zeros(NUM_SLOTS, 20, WIDTH),
-                           state_slots, qsl, token_seq, (6, 7, 7), 3)
-
-
-def test_a_head_dim_that_does_not_divide_the_key_channels_is_refused():
-    x = torch.zeros(3, 20)
-    state_slots, qsl, token_seq = _step_meta([3], [1], "cpu")
-    with pytest.raises(ValueError, match="head_dim 4 does not divide the 6 key channels"):
-        causal_conv_varlen(x, torch.zeros(20, WIDTH), torch.zeros(NUM_SLOTS, 20, WIDTH),
-                           state_slots, qsl, token_seq, (6, 6, 8), 4)
+                           state_slots, qsl, token_seq, widths, head_dim)
 
 
 @pytest.mark.gpu

@@ -89,10 +89,13 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     gdn_types |= {"state_ptr": "*fp32", "slots_ptr": "*i64", "scale": "fp32", "eps": "fp32"}
     gdn_types |= {arg: "i32" for arg in gdn_decode._gdn_decode_kernel.arg_names
                   if arg.startswith("stride_") or arg in ("group", "k_dim", "v_dim")}
-    variants.append(Variant("gdn decode + gates", gdn_decode._gdn_decode_kernel, gdn_types, {
+    # l2norm_qk: decode steps normalise q and k in the kernel; a mixed step's decode rows get
+    # them normalised by the varlen conv
+    variants += [Variant(name, gdn_decode._gdn_decode_kernel, gdn_types, {
         "BLOCK_DK": triton.next_power_of_2(config.linear_key_head_dim),
         "BLOCK_DV": gdn_decode.GDN_BLOCK_DV, "COMPUTE": triton.language.float32,
-        "RAW_GATES": True}, gdn_decode.GDN_NUM_WARPS))
+        "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
+        for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _conv_varlen_variants(config)
     variants.append(_varlen_attention_variant(config))
     kv_width = config.num_key_value_heads * config.head_dim
@@ -126,15 +129,16 @@ def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:
     state = Variant("prefill conv state", conv_varlen._conv_state_kernel,
                     pointers | {name: "i32" for name in strides},
                     {"WIDTH": width, "BLOCK_W": triton.next_power_of_2(width),
-                     "BLOCK_C": conv_varlen.CONV_BLOCK_C}, conv_varlen.CONV_NUM_WARPS)
+                     "BLOCK_C": conv_varlen.STATE_BLOCK_C}, conv_varlen.CONV_NUM_WARPS)
     kernel = conv_varlen._conv_varlen_kernel
-    types = pointers | {"w_ptr": "*bf16", "seq_ptr": "*i64", "y_ptr": "*bf16"}
+    types = pointers | {"w_ptr": "*bf16", "seq_ptr": "*i64", "y_ptr": "*bf16", "eps": "fp32"}
     types |= {arg: "i32" for arg in kernel.arg_names
-              if arg.startswith("stride_") or arg in ("num_tokens", "channels", "key_width")}
-    conv = Variant("prefill conv", kernel, types, {
+              if arg.startswith("stride_") or arg in ("num_tokens", "channels", "key_width",
+                                                      "value_width", "head_dim")}
+    conv = Variant("prefill conv + q/k l2norm", kernel, types, {
         "WIDTH": width, "BLOCK_T": conv_varlen.CONV_BLOCK_T,
-        "BLOCK_C": conv_varlen.CONV_BLOCK_C, "COMPUTE": triton.language.float32},
-        conv_varlen.CONV_NUM_WARPS)
+        "BLOCK_C": triton.next_power_of_2(config.linear_key_head_dim),
+        "COMPUTE": triton.language.float32, "L2NORM_QK": True}, conv_varlen.CONV_NUM_WARPS)
     return [conv, state]
 
 
