@@ -79,16 +79,17 @@ class FlashInferPrefill(PrefillKernels):
         otherwise a FlashInfer that does not import fails here, at start-up."""
         self.heads, self.workspace, self.device, self.gates = (heads, workspace,
                                                               workspace.device, gates)
-        self._wrapper = None
-        if not lazy:
-            self._wrapper = self.wrapper
+        self._wrapper = None if lazy else self._make_wrapper()
 
     @property
     def wrapper(self):
         if self._wrapper is None:
-            self._wrapper = _import_flashinfer().BatchPrefillWithPagedKVCacheWrapper(
-                self.workspace, "NHD", backend="fa2")
+            self._wrapper = self._make_wrapper()
         return self._wrapper
+
+    def _make_wrapper(self):
+        return _import_flashinfer().BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD",
+                                                                        backend="fa2")
 
     def ops(self, step: PrefillStep) -> ModelOps:
         layout = step.layout

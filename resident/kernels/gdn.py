@@ -109,9 +109,11 @@ def gated_delta_rule_ref(
     compute = state_pool.dtype
     repeat = num_v_heads // num_k_heads
     # [T, Hv, ...] in the state's dtype; q and k per value head
-    norm = l2norm if l2norm_qk else (lambda x: x)
-    q = norm(query.to(compute)).repeat_interleave(repeat, dim=1) * k_dim**-0.5
-    k = norm(key.to(compute)).repeat_interleave(repeat, dim=1)
+    q, k = query.to(compute), key.to(compute)
+    if l2norm_qk:
+        q, k = l2norm(q), l2norm(k)
+    q = q.repeat_interleave(repeat, dim=1) * k_dim**-0.5
+    k = k.repeat_interleave(repeat, dim=1)
     v, g, b = value.to(compute), log_decay.to(compute), beta.to(compute)
     if max_query_len == 1:
         out = _delta_rule_one_token(q, k, v, g, b, state_pool, state_slots, query_start_loc)

@@ -149,6 +149,35 @@ def test_the_split_gdn_matches_the_reference_and_replays_in_a_graph():
 MODEL = load_model_config("qwen3.5-0.8b")
 
 
+def test_fla_tuned_at_start_up_is_what_an_all_padding_step_finds():
+    """fla autotunes a kernel at the first call of each key (heads, dims, dtypes). The engine
+    tunes it on real sequences (tune_chunked_delta_rule) so that the padded warm-up, whose
+    chunks are all masked out, finds a tuned key rather than timing empty kernels: the split
+    op on an all-padding step adds no key to any of fla's autotuners."""
+    from fla.ops.common import chunk_delta_h, chunk_o
+    from fla.ops.gated_delta_rule import chunk_fwd
+
+    from resident.backends.gdn_prefill import tune_chunked_delta_rule
+
+    tuners = [chunk_fwd.chunk_gated_delta_rule_fwd_kkt_solve_kernel.fn,
+              chunk_delta_h.chunk_gated_delta_rule_fwd_kernel_h_blockdim64.fn,
+              chunk_o.chunk_fwd_kernel_o.fn]
+    tune_chunked_delta_rule(MODEL, 1024, torch.bfloat16, torch.float32, DEVICE)
+    tuned = [set(tuner.cache) for tuner in tuners]
+    assert all(tuned), "the tuning call left an autotuner without a key"
+    qkv, gates, pool, split, _ = _split_case(torch.Generator().manual_seed(3), decode=0,
+                                             decode_cap=16, chunks=[64], prefill_cap=8,
+                                             tokens=512)
+    padding = GdnSplit(*(t.clone() for t in (split.decode_slots, split.cu_seqlens, split.slots,
+                                             split.chunks)), GDN_CHUNK)
+    for buffer in (padding.decode_slots, padding.slots, padding.cu_seqlens):
+        buffer.zero_()
+    chunk_table(padding.cu_seqlens[:2].cpu().numpy(), padding.chunks.cpu().numpy(), GDN_CHUNK)
+    split_gdn_op(fla_sequences, triton_decode_rows)(*qkv, *gates, pool, _meta(padding))
+    torch.cuda.synchronize()
+    assert [set(tuner.cache) for tuner in tuners] == tuned
+
+
 def _prompts(count: int) -> dict[str, tuple[list[int], int]]:
     generator = torch.Generator().manual_seed(2)
     lengths = torch.randint(8, 1500, (count,), generator=generator).tolist()
