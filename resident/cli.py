@@ -238,8 +238,8 @@ def knobs(output_format: FormatOpt = OutputFormat.table, show_help: HelpOpt = Fa
 def _device_type(device: str) -> str:
     """cpu or cuda. `auto` asks torch; `cuda` is taken as given, so the API process (which
     serves HTTP and never needs torch) does not spend seconds importing it before it spawns
-    the engine core: where torch sees no CUDA device, the core's first step fails with that
-    message and `serve` exits 1."""
+    the engine core: where torch sees no CUDA device, the core fails at the start of its build
+    with that message and `serve` exits 1."""
     if device in ("cpu", "cuda"):
         return device
     import torch

@@ -1,9 +1,9 @@
 """`resident serve`: the API process, which spawns the engine-core process and serves HTTP.
 
 The API process never imports torch (`--device auto` asks it which device there is, once).
-Before anything starts it binds the port (a port in use is
-one clear error) and removes IPC directories that killed servers left behind. It then spawns the
-core, answers /health with 503 until the core says Ready, and watches it:
+Before anything starts it binds the port (a port in use is one clear error) and removes IPC
+directories that killed servers left behind. It then spawns the core, answers /health with 503
+until the core says Ready, and watches it:
 
 - the core exits, or sends Fatal: every request in flight ends with an error (an SSE error
   event and [DONE], or a 503), /health says "failed", and `serve` exits 1 (a supervisor
