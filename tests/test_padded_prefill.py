@@ -14,8 +14,9 @@ from resident.config import EngineConfig
 from resident.engine.engine import build_engine
 from resident.engine.scheduler import StepPlan
 from resident.engine.types import EngineRequest, SamplingParams
-from resident.engine.varlen import PaddedBucket, chunk_table
+from resident.engine.varlen import PaddedBucket
 from resident.model.config import load_model_config
+from resident.model.step import chunk_table
 
 from model_driver import run_engine
 
@@ -61,16 +62,20 @@ def test_bad_prefill_buckets_fail_naming_the_knob(buckets):
 
 
 def test_the_chunk_table_lists_every_chunk_of_every_sequence_then_inert_entries():
-    cu = np.array([0, 3, 3, 70, 200, 201])  # lengths 3, 0, 67, 130, 1
-    table = np.full((12, 2), -7)
-    assert chunk_table(cu, table, 4 * 16) == 1 + 0 + 2 + 3 + 1
+    cu = np.array([0, 3, 3, 70, 200, 201, 201])  # lengths 3, 0, 67, 130, 1, 0 (padding)
+    table, offsets = np.full((12, 2), -7), np.full(7, -7)
+    assert chunk_table(cu, table, offsets, 4 * 16) == 1 + 0 + 2 + 3 + 1
     want = [(seq, chunk) for seq, length in enumerate(np.diff(cu))
             for chunk in range(-(-int(length) // 64))]
     assert [tuple(row) for row in table[:7]] == want
     # the rest name a chunk past any sequence's end, which the kernels mask out
     assert all(tuple(row) == (0, 12) for row in table[7:])
+    # each sequence's first chunk in the table (a zero-length one's is its successor's), then
+    # the real chunks: where the state pass writes each chunk's state for the output kernel
+    assert offsets.tolist() == [0, 1, 1, 3, 6, 7, 7]
+    assert all(table[offsets[seq] + chunk][0] == seq for seq, chunk in want)
     with pytest.raises(ValueError, match="8 chunks exceed the table's 7"):
-        chunk_table(np.array([0, 512]), np.zeros((7, 2), np.int64), 64)
+        chunk_table(np.array([0, 512]), np.zeros((7, 2), np.int64), np.zeros(2, np.int64), 64)
 
 
 def _requests(count: int, seed: int) -> dict[str, tuple[list[int], int]]:

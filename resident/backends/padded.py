@@ -47,7 +47,8 @@ def fla_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,
     from resident.backends.gdn_prefill import chunked_delta_rule
 
     return chunked_delta_rule(query, key, value, log_decay, beta, state_pool, split.slots,
-                              cu_seqlens=split.cu_seqlens, chunk_indices=split.chunks)
+                              split.cu_seqlens, split.chunks, split.chunk_offsets,
+                              split.chunk_size)
 
 
 def ref_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,

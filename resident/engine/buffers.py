@@ -85,6 +85,7 @@ _INT_ARRAYS = {
     "gdn_cu_seqlens": lambda c: c.max_prefill_rows + 2,
     "gdn_slots": lambda c: c.max_prefill_rows + 1,
     "gdn_chunks": lambda c: 2 * c.max_chunks,
+    "gdn_chunk_offsets": lambda c: c.max_prefill_rows + 2,
 }
 
 

@@ -31,8 +31,8 @@ from resident.engine.buffers import (
 )
 from resident.engine.phases import PhaseTiming
 from resident.engine.scheduler import StepPlan
-from resident.engine.varlen import GDN_CHUNK, VarlenInputs
-from resident.model.step import StepMeta
+from resident.engine.varlen import VarlenInputs
+from resident.model.step import GDN_CHUNK, StepMeta
 from resident.resources.kv import SINK_PAGE, KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import SINK_SLOT, StatePool

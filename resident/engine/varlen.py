@@ -38,12 +38,10 @@ from resident.engine.phases import PhaseTiming
 from resident.engine.request import PENDING_TOKEN, Request
 from resident.engine.scheduler import StepPlan
 from resident.model.ops import ModelOps
-from resident.model.step import GdnSplit, StepMeta
+from resident.model.step import GDN_CHUNK, GdnSplit, StepMeta, chunk_table
 from resident.resources.kv import SINK_PAGE, KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import SINK_SLOT, StatePool
-
-GDN_CHUNK = 64  # tokens a chunk of the chunked delta rule (fla's BT)
 
 
 @dataclass(frozen=True)
@@ -229,13 +227,14 @@ class VarlenInputs:
         cu = host.gdn_cu_seqlens
         cu[0] = 0
         cu[1:num_seqs + 1] = host.query_start_loc[decode:num_rows + 1]
-        cu[num_seqs + 1:bucket.prefill_rows + 2] = num_tokens
+        cu[num_seqs + 1:bucket.prefill_rows + 2] = num_tokens  # zero-length: no chunks
         slots = host.gdn_slots
         slots[0] = SINK_SLOT
         slots[1:num_seqs] = host.state_slots[decode:num_rows]
         slots[num_seqs:bucket.prefill_rows + 1] = SINK_SLOT
-        chunk_table(cu[:num_seqs + 1], host.gdn_chunks[:2 * bucket.chunks].reshape(-1, 2),
-                    GDN_CHUNK)
+        chunk_table(cu[:bucket.prefill_rows + 2],
+                    host.gdn_chunks[:2 * bucket.chunks].reshape(-1, 2),
+                    host.gdn_chunk_offsets[:bucket.prefill_rows + 2], GDN_CHUNK)
 
     def _upload(self, host: HostStaging, num_tokens: int, num_rows: int, num_logits: int,
                 bucket: PaddedBucket | None = None) -> None:
@@ -246,7 +245,8 @@ class VarlenInputs:
         if bucket is not None:
             spans |= {"decode_slots": bucket.decode_rows,
                       "gdn_cu_seqlens": bucket.prefill_rows + 2,
-                      "gdn_slots": bucket.prefill_rows + 1, "gdn_chunks": 2 * bucket.chunks}
+                      "gdn_slots": bucket.prefill_rows + 1, "gdn_chunks": 2 * bucket.chunks,
+                      "gdn_chunk_offsets": bucket.prefill_rows + 2}
         buf = self.buffers
         copies = [(buf.device(name)[:span], getattr(host, name)[:span])
                   for name, span in spans.items()]
@@ -281,7 +281,8 @@ class VarlenInputs:
         split = GdnSplit(buf.decode_slots_gpu[:bucket.decode_rows],
                          buf.gdn_cu_seqlens_gpu[:bucket.prefill_rows + 2],
                          buf.gdn_slots_gpu[:bucket.prefill_rows + 1],
-                         buf.gdn_chunks_gpu[:2 * bucket.chunks].view(-1, 2), GDN_CHUNK)
+                         buf.gdn_chunks_gpu[:2 * bucket.chunks].view(-1, 2),
+                         buf.gdn_chunk_offsets_gpu[:bucket.prefill_rows + 2], GDN_CHUNK)
         return self._meta(bucket.tokens, bucket.rows, width, bucket.logits_rows, max_query_len,
                           split)
 
@@ -307,17 +308,3 @@ class VarlenInputs:
         self._pad(host, bucket, 0, 0, 0)
         self._stage_split(host, StepPlan([], "prefill"), bucket, 0)
         self._upload(host, bucket.tokens, bucket.rows, bucket.logits_rows, bucket)
-
-
-def chunk_table(cu_seqlens: np.ndarray, out: np.ndarray, chunk: int) -> int:
-    """(sequence, chunk) of every chunk of the sequences cu_seqlens bounds, in order (fla's
-    prepare_chunk_indices), into out [NT, 2]; the rest of out gets (0, NT): a chunk past any
-    sequence's end, which every kernel masks out. Returns the real chunks."""
-    counts = -(-np.diff(cu_seqlens) // chunk)
-    total = int(counts.sum())
-    if total > len(out):
-        raise ValueError(f"{total} chunks exceed the table's {len(out)}")
-    out[:total, 0] = np.repeat(np.arange(len(counts)), counts)
-    out[:total, 1] = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    out[total:] = (0, len(out))
-    return total

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+GDN_CHUNK = 64  # tokens a chunk of the chunked delta rule (fla's BT)
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class GdnSplit:
     cu_seqlens: torch.Tensor  # [P_cap + 2] int64, from 0
     slots: torch.Tensor  # [P_cap + 1] int64: each sequence's state slot
     chunks: torch.Tensor  # [NT, 2] int64: (sequence, chunk) of every 64-token chunk, padded
+    chunk_offsets: torch.Tensor  # [P_cap + 2] int64: each sequence's first chunk, then NT real
     chunk_size: int  # tokens a chunk (fla's BT)
 
 
@@ -49,6 +53,25 @@ class StepMeta:
     @property
     def num_tokens(self) -> int:
         return self.positions.shape[0]
+
+
+def chunk_table(cu_seqlens: np.ndarray, table: np.ndarray, offsets: np.ndarray,
+                chunk: int) -> int:
+    """(sequence, chunk) of every chunk of the sequences cu_seqlens bounds, in order (fla's
+    prepare_chunk_indices), into table [NT, 2], the rest of it (0, NT): a chunk past any
+    sequence's end, which every kernel masks out; and each sequence's first chunk in the table
+    then the real chunks' count, into offsets [len(cu_seqlens)] (fla's prepare_chunk_offsets).
+    Zero-length sequences add no chunk. Returns the real chunks."""
+    counts = -(-np.diff(cu_seqlens) // chunk)
+    total = int(counts.sum())
+    if total > len(table):
+        raise ValueError(f"{total} chunks exceed the table's {len(table)}")
+    offsets[0] = 0
+    np.cumsum(counts, out=offsets[1:len(cu_seqlens)])
+    table[:total, 0] = np.repeat(np.arange(len(counts)), counts)
+    table[:total, 1] = np.arange(total) - np.repeat(offsets[:len(counts)], counts)
+    table[total:] = (0, len(table))
+    return total
 
 
 def build_step_meta(

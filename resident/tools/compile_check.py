@@ -29,7 +29,14 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
-from resident.kernels import conv_varlen, gdn_decode, gemv, kv_write, varlen_attention
+from resident.kernels import (
+    chunk_states,
+    conv_varlen,
+    gdn_decode,
+    gemv,
+    kv_write,
+    varlen_attention,
+)
 from resident.model.config import ModelConfig, load_model_config
 
 HOPPER_SHARED_BYTES = 232448  # per block, opt-in maximum on sm_90
@@ -45,6 +52,9 @@ class Variant:
     constexprs: dict[str, object]
     num_warps: int = 4
     num_stages: int = 3
+    # spill bytes that do not fail it: 0 for kernels whose one config we chose; an autotuned
+    # kernel's configs are timed on the GPU, so one that spills only loses that race
+    allowed_spill: int = 0
 
     def compile(self, target: GPUTarget):
         signature = {name: self.types.get(name, "constexpr") for name in self.kernel.arg_names}
@@ -97,6 +107,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _conv_varlen_variants(config)
+    variants += _chunk_states_variants(config)
     variants.append(_varlen_attention_variant(config))
     kv_width = config.num_key_value_heads * config.head_dim
     variants.append(Variant("kv write", kv_write._write_kv_kernel, {
@@ -142,6 +153,25 @@ def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:
     return [conv, state]
 
 
+def _chunk_states_variants(config: ModelConfig) -> list[Variant]:
+    """The prefill's delta rule state pass: every config its autotuner may pick. Most spill
+    (8 bytes to 17 KB a thread at 0.8B), as fla's kernel it replaces does at the same configs
+    (12 bytes to 16 KB); the autotuner times them, so the check is that each compiles and fits
+    in shared memory."""
+    pointers = ("k_ptr", "u_ptr", "w_ptr", "v_new_ptr", "h_ptr")
+    types = {name: "*bf16" for name in pointers} | {
+        "g_ptr": "*fp32", "state_ptr": "*fp32", "slots_ptr": "*i64", "cu_ptr": "*i64",
+        "offsets_ptr": "*i64"}
+    shape = {"H": config.linear_num_key_heads, "HV": config.linear_num_value_heads,
+             "K": config.linear_key_head_dim, "V": config.linear_value_head_dim, "BT": 64,
+             "WHILE_LOOP": False}
+    return [Variant(f"prefill chunk states BV={tuned.kwargs['BV']} {tuned.num_warps} warps "
+                    f"{tuned.num_stages} stages", chunk_states._chunk_states_kernel, types,
+                    shape | tuned.kwargs, tuned.num_warps, tuned.num_stages,
+                    allowed_spill=1 << 20)
+            for tuned in chunk_states.TUNING_CONFIGS]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3.5-0.8b")
@@ -163,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         shared = compiled.metadata.shared
         verdict = ("TOO MUCH SHARED MEMORY" if shared > HOPPER_SHARED_BYTES
-                   else "SPILLS" if spilled else "ok")
+                   else "SPILLS" if spilled > variant.allowed_spill else "ok")
         failed += verdict != "ok"
         print(f"{verdict:>4} {variant.name}: {shared} bytes shared, {registers} registers, "
               f"{spilled} bytes spilled", flush=True)

@@ -21,8 +21,11 @@
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
+#   tuned     the chunked delta rule against fla, the split GDN, and the start-up tuning
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
-# others.
+# others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
+# their autotuning picks there, and a part before them (the kernel tests) would have made those
+# picks on its own inputs (a kkt solve 1.6x slower in a burst after the kernel tests).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -52,6 +55,9 @@ for part in "$@"; do
       run engine 560 python3 -m pytest -q -m gpu -p no:cacheprovider -x \
         tests/gpu/test_padded_gpu.py::test_padded_steps_give_the_same_tokens_with_and_without_graphs \
         tests/gpu/test_backends_gpu.py -k "replan_does_not_sync or greedy_identical or padded_steps or plan_ahead" ;;
+    tuned)
+      run tuned 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/test_kernel_chunk_states.py tests/gpu/test_padded_gpu.py -k "not padded_steps" ;;
     padded)
       run padded 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_padded_gpu.py::test_padded_steps_give_the_same_tokens_with_and_without_graphs ;;
@@ -81,14 +87,14 @@ for part in "$@"; do
         --out "$OUT/check-$size"
       tar czf "$OUT/check-$size.tgz" -C "$OUT" "check-$size" && rm -rf "$OUT/check-$size" ;;
     burst)
-      run burst 200 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1 \
+      TRITON_CACHE_DIR=$(mktemp -d) run burst 200 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1 \
         --burst 64 --json "$OUT/burst.json" ;;
     bench)
-      run bench 560 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1,16,64,256 \
+      TRITON_CACHE_DIR=$(mktemp -d) run bench 560 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1,16,64,256 \
         --burst 64 --json "$OUT/bench.json" ;;
     budget)
       for budget in 4096 8192; do
-        run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
+        TRITON_CACHE_DIR=$(mktemp -d) run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
           --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
       done ;;
     *) echo "unknown part $part" ;;
