@@ -8,6 +8,8 @@ chunk, several chunks and none, on scattered slots with the sink's padding seque
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 import torch
@@ -18,13 +20,33 @@ from resident.model.step import GDN_CHUNK, chunk_table
 NUM_SLOTS = 9
 
 
+@dataclass
+class Case:
+    """chunk_states' arguments: one batch row of sequences and a state pool."""
+
+    key: torch.Tensor  # [1, T, H, K]
+    w: torch.Tensor  # [1, T, HV, K]
+    u: torch.Tensor  # [1, T, HV, V]
+    g: torch.Tensor  # [1, T, HV] log2 gates, cumulative within each chunk
+    state: torch.Tensor  # [NUM_SLOTS, HV, K, V]
+    slots: torch.Tensor  # [N]
+    cu_seqlens: torch.Tensor  # [N + 1]
+    chunk_offsets: torch.Tensor  # [N + 1]
+    chunks: torch.Tensor  # [table_rows, 2]
+    num_real_chunks: int
+
+    def args(self, state: torch.Tensor | None = None) -> tuple:
+        return (self.key, self.w, self.u, self.g, self.state if state is None else state,
+                self.slots, self.cu_seqlens, self.chunk_offsets, self.chunks.shape[0])
+
+
 def _case(lengths: list[int], slots: list[int], heads: int, value_heads: int, dim_k: int,
-          dim_v: int, table_rows: int, device: str, dtype: torch.dtype, seed: int = 0):
+          dim_v: int, table_rows: int, device: str, dtype: torch.dtype, seed: int = 0) -> Case:
     generator = torch.Generator().manual_seed(seed)
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     table = np.zeros((table_rows, 2), np.int64)
     offsets = np.zeros(len(cu), np.int64)
-    chunk_table(cu, table, offsets, GDN_CHUNK)
+    real = chunk_table(cu, table, offsets, GDN_CHUNK)
     num_tokens = int(cu[-1])
 
     def randn(*shape, scale=1.0):
@@ -33,55 +55,51 @@ def _case(lengths: list[int], slots: list[int], heads: int, value_heads: int, di
     key = torch.nn.functional.normalize(randn(1, num_tokens, heads, dim_k), dim=-1).to(dtype)
     w = randn(1, num_tokens, value_heads, dim_k, scale=0.1).to(dtype)
     u = randn(1, num_tokens, value_heads, dim_v).to(dtype)
-    # log2 gates cumulative within each chunk, as fla's chunk_local_cumsum leaves them
     g = -torch.rand(1, num_tokens, value_heads, generator=generator).to(device)
     for start, end in zip(cu[:-1], cu[1:], strict=True):
         for first in range(start, end, GDN_CHUNK):
-            g[0, first:min(first + GDN_CHUNK, end)] = g[0, first:min(first + GDN_CHUNK,
-                                                                     end)].cumsum(0)
+            chunk = slice(first, min(first + GDN_CHUNK, end))
+            g[0, chunk] = g[0, chunk].cumsum(0)
     state = randn(NUM_SLOTS, value_heads, dim_k, dim_v, scale=0.1)
-    tensors = [torch.tensor(a, device=device) for a in (slots, cu, offsets)]
-    return (key, w, u, g, state, *tensors, table_rows), int(offsets[len(lengths)])
+    return Case(key, w, u, g, state, *(torch.tensor(a, device=device)
+                                       for a in (slots, cu, offsets, table)), real)
 
 
 @pytest.mark.parametrize(("dim_k", "dim_v"), [(64, 32), (128, 64)])
 def test_states_by_slot_match_the_reference(dim_k, dim_v):
     # sequence 0 of 70 tokens straddles two chunks; 0 tokens; one partial chunk; 130 tokens on
     # three chunks; then two zero-length padding sequences on the sink (slot 0)
-    lengths, slots = [70, 0, 5, 130, 0, 0], [6, 2, 8, 3, 0, 0]
-    args, real = _case(lengths, slots, heads=2, value_heads=4, dim_k=dim_k, dim_v=dim_v,
-                       table_rows=12, device="cpu", dtype=torch.float32)
-    state = args[4]
-    want_state = state.clone()
-    h, v_new = chunk_states(*args)
-    want_h, want_v = chunk_states_ref(*args[:4], want_state, *args[5:])
+    case = _case([70, 0, 5, 130, 0, 0], [6, 2, 8, 3, 0, 0], heads=2, value_heads=4,
+                 dim_k=dim_k, dim_v=dim_v, table_rows=12, device="cpu", dtype=torch.float32)
+    want_state = case.state.clone()
+    h, v_new = chunk_states(*case.args())
+    want_h, want_v = chunk_states_ref(*case.args(want_state))
+    real = case.num_real_chunks
     torch.testing.assert_close(v_new, want_v, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(h[:, :real], want_h[:, :real], atol=1e-4, rtol=1e-4)
     # every real slot's final state; the slots no sequence names untouched, bit for bit
-    torch.testing.assert_close(state[[6, 2, 8, 3]], want_state[[6, 2, 8, 3]], atol=1e-4,
-                               rtol=1e-4)
-    untouched = [1, 4, 5, 7]
-    assert torch.equal(state[untouched], want_state[untouched])
-    assert not torch.equal(state[6], args[4].new_zeros(state[6].shape))
+    named, untouched = [6, 2, 8, 3], [1, 4, 5, 7]
+    torch.testing.assert_close(case.state[named], want_state[named], atol=1e-4, rtol=1e-4)
+    assert torch.equal(case.state[untouched], want_state[untouched])
 
 
 def test_the_reference_moves_the_named_slots_only():
     """The reference itself: a sequence with tokens changes its slot, a zero-length one leaves
     its slot as it was (the kernel stores it back unchanged)."""
-    args, _ = _case([64, 0], [4, 5], heads=1, value_heads=1, dim_k=64, dim_v=32,
-                    table_rows=2, device="cpu", dtype=torch.float32, seed=1)
-    before = args[4].clone()
-    chunk_states_ref(*args)
-    changed = [slot for slot in range(NUM_SLOTS) if not torch.equal(before[slot], args[4][slot])]
+    case = _case([64, 0], [4, 5], heads=1, value_heads=1, dim_k=64, dim_v=32, table_rows=2,
+                 device="cpu", dtype=torch.float32, seed=1)
+    before = case.state.clone()
+    chunk_states_ref(*case.args())
+    changed = [slot for slot in range(NUM_SLOTS) if not torch.equal(before[slot],
+                                                                    case.state[slot])]
     assert changed == [4]
 
 
-@pytest.mark.parametrize(("dim_k", "message"), [(192, "K=192 \\(at most 128\\)")])
-def test_a_shape_the_kernel_cannot_take_is_refused(dim_k, message):
-    args, _ = _case([3], [1], heads=1, value_heads=1, dim_k=dim_k, dim_v=32, table_rows=1,
-                    device="cpu", dtype=torch.float32)
-    with pytest.raises(ValueError, match=message):
-        chunk_states(*args)
+def test_a_shape_the_kernel_cannot_take_is_refused():
+    case = _case([3], [1], heads=1, value_heads=1, dim_k=192, dim_v=32, table_rows=1,
+                 device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="K=192 \\(at most 128\\)"):
+        chunk_states(*case.args())
 
 
 @pytest.mark.gpu
@@ -95,27 +113,23 @@ def test_the_chunked_delta_rule_matches_fla_at_the_08b_shapes():
     from resident.backends.gdn_prefill import chunked_delta_rule
 
     lengths, slots = [512, 1, 300, 64, 0, 0], [5, 2, 7, 1, 0, 0]
-    args, _ = _case(lengths, slots, heads=16, value_heads=16, dim_k=128, dim_v=128,
-                    table_rows=20, device="cuda", dtype=torch.bfloat16)
+    case = _case(lengths, slots, heads=16, value_heads=16, dim_k=128, dim_v=128,
+                 table_rows=20, device="cuda", dtype=torch.bfloat16)
     generator = torch.Generator(device="cuda").manual_seed(4)
     num_tokens = sum(lengths)
     query = torch.nn.functional.normalize(
         torch.randn(num_tokens, 16, 128, device="cuda", generator=generator), dim=-1).bfloat16()
-    key, value = args[0][0], args[2][0]
+    key, value = case.key[0], case.u[0]
     log_decay = -torch.rand(num_tokens, 16, device="cuda", generator=generator)
     beta = torch.rand(num_tokens, 16, device="cuda", generator=generator).bfloat16()
     pool = torch.randn(NUM_SLOTS, 16, 128, 128, device="cuda", generator=generator) * 0.1
-    slot_tensor, cu = args[5], args[6]
-    table = torch.zeros(20, 2, dtype=torch.int64)
-    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
-    chunk_table(cu.cpu().numpy(), table.numpy(), offsets.numpy(), GDN_CHUNK)
     fla_pool = pool.clone()
     want, final = chunk_gated_delta_rule(
         *(t.unsqueeze(0) for t in (query, key, value, log_decay, beta)), scale=128**-0.5,
-        initial_state=fla_pool[slot_tensor], output_final_state=True, cu_seqlens=cu)
-    fla_pool.index_copy_(0, slot_tensor[:4], final[:4])
-    got = chunked_delta_rule(query, key, value, log_decay, beta, pool, slot_tensor, cu,
-                             table.cuda(), offsets.cuda())
-    real = int(cu[4])
+        initial_state=fla_pool[case.slots], output_final_state=True, cu_seqlens=case.cu_seqlens)
+    fla_pool.index_copy_(0, case.slots[:4], final[:4])
+    got = chunked_delta_rule(query, key, value, log_decay, beta, pool, case.slots,
+                             case.cu_seqlens, case.chunks, case.chunk_offsets)
+    real = int(case.cu_seqlens[4])
     torch.testing.assert_close(got[:real], want[0, :real], atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(pool[1:], fla_pool[1:], atol=1e-3, rtol=1e-3)
