@@ -24,7 +24,7 @@ from resident.kernels.gdn import l2norm
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
-from resident.model.step import GDN_CHUNK, StepMeta, chunk_table
+from resident.model.step import GDN_CHUNK, StepMeta, chunk_counts, chunk_table
 
 
 def conv_varlen_op(x: torch.Tensor, weight: torch.Tensor, conv_pool: torch.Tensor,
@@ -76,8 +76,7 @@ class Sequences:
     @classmethod
     def of(cls, cu_seqlens: np.ndarray, device: torch.device) -> Sequences:
         cu_seqlens = np.ascontiguousarray(cu_seqlens, np.int64)
-        num_chunks = int((-(-np.diff(cu_seqlens) // GDN_CHUNK)).sum())
-        table = np.empty((num_chunks, 2), np.int64)
+        table = np.empty((int(chunk_counts(cu_seqlens, GDN_CHUNK).sum()), 2), np.int64)
         offsets = np.empty_like(cu_seqlens)
         chunk_table(cu_seqlens, table, offsets, GDN_CHUNK)
         return cls(*(torch.from_numpy(a).to(device, non_blocking=True)

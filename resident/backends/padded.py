@@ -7,12 +7,12 @@ ModelOps serves every bucket and each bucket's launches can be captured.
 - conv: the Triton varlen conv, in place on the slot pool (padding rows are zero-length), query
   and key heads l2-normalised there, so neither half of the GDN split normalises them again;
 - GDN: split (model/step.GdnSplit). First the chunked delta rule over the prefill rows as
-  sequences (fla's `chunk_gated_delta_rule`, fed the chunk table the host built, so fla reads
-  nothing on the host and computes no index of its own), states gathered from and scattered
-  back to the rows' slots; then the decode rows step in place by slot with the decode kernel,
-  whose outputs replace the first sequence's (the decode tokens, run there on the sink only to
-  keep fla's sequences contiguous from token 0). Padding decode entries sit on the sink slot
-  and the kernel skips them.
+  sequences (gdn_prefill.chunked_delta_rule: fla's chunk kernels around our state pass, fed the
+  chunk table and offsets the host built, so nothing reads the host or derives an index), each
+  sequence's state read from and written back to its slot in place; then the decode rows step in
+  place by slot with the decode kernel, whose outputs replace the first sequence's (the decode
+  tokens, run there on the sink only to keep fla's sequences contiguous from token 0). Padding
+  decode entries sit on the sink slot and the kernel skips them.
 
 On CPU the same split runs on the torch references (fla has no CPU path), and under the `triton`
 backend (in the interpreter, for tests) on the Triton kernels where they have no fla in them.
@@ -42,8 +42,9 @@ def varlen_attention_op(query, kv_layer, meta: StepMeta, scale: float) -> torch.
 
 def fla_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,
                   split: GdnSplit) -> torch.Tensor:
-    """[T, Hv, Dv]: fla's chunked delta rule over the split's sequences (tokens outside them
-    are left unwritten), each sequence's state gathered from and written back to its slot."""
+    """[T, Hv, Dv]: the chunked delta rule (fla's chunk kernels, our state pass) over the
+    split's sequences (tokens outside them are left unwritten), each sequence's state read from
+    and written back to its slot."""
     from resident.backends.gdn_prefill import chunked_delta_rule
 
     return chunked_delta_rule(query, key, value, log_decay, beta, state_pool, split.slots,

@@ -55,6 +55,11 @@ class StepMeta:
         return self.positions.shape[0]
 
 
+def chunk_counts(cu_seqlens: np.ndarray, chunk: int) -> np.ndarray:
+    """The chunks of each sequence cu_seqlens bounds (a zero-length one has none)."""
+    return -(-np.diff(cu_seqlens) // chunk)
+
+
 def chunk_table(cu_seqlens: np.ndarray, table: np.ndarray, offsets: np.ndarray,
                 chunk: int) -> int:
     """(sequence, chunk) of every chunk of the sequences cu_seqlens bounds, in order (fla's
@@ -62,7 +67,7 @@ def chunk_table(cu_seqlens: np.ndarray, table: np.ndarray, offsets: np.ndarray,
     sequence's end, which every kernel masks out; and each sequence's first chunk in the table
     then the real chunks' count, into offsets [len(cu_seqlens)] (fla's prepare_chunk_offsets).
     Zero-length sequences add no chunk. Returns the real chunks."""
-    counts = -(-np.diff(cu_seqlens) // chunk)
+    counts = chunk_counts(cu_seqlens, chunk)
     total = int(counts.sum())
     if total > len(table):
         raise ValueError(f"{total} chunks exceed the table's {len(table)}")
