@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from gate.arms import Arm
+from gate.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
 
 HOST = "127.0.0.1"
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -47,6 +48,7 @@ class LaunchSpec:
     triton_cache: Path
     gpu: int | None
     startup_timeout_s: float
+    pycache: Path | None = None  # PYTHONPYCACHEPREFIX (gate/bytecode.py); None: Python's own
 
 
 def free_port() -> int:
@@ -69,6 +71,9 @@ class Server:
         env, self.removed_env = clean_environment()
         env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
         env["TRITON_CACHE_DIR"] = str(launch.triton_cache)
+        if launch.pycache is not None:
+            env[PREFIX_VARIABLE] = str(launch.pycache)
+            env.pop(NO_WRITE_VARIABLE, None)
         env["PYTHONUNBUFFERED"] = "1"
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
         if launch.gpu is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gate.arms import Arm, resolve_arm, split_arm, split_knobs
+from gate.bytecode import server_pycache
 from gate.config import GateConfig
 from gate.load import LoadSpec
 from gate.measure import RunPlace, check_identity, measure_run, warmed_load
@@ -53,9 +54,11 @@ WORKTREES = Path(".gate/worktrees")
 # One Inductor cache per round, shared by its arms (so they replay the same kernel choices) and
 # removed after it; one Triton cache for every server the gate starts, kept: compiled kernels
 # (ours, fla's, Inductor's) and Triton's autotuning results, keyed by source, device and
-# shapes, which no arm can bias, and which a fresh cache would redo in every round.
+# shapes, which no arm can bias, and which a fresh cache would redo in every round. Where
+# site-packages keep no usable bytecode, one kept bytecode cache too (gate/bytecode.py).
 INDUCTOR = Path(".gate/inductor")
 TRITON = Path(".gate/triton")
+PYCACHE = Path(".gate/pycache")
 
 
 def triton_cache(repo: Path) -> Path:
@@ -243,10 +246,11 @@ class Session:
 
     def launch_spec(self, inductor_cache: Path) -> LaunchSpec:
         """How this session starts a server: its model, device, CPUs and GPU, the given
-        Inductor cache and the gate's kept Triton cache."""
+        Inductor cache, the gate's kept Triton cache and, where needed, its bytecode cache."""
         config, placement = self.config, self.placement
         return LaunchSpec(config.model, config.device, placement.server_cpus, inductor_cache,
-                          triton_cache(self.repo), placement.gpu, config.startup_timeout)
+                          triton_cache(self.repo), placement.gpu, config.startup_timeout,
+                          server_pycache(self.repo / PYCACHE))
 
     def _record_server(self, round_index: int, arm: Arm, server: Server,
                        launch: str | None = None) -> None:

@@ -138,6 +138,9 @@ def test_a_session_writes_everything(session):
                for s in servers)
     triton = (Path.cwd() / ".gate" / "triton").resolve()
     assert {s["caches"]["triton"] for s in servers} == {str(triton)}
+    # and read the environment's bytecode, or where it is not kept, the gate's (bytecode.py)
+    pycache = (Path.cwd() / ".gate" / "pycache").resolve()
+    assert {s["caches"]["bytecode"] for s in servers} in ({None}, {str(pycache)})
     timing = json.loads((out / "summary.json").read_text())["timing"]
     span = max(r.started_at for r in runs) - min(r.started_at for r in runs)
     assert timing["wall_s"] > max(timing["startup_s"], span + servers[0]["health_s"])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,7 +83,8 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "startup": engine.startup.to_dict(),  # seconds per span (startup.py)
         # where compiled kernels and autotuning results went (None: the library's default)
         "caches": {"inductor": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
-                   "triton": os.environ.get("TRITON_CACHE_DIR")},
+                   "triton": os.environ.get("TRITON_CACHE_DIR"),
+                   "bytecode": sys.pycache_prefix},
     }
 
 

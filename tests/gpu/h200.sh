@@ -33,6 +33,10 @@ if [ -f .whl/install.sh ] && [ ! -d /tmp/site/flashinfer ]; then
   bash .whl/install.sh >"$OUT/install.log" 2>&1 || echo "wheel install failed"
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+# the host's packages carry no bytecode and its environment forbids writing it: without a kept
+# cache every Python process here compiles ~2,600 modules (gate/bytecode.py)
+export PYTHONPYCACHEPREFIX=$PWD/.gate/pycache
+unset PYTHONDONTWRITEBYTECODE
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv,noheader >"$OUT/gpu.txt" 2>&1
 
