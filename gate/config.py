@@ -33,10 +33,13 @@ class GateConfig:
     max_rounds: int | None = None  # ... or this many ran (only, and always, with until_verdict)
     min_effect: float = MIN_EFFECT  # the rule's floor (gate/rule.py)
     runs: int = 2
-    requests: int = 0  # 0: max(8, requests_per_slot x concurrency) per run
+    # requests per run: one number for every cell or one per cell, in --concurrency's order;
+    # none: max(8, requests_per_slot x concurrency)
+    requests: tuple[int, ...] = ()
     requests_per_slot: int = 4
     clients: int = 0  # load client processes a run; 0: clients_for's rule
     aa: bool = False
+    interleave: bool = False  # every arm's server up at once in a round, runs alternating
     seed: int = 0
     name: str = "gate"
     out: str = ""  # default results/<name>-<timestamp>
@@ -60,8 +63,11 @@ class GateConfig:
             raise ValueError(f"--profile-steps must be >= 1, got {self.profile_steps}")
         if self.requests_per_slot < 1:
             raise ValueError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
-        if self.requests < 0:
-            raise ValueError(f"--requests must be >= 0, got {self.requests}")
+        if any(n < 1 for n in self.requests):
+            raise ValueError(f"--requests must be >= 1, got {_ints(self.requests)}")
+        if len(self.requests) not in (0, 1, len(self.concurrency)):
+            raise ValueError(f"--requests {_ints(self.requests)}: give one number, or one per "
+                             f"cell of --concurrency {_ints(self.concurrency)}")
         if self.clients < 0:
             raise ValueError(f"--clients must be >= 0, got {self.clients}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -86,7 +92,12 @@ class GateConfig:
         return self.max_rounds if self.until_verdict else self.rounds
 
     def requests_for(self, concurrency: int) -> int:
-        return self.requests or max(8, self.requests_per_slot * concurrency)
+        """The requests of a run at `concurrency` (a cell of the session)."""
+        if len(self.requests) > 1:
+            return self.requests[self.concurrency.index(concurrency)]
+        if self.requests:
+            return self.requests[0]
+        return max(8, self.requests_per_slot * concurrency)
 
     def clients_for(self, concurrency: int, num_client_cpus: int) -> int:
         """Load client processes at `concurrency`: --clients, or one per SLOTS_PER_CLIENT
@@ -99,8 +110,13 @@ class GateConfig:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def parse_ints(text: str | list | tuple, option: str) -> tuple[int, ...]:
-    items = text.split(",") if isinstance(text, str) else list(text)
+def _ints(values: tuple[int, ...]) -> str:
+    return ",".join(map(str, values))
+
+
+def parse_ints(text: str | int | list | tuple, option: str) -> tuple[int, ...]:
+    items = text.split(",") if isinstance(text, str) else (
+        [text] if isinstance(text, int) else list(text))
     try:
         return tuple(int(str(item).strip()) for item in items if str(item).strip())
     except ValueError:
@@ -149,6 +165,7 @@ def build_gate_config(options: dict[str, Any], config_file: Path | None) -> Gate
     for key in ("arms", "knobs"):
         if key in values:
             values[key] = tuple(str(v) for v in values[key])
-    if "concurrency" in values:
-        values["concurrency"] = parse_ints(values["concurrency"], "--concurrency")
+    for key in ("concurrency", "requests"):
+        if key in values:
+            values[key] = parse_ints(values[key], f"--{key}")
     return GateConfig(**values)

@@ -116,10 +116,12 @@ def header_line(manifest: dict[str, Any]) -> str:
     if manifest.get("until_verdict"):
         rounds = (f"until every cell had a verdict: {manifest.get('rounds_run', '?')} of at "
                   f"most {manifest.get('max_rounds', '?')} rounds")
+    servers = ("; each round's servers up together, runs alternating between arms"
+               if manifest.get("interleave") else "")
     return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
             f"prompt {manifest.get('prompt_len', '?')} tokens, "
             f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
-            f"{rounds} x {manifest.get('runs', '?')} runs.")
+            f"{rounds} x {manifest.get('runs', '?')} runs{servers}.")
 
 
 def arms_line(manifest: dict[str, Any]) -> str:

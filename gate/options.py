@@ -72,8 +72,9 @@ OutputLenOpt = Annotated[int | None, typer.Option(
 RunsOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Runs per cell per round." + config_default("runs"),
     rich_help_panel=CELLS)]
-RequestsOpt = Annotated[int | None, typer.Option(
-    metavar="INT", help="Requests per run." + default("max(8, requests-per-slot x concurrency)"),
+RequestsOpt = Annotated[str | None, typer.Option(
+    metavar="INT,...", help="Requests per run: one number for every cell, or one per cell in "
+    "--concurrency's order." + default("max(8, requests-per-slot x concurrency)"),
     rich_help_panel=CELLS)]
 RequestsPerSlotOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Requests per run per unit of concurrency, when --requests is not "
@@ -98,6 +99,11 @@ MinEffectOpt = Annotated[float | None, typer.Option(
     metavar="FRACTION", help="The smallest difference that counts: faster and slower need the "
     "estimate beyond it, within noise the interval inside it." + config_default("min_effect"),
     rich_help_panel=ROUNDS)]
+InterleaveOpt = Annotated[bool | None, typer.Option(
+    "--interleave", metavar="", help="Start every arm's server of a round before any run, and "
+    "alternate the arms run by run within each cell, each round then judged slot by slot: a "
+    "host whose speed drifts over seconds (a shared VM) then slows every arm alike. The "
+    "servers must fit side by side (GPU memory).", rich_help_panel=ROUNDS)]
 # the old name of --rounds, still accepted
 SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
 

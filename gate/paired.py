@@ -15,13 +15,23 @@ from gate.markdown import arms_line, fmt_pct, label, md_table, page_title, round
 PAIRED_FILE = "paired.md"
 
 
-def rule_text(design: rule.Design) -> str:
-    """The rule, why it is built so, and how the A/A arm enters; `design`'s min effect."""
+VALUE_BY_MEDIAN = "an arm's value in a round is the median output tok/s over its ok runs there"
+VALUE_BY_SLOT = (
+    "the round's servers ran side by side (`--interleave`), slot j holding run j of every arm "
+    "back to back, so an arm's value in a round is the median over the round's slots of its "
+    "run's log tok/s less the slot's mean over the arms compared (slots where one of them has "
+    "no ok run are left out): a drift of the host's speed within the round reaches every arm "
+    "of a slot alike and cancels")
+
+
+def rule_text(design: rule.Design, slots: bool = False) -> str:
+    """The rule, why it is built so, and how the A/A arm enters; `design`'s min effect;
+    `slots`: the session's rounds are summarised slot by slot (stats.by_slot)."""
     floor = f"{design.min_effect * 100:g}%"
     return (
-        "**Rule.** Paired by round: an arm's value in a round is the median output tok/s over "
-        "its ok runs there; the round is the unit (its arms share an Inductor cache, a prompt "
-        "seed and the hour; the runs within it share one server, so they are not independent). "
+        f"**Rule.** Paired by round: {VALUE_BY_SLOT if slots else VALUE_BY_MEDIAN}; the round "
+        "is the unit (its arms share an Inductor cache, a prompt seed and the hour; the runs "
+        "within it share one server, so they are not independent). "
         f"Two rules share a false `faster`/`slower` rate of {rule.ALPHA:.0%} per arm and cell "
         "over the session:\n\n"
         "1. *t rule*: the rounds where the baseline, the arm and, when `--aa` ran, the A/A arm "
@@ -123,11 +133,13 @@ def _paired_arms(paired: pd.DataFrame, verdicts: pd.DataFrame,
 
 
 def _paired_block(paired: pd.DataFrame, verdicts: pd.DataFrame, cell: str, arms: list[str],
-                  flagged: set[str]) -> str:
+                  flagged: set[str], slots: bool) -> str:
     deltas = _deltas_table(paired[paired["cell"] == cell], arms, flagged)
     deltas = deltas or ("No paired round: a round pairs only when both the arm and the "
-                        "baseline have an ok run in it.")
-    return "\n\n".join([f"## {cell}", "Delta per round, arm / baseline - 1:", deltas,
+                        "baseline have an ok run in it" + (" in one slot." if slots else "."))
+    what = ("the median over the round's slots of arm / baseline - 1" if slots
+            else "arm / baseline - 1")
+    return "\n\n".join([f"## {cell}", f"Delta per round, {what}:", deltas,
                         _verdict_table(verdicts, cell, arms, flagged)])
 
 
@@ -143,7 +155,8 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
     rounds = design.max_rounds if design.until_verdict else int(manifest.get("rounds") or 0)
     flagged = stats.manifest_planner_off(manifest) | set(planner_off)
     arms = _paired_arms(paired, verdicts, manifest)
-    parts = [page_title(manifest, "paired by round"), rule_text(design),
+    slots = stats.by_slot(manifest)
+    parts = [page_title(manifest, "paired by round"), rule_text(design, slots),
              design_text(design, rounds)]
     if rounds >= 1:
         parts.append(error_rates_text(design, rounds, bool(manifest.get("aa_arm"))))
@@ -151,6 +164,6 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
     if not arms:
         parts.append("No arm besides the baseline.")
     else:
-        parts += [_paired_block(paired, verdicts, cell, arms, flagged)
+        parts += [_paired_block(paired, verdicts, cell, arms, flagged, slots)
                   for cell in stats.cell_order(paired, manifest)]
     return "\n\n".join(parts) + "\n"

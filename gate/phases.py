@@ -16,12 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gate.arms import Arm
 from gate.load import run_load
 from gate.markdown import TableSpec, header_line, page_title
 from gate.measure import warmed_load
-from gate.server import Server, ServerFailed
-from gate.session import Session
+from gate.server import ServerFailed
+from gate.session import LiveServer, Session
 
 PHASES_JSON, PHASES_MD = "phases.json", "phases.md"
 # GET /debug/phases keys, in the tables' column order
@@ -51,9 +50,9 @@ class PhasesSession(Session):
         write_phases(self.out, self.results, self.manifest)
         return failed
 
-    async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
-                    concurrency: int, vocab: int, planner_off: bool) -> int:
-        spec = await warmed_load(server, self.config, concurrency, vocab, round_index,
+    async def _cell(self, live: LiveServer, concurrency: int) -> int:
+        server, arm = live.server, live.arm
+        spec = await warmed_load(server, self.config, concurrency, live.vocab, live.round_index,
                                  len(self.placement.client_cpus))
         if await server.post_json("/debug/phases/reset") is None:
             raise ServerFailed(f"{arm.name}: POST /debug/phases/reset failed (not a resident "
@@ -63,7 +62,7 @@ class PhasesSession(Session):
         self.results.setdefault(f"c={concurrency}", {})[arm.name] = {
             "kinds": report.get("kinds", {}), "enabled": report.get("enabled", False),
             "output_throughput": metrics.output_throughput, "failed": metrics.failed,
-            "planner_off": planner_off}
+            "planner_off": live.planner_off}
         self.console.log(f"{arm.name} c={concurrency}: {metrics.output_throughput} tok/s, "
                          f"{report.get('kinds', {}).get('decode', {}).get('steps', 0)} "
                          f"decode steps timed")

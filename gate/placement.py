@@ -4,9 +4,10 @@ From the host topology (sysfs), the way an A/B benchmark is pinned by hand: the 
 whole physical cores of its own (hyperthread siblings never split between server and client), the
 server keeps to one package (the GPU's, when known), its API process takes the first server CPU
 and the engine core's step threads the rest. Hosts with fewer than 4 CPUs (or one physical core)
-cannot be split, and everything shares every CPU (`overlap`). Every decision is written to
-`notes`. Options given on the command line override the defaults and are checked against the
-process's allowed CPUs and each other.
+cannot give the client cores of its own: there the step threads take every CPU but the first,
+which the API process and the client share (`overlap`; one CPU is shared by everything). Every
+decision is written to `notes`. Options given on the command line override the defaults and are
+checked against the process's allowed CPUs and each other.
 
 CPU lists use `resident.config.parse_cpu_list`'s syntax: "0-3,8".
 """
@@ -212,10 +213,20 @@ def _sibling_note(groups: list[tuple[int, tuple[int, ...]]]) -> str:
     return "no hyperthread siblings seen"
 
 
-def _shared(cpus: list[CpuInfo], gpu: int | None, why: str) -> Placement:
+def _small(cpus: list[CpuInfo], gpu: int | None, why: str) -> Placement:
+    """A host too small for the client to have cores of its own: the step threads alone on
+    every CPU but the first, the API process and the client on the first, so an engine core
+    keeps its CPU and its caches. On this project's 2-CPU VM one interleaved demo session
+    unpinned read its c=4 rounds 6.9% apart, the next one pinned 1.8% (one session each; later
+    sessions pinned spread 2-8%: results/2026-12-02-cpu-demo-interleave)."""
     every = tuple(sorted(info.cpu for info in cpus))
-    note = f"{why}: server and client share CPUs {format_cpu_list(every)}, server unsplit"
-    return Placement(every, (), None, every, gpu, True, (note,))
+    if len(every) < 2:
+        note = f"{why}: server and client share CPU {format_cpu_list(every)}, server unsplit"
+        return Placement(every, (), None, every, gpu, True, (note,))
+    api, step = split_server(every)
+    note = (f"{why}: step threads alone on CPUs {format_cpu_list(step)}, the API process and "
+            f"the client share CPU {api}")
+    return Placement(every, step, api, (api,), gpu, True, (note,))
 
 
 def split_server(server: tuple[int, ...]) -> tuple[int | None, tuple[int, ...]]:
@@ -234,9 +245,9 @@ def default_placement(cpus: list[CpuInfo], gpu: int | None,
     """
     groups = _core_groups(cpus)
     if len(cpus) < MIN_SPLIT_CPUS:
-        return _shared(cpus, gpu, f"fewer than {MIN_SPLIT_CPUS} CPUs ({len(cpus)})")
+        return _small(cpus, gpu, f"fewer than {MIN_SPLIT_CPUS} CPUs ({len(cpus)})")
     if len(groups) < 2:
-        return _shared(cpus, gpu, "one physical core")
+        return _small(cpus, gpu, "one physical core")
     local = set(local_cpus) if local_cpus is not None else None
     package, why = _server_package(groups, local)
     ordered = sorted(groups, key=lambda g: (g[0] != package, g[0], g[1][0]))

@@ -3,7 +3,9 @@
 The round is the unit: in a round an arm and the baseline share an Inductor cache, a prompt
 seed and the host's state at that hour, while the runs within a round share one server, so they
 are not independent replicates of it. Each arm's value in a round is log(median tok/s over its ok
-runs there).
+runs there), or where the round's servers ran side by side with their runs alternating
+(`--interleave`), its median over the round's slots of log tok/s less the slot's mean over the
+arms compared (gate/stats.py `round_table`): the rule below is the same either way.
 
 - The t rule (new): a randomized complete block design with rounds as blocks. The arms in it are
   the baseline, the arm judged and, when `--aa` ran, the A/A arm (a second copy of the baseline):

@@ -18,7 +18,9 @@ import asyncio
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -66,6 +68,21 @@ def triton_cache(repo: Path) -> Path:
     path = (repo / TRITON).resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@dataclass
+class LiveServer:
+    """An arm's server in a round, and what the session learned of it."""
+
+    arm: Arm
+    round_index: int
+    position: int  # its place in the round's start order
+    server: Server
+    ready: bool = False
+    failed: bool = False  # it failed: no further step on it
+    planner_off: bool = False  # it asked for the planner and did not get it
+    vocab: int = 0
+    spec: LoadSpec | None = None  # the cell being measured
 
 
 def round_order(arms: list[Arm], round_index: int) -> list[Arm]:
@@ -130,7 +147,7 @@ class Session:
             "prompt_len": config.prompt_len, "output_len": config.output_len,
             "rounds": config.planned_rounds, "until_verdict": config.until_verdict,
             "max_rounds": config.max_rounds, "min_effect": config.min_effect,
-            "rounds_run": 0, "runs": config.runs,
+            "rounds_run": 0, "runs": config.runs, "interleave": config.interleave,
             "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
             "seed": config.seed, "placement": self.placement.to_dict(),
             "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
@@ -162,13 +179,17 @@ class Session:
         return failed
 
     def _run_round(self, round_index: int) -> int:
-        """Every arm's server once, in the round's order, on the round's Inductor cache;
-        returns the number of failed runs."""
+        """Every arm's server once, in the round's order, on the round's Inductor cache: one
+        after another, or (--interleave) all up at once with their runs alternating; returns
+        the number of failed runs."""
         cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
         cache.mkdir(parents=True, exist_ok=True)
-        failed = 0
-        for position, arm in enumerate(round_order(self.arms, round_index)):
-            failed += asyncio.run(self._serve_arm(arm, round_index, position, cache))
+        order = round_order(self.arms, round_index)
+        if self.config.interleave:
+            failed = asyncio.run(self._interleaved_round(order, round_index, cache))
+        else:
+            failed = sum(asyncio.run(self._serve_arm(arm, round_index, position, cache))
+                         for position, arm in enumerate(order))
         shutil.rmtree(cache, ignore_errors=True)
         self.manifest["rounds_run"] = round_index + 1
         self._save_manifest()
@@ -214,35 +235,111 @@ class Session:
     async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:
         """Starts the arm's server for the round, measures each cell on it, stops it; returns
         the number of failed runs."""
-        launch = self.launch_spec(cache)
+        live = self._launch(arm, round_index, position, cache)
+        try:
+            failed = await self._guarded(live, partial(self._ready, live))
+            for concurrency in self.config.concurrency:
+                failed += await self._guarded(live, partial(self._cell, live, concurrency))
+            return failed
+        finally:
+            self._close(live)
+
+    async def _cell(self, live: LiveServer, concurrency: int) -> int:
+        """One cell on a server of its own: warmed, its timed runs, its profile window."""
+        await self._warm(live, concurrency)
+        failed = 0
+        for run in range(1, self.config.runs + 1):
+            failed += await self._run(live, run)
+        return failed + await self._profile(live)
+
+    async def _interleaved_round(self, order: list[Arm], round_index: int, cache: Path) -> int:
+        """--interleave: every arm's server started (one after another, so each start is timed
+        alone) before any run; then in each cell every server is warmed, and slot by slot run j
+        of every arm back to back, in the round's order on odd slots and reversed on even ones
+        (a drift over the round then weighs on no arm's position); the servers stop after the
+        last cell. A server that fails is closed out alone (its remaining runs failed) and the
+        others go on."""
+        lives: list[LiveServer] = []
+        try:
+            failed = 0
+            for position, arm in enumerate(order):
+                lives.append(self._launch(arm, round_index, position, cache))
+                failed += await self._guarded(lives[-1], partial(self._ready, lives[-1]))
+            for concurrency in self.config.concurrency:
+                for live in lives:
+                    failed += await self._guarded(live, partial(self._warm, live, concurrency))
+                for run in range(1, self.config.runs + 1):
+                    for live in lives if run % 2 else reversed(lives):
+                        failed += await self._guarded(live, partial(self._run, live, run))
+                for live in lives:
+                    failed += await self._guarded(live, partial(self._profile, live))
+            return failed
+        finally:
+            for live in lives:
+                self._close(live)
+
+    def _launch(self, arm: Arm, round_index: int, position: int, cache: Path) -> LiveServer:
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
             else {}
         log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
         self.console.log(f"round {round_index}: starting {arm.name} ({arm.spec})")
-        server = Server(arm, launch, knobs, log_path)
-        ready = False
+        server = Server(arm, self.launch_spec(cache), knobs, log_path)
+        return LiveServer(arm, round_index, position, server)
+
+    async def _guarded(self, live: LiveServer, step: Callable[[], Awaitable[int]]) -> int:
+        """One step on a live server: its failed runs. A server that fails (ServerFailed) takes
+        no further step: its remaining runs of the round are recorded failed."""
+        if live.failed:
+            return 0
         try:
-            models = await server.wait_ready()
-            ready = True
-            planner_off = await self._check_identity(arm, server)
-            vocab = int(models["data"][0].get("vocab_size", 0) or 0) if "data" in models else 0
-            if vocab < 1:
-                raise ServerFailed(f"{arm.name}: /v1/models gives no vocab_size",
-                                   server.log_tail())
-            failed = 0
-            for concurrency in self.config.concurrency:
-                failed += await self._cell(server, arm, round_index, position, concurrency, vocab,
-                                           planner_off)
-            return failed
+            return await step()
         except ServerFailed as err:
+            live.failed = True
             self.console.log(f"[red]{err}[/red]")
             self.failures.append(str(err))
-            if not ready:
-                self._never_started.append(arm.name)
-            return self._record_all_failed(arm, round_index, position, str(err), err.log_tail)
-        finally:
-            server.stop()
-            self._record_server(round_index, arm, server)
+            if not live.ready:
+                self._never_started.append(live.arm.name)
+            return self._record_all_failed(live.arm, live.round_index, live.position, str(err),
+                                           err.log_tail)
+
+    async def _ready(self, live: LiveServer) -> int:
+        """Waits for /health, checks the server is the arm and learns its vocabulary."""
+        models = await live.server.wait_ready()
+        live.ready = True
+        live.planner_off = await self._check_identity(live.arm, live.server)
+        vocab = int(models["data"][0].get("vocab_size", 0) or 0) if "data" in models else 0
+        if vocab < 1:
+            raise ServerFailed(f"{live.arm.name}: /v1/models gives no vocab_size",
+                               live.server.log_tail())
+        live.vocab = vocab
+        return 0
+
+    async def _warm(self, live: LiveServer, concurrency: int) -> int:
+        # warmed before the first run's counters are read, so its server step times and GPU
+        # samples cover its own requests only
+        live.spec = await warmed_load(live.server, self.config, concurrency, live.vocab,
+                                      live.round_index, len(self.placement.client_cpus))
+        return 0
+
+    async def _run(self, live: LiveServer, run: int) -> int:
+        """One timed run of the live server's current cell, appended to runs.jsonl."""
+        arm, server = live.arm, live.server
+        if not server.alive():
+            raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
+                               server.log_tail())
+        record = await measure_run(server, self.placement, live.spec,
+                                   RunPlace(arm.name, live.round_index, live.position, run),
+                                   live.planner_off)
+        append_run(self.out, record)
+        metrics = record.metrics
+        self.console.log(f"round {live.round_index} {arm.name} c={live.spec.concurrency} run "
+                         f"{run}: {metrics.output_throughput} tok/s, {metrics.failed} failed "
+                         "requests")
+        return int(not record.ok)
+
+    def _close(self, live: LiveServer) -> None:
+        live.server.stop()
+        self._record_server(live.round_index, live.arm, live.server)
 
     def launch_spec(self, inductor_cache: Path) -> LaunchSpec:
         """How this session starts a server: its model, device, CPUs and GPU, the given
@@ -283,40 +380,21 @@ class Session:
         self._save_manifest()
         return planner_off
 
-    async def _cell(self, server: Server, arm: Arm, round_index: int, position: int,
-                    concurrency: int, vocab: int, planner_off: bool) -> int:
-        # warmed before the first run's counters are read, so its server step times and GPU
-        # samples cover its own requests only
-        spec = await warmed_load(server, self.config, concurrency, vocab, round_index,
-                                 len(self.placement.client_cpus))
-        failed = 0
-        for run in range(1, self.config.runs + 1):
-            if not server.alive():
-                raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
-                                   server.log_tail())
-            record = await measure_run(server, self.placement, spec,
-                                       RunPlace(arm.name, round_index, position, run),
-                                       planner_off)
-            append_run(self.out, record)
-            failed += not record.ok
-            metrics = record.metrics
-            self.console.log(f"round {round_index} {arm.name} c={concurrency} run {run}: "
-                             f"{metrics.output_throughput} tok/s, {metrics.failed} failed "
-                             "requests")
-        if self.config.profile and round_index == 0:
-            await self._profile(server, arm, spec)
-        return failed
-
-    async def _profile(self, server: Server, arm: Arm, spec: LoadSpec) -> None:
-        """The cell's profile window, after its timed runs (profiling.py)."""
-        self.console.log(f"{arm.name} c={spec.concurrency}: profiling "
+    async def _profile(self, live: LiveServer) -> int:
+        """With --profile, in round 0: the cell's profile window after its timed runs
+        (profiling.py)."""
+        if not (self.config.profile and live.round_index == 0):
+            return 0
+        spec, name = live.spec, live.arm.name
+        self.console.log(f"{name} c={spec.concurrency}: profiling "
                          f"{self.config.profile_steps} steps")
-        record = await profile_cell(server, spec, self.config.profile_steps, self.out,
-                                    arm.name, 0)
+        record = await profile_cell(live.server, spec, self.config.profile_steps, self.out,
+                                    name, 0)
         if record["error"]:
-            self.console.log(f"[yellow]{arm.name} c={spec.concurrency}: {record['error']}"
+            self.console.log(f"[yellow]{name} c={spec.concurrency}: {record['error']}"
                              "[/yellow]")
         append_profile(self.out, record)
+        return 0
 
     def _record_all_failed(self, arm: Arm, round_index: int, position: int, error: str,
                            log_tail: str) -> int:

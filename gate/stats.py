@@ -3,7 +3,9 @@ verdicts by the rule of gate/rule.py.
 
 Arms are compared paired by round: in each round an arm and the baseline share an Inductor
 cache, a prompt seed and the host's state at that hour, so the per-round ratio removes what
-differs between rounds.
+differs between rounds. In an interleaved session (--interleave) they are paired within a round
+too, slot by slot: run j of every arm ran back to back, so the host's speed at that moment
+cancels in their ratio.
 """
 
 from __future__ import annotations
@@ -94,11 +96,19 @@ def _round_medians(frame: pd.DataFrame) -> pd.DataFrame:
     return ok.groupby(["concurrency", "arm", "round"], as_index=False)[THROUGHPUT].median()
 
 
-def paired_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+def by_slot(manifest: dict[str, Any]) -> bool:
+    """Whether the session's rounds are summarised slot by slot: its servers of a round ran
+    side by side, the arms' runs alternating (--interleave)."""
+    return bool(manifest.get("interleave"))
+
+
+def paired_deltas(frame: pd.DataFrame, baseline: str, slots: bool = False) -> pd.DataFrame:
     """Per cell and round, each non-baseline arm's median tok/s against the baseline's.
 
-    delta = arm / base - 1 (a fraction). Rounds where either side has no ok run are left out.
-    Sorted by concurrency, arm, round.
+    delta = arm / base - 1 (a fraction): the ratio of the round's medians, or with `slots`
+    (by_slot) the median over the round's slots of the arm's run against the baseline's run
+    beside it. Rounds where either side has no ok run (with `slots`: no slot where both have
+    one) are left out. Sorted by concurrency, arm, round.
     """
     medians = _round_medians(frame)
     base = medians[medians["arm"] == baseline].drop(columns="arm")
@@ -106,9 +116,24 @@ def paired_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     arms = medians[medians["arm"] != baseline].rename(columns={THROUGHPUT: "arm_tok_s"})
     paired = arms.merge(base, on=["concurrency", "round"], how="inner")
     paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
+    if slots:
+        paired = paired.merge(_slot_deltas(frame, baseline), on=["concurrency", "arm", "round"],
+                              how="inner", suffixes=("_of_medians", ""))
     paired["cell"] = [f"c={c}" for c in paired["concurrency"]]
     paired = paired.sort_values(["concurrency", "arm", "round"], kind="stable")
     return paired[list(PAIRED_COLUMNS)].reset_index(drop=True)
+
+
+def _slot_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """concurrency, arm, round, delta: each arm's slot-paired delta against the baseline."""
+    rows = []
+    for concurrency in sorted(set(frame["concurrency"])):
+        for arm in sorted(set(frame.loc[frame["concurrency"] == concurrency, "arm"]) - {baseline}):
+            table = round_table(frame, concurrency, [baseline, arm], slots=True)
+            rows += [{"concurrency": concurrency, "arm": arm, "round": index,
+                      "delta": math.expm1(values[arm] - values[baseline])}
+                     for index, values in table.iterrows()]
+    return pd.DataFrame(rows, columns=["concurrency", "arm", "round", "delta"])
 
 
 def sign_test_p(deltas: Iterable[float]) -> float:
@@ -128,14 +153,28 @@ def design_of(manifest: dict[str, Any]) -> rule.Design:
                        min_effect=float(manifest.get("min_effect") or rule.MIN_EFFECT))
 
 
-def round_values(frame: pd.DataFrame, concurrency: int, arms: list[str]) -> np.ndarray:
-    """(rounds, len(arms)) log of each arm's median tok/s over its ok runs in each round of
-    the cell, over the rounds where every one of `arms` has an ok run, in round order."""
-    medians = _round_medians(frame)
-    in_cell = medians[medians["concurrency"] == concurrency]
-    table = in_cell.pivot(index="round", columns="arm", values=THROUGHPUT)
-    table = table.reindex(columns=arms).dropna().sort_index()
-    return np.log(table.to_numpy(dtype=float))
+def round_table(frame: pd.DataFrame, concurrency: int, arms: list[str],
+                slots: bool = False) -> pd.DataFrame:
+    """Each arm's value in each round of the cell (rows: rounds in order, columns: `arms`), over
+    the rounds where every one of `arms` has an ok run: the log of its median tok/s over its ok
+    runs; with `slots` (by_slot) its median over the round's slots (a run number: one run of
+    every arm, back to back) of its run's log tok/s less the slot's mean over `arms`, over the
+    slots where each of `arms` has an ok run. A round's level cancels in the rule's contrasts
+    either way; by slot, so does the host's speed at each moment of the round."""
+    ok = frame[frame["ok"] & frame[THROUGHPUT].notna() & (frame["concurrency"] == concurrency)]
+    if not slots:
+        table = ok.groupby(["round", "arm"])[THROUGHPUT].median().unstack("arm")
+        return np.log(table.reindex(columns=arms).dropna().sort_index())
+    logs = np.log(ok.pivot(index=["round", "run"], columns="arm", values=THROUGHPUT))
+    logs = logs.reindex(columns=arms).dropna()
+    centred = logs.sub(logs.mean(axis=1), axis=0)
+    return centred.groupby(level="round").median().sort_index()
+
+
+def round_values(frame: pd.DataFrame, concurrency: int, arms: list[str],
+                 slots: bool = False) -> np.ndarray:
+    """(rounds, len(arms)): round_table as an array, the rule's input."""
+    return round_table(frame, concurrency, arms, slots).to_numpy(dtype=float)
 
 
 def _model_arms(frame: pd.DataFrame, concurrency: int, baseline: str, arm: str,
@@ -162,7 +201,8 @@ def undecided(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
     """"c=N arm" for each cell of the manifest and arm besides the baseline whose verdict is
     still `too few rounds` under the session's design."""
     baseline = manifest.get("baseline")
-    table = verdicts(frame, baseline, manifest.get("aa_arm"), design_of(manifest))
+    table = verdicts(frame, baseline, manifest.get("aa_arm"), design_of(manifest),
+                     by_slot(manifest))
     arms = [arm for arm in arm_order(frame, manifest) if arm != baseline]
     return [f"{cell} {arm}" for cell in cell_order(frame, manifest) for arm in arms
             if verdict_of(table, cell, arm)["verdict"] == "too few rounds"]
@@ -178,7 +218,7 @@ def verdict_of(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
 
 
 def verdicts(frame: pd.DataFrame, baseline: str, aa_arm: str | None = None,
-             design: rule.Design = rule.FIXED) -> pd.DataFrame:
+             design: rule.Design = rule.FIXED, slots: bool = False) -> pd.DataFrame:
     """One verdict row per cell and arm with runs in it, the A/A arm included (gate/rule.py).
 
     Columns VERDICT_COLUMNS: `rounds` the rounds the rule judged (those where the baseline, the
@@ -193,6 +233,6 @@ def verdicts(frame: pd.DataFrame, baseline: str, aa_arm: str | None = None,
         in_cell = set(frame.loc[frame["concurrency"] == concurrency, "arm"])
         for arm in sorted(in_cell - {baseline}):
             arms = _model_arms(frame, concurrency, baseline, arm, aa_arm)
-            values = round_values(frame, concurrency, arms)
+            values = round_values(frame, concurrency, arms, slots)
             rows.append(_verdict_row(f"c={concurrency}", arm, values, arms[2:], design))
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))

@@ -408,8 +408,10 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     manifest = read_manifest(directory)
     frame = stats.runs_frame(read_runs(directory))
     baseline = manifest.get("baseline")
-    paired = stats.paired_deltas(frame, baseline)
-    verdicts = stats.verdicts(frame, baseline, manifest.get("aa_arm"), stats.design_of(manifest))
+    slots = stats.by_slot(manifest)
+    paired = stats.paired_deltas(frame, baseline, slots)
+    verdicts = stats.verdicts(frame, baseline, manifest.get("aa_arm"), stats.design_of(manifest),
+                              slots)
     rows = summary_rows(frame, manifest, verdicts)
     (directory / ROUNDS_FILE).write_text(rounds_md(frame, manifest))
     (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))

@@ -115,14 +115,18 @@ def test_default_keeps_the_server_on_one_package(tmp_path):
     assert any("local to the GPU" in note for note in local.notes)
 
 
-def test_fewer_than_four_cpus_share_everything(tmp_path):
+def test_fewer_than_four_cpus_give_the_step_threads_a_cpu_of_their_own(tmp_path):
     cpus = read_topology(tmp_path, allowed=[0, 1])
     placement = default_placement(cpus, gpu=None)
-    assert placement.server_cpus == placement.client_cpus == (0, 1)
-    assert placement.overlap
-    assert placement.server_knobs() == {}
-    assert placement.notes == ("fewer than 4 CPUs (2): server and client share CPUs 0-1, "
-                               "server unsplit",)
+    assert placement.server_cpus == (0, 1)
+    assert (placement.api_core, placement.step_cores, placement.client_cpus) == (0, (1,), (0,))
+    assert placement.overlap  # the client shares the API process's CPU
+    assert placement.server_knobs() == {"api_core": "0", "step_thread_cores": "1"}
+    assert placement.notes == ("fewer than 4 CPUs (2): step threads alone on CPUs 1, the API "
+                               "process and the client share CPU 0",)
+    alone = default_placement(read_topology(tmp_path, allowed=[3]), gpu=None)
+    assert (alone.server_cpus, alone.step_cores, alone.api_core, alone.client_cpus) == (
+        (3,), (), None, (3,))
 
 
 def test_server_knobs_use_the_cpu_list_syntax(tmp_path):

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from gate.cli import app
 from gate.records import read_manifest, read_runs
+from gate.stats import paired_deltas, runs_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-len", "8",
@@ -259,6 +260,55 @@ def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
     (row,) = [row for row in json.loads(result.stdout)["cells"] if row["arm"] == "capped"]
     assert row["verdict"] == "slower" and row["vs_baseline"] < -0.5
     assert f"stopping after {rounds} rounds" in " ".join(result.stderr.split())
+    assert not servers_left(result)
+
+
+def test_interleaved_rounds_alternate_the_arms_run_by_run(tmp_path):
+    """--interleave: every server of a round up at once, slot j holding run j of each arm back
+    to back, in the round's order on odd slots and reversed on even ones; the rounds judged slot
+    by slot. A capped arm (one sequence at c=4) is `slower`."""
+    out = tmp_path / "interleaved"
+    result = invoke("run", "--arm", "main=.", "--arm", "head=.", "--arm", "capped=.",
+                    "--set", "capped.max_num_seqs=1", "--interleave", "--concurrency", "1,4",
+                    "--rounds", "2", "--runs", "3", "--out", str(out), "--format", "json",
+                    *SHORT)
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest(out)
+    assert manifest["interleave"] and len(manifest["timing"]["servers"]) == 6
+    runs = sorted(read_runs(out), key=lambda r: r.started_at)
+    for round_index, order in ((0, ["main", "head", "capped"]), (1, ["capped", "head", "main"])):
+        for concurrency in (1, 4):
+            cell = [(r.run, r.arm) for r in runs
+                    if r.round == round_index and r.concurrency == concurrency]
+            assert cell == [(slot, arm) for slot in (1, 2, 3)
+                            for arm in (order if slot % 2 else order[::-1])]
+    frame = runs_frame(runs)
+    by_slot = paired_deltas(frame, "main", slots=True)
+    assert "runs alternating between arms" in (out / "rounds.md").read_text()
+    paired = (out / "paired.md").read_text()
+    for delta in by_slot["delta"]:
+        assert f"{delta * 100:+.1f}%" in paired
+    verdicts = {(row["cell"], row["arm"]): row["verdict"]
+                for row in json.loads(result.stdout)["cells"]}
+    assert verdicts[("c=4", "capped")] == "slower"
+    assert not servers_left(result)
+
+
+def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path):
+    """An arm whose server cannot start (a bad knob) has its runs recorded failed; the other
+    arm's runs of the round go on, and the session ends after that round."""
+    out = tmp_path / "broken"
+    result = invoke("run", "--arm", "main=.", "--arm", "broken=.", "--set",
+                    "broken.page_size=7", "--interleave", "--concurrency", "1", "--rounds", "2",
+                    "--runs", "2", "--out", str(out), *SHORT)
+    assert result.exit_code == 1
+    runs = read_runs(out)
+    assert [(r.arm, r.run, r.ok) for r in runs if r.arm == "main"] == [
+        ("main", 1, True), ("main", 2, True)]
+    broken = [r for r in runs if r.arm == "broken"]
+    assert len(broken) == 2 and not any(r.ok for r in broken)
+    assert all("page_size" in (r.log_tail or "") for r in broken)
+    assert read_manifest(out)["stopped"]["after_rounds"] == 1
     assert not servers_left(result)
 
 

@@ -116,6 +116,9 @@ def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):
     ({"max_rounds": 4}, "--max-rounds 4 goes with --until-verdict"),
     ({"until_verdict": True, "max_rounds": 1}, "--max-rounds must be >= 2"),
     ({"min_effect": 1.5}, "--min-effect must be a fraction"),
+    ({"concurrency": (1, 4, 16), "requests": (2, 4)}, "--requests 2,4: give one number, or one "
+     "per cell of --concurrency 1,4,16"),
+    ({"requests": (0,)}, "--requests must be >= 1, got 0"),
 ])
 def test_options_that_go_together(options, message):
     with pytest.raises(ValueError, match=message):
@@ -130,3 +133,15 @@ def test_client_processes_follow_the_slots_and_the_client_cpus():
     # --clients wins, up to the slots
     assert GateConfig(arms=("main=.",), clients=3).clients_for(8, 1) == 3
     assert GateConfig(arms=("main=.",), clients=3).clients_for(2, 4) == 2
+
+
+def test_requests_per_run_one_for_every_cell_or_one_per_cell(tmp_path):
+    assert [GateConfig(arms=("main=.",)).requests_for(c) for c in (1, 4, 64)] == [8, 16, 256]
+    assert GateConfig(arms=("main=.",), requests=(5,)).requests_for(64) == 5
+    config_file = tmp_path / "gate.yaml"
+    config_file.write_text('arm: ["main=."]\nconcurrency: [1, 4]\nrequests: [2, 12]\n')
+    config = build_gate_config({}, config_file)
+    assert (config.requests_for(1), config.requests_for(4)) == (2, 12)
+    assert build_gate_config({"requests": "6"}, config_file).requests_for(4) == 6
+    config_file.write_text('arm: ["main=."]\nrequests: 3\n')
+    assert build_gate_config({}, config_file).requests_for(16) == 3

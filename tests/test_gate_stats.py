@@ -3,6 +3,7 @@ rule on golden rounds (the simulation study is tests/test_gate_calibration.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -206,3 +207,41 @@ def test_no_baseline_runs_gives_too_few_rounds():
     assert stats.paired_deltas(frame, "main").empty
     table = stats.verdicts(frame, "main")
     assert list(table["verdict"]) == ["too few rounds"] and list(table["rounds"]) == [0]
+
+
+def _slot_records(slots: dict[int, list[tuple[float, float]]]) -> list[RunRecord]:
+    """An interleaved session at c=1: per round, (main, head) tok/s of each slot (run 1, 2, ...)."""
+    return [RunRecord(round=round_index, arm=arm, position=0, concurrency=1, run=run_no,
+                      ok=True, metrics=_metrics(tok, 1))
+            for round_index, pairs in slots.items()
+            for run_no, pair in enumerate(pairs, start=1)
+            for arm, tok in zip(("main", "head"), pair, strict=True)]
+
+
+def test_interleaved_rounds_pair_each_run_with_the_baselines_beside_it():
+    # the host's speed moves slot to slot (100, 60, 58); head reads 0.90, 0.95 and 0.90 of main
+    # in the same slots: by slot the round is -10%, while its medians (57 against 60) say -5%
+    slots = {0: [(100.0, 90.0), (60.0, 57.0), (58.0, 52.2)],
+             1: [(80.0, 72.0), (81.0, 72.9), (40.0, 48.0)]}
+    frame = stats.runs_frame(_slot_records(slots))
+    by_medians = stats.paired_deltas(frame, "main")
+    by_slot = stats.paired_deltas(frame, "main", slots=True)
+    assert list(by_medians["delta"]) == pytest.approx([57.0 / 60.0 - 1, 72.0 / 80.0 - 1])
+    assert list(by_slot["delta"]) == pytest.approx([-0.10, -0.10])  # round 1's +20% slot is out
+    assert list(by_slot.columns) == list(stats.PAIRED_COLUMNS)
+    assert list(by_slot["base_tok_s"]) == [60.0, 80.0]  # the round's medians, as reported
+    # the rule's input: each arm's median of its log tok/s less the slot's mean, per round
+    table = stats.round_table(frame, 1, ["main", "head"], slots=True)
+    assert list(table.index) == [0, 1]
+    assert (table["head"] - table["main"]).to_numpy() == pytest.approx(np.log([0.9, 0.9]))
+    assert (table.sum(axis=1)).to_numpy() == pytest.approx([0.0, 0.0])
+    fixed = stats.verdicts(frame, "main", slots=True)
+    assert fixed.iloc[0]["estimate"] == pytest.approx(-0.10)
+
+
+def test_slots_missing_an_arm_are_left_out():
+    records = _slot_records({0: [(100.0, 90.0), (60.0, 54.0)]})
+    records[2] = dataclasses.replace(records[2], ok=False, metrics=None)  # slot 2's main failed
+    table = stats.round_table(stats.runs_frame(records), 1, ["main", "head"], slots=True)
+    assert (table["head"] - table["main"]).to_numpy() == pytest.approx(np.log([0.9]))
+    assert stats.round_table(stats.runs_frame(records[:1]), 1, ["main", "head"], slots=True).empty

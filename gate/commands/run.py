@@ -27,6 +27,7 @@ def run(
     until_verdict: opt.UntilVerdictOpt = None,
     max_rounds: opt.MaxRoundsOpt = None,
     min_effect: opt.MinEffectOpt = None,
+    interleave: opt.InterleaveOpt = None,
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
@@ -50,7 +51,8 @@ def run(
     """Gate arms against the baseline, round by round, and print the verdicts.
 
     Each round starts every arm's server once, in alternated order (ABBA), on the round's own
-    Inductor cache and pinned cores; writes runs.jsonl, manifest.json, rounds.md, summary.md,
+    Inductor cache and pinned cores (with --interleave all of them at once, their runs
+    alternating); writes runs.jsonl, manifest.json, rounds.md, summary.md,
     summary.json, paired.md and the plots (with --profile, profile.md and the traces), and
     prints the summary.
     """
