@@ -29,10 +29,11 @@ COLUMNS = ("step", "event_sync", "main", "gpu", "plan", "kv_plan", "kv_stage", "
 
 
 class PhasesSession(Session):
-    """A one-round Session whose cells read /debug/phases instead of recording runs."""
+    """A one-round Session whose cells read /debug/phases instead of recording runs: one
+    server at a time (its `_cell` measures the server alone; an interleaved round has none)."""
 
     def __post_init__(self) -> None:
-        self.config = dataclasses.replace(self.config, rounds=1, runs=1)
+        self.config = dataclasses.replace(self.config, rounds=1, runs=1, interleave=False)
         super().__post_init__()
         self.arms = [dataclasses.replace(a, knobs={**a.knobs, "phase_timing": "on"})
                      if a.kind == "resident" else a for a in self.arms]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_gate_run import SHORT, invoke, servers_left
+from test_gate_run import ROOT, SHORT, invoke, servers_left
 
-from gate.phases import COLUMNS, PHASES_JSON, PHASES_MD
+from gate.config import GateConfig
+from gate.phases import COLUMNS, PHASES_JSON, PHASES_MD, PhasesSession
 from gate.records import read_manifest
 
 
@@ -58,3 +59,12 @@ def test_phases_refuses_a_used_out_and_bad_values(session):
     assert again.exit_code != 0 and "already holds a phases session" in again.output
     bad = invoke("phases", "--arm", "off=.", "--concurrency", "0", *SHORT)
     assert bad.exit_code != 0 and "--concurrency" in bad.output
+
+
+def test_phases_runs_one_server_at_a_time_whatever_the_config_says(tmp_path):
+    """A config written for `run --interleave` (the demo's) still measures each server alone."""
+    config = GateConfig(arms=("main=.",), interleave=True, rounds=3, runs=4,
+                        out=str(tmp_path / "phases"))
+    session = PhasesSession(config, ROOT, ["phases"])
+    assert (session.config.interleave, session.config.rounds, session.config.runs) == (
+        False, 1, 1)
