@@ -107,6 +107,7 @@ class Session:
         self._clock = time.monotonic()  # this invocation's start
         self._wall_before = 0.0  # the wall time of the invocations this one resumes
         self._never_started: list[str] = []  # arms whose server never became ready
+        self._pycache = server_pycache(self.repo / PYCACHE)  # the same for every server
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -347,7 +348,7 @@ class Session:
         config, placement = self.config, self.placement
         return LaunchSpec(config.model, config.device, placement.server_cpus, inductor_cache,
                           triton_cache(self.repo), placement.gpu, config.startup_timeout,
-                          server_pycache(self.repo / PYCACHE))
+                          self._pycache)
 
     def _record_server(self, round_index: int, arm: Arm, server: Server,
                        launch: str | None = None) -> None:

@@ -115,10 +115,11 @@ def paired_deltas(frame: pd.DataFrame, baseline: str, slots: bool = False) -> pd
     base = base.rename(columns={THROUGHPUT: "base_tok_s"})
     arms = medians[medians["arm"] != baseline].rename(columns={THROUGHPUT: "arm_tok_s"})
     paired = arms.merge(base, on=["concurrency", "round"], how="inner")
-    paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
     if slots:
         paired = paired.merge(_slot_deltas(frame, baseline), on=["concurrency", "arm", "round"],
-                              how="inner", suffixes=("_of_medians", ""))
+                              how="inner")
+    else:
+        paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
     paired["cell"] = [f"c={c}" for c in paired["concurrency"]]
     paired = paired.sort_values(["concurrency", "arm", "round"], kind="stable")
     return paired[list(PAIRED_COLUMNS)].reset_index(drop=True)
