@@ -31,7 +31,6 @@ from collections import Counter
 from typing import Any
 
 import torch
-import torch._dynamo  # noqa: F401 - imported by torch at the first module built; ~4 s: `imports`
 
 from resident.backends import build_kernels
 from resident.config import EngineConfig

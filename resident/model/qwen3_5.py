@@ -229,7 +229,11 @@ class DecoderLayer(nn.Module):
 class TextModel(nn.Module):
     def __init__(self, config: ModelConfig, dense: DenseOps) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # _weight: no normal_ init (load_model fills every parameter); on the meta device that
+        # init runs a Python decomposition that imports torch._dynamo, ~1.5 s of a CPU start
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, dense) for i in range(config.num_hidden_layers)
         )
@@ -250,9 +254,10 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.model = TextModel(config, self.dense)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        rot = config.rotary_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, rot, 2, dtype=torch.float) / rot))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", torch.empty((config.rotary_dim + 1) // 2),
+                             persistent=False)
+        if self.inv_freq.device.type != "meta":  # load_model builds on meta, then init_buffers
+            self.init_buffers()
         self.fused = False
 
     def init_buffers(self) -> None:

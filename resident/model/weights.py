@@ -53,7 +53,7 @@ def load_model(
     fuses the projections."""
     with torch.device("meta"):
         model = Qwen3_5ForCausalLM(config, ops, dense).to(dtype)
-    model = model.to_empty(device=device)
+    _materialise(model, torch.device(device))
     model.init_buffers()
     params = dict(model.named_parameters())
     if config.weights == "random":
@@ -63,6 +63,20 @@ def load_model(
     model.requires_grad_(False)
     model.fuse_projections()
     return model.eval()
+
+
+def _materialise(model: torch.nn.Module, device: torch.device) -> None:
+    """`Module.to_empty`, without its `torch.empty_like` of meta tensors: that runs a Python
+    decomposition which imports sympy (~0.4 s of a CPU server's start). Each module's tensors
+    are replaced one by one, so a parameter shared by two modules would come out as two; the
+    model shares none (tied embeddings are read from embed_tokens: `output_weight`)."""
+    for module in model.modules():
+        tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, meta in tensors:
+            empty = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+            if isinstance(meta, torch.nn.Parameter):
+                empty = torch.nn.Parameter(empty, requires_grad=meta.requires_grad)
+            setattr(module, name, empty)
 
 
 # -- random ---------------------------------------------------------------------------------

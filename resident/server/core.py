@@ -78,6 +78,9 @@ def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: 
                   startup: StartupTimes):
     import torch
 
+    if config.compile == "on":  # torch.compile's ~1.5-4 s of imports, timed as such
+        import torch._dynamo  # noqa: F401
+
     from resident.engine.engine import Engine, freeze_heap
 
     startup.lap("imports")
