@@ -40,6 +40,7 @@ class GateConfig:
     clients: int = 0  # load client processes a run; 0: clients_for's rule
     aa: bool = False
     interleave: bool = False  # every arm's server up at once in a round, runs alternating
+    parallel_start: bool = False  # with interleave: a round's servers launched together
     seed: int = 0
     name: str = "gate"
     out: str = ""  # default results/<name>-<timestamp>
@@ -79,6 +80,9 @@ class GateConfig:
         if not self.until_verdict and self.max_rounds is not None:
             raise ValueError(f"--max-rounds {self.max_rounds} goes with --until-verdict; for a "
                              "fixed number of rounds give --rounds")
+        if self.parallel_start and not self.interleave:
+            raise ValueError("--parallel-start goes with --interleave: one server at a time has "
+                             "nothing to start alongside")
         Design(self.until_verdict, self.max_rounds or 0, self.min_effect)  # checks both
 
     @property

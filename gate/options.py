@@ -104,6 +104,11 @@ InterleaveOpt = Annotated[bool | None, typer.Option(
     "alternate the arms run by run within each cell, each round then judged slot by slot: a "
     "host whose speed drifts over seconds (a shared VM) then slows every arm alike. The "
     "servers must fit side by side (GPU memory).", rich_help_panel=ROUNDS)]
+ParallelStartOpt = Annotated[bool | None, typer.Option(
+    "--parallel-start", metavar="", help="With --interleave: launch a round's servers together "
+    "rather than one after another. Quicker where a start is mostly imports (the tiny model on "
+    "a CPU); with torch.compile each server then compiles for itself, so a round's arms no "
+    "longer replay one set of kernel choices from its Inductor cache.", rich_help_panel=ROUNDS)]
 # the old name of --rounds, still accepted
 SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
 

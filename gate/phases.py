@@ -33,7 +33,8 @@ class PhasesSession(Session):
     server at a time (its `_cell` measures the server alone; an interleaved round has none)."""
 
     def __post_init__(self) -> None:
-        self.config = dataclasses.replace(self.config, rounds=1, runs=1, interleave=False)
+        self.config = dataclasses.replace(self.config, rounds=1, runs=1, interleave=False,
+                                          parallel_start=False)
         super().__post_init__()
         self.arms = [dataclasses.replace(a, knobs={**a.knobs, "phase_timing": "on"})
                      if a.kind == "resident" else a for a in self.arms]

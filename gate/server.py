@@ -95,6 +95,7 @@ class Server:
             start_new_session=True, preexec_fn=_child_setup(set(launch.cpus), os.getpid()),
         )
         self._launched = time.monotonic()
+        self.launched_at = time.time()  # the epoch, to tell servers that started together
         self.health_s: float | None = None  # launch to the first /health 200
         self.stop_s: float | None = None  # stop() to the process group gone
         self.startup: dict | None = None  # a resident core's start-up spans (/debug/config)

@@ -149,6 +149,7 @@ class Session:
             "rounds": config.planned_rounds, "until_verdict": config.until_verdict,
             "max_rounds": config.max_rounds, "min_effect": config.min_effect,
             "rounds_run": 0, "runs": config.runs, "interleave": config.interleave,
+            "parallel_start": config.parallel_start,
             "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
             "seed": config.seed, "placement": self.placement.to_dict(),
             "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
@@ -254,18 +255,16 @@ class Session:
         return failed + await self._profile(live)
 
     async def _interleaved_round(self, order: list[Arm], round_index: int, cache: Path) -> int:
-        """--interleave: every arm's server started (one after another, so each start is timed
-        alone) before any run; then in each cell every server is warmed, and slot by slot run j
+        """--interleave: every arm's server started before any run (one after another, so each
+        start is timed alone and the first fills the round's Inductor cache; all at once with
+        --parallel-start); then in each cell every server is warmed, and slot by slot run j
         of every arm back to back, in the round's order on odd slots and reversed on even ones
         (a drift over the round then weighs on no arm's position); the servers stop after the
         last cell. A server that fails is closed out alone (its remaining runs failed) and the
         others go on."""
         lives: list[LiveServer] = []
         try:
-            failed = 0
-            for position, arm in enumerate(order):
-                lives.append(self._launch(arm, round_index, position, cache))
-                failed += await self._guarded(lives[-1], partial(self._ready, lives[-1]))
+            failed = await self._start_round(order, round_index, cache, lives)
             for concurrency in self.config.concurrency:
                 for live in lives:
                     failed += await self._guarded(live, partial(self._warm, live, concurrency))
@@ -278,6 +277,21 @@ class Session:
         finally:
             for live in lives:
                 self._close(live)
+
+    async def _start_round(self, order: list[Arm], round_index: int, cache: Path,
+                           lives: list[LiveServer]) -> int:
+        """Launches the round's servers into `lives` (the caller closes them) and waits for
+        each to be ready: one after another, or together with --parallel-start."""
+        if not self.config.parallel_start:
+            failed = 0
+            for position, arm in enumerate(order):
+                lives.append(self._launch(arm, round_index, position, cache))
+                failed += await self._guarded(lives[-1], partial(self._ready, lives[-1]))
+            return failed
+        lives.extend(self._launch(arm, round_index, position, cache)
+                     for position, arm in enumerate(order))
+        ready = [self._guarded(live, partial(self._ready, live)) for live in lives]
+        return sum(await asyncio.gather(*ready))
 
     def _launch(self, arm: Arm, round_index: int, position: int, cache: Path) -> LiveServer:
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
@@ -355,7 +369,7 @@ class Session:
         timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
         timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
                                               server.stop_s, server.startup, launch,
-                                              server.caches))
+                                              server.caches, server.launched_at))
         self._save_manifest()
 
     def _save_manifest(self) -> None:

@@ -63,8 +63,8 @@ def test_phases_refuses_a_used_out_and_bad_values(session):
 
 def test_phases_runs_one_server_at_a_time_whatever_the_config_says(tmp_path):
     """A config written for `run --interleave` (the demo's) still measures each server alone."""
-    config = GateConfig(arms=("main=.",), interleave=True, rounds=3, runs=4,
+    config = GateConfig(arms=("main=.",), interleave=True, parallel_start=True, rounds=3, runs=4,
                         out=str(tmp_path / "phases"))
     session = PhasesSession(config, ROOT, ["phases"])
-    assert (session.config.interleave, session.config.rounds, session.config.runs) == (
-        False, 1, 1)
+    assert (session.config.interleave, session.config.parallel_start, session.config.rounds,
+            session.config.runs) == (False, False, 1, 1)

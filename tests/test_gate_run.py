@@ -264,19 +264,32 @@ def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
 
 
 def test_interleaved_rounds_alternate_the_arms_run_by_run(tmp_path):
-    """--interleave: every server of a round up at once, slot j holding run j of each arm back
-    to back, in the round's order on odd slots and reversed on even ones; the rounds judged slot
-    by slot. A capped arm (one sequence at c=4) is `slower`."""
+    """--interleave --parallel-start: every server of a round launched together, slot j holding
+    run j of each arm back to back, in the round's order on odd slots and reversed on even ones;
+    the rounds judged slot by slot. A capped arm (one sequence at c=4) is `slower`: the A/A
+    arm's rounds join the noise estimate, so two rounds give the t rule two degrees of freedom
+    (one alone would need the two rounds' deltas within a few percent of each other, which a
+    shared 2-core host does not give)."""
     out = tmp_path / "interleaved"
-    result = invoke("run", "--arm", "main=.", "--arm", "head=.", "--arm", "capped=.",
-                    "--set", "capped.max_num_seqs=1", "--interleave", "--concurrency", "1,4",
+    result = invoke("run", "--arm", "main=.", "--arm", "capped=.", "--aa",
+                    "--set", "capped.max_num_seqs=1", "--interleave", "--parallel-start",
+                    "--concurrency", "1,4",
                     "--rounds", "2", "--runs", "3", "--out", str(out), "--format", "json",
                     *SHORT)
     assert result.exit_code == 0, result.output
     manifest = read_manifest(out)
-    assert manifest["interleave"] and len(manifest["timing"]["servers"]) == 6
+    assert manifest["interleave"] and manifest["parallel_start"]
+    servers = manifest["timing"]["servers"]
+    assert len(servers) == 6
+    for round_index in (0, 1):  # each launched before any of its round was ready
+        spans = [(s["launched_at"], s["launched_at"] + s["health_s"]) for s in servers
+                 if s["round"] == round_index]
+        assert max(start for start, _ in spans) < min(ready for _, ready in spans)
+    startup = json.loads((out / "summary.json").read_text())["timing"]["startup_s"]
+    assert startup < sum(s["health_s"] for s in servers)
     runs = sorted(read_runs(out), key=lambda r: r.started_at)
-    for round_index, order in ((0, ["main", "head", "capped"]), (1, ["capped", "head", "main"])):
+    for round_index, order in ((0, ["main", "main-aa", "capped"]),
+                               (1, ["capped", "main-aa", "main"])):
         for concurrency in (1, 4):
             cell = [(r.run, r.arm) for r in runs
                     if r.round == round_index and r.concurrency == concurrency]
@@ -325,6 +338,7 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path):
      "--rounds 3 and --until-verdict"),
     (["run", "--arm", "main=.", "--min-effect", "2"], "--min-effect must be a fraction"),
     (["run", "--arm", "main=.", "--clients", "-1"], "--clients must be >= 0, got -1"),
+    (["run", "--arm", "main=.", "--parallel-start"], "--parallel-start goes with --interleave"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):

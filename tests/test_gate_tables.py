@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -25,6 +26,7 @@ from gate.records import (
     read_runs,
     write_manifest,
 )
+from gate.timing import startup_wall, time_line, time_summary
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
 REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)
@@ -298,3 +300,16 @@ def test_short_runs_are_named():
         "- c=64: a run lasts 0.89 s and a request waits 135 ms for its first token (median): "
         "much of each run is the start burst and the drain, and its tok/s moves with them; "
         "more requests a run (--requests-per-slot) measure the steady state."]
+
+
+def test_start_up_counts_servers_that_started_together_once():
+    """The summary's start-up is the wall time with a server starting: overlapping spans count
+    once (--parallel-start), spans one after another add up, and a server from a manifest
+    without `launched_at` adds its whole start."""
+    servers = [{"launched_at": 100.0, "health_s": 2.0}, {"launched_at": 100.5, "health_s": 2.5},
+               {"launched_at": 110.0, "health_s": 1.0}, {"launched_at": 111.0, "health_s": None},
+               {"health_s": 4.0}]
+    assert startup_wall(servers) == pytest.approx(3.0 + 1.0 + 4.0)
+    manifest = {"parallel_start": True, "timing": {"wall_s": 20.0, "servers": servers}}
+    assert time_summary(manifest)["startup_s"] == pytest.approx(8.0)
+    assert "started together counted once) took 8.0 s" in time_line(manifest)

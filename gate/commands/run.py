@@ -28,6 +28,7 @@ def run(
     max_rounds: opt.MaxRoundsOpt = None,
     min_effect: opt.MinEffectOpt = None,
     interleave: opt.InterleaveOpt = None,
+    parallel_start: opt.ParallelStartOpt = None,
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
