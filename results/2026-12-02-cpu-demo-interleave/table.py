@@ -1,12 +1,14 @@
-"""The table in README.md, from the sessions kept here: each session's design, wall time, and
-head's per-round deltas and verdict in each cell, judged by the tree's gate code.
+"""The table in README.md, from the sessions kept here (or in the sessions directory given, as
+results/2026-12-02-cpu-demo-rounds does): each session's design, wall time, and head's
+per-round deltas and verdict in each cell, judged by the tree's gate code.
 
-    python results/2026-12-02-cpu-demo-interleave/table.py
+    python results/2026-12-02-cpu-demo-interleave/table.py [SESSIONS]
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from gate import stats
@@ -26,6 +28,8 @@ def placement(cpus: dict) -> str:
 def design(manifest: dict) -> str:
     requests = ",".join(str(n) for n in manifest["requests"].values())
     mode = "interleaved" if manifest.get("interleave") else "one server after another"
+    if manifest.get("parallel_start"):
+        mode += " (parallel start)"
     cpus = placement(manifest["placement"])
     arms = "+".join(arm["name"] for arm in manifest["arms"])
     return (f"{mode}, {cpus}, {arms}, p{manifest['prompt_len']}/o{manifest['output_len']}, "
@@ -49,13 +53,13 @@ def row(directory: Path) -> str:
             + " | ".join(cells) + " |")
 
 
-def main() -> None:
+def main(sessions: Path) -> None:
     print("| session | design | wall | head c=1: deltas %, verdict | head c=4 |")
     print("|---|---|---:|---|---|")
-    order = json.loads((HERE / "sessions" / "order.json").read_text())
+    order = json.loads((sessions / "order.json").read_text())
     for name in order:
-        print(row(HERE / "sessions" / name))
+        print(row(sessions / name))
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "sessions")
