@@ -307,13 +307,15 @@ def test_interleaved_rounds_alternate_the_arms_run_by_run(tmp_path):
     assert not servers_left(result)
 
 
-def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path):
+@pytest.mark.parametrize("start", [[], ["--parallel-start"]], ids=["in-turn", "parallel"])
+def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, start):
     """An arm whose server cannot start (a bad knob) has its runs recorded failed; the other
-    arm's runs of the round go on, and the session ends after that round."""
+    arm's runs of the round go on, and the session ends after that round; whether the round's
+    servers start one after another or together."""
     out = tmp_path / "broken"
     result = invoke("run", "--arm", "main=.", "--arm", "broken=.", "--set",
-                    "broken.page_size=7", "--interleave", "--concurrency", "1", "--rounds", "2",
-                    "--runs", "2", "--out", str(out), *SHORT)
+                    "broken.page_size=7", "--interleave", *start, "--concurrency", "1",
+                    "--rounds", "2", "--runs", "2", "--out", str(out), *SHORT)
     assert result.exit_code == 1
     runs = read_runs(out)
     assert [(r.arm, r.run, r.ok) for r in runs if r.arm == "main"] == [
