@@ -91,9 +91,21 @@ def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
     return frame
 
 
+def _measured(frame: pd.DataFrame) -> pd.DataFrame:
+    """The ok runs with a throughput: what a round's value is made of."""
+    return frame[frame["ok"] & frame[THROUGHPUT].notna()]
+
+
 def _round_medians(frame: pd.DataFrame) -> pd.DataFrame:
-    ok = frame[frame["ok"] & frame[THROUGHPUT].notna()]
-    return ok.groupby(["concurrency", "arm", "round"], as_index=False)[THROUGHPUT].median()
+    return _measured(frame).groupby(["concurrency", "arm", "round"],
+                                    as_index=False)[THROUGHPUT].median()
+
+
+def _judged(frame: pd.DataFrame, baseline: str) -> Iterable[tuple[int, str]]:
+    """(concurrency, arm) for each cell and each arm besides the baseline with runs in it."""
+    for concurrency in sorted(set(frame["concurrency"])):
+        for arm in sorted(set(frame.loc[frame["concurrency"] == concurrency, "arm"]) - {baseline}):
+            yield concurrency, arm
 
 
 def by_slot(manifest: dict[str, Any]) -> bool:
@@ -128,12 +140,11 @@ def paired_deltas(frame: pd.DataFrame, baseline: str, slots: bool = False) -> pd
 def _slot_deltas(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """concurrency, arm, round, delta: each arm's slot-paired delta against the baseline."""
     rows = []
-    for concurrency in sorted(set(frame["concurrency"])):
-        for arm in sorted(set(frame.loc[frame["concurrency"] == concurrency, "arm"]) - {baseline}):
-            table = round_table(frame, concurrency, [baseline, arm], slots=True)
-            rows += [{"concurrency": concurrency, "arm": arm, "round": index,
-                      "delta": math.expm1(values[arm] - values[baseline])}
-                     for index, values in table.iterrows()]
+    for concurrency, arm in _judged(frame, baseline):
+        table = round_table(frame, concurrency, [baseline, arm], slots=True)
+        rows += [{"concurrency": concurrency, "arm": arm, "round": index,
+                  "delta": math.expm1(values[arm] - values[baseline])}
+                 for index, values in table.iterrows()]
     return pd.DataFrame(rows, columns=["concurrency", "arm", "round", "delta"])
 
 
@@ -162,10 +173,13 @@ def round_table(frame: pd.DataFrame, concurrency: int, arms: list[str],
     every arm, back to back) of its run's log tok/s less the slot's mean over `arms`, over the
     slots where each of `arms` has an ok run. A round's level cancels in the rule's contrasts
     either way; by slot, so does the host's speed at each moment of the round."""
-    ok = frame[frame["ok"] & frame[THROUGHPUT].notna() & (frame["concurrency"] == concurrency)]
     if not slots:
-        table = ok.groupby(["round", "arm"])[THROUGHPUT].median().unstack("arm")
+        medians = _round_medians(frame)
+        in_cell = medians[medians["concurrency"] == concurrency]
+        table = in_cell.pivot(index="round", columns="arm", values=THROUGHPUT)
         return np.log(table.reindex(columns=arms).dropna().sort_index())
+    ok = _measured(frame)
+    ok = ok[ok["concurrency"] == concurrency]
     logs = np.log(ok.pivot(index=["round", "run"], columns="arm", values=THROUGHPUT))
     logs = logs.reindex(columns=arms).dropna()
     centred = logs.sub(logs.mean(axis=1), axis=0)
@@ -230,10 +244,8 @@ def verdicts(frame: pd.DataFrame, baseline: str, aa_arm: str | None = None,
     Arms with no run in a cell have no row there; callers treat them as `too few rounds`.
     """
     rows = []
-    for concurrency in sorted(set(frame["concurrency"])):
-        in_cell = set(frame.loc[frame["concurrency"] == concurrency, "arm"])
-        for arm in sorted(in_cell - {baseline}):
-            arms = _model_arms(frame, concurrency, baseline, arm, aa_arm)
-            values = round_values(frame, concurrency, arms, slots)
-            rows.append(_verdict_row(f"c={concurrency}", arm, values, arms[2:], design))
+    for concurrency, arm in _judged(frame, baseline):
+        arms = _model_arms(frame, concurrency, baseline, arm, aa_arm)
+        values = round_values(frame, concurrency, arms, slots)
+        rows.append(_verdict_row(f"c={concurrency}", arm, values, arms[2:], design))
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
