@@ -97,6 +97,26 @@ def test_the_h200_planted_slowdown_is_slower_and_its_aa_within_noise():
     assert (sequential["verdict"], sequential["decided_at"]) == ("slower", 2)
 
 
+# The same gate over up to 5 rounds (results/2026-12-02-h200-0.8b-planted-5), c=1.
+PLANTED_5 = {"planted": [-0.0306, -0.039, -0.0333, -0.0373, -0.0344],
+             "aa": [0.0047, -0.0003, 0.0052, 0.0011, 0.0029]}
+
+
+def test_the_h200_five_round_gate_decides_each_arm_at_its_look():
+    """planted is called at the second look; the A/A copy, +0.3% with rounds 0.5% apart, needs
+    all five before its 99% interval lies inside the 1% floor."""
+    records = _session(PLANTED_5, concurrency=1)
+    design = rule.Design(True, 5)
+    planted = _verdict(records, "planted", aa_arm="aa", design=design)
+    assert (planted["verdict"], planted["decided_at"]) == ("slower", 2)
+    aa = _verdict(records, "aa", aa_arm="aa", design=design)
+    assert (aa["verdict"], aa["decided_at"]) == ("within noise", 5)
+    assert -0.01 < aa["ci_low"] < 0 < aa["ci_high"] < 0.01
+    early = _verdict(_session({k: v[:4] for k, v in PLANTED_5.items()}, concurrency=1), "aa",
+                     aa_arm="aa", design=design)
+    assert early["verdict"] == "too few rounds"  # four rounds in, its interval still reaches 1%
+
+
 def test_the_aa_arm_adds_its_rounds_to_the_noise_model():
     """Two rounds of an arm alone give one degree of freedom; an A/A arm of the same noise
     makes it two, and the interval narrows enough for a verdict."""

@@ -74,7 +74,7 @@ for part in "$@"; do
       tar czf "$OUT/gate-padded.tgz" -C "$OUT" gate-padded && rm -rf "$OUT/gate-padded" ;;
     profile | planted | budget-served)
       [ "$part" = planted ] && python3 tests/gpu/plant_slowdown.py /tmp/planted --cycles 80000
-      run "$part" 560 python3 -m gate run --config "configs/gate/h200-0.8b-${part%-served}.yaml" \
+      run "$part" 570 python3 -m gate run --config "configs/gate/h200-0.8b-${part%-served}.yaml" \
         --out "$OUT/gate-$part"
       tar czf "$OUT/gate-$part.tgz" -C "$OUT" "gate-$part" && rm -rf "$OUT/gate-$part" ;;
     served)
