@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gate.commands.check import build_check_configs
 from gate.config import GateConfig, build_gate_config
 from gate.load import ServeMetrics
 from gate.records import RunRecord, append_run, read_manifest, read_runs
@@ -98,6 +99,19 @@ def test_a_fixed_design_runs_every_round(tmp_path):
     session.run()
     assert read_manifest(session.out)["stopped"]["after_rounds"] == 3
     assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "gate").glob("*.yaml")),
+                         ids=lambda path: path.name)
+def test_every_shipped_gate_config_builds(path):
+    """The configs the README and tests/gpu/h200.sh name are valid as they stand (a check
+    config through the check command's loader)."""
+    if path.name.startswith("check-"):
+        config, check = build_check_configs({"config": path})
+        assert check.sweeps
+    else:
+        config = build_gate_config({}, path)
+    assert config.arms and config.planned_rounds >= 1
 
 
 def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):

@@ -48,8 +48,8 @@ def row(directory: Path) -> str:
         verdict = table[(table["arm"] == "head") & (table["cell"] == f"c={concurrency}")]
         deltas = " ".join(f"{d * 100:+.0f}" for d in mine["delta"])
         cells.append(f"{deltas} **{verdict.iloc[0]['verdict']}**")
-    wall = manifest["timing"]["wall_s"]
-    return (f"| {directory.name} | {design(manifest)} | {wall // 60:.0f}m{wall % 60:02.0f}s | "
+    wall = round(manifest["timing"]["wall_s"])
+    return (f"| {directory.name} | {design(manifest)} | {wall // 60}m{wall % 60:02d}s | "
             + " | ".join(cells) + " |")
 
 
