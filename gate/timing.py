@@ -30,14 +30,14 @@ def startup_wall(servers: list[dict[str, Any]]) -> float:
     """The wall time during which some server was starting (launch to /health 200): the union
     of their spans, which is their sum when they started one after another; the sum where a
     manifest from before `launched_at` lacks it."""
-    spans = sorted((s["launched_at"], s["launched_at"] + s["health_s"]) for s in servers
-                   if s.get("health_s") is not None and s.get("launched_at") is not None)
+    started = [s for s in servers if s.get("health_s") is not None]
+    spans = sorted((s["launched_at"], s["launched_at"] + s["health_s"]) for s in started
+                   if s.get("launched_at") is not None)
     total, reach = 0.0, float("-inf")
     for start, end in spans:
         total += max(0.0, end - max(start, reach))
         reach = max(reach, end)
-    return total + sum(s["health_s"] for s in servers
-                       if s.get("health_s") is not None and s.get("launched_at") is None)
+    return total + sum(s["health_s"] for s in started if s.get("launched_at") is None)
 
 
 def time_summary(manifest: dict[str, Any]) -> dict[str, Any] | None:

@@ -261,7 +261,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         self.fused = False
 
     def init_buffers(self) -> None:
-        """Recomputes non-persistent buffers after `to_empty` materialised the module."""
+        """Computes the non-persistent buffers: after load_model materialised the module built on
+        the meta device (weights._materialise), or from the constructor off it."""
         rot = self.config.rotary_dim
         exponent = torch.arange(0, rot, 2, dtype=torch.float, device=self.inv_freq.device) / rot
         self.inv_freq = 1.0 / (self.config.rope_theta**exponent)
