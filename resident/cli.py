@@ -193,6 +193,8 @@ KNOB_MEANINGS = {
     "max_prefill_rows": "the most prefill chunks a step takes, besides its decode rows",
     "compile": "torch.compile of the dense parts; auto: on for CUDA",
     "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM or cuBLAS",
+    "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto)",
+    "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "seed": "the sampling seed of requests that bring none",

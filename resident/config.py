@@ -39,6 +39,8 @@ _CHOICES = {
     "padded_prefill": ("auto", "on", "off"),
     "compile": ("auto", "on", "off"),
     "decode_gemm": ("skinny", "fused", "cublas"),
+    "fused_decode": ("auto", "off"),
+    "pdl": ("auto", "off"),
 }
 
 
@@ -80,6 +82,13 @@ class EngineConfig:
     # GEMM with the elementwise op before it apart (skinny) or in its prologue (fused: slower on
     # the H200, results/2026-11-29-h200-0.8b-fusions), or cuBLAS
     decode_gemm: str = "skinny"
+    # decode buckets under triton and flashinfer: a GDN layer's conv, gates, delta rule and
+    # output norm in one kernel, an attention layer's q/k norm, RoPE and KV write in one
+    # (kernels/gdn_layer_decode.py, attention_prologue.py); off: the separate kernels
+    fused_decode: str = "auto"
+    # programmatic dependent launch between the decode step's Triton kernels where the GPU has
+    # it (Hopper on): each starts while the one before finishes (kernels/pdl.py)
+    pdl: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned

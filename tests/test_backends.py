@@ -68,6 +68,30 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
     assert greedy("triton") == greedy("torch")
 
 
+def test_fused_decode_gives_the_unfused_tokens_in_float64():
+    """fused_decode's kernels (a GDN layer, an attention prologue, interpreted) against the
+    separate kernels in float64: requests of different lengths come and go, so decode steps
+    run every bucket (1, 2, 4), and padded mixed steps carry decode rows beside prefills."""
+    generator = torch.Generator().manual_seed(6)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          out) for i, (n, out) in enumerate(((5, 9), (23, 3), (11, 6), (3, 7),
+                                                              (30, 4), (8, 5)))}
+
+    def greedy(fused_decode: str) -> dict[str, list[int]]:
+        config = EngineConfig(dtype="float64", attention_backend="triton",
+                              decode_buckets=(1, 2, 4), max_num_seqs=4, padded_prefill="on",
+                              prefill_buckets=(8, 32), resident_planning="off",
+                              fused_decode=fused_decode)
+        engine = build_engine(TINY, config, "cpu")
+        fused = engine.runner.kernels.decode.ops(4).gdn_layer is not None
+        assert fused == (fused_decode == "auto")
+        outputs = run_engine(engine, requests, concurrency=4)
+        assert engine.runner.num_padded_prefills > 0
+        return outputs
+
+    assert greedy("auto") == greedy("off")
+
+
 def test_padded_prefill_on_the_triton_kernels_gives_the_reference_tokens():
     """Prefills padded to their bucket on the Triton varlen attention and conv (they must keep
     the padding out of the rows' keys and windows), against unpadded prefills on the

@@ -25,9 +25,10 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     every decode kernel, and the prefill's GDN conv, in the interpreter. On CUDA the GDN conv
     (prefill and decode) and the GDN decode recurrence are Triton's under every backend, and
     `triton` and `flashinfer` run the narrow projections of buckets of at most 16 rows as
-    decode_gemm says (triton_decode.decode_gemm_ops). `gates` is the model's dense.gdn_gates,
-    for the prefill GDN op (the decode kernel computes the gates itself). Under padded_prefill
-    the padded steps' ops (backends/padded.py) come with them."""
+    decode_gemm says (triton_decode.decode_gemm_ops), and under fused_decode a GDN layer and an
+    attention layer's prologue are one kernel each (triton_decode.DecodeFusion). `gates` is the
+    model's dense.gdn_gates, for the prefill GDN op (the decode kernel computes the gates
+    itself). Under padded_prefill the padded steps' ops (backends/padded.py) come with them."""
     from resident.backends.padded import padded_ops
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
@@ -38,12 +39,13 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         if name != "triton":
             return StepKernels(RefPrefill(), RefDecode(), padded)
         from resident.backends.gdn_prefill import conv_varlen_op
-        from resident.backends.triton_decode import TritonDecode
+        from resident.backends.triton_decode import DecodeFusion, TritonDecode
         # the varlen conv l2-normalises query and key: the reference delta rule takes them so
         prefill = RefPrefill(ModelOps(conv=conv_varlen_op, gated_delta_rule=partial(
             gated_delta_rule_ref_op, l2norm_qk=False)))
-        return StepKernels(prefill,
-                           TritonDecode(config.decode_buckets, config.decode_gemm), padded)
+        fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
+        return StepKernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm,
+                                                 fusion), padded)
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -51,17 +53,18 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         HeadShape,
         flashinfer_workspace,
     )
-    from resident.backends.triton_decode import GDN_DECODE_OPS, TritonDecode
+    from resident.backends.triton_decode import GDN_DECODE_OPS, DecodeFusion, TritonDecode
 
+    fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
     heads = HeadShape.of(model, config.page_size, dtype)
     workspace = flashinfer_workspace(device)
     prefill = FlashInferPrefill(heads, workspace, gates, lazy=padded is not None)
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,
-                                  config.decode_gemm)
+                                  config.decode_gemm, fusion)
     elif name == "triton":
-        decode = TritonDecode(config.decode_buckets, config.decode_gemm)
+        decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion)
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return StepKernels(prefill, decode, padded)

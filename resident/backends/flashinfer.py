@@ -19,7 +19,12 @@ import torch
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
 from resident.backends.gdn_prefill import gdn_prefill_ops
 from resident.backends.layout import PagedLayout, PlanReuse
-from resident.backends.triton_decode import GDN_DECODE_OPS, decode_gemm_ops, write_kv_triton_op
+from resident.backends.triton_decode import (
+    GDN_DECODE_OPS,
+    DecodeFusion,
+    decode_gemm_ops,
+    write_kv_triton_op,
+)
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps
@@ -107,7 +112,8 @@ class FlashInferDecode(DecodeKernels):
     host_plan = True
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor, buckets: tuple[int, ...],
-                 max_pages_per_row: int, decode_gemm: str = "skinny") -> None:
+                 max_pages_per_row: int, decode_gemm: str = "skinny",
+                 fusion: DecodeFusion | None = None) -> None:
         flashinfer = _import_flashinfer()
         device = workspace.device
         self.heads = heads
@@ -135,7 +141,8 @@ class FlashInferDecode(DecodeKernels):
                 paged_kv_last_page_len_buffer=self._last_page_len[bucket], backend="fa2")
             self.wrappers[bucket] = wrapper
             ops = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
-            self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm)
+            ops = (fusion or DecodeFusion()).apply(ops)
+            self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm, fusion)
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

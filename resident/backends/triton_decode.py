@@ -4,17 +4,24 @@ the GDN conv update and recurrence in place on the slot pools. No host plan, no 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
+
+import torch
 
 from resident.backends.base import DecodeKernels
+from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
+from resident.kernels.gdn_layer_decode import gdn_layer_decode
 from resident.kernels.gemv import (
     MIN_DOT,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
     skinny_linear_partials,
+    wide_linear,
 )
 from resident.kernels.kv_write import write_kv
+from resident.kernels.pdl import pdl_available
 from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
 
@@ -36,9 +43,47 @@ def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_po
                                    meta.query_start_loc, 1, gate_params=(a_log, dt_bias))
 
 
-def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float):
+def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False):
     return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
-                                  scale)
+                                  scale, pdl=pdl)
+
+
+def gdn_layer_op(projected, weights, conv_pool, state_pool, meta: StepMeta, *, pdl: bool):
+    return gdn_layer_decode(projected, weights, conv_pool, state_pool, meta.state_slots, pdl=pdl)
+
+
+def attention_prologue_op(qkv, q_norm_weight, k_norm_weight, eps, inv_freq, kv_layer,
+                          meta: StepMeta, heads, *, pdl: bool):
+    return attention_prologue(qkv, q_norm_weight, k_norm_weight, eps, meta.positions, inv_freq,
+                              kv_layer, meta.kv_write_loc, heads, pdl=pdl)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeFusion:
+    """What the fused_decode and pdl knobs give a decode backend on its device."""
+
+    fused: bool = False
+    pdl: bool = False
+
+    @classmethod
+    def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
+        return cls(fused_decode == "auto", pdl == "auto" and pdl_available(device))
+
+    def apply(self, ops: ModelOps) -> ModelOps:
+        """ops with a decode bucket's fused GDN layer and attention prologue (fused_decode)."""
+        if not self.fused:
+            return ops
+        return dataclasses.replace(
+            ops, gdn_layer=partial(gdn_layer_op, pdl=self.pdl),
+            attention_prologue=partial(attention_prologue_op, pdl=self.pdl))
+
+    def apply_gemms(self, ops: ModelOps) -> ModelOps:
+        """Under pdl, a small bucket's projections on the Triton GEMV launched with PDL, the
+        wide ones too: each starts reading its weights while the kernel before runs."""
+        if not self.pdl:
+            return ops
+        return dataclasses.replace(ops, wide_linear=partial(wide_linear, pdl=True),
+                                   narrow_linear=partial(ops.narrow_linear, pdl=True))
 
 
 GDN_DECODE_OPS = ModelOps(write_kv=write_kv_triton_op, conv=conv_decode_op,
@@ -49,7 +94,8 @@ def silu_mul_skinny_linear(gate_up, weight):
     return skinny_linear_partials(gate_up, weight, gated=True)
 
 
-def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny") -> ModelOps:
+def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
+                    fusion: DecodeFusion | None = None) -> ModelOps:
     """The decode_gemm knob. A bucket of at most 16 rows runs its narrow projections (out_proj,
     o_proj, down) on the skinny Triton GEMM (measured against cuBLAS in
     results/2026-11-29-h200-0.8b-fusions/gemv_cold.json), its split-K partials added up by the
@@ -61,7 +107,7 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny") -> 
         return ops
     ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
     if decode_gemm == "skinny":
-        return ops
+        return (fusion or DecodeFusion()).apply_gemms(ops)
     return dataclasses.replace(ops, silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
                                sigmoid_gate_linear=sigmoid_gate_linear_partials)
@@ -70,9 +116,14 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny") -> 
 class TritonDecode(DecodeKernels):
     name = "triton"
 
-    def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny") -> None:
-        ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention_decode_op)
-        self._ops = {bucket: decode_gemm_ops(ops, bucket, decode_gemm) for bucket in buckets}
+    def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny",
+                 fusion: DecodeFusion | None = None) -> None:
+        fusion = fusion or DecodeFusion()
+        ops = dataclasses.replace(GDN_DECODE_OPS,
+                                  attention=partial(attention_decode_op, pdl=fusion.pdl))
+        ops = fusion.apply(ops)
+        self._ops = {bucket: decode_gemm_ops(ops, bucket, decode_gemm, fusion)
+                     for bucket in buckets}
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

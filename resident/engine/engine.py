@@ -54,6 +54,7 @@ from resident.engine.types import (
     RequestOutput,
     TokenLogprobs,
 )
+from resident.kernels.pdl import pdl_available
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
@@ -92,8 +93,9 @@ class Engine:
         if device.type == "cuda":
             torch.empty(1, device=device)  # the CUDA context, timed apart from the weights
             self.startup.lap("device")
+        pdl = config.pdl == "auto" and pdl_available(device)
         self.model = load_model(model_config, device, self.dtype,
-                                dense=build_dense_ops(config.compile == "on"))
+                                dense=build_dense_ops(config.compile == "on", pdl))
         if config.compile == "on":
             log.info("torch.compile on for the dense parts; Inductor cache %s",
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))

@@ -31,6 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels.pdl import launch_options as pdl_options
+from resident.kernels.pdl import pdl_wait_then_release
+
 # tl.dot needs every dimension >= 16. The group of query heads sharing a kv head (1..8 for
 # Qwen3.5) is padded to 16 rows with masks rather than computed as an elementwise multiply and
 # tl.sum: decode attention is bound by reading K/V, so the padded rows of the MMA are free, while
@@ -102,10 +105,12 @@ def _split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    pdl_wait_then_release(USE_PDL)
 
     offs_g = tl.arange(0, BLOCK_G)  # query heads of this kv head (padded)
     offs_d = tl.arange(0, BLOCK_D)  # head dim (padded to a power of two)
@@ -167,10 +172,11 @@ def _combine_kernel(
     stride_lb, stride_lh, stride_ls,
     stride_ob, stride_oh, stride_od,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
+    pdl_wait_then_release(USE_PDL)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
@@ -220,6 +226,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,  # [B, H, D] in query's dtype
     scratch: DecodeScratch | None = None,
     block_n: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:  # [B, H, D] in query's dtype
     """Decode attention over a paged KV cache: one token a row, the same contract as
     `paged_attention_ref` with token_seq = arange(B).
@@ -235,7 +242,8 @@ def paged_decode_attention(
     here on every call (the caching allocator keeps that cheap in eager mode, and a graph's
     private pool keeps the allocations valid, but passing them makes the addresses explicit).
     `num_splits` and `block_n` (tokens a tile, a power of two >= 16; by default 32 at D = 256,
-    else 64) are compile-time constants: each value is one more compile.
+    else 64) are compile-time constants: each value is one more compile. pdl: both kernels
+    launched with programmatic dependent launch (pdl.py).
     """
     batch, num_heads, head_dim = query.shape
     _, planes, page_size, num_kv_heads, kv_dim = kv_layer.shape
@@ -279,13 +287,13 @@ def paged_decode_attention(
         # fp32 caches would otherwise run the dots in tf32 on the GPU
         DOT_PRECISION="ieee" if kv_layer.dtype == torch.float32 else "tf32",
         WHILE_LOOP=_interpreting(),
-        **launch_options,
+        **launch_options, **pdl_options(pdl),
     )
     _combine_kernel[(batch, num_heads)](
         partial_out, partial_lse, out,
         *partial_out.stride(), *partial_lse.stride(), *out.stride(),
         HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        num_warps=4,
+        num_warps=4, **pdl_options(pdl),
     )
     return out

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels.pdl import launch_options, pdl_wait_then_release, prefetch_l2
+
 MIN_DOT = 16
 
 
@@ -68,6 +70,10 @@ class GemvTile:
 # o_proj: 5.4 us against cuBLAS's 12.6; down: 6.0 against 8.0;
 # results/2026-11-29-h200-0.8b-fusions/gemv_cold.json)
 DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=264)
+# For the wide ones (in_proj, qkv, gate_up), never split: within 0.3 us of cuBLAS alone in the
+# same sweep (in_proj 6.48 us against 6.70), 257 programs for the 0.8B's in_proj (the sweep's
+# 64x256 tile, level with it, spills registers once the prefetch is in)
+WIDE_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=0)
 
 
 # what the kernel does to x before the product
@@ -79,7 +85,7 @@ PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
 def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
                  stride_zm, stride_zh, eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -87,13 +93,20 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
       norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
     For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
-    head's HEAD_DIM values contiguous)."""
+    head's HEAD_DIM values contiguous).
+    With USE_PDL the program's weight rows start for the L2 before it waits for the kernel
+    before (pdl.py): the weight read overlaps that kernel, the loop then reads the L2."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
+    if USE_PDL:
+        rows = w + tl.minimum(offs_n, N - 1) * stride_wn + k_start
+        span = tl.minimum(K - k_start, K_TILES * BLOCK_K) * w.dtype.element_ty.primitive_bitwidth
+        prefetch_l2(rows, tl.full((BLOCK_N,), span // 8, tl.int32))
+    pdl_wait_then_release(USE_PDL)
     for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -151,17 +164,17 @@ def gemv_splits(n: int, k: int, tile: GemvTile) -> int:
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
-                  tile: GemvTile = DEFAULT_TILE) -> torch.Tensor:
+                  tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 16, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
-    accumulated in fp32."""
+    accumulated in fp32. pdl: launched with programmatic dependent launch (pdl.py)."""
     splits, k_per_split = _split(x, weight, tile)
     num_rows, n = x.shape[0], weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     if splits == 1:
-        _launch(x, weight, tile, out.unsqueeze(0), k_per_split)
+        _launch(x, weight, tile, out.unsqueeze(0), k_per_split, pdl=pdl)
         return out
     partials = torch.empty(splits, num_rows, n, dtype=torch.float32, device=x.device)
-    _launch(x, weight, tile, partials, k_per_split)
+    _launch(x, weight, tile, partials, k_per_split, pdl=pdl)
     block = 1024
     _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
         partials, out, num_rows, n, partials.stride(0), partials.stride(1), out.stride(0),
@@ -170,13 +183,20 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     return out
 
 
+def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
+    """skinny_linear on WIDE_TILE: a wide projection (N several times K) of at most 16 rows in
+    one kernel, no K split."""
+    return skinny_linear(x, weight, WIDE_TILE, pdl=pdl)
+
+
 def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
-                           tile: GemvTile = DEFAULT_TILE, *, gated: bool = False) -> torch.Tensor:
+                           tile: GemvTile = DEFAULT_TILE, *, gated: bool = False,
+                           pdl: bool = False) -> torch.Tensor:
     """As skinny_linear, but -> the fp32 partial sums [S, M, N] of its S K-splits, left for the
     consumer to add up (DenseOps.add_rms_norm does, inside its fused kernel). With gated, x is
     an MLP's [M, 2K] gate_up and the product is (silu(gate) * up) @ weight^T: the MLP's down
     projection with its activation in the same kernel."""
-    return _launch_partials(x, weight, tile, SILU_MUL if gated else PLAIN, gated=gated)
+    return _launch_partials(x, weight, tile, SILU_MUL if gated else PLAIN, gated=gated, pdl=pdl)
 
 
 def gated_norm_linear_partials(
@@ -212,13 +232,13 @@ def sigmoid_gate_linear_partials(
 
 
 def _launch_partials(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
-                     prologue: tl.constexpr, *, gated: bool = False,
+                     prologue: tl.constexpr, *, gated: bool = False, pdl: bool = False,
                      **prologue_args) -> torch.Tensor:
     """The [S, M, N] fp32 partial sums of x @ weight^T after `prologue` (see _launch)."""
     splits, k_per_split = _split(x, weight, tile, gated)
     partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
                            device=x.device)
-    _launch(x, weight, tile, partials, k_per_split, prologue, **prologue_args)
+    _launch(x, weight, tile, partials, k_per_split, prologue, pdl=pdl, **prologue_args)
     return partials
 
 
@@ -251,7 +271,7 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
             k_per_split: int, prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0) -> None:
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype.
     x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the prologue's (see
     _gemv_kernel)."""
@@ -263,5 +283,5 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, PROLOGUE=prologue, UNROLL=tile.unroll,
         HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_options(pdl),
     )

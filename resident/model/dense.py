@@ -131,7 +131,7 @@ TOKEN_DIMS: dict[str, tuple[int | None, ...]] = {
 }
 
 
-def build_dense_ops(compile: bool) -> DenseOps:
+def build_dense_ops(compile: bool, pdl: bool = False) -> DenseOps:
     """Each function compiled on its own (fullgraph: nothing in them may break the graph),
     with only its tokens dim dynamic, from the first call.
 
@@ -144,17 +144,31 @@ def build_dense_ops(compile: bool) -> DenseOps:
     256) was duck-sized into one symbol, which the next bucket's count then broke: a
     recompile. A one-token batch is always its own graph, so each function compiles twice
     whatever the step mix.
+
+    pdl: Inductor's kernels launched with programmatic dependent launch (its
+    `triton.enable_pdl`, where this torch has it), so they chain with the decode kernels'
+    (kernels/pdl.py).
     """
     plain = DenseOps()
     if not compile:
         return plain
     install_recompile_reporter()
-    return DenseOps(**{f.name: _compile_tokens_dynamic(getattr(plain, f.name), TOKEN_DIMS[f.name])
+    options = {"triton.enable_pdl": True} if pdl and inductor_has_pdl() else None
+    return DenseOps(**{f.name: _compile_tokens_dynamic(getattr(plain, f.name), TOKEN_DIMS[f.name],
+                                                       options)
                        for f in fields(DenseOps)})
 
 
-def _compile_tokens_dynamic(function: Callable, token_dims: tuple[int | None, ...]) -> Callable:
-    compiled = torch.compile(function, fullgraph=True)
+def inductor_has_pdl() -> bool:
+    """Whether this torch's Inductor can launch its kernels with PDL."""
+    from torch._inductor import config
+
+    return hasattr(config.triton, "enable_pdl")
+
+
+def _compile_tokens_dynamic(function: Callable, token_dims: tuple[int | None, ...],
+                            options: dict | None = None) -> Callable:
+    compiled = torch.compile(function, fullgraph=True, options=options)
 
     @functools.wraps(function)
     def call(*args):

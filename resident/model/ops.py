@@ -77,6 +77,10 @@ class ModelOps:
     # fp32 split-K partials [S, T, H] instead of [T, H]: each of these outputs goes straight
     # into the next add + norm (DenseOps.add_rms_norm), which adds them up.
     narrow_linear: Callable = narrow_linear_ref
+    # (x, weight) -> x @ weight.T for a block's opening projections (GDN in_proj, attention
+    # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV under pdl
+    # (its weight read starts before it waits for the norm before it)
+    wide_linear: Callable = narrow_linear_ref
     # (gate_up [T, 2I], down weight [H, I]) -> down(silu(gate) * up), the MLP's activation and
     # down projection in one kernel; returns what narrow_linear does. None: the MLP runs
     # DenseOps.silu_mul, then narrow_linear.
@@ -89,3 +93,13 @@ class ModelOps:
     # the gated attention's output gate inside the projection's kernel; returns what
     # narrow_linear does. None: DenseOps.sigmoid_gate, then narrow_linear.
     sigmoid_gate_linear: Callable | None = None
+    # (in_proj output [T, C + Hv Dv + 2 Hv], GdnLayerWeights, conv pool, state pool, meta) ->
+    # [T, Hv, Dv], the input of out_proj: a decode GDN layer's conv, gates, delta rule and
+    # output norm in one kernel (kernels/gdn_layer_decode.py). None: conv, gated_delta_rule and
+    # the norm apart.
+    gdn_layer: Callable | None = None
+    # (qkv [T, 2 H D + 2 Hkv D], q norm weight, k norm weight, eps, inv_freq, kv_layer, meta,
+    # AttentionHeads) -> queries [T, H, D], their keys and values written to the cache: the
+    # q/k norm, RoPE and KV write in one kernel (kernels/attention_prologue.py). None: the
+    # dense qk_norm_rope over the step's RoPE tables, then write_kv.
+    attention_prologue: Callable | None = None

@@ -15,11 +15,14 @@ the GDN recurrence in the state's dtype (fp32), RoPE tables in fp32 cast to the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from resident.kernels.attention_prologue import AttentionHeads
+from resident.kernels.gdn_layer_decode import GdnLayerWeights
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import DenseOps
@@ -48,6 +51,14 @@ def fuse_linears(owner: nn.Module, name: str, linears: list[nn.Linear]) -> None:
         start += rows
 
 
+class Rope(NamedTuple):
+    """A step's RoPE: the inverse frequencies, and the tables (cos, sin [T, rotary_dim]) unless
+    every attention layer of the step computes them in its prologue kernel (None)."""
+
+    inv_freq: torch.Tensor
+    tables: tuple[torch.Tensor, torch.Tensor] | None
+
+
 @dataclass(frozen=True)
 class BlockInput:
     """A block's input before its RMSNorm: the last block's output x (or the fp32 split-K
@@ -58,8 +69,8 @@ class BlockInput:
     residual: torch.Tensor | None
     norm: RMSNorm
 
-    def project(self, weight: torch.Tensor,
-                dense: DenseOps) -> tuple[torch.Tensor, torch.Tensor]:
+    def project(self, weight: torch.Tensor, dense: DenseOps,
+                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(the block's opening projection of its normed input, the residual stream after the
         add)."""
         norm = self.norm
@@ -67,7 +78,7 @@ class BlockInput:
             h, residual = dense.rms_norm(self.x, norm.weight, norm.eps), self.x
         else:
             h, residual = dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
-        return F.linear(h, weight), residual
+        return ops.wide_linear(h, weight), residual
 
 
 class GatedRMSNorm(nn.Module):
@@ -92,7 +103,7 @@ class MLP(nn.Module):
 
     def forward(self, block: BlockInput,
                 ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
-        gate_up, residual = block.project(self.gate_up_weight, self.dense)
+        gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
         if ops.silu_mul_linear is not None:
             return ops.silu_mul_linear(gate_up, self.down_proj.weight), residual
         return ops.narrow_linear(self.dense.silu_mul(gate_up), self.down_proj.weight), residual
@@ -110,7 +121,8 @@ class Attention(nn.Module):
         self.dense = dense
         hidden, qd, kvd = config.hidden_size, self.num_heads * self.head_dim, \
             self.num_kv_heads * self.head_dim
-        self.split = [2 * qd, kvd, kvd]
+        self.heads = AttentionHeads(self.num_heads, self.num_kv_heads, self.head_dim)
+        self.split = self.heads.split
         self.q_proj = nn.Linear(hidden, 2 * qd, bias=False)
         self.k_proj = nn.Linear(hidden, kvd, bias=False)
         self.v_proj = nn.Linear(hidden, kvd, bias=False)
@@ -124,22 +136,26 @@ class Attention(nn.Module):
     def forward(
         self,
         block: BlockInput,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: Rope,
         meta: StepMeta,
         cache: ModelCache,
         ops: ModelOps,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, hidden] (or partials), residual
-        qkv, residual = block.project(self.qkv_weight, self.dense)
+        qkv, residual = block.project(self.qkv_weight, self.dense, ops)
         num_tokens, head_dim = qkv.shape[0], self.head_dim
         query_gate, key, value = qkv.split(self.split, dim=-1)
         query, gate = query_gate.view(num_tokens, self.num_heads, 2 * head_dim).chunk(2, dim=-1)
-        query, key = self.dense.qk_norm_rope(
-            query, key.view(num_tokens, self.num_kv_heads, head_dim), self.q_norm.weight,
-            self.k_norm.weight, *rope, self.q_norm.eps)
-        value = value.view(num_tokens, self.num_kv_heads, head_dim)
-
         kv_layer = cache.kv[self.cache_index]
-        ops.write_kv(kv_layer, key, value, meta)
+        if ops.attention_prologue is not None:
+            query = ops.attention_prologue(qkv, self.q_norm.weight, self.k_norm.weight,
+                                           self.q_norm.eps, rope.inv_freq, kv_layer, meta,
+                                           self.heads)
+        else:
+            query, key = self.dense.qk_norm_rope(
+                query, key.view(num_tokens, self.num_kv_heads, head_dim), self.q_norm.weight,
+                self.k_norm.weight, *rope.tables, self.q_norm.eps)
+            ops.write_kv(kv_layer, key, value.view(num_tokens, self.num_kv_heads, head_dim),
+                         meta)
         out = ops.attention(query, kv_layer, meta, head_dim**-0.5)
         if ops.sigmoid_gate_linear is not None:
             return ops.sigmoid_gate_linear(out, gate, self.o_proj.weight), residual
@@ -179,10 +195,19 @@ class GatedDeltaNet(nn.Module):
         self.register_buffer("conv_weight", self.conv1d.weight.detach().squeeze(1),
                              persistent=False)
 
+    def decode_weights(self) -> GdnLayerWeights:
+        return GdnLayerWeights(self.conv_weight, self.A_log, self.dt_bias, self.norm.weight,
+                               self.norm.eps)
+
     def forward(self, block: BlockInput, meta: StepMeta, cache: ModelCache,
                 ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
-        projected, residual = block.project(self.in_proj_weight, self.dense)
+        projected, residual = block.project(self.in_proj_weight, self.dense, ops)
         num_tokens, layer = projected.shape[0], self.cache_index
+        if ops.gdn_layer is not None:
+            out = ops.gdn_layer(projected, self.decode_weights(), cache.conv[layer],
+                                cache.recurrent[layer], meta)
+            return ops.narrow_linear(out.view(num_tokens, self.value_dim),
+                                     self.out_proj.weight), residual
         mixed_qkv, z, b, a = projected.split(self.split, dim=-1)
         query, key, value = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta,
                                      (self.key_dim, self.key_dim, self.value_dim),
@@ -287,7 +312,9 @@ class Qwen3_5ForCausalLM(nn.Module):
             raise RuntimeError("call fuse_projections() after loading the weights")
         ops = ops or self.default_ops
         x = self.model.embed_tokens(input_ids)
-        rope = self.dense.rope_tables(meta.positions, self.inv_freq, x.dtype)
+        tables = None if ops.attention_prologue is not None else \
+            self.dense.rope_tables(meta.positions, self.inv_freq, x.dtype)
+        rope = Rope(self.inv_freq, tables)
         residual = None
         for layer in self.model.layers:
             x, residual = layer(x, residual, rope, meta, cache, ops)

@@ -30,9 +30,11 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from resident.kernels import (
+    attention_prologue,
     chunk_states,
     conv_varlen,
     gdn_decode,
+    gdn_layer_decode,
     gemv,
     kv_write,
     varlen_attention,
@@ -67,7 +69,7 @@ class Variant:
 
 
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
-          head_dim: int = 1) -> Variant:
+          head_dim: int = 1, pdl: bool = False) -> Variant:
     _, k_per_split = gemv.split_plan(n, k, tile)
     types = {"x": "*bf16", "w": "*bf16", "out": "*fp32", "z": "*bf16", "norm_w": "*bf16",
              "eps": "fp32"}
@@ -76,7 +78,8 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
     return Variant(name, gemv._gemv_kernel, types, {
         "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
-        "HEAD_DIM": head_dim, "UNROLL": tile.unroll}, tile.num_warps, tile.num_stages)
+        "HEAD_DIM": head_dim, "UNROLL": tile.unroll, "USE_PDL": pdl}, tile.num_warps,
+        tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
@@ -93,6 +96,13 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               head_dim=config.head_dim),
         _gemv("mlp down + silu_mul", hidden, inter, narrow, gemv.SILU_MUL),
         _gemv("plain skinny GEMM", hidden, q_dim, narrow, gemv.PLAIN),
+        _gemv("plain skinny GEMM (PDL, weights to L2 first)", hidden, q_dim, narrow, gemv.PLAIN,
+              pdl=True),
+        _gemv("wide GEMM: gdn in_proj (PDL)",
+              config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
+              gemv.WIDE_TILE, gemv.PLAIN, pdl=True),
+        _gemv("wide GEMM: mlp gate_up (PDL)", 2 * inter, hidden, gemv.WIDE_TILE, gemv.PLAIN,
+              pdl=True),
     ]
     gdn_types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "out_ptr")}
@@ -106,6 +116,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "BLOCK_DV": gdn_decode.GDN_BLOCK_DV, "COMPUTE": triton.language.float32,
         "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
+    variants += _fused_decode_variants(config)
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
     variants.append(_varlen_attention_variant(config))
@@ -114,6 +125,40 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "kv": "*bf16", "key": "*bf16", "value": "*bf16", "loc": "*i64", "stride_key": "i64",
         "stride_value": "i64", "stride_page": "i64", "stride_kv": "i64", "stride_slot": "i64"},
         {"PAGE": 16, "WIDTH": kv_width, "BLOCK": triton.next_power_of_2(kv_width)}))
+    return variants
+
+
+def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
+    """fused_decode's kernels (a GDN layer, an attention prologue), with and without PDL."""
+    gdn = gdn_layer_decode._gdn_layer_decode_kernel
+    gdn_types = {name: "*bf16" for name in ("proj_ptr", "conv_w_ptr", "conv_pool_ptr",
+                                             "a_log_ptr", "dt_bias_ptr", "norm_w_ptr",
+                                             "out_ptr")}
+    gdn_types |= {"state_ptr": "*fp32", "slots_ptr": "*i64", "scale": "fp32", "l2_eps": "fp32",
+                  "norm_eps": "fp32"}
+    gdn_types |= {arg: "i32" for arg in gdn.arg_names if arg.startswith("stride_")
+                  or arg in ("key_dim", "value_dim", "num_v_heads", "width")}
+    group = config.linear_num_value_heads // config.linear_num_key_heads
+    width = config.linear_conv_kernel_dim
+    prologue = attention_prologue._attention_prologue_kernel
+    prologue_types = {"qkv_ptr": "*bf16", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16",
+                      "pos_ptr": "*i64", "inv_freq_ptr": "*fp32", "kv_ptr": "*bf16",
+                      "loc_ptr": "*i64", "query_ptr": "*bf16", "eps": "fp32"}
+    prologue_types |= {arg: "i32" for arg in prologue.arg_names if arg.startswith("stride_")
+                       or arg in ("num_heads", "num_kv_heads")}
+    variants = []
+    for pdl in (False, True):
+        suffix = " (PDL)" if pdl else ""
+        variants.append(Variant(f"fused gdn layer decode{suffix}", gdn, gdn_types, {
+            "GROUP": group, "DK": config.linear_key_head_dim,
+            "DV": config.linear_value_head_dim,
+            "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
+            "BLOCK_W": triton.next_power_of_2(width),
+            "COMPUTE": triton.language.float32, "USE_PDL": pdl}, gdn_layer_decode.NUM_WARPS))
+        variants.append(Variant(f"attention prologue{suffix}", prologue, prologue_types, {
+            "D": config.head_dim, "ROT": config.rotary_dim, "PAGE": 16,
+            "COMPUTE": triton.language.float32, "USE_PDL": pdl},
+            attention_prologue.num_warps(config.head_dim)))
     return variants
 
 

@@ -1,0 +1,219 @@
+"""A Gated DeltaNet layer's decode in one kernel: from the fused in_proj output to the input of
+out_proj.
+
+The unfused decode runs three kernels a GDN layer (the conv update, the delta rule with its
+gates, the gated output norm), each a few microseconds of latency for little work at small
+batches. Here one program takes one row and one key head with the value heads that share it:
+  - the causal conv update of its channels (the key head's query and key channels, each value
+    head's value channels) over the slot's conv window, in place; silu;
+  - the gates: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b);
+  - q and k l2-normed, q scaled by Dk**-0.5; the delta rule over the slot's [Dk, Dv] state of
+    each value head, in place;
+  - the gated RMSNorm of each head's output: w * rms_norm(o) * silu(z).
+No two programs touch the same pool entries (a key head's channels and its value heads belong
+to one program), so nothing races. The arithmetic and its roundings follow the unfused kernels
+(gdn_decode.py, then dense.gated_rms_norm as Inductor runs it: the conv output and the delta
+rule's output rounded to the activations' dtype, the norm rounded before its scale, the gated
+product rounded once).
+
+The program holds a whole [Dk, Dv] state tile (the norm needs all of a head's Dv outputs), so
+a batch-1 step has Hk programs; num_warps spreads the tile over more threads.
+
+tests/test_kernel_gdn_layer_decode.py checks it against the references and the unfused kernels.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from resident.kernels.gdn_decode import L2NORM_EPS, SOFTPLUS_THRESHOLD, compute_dtype
+from resident.kernels.pdl import launch_options, pdl_wait_then_release
+
+# The state a [Dk, BLOCK_DV] tile at a time: at Dk 128 and 4 warps, 32 floats a thread (a
+# whole [128, 128] tile spilled registers at 8 and 16 warps)
+BLOCK_DV = 32
+NUM_WARPS = 4
+
+
+class GdnLayerWeights(NamedTuple):
+    """What a GDN layer brings to its decode, besides the in_proj output and the pools."""
+
+    conv_weight: torch.Tensor  # [C, W]
+    a_log: torch.Tensor  # [Hv]
+    dt_bias: torch.Tensor  # [Hv]
+    norm_weight: torch.Tensor  # [Dv]
+    norm_eps: float
+
+
+class GdnShape(NamedTuple):
+    num_k_heads: int
+    num_v_heads: int
+    k_dim: int
+    v_dim: int
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def split(self) -> list[int]:
+        """The in_proj output's parts: mixed qkv, z, b, a."""
+        return [self.conv_dim, self.value_dim, self.num_v_heads, self.num_v_heads]
+
+    @classmethod
+    def of(cls, projected: torch.Tensor, conv_weight: torch.Tensor,
+           state_pool: torch.Tensor) -> GdnShape:
+        """From the operands: state_pool [N, Hv, Dk, Dv], conv_weight [C, W] with
+        C = 2 Hk Dk + Hv Dv, projected [T, C + Hv Dv + 2 Hv]."""
+        num_v_heads, k_dim, v_dim = state_pool.shape[1:]
+        key_dim = (conv_weight.shape[0] - num_v_heads * v_dim) // 2
+        shape = cls(key_dim // k_dim, num_v_heads, k_dim, v_dim)
+        if projected.shape[1] != sum(shape.split) or shape.key_dim != key_dim:
+            raise ValueError(f"in_proj output {tuple(projected.shape)}, conv weight "
+                             f"{tuple(conv_weight.shape)} and state pool "
+                             f"{tuple(state_pool.shape)} do not describe one GDN layer")
+        return shape
+
+
+@triton.jit
+def _conv_channels(x_row, w_ptr, pool_slot, c0, stride_wc, stride_ww, stride_cc, stride_cw,
+                   width, D: tl.constexpr, BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr):
+    """Channels [c0, c0 + D) of one row: the window shifted by the row's input, written back to
+    the pool; returns silu of the conv, rounded to the input's dtype, in COMPUTE ([D])."""
+    offs_c = c0 + tl.arange(0, D)
+    offs_w = tl.arange(0, BLOCK_W)
+    pool = pool_slot + offs_c[:, None] * stride_cc
+    older = tl.load(pool + (offs_w + 1)[None, :] * stride_cw,
+                    mask=(offs_w + 1 < width)[None, :], other=0.0)
+    x = tl.load(x_row + offs_c)
+    window = tl.where((offs_w == width - 1)[None, :], x[:, None], older.to(x.dtype))
+    w = tl.load(w_ptr + offs_c[:, None] * stride_wc + offs_w[None, :] * stride_ww,
+                mask=(offs_w < width)[None, :], other=0.0)
+    acc = tl.sum(window.to(COMPUTE) * w.to(COMPUTE), axis=1)
+    tl.store(pool + offs_w[None, :] * stride_cw, window.to(pool_slot.dtype.element_ty),
+             mask=(offs_w < width)[None, :])
+    return (acc / (1.0 + tl.exp(-acc))).to(x.dtype).to(COMPUTE)
+
+
+@triton.jit
+def _gdn_layer_decode_kernel(
+    proj_ptr, conv_w_ptr, conv_pool_ptr, state_ptr, slots_ptr, a_log_ptr, dt_bias_ptr,
+    norm_w_ptr, out_ptr,
+    stride_pt, stride_wc, stride_ww, stride_cn, stride_cc, stride_cw,
+    stride_sn, stride_sh, stride_sk, stride_sv, stride_ot, stride_oh,
+    key_dim, value_dim, num_v_heads, width, scale, l2_eps, norm_eps,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    COMPUTE: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """One program: row pid0, key head pid1 and its GROUP value heads. A padding row (sink
+    slot 0) writes zeros and touches no pool."""
+    row, k_head = tl.program_id(0), tl.program_id(1)
+    offs_k = tl.arange(0, DK)
+    pdl_wait_then_release(USE_PDL)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    out_row = out_ptr + row * stride_ot
+    if slot == 0:
+        for j in tl.static_range(GROUP):
+            tl.store(out_row + (k_head * GROUP + j) * stride_oh + tl.arange(0, DV),
+                     tl.zeros((DV,), dtype=out_ptr.dtype.element_ty))
+        return
+    x_row = proj_ptr + row * stride_pt
+    pool_slot = conv_pool_ptr + slot * stride_cn
+    q = _conv_channels(x_row, conv_w_ptr, pool_slot, k_head * DK, stride_wc, stride_ww,
+                       stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE)
+    k = _conv_channels(x_row, conv_w_ptr, pool_slot, key_dim + k_head * DK, stride_wc,
+                       stride_ww, stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
+    z_row = x_row + 2 * key_dim + value_dim  # then z [Hv * Dv], b [Hv], a [Hv]
+    norm_w = tl.load(norm_w_ptr + tl.arange(0, DV)).to(COMPUTE)
+    dtype = out_ptr.dtype.element_ty
+    for j in tl.static_range(GROUP):
+        head = k_head * GROUP + j
+        a = tl.load(z_row + value_dim + num_v_heads + head).to(COMPUTE)
+        b = tl.load(z_row + value_dim + head)
+        x = a + tl.load(dt_bias_ptr + head).to(COMPUTE)
+        softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
+        decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(COMPUTE)) * softplus)
+        beta = tl.sigmoid(b.to(COMPUTE)).to(b.dtype).to(COMPUTE)
+        out_head = out_row + head * stride_oh
+        # the head's state a column block at a time (a whole [Dk, Dv] tile spilled registers);
+        # each block's output goes out rounded, the norm's sum of squares adds up
+        sum_sq = 0.0
+        for block in tl.static_range(DV // BLOCK_DV):
+            offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
+            v = _conv_channels(x_row, conv_w_ptr, pool_slot, 2 * key_dim + head * DV
+                               + block * BLOCK_DV, stride_wc, stride_ww, stride_cc, stride_cw,
+                               width, BLOCK_DV, BLOCK_W, COMPUTE)
+            state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
+                          + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)
+            s = tl.load(state_ptrs).to(COMPUTE) * decay
+            delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+            s = s + k[:, None] * delta[None, :]
+            o = tl.sum(s * q[:, None], axis=0).to(dtype)
+            tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty))
+            tl.store(out_head + offs_v, o)
+            o = o.to(COMPUTE)
+            sum_sq += tl.sum(o * o, axis=0)
+        # the gated norm, as dense.gated_rms_norm under Inductor: the normed value rounded to
+        # the activations' dtype, the scaled and gated product rounded once
+        tl.debug_barrier()  # the blocks' outputs, stored by other threads, read back
+        offs_v = tl.arange(0, DV)
+        o = tl.load(out_head + offs_v).to(COMPUTE)
+        normed = (o * tl.rsqrt(sum_sq / DV + norm_eps)).to(dtype).to(COMPUTE)
+        z = tl.load(z_row + head * DV + offs_v).to(COMPUTE)
+        tl.store(out_head + offs_v, (norm_w * normed * (z * tl.sigmoid(z))).to(dtype))
+
+
+def gdn_layer_decode(
+    projected: torch.Tensor,  # [B, C + Hv Dv + 2 Hv]: mixed qkv, z, b, a (the in_proj output)
+    weights: GdnLayerWeights,
+    conv_pool: torch.Tensor,  # [N, C, W]; updated
+    state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] fp32 (fp64 for a fp64 model); updated
+    state_slots: torch.Tensor,  # [B] int64; 0 (the sink) marks a padding row
+    *,
+    pdl: bool = False,
+) -> torch.Tensor:  # [B, Hv, Dv] in projected's dtype: the input of out_proj
+    """One decode token a row through a GDN layer's conv, gates, delta rule and gated norm,
+    both pools updated in place. Grid (B, Hk)."""
+    shape = GdnShape.of(projected, weights.conv_weight, state_pool)
+    group = shape.num_v_heads // shape.num_k_heads
+    for name, dim in (("k", shape.k_dim), ("v", shape.v_dim)):
+        if dim & (dim - 1):
+            raise ValueError(f"the fused GDN decode takes power-of-two head dims, got {name} "
+                             f"{dim}")
+    if projected.stride(1) != 1 or state_slots.shape[0] != projected.shape[0]:
+        raise ValueError(f"projected {tuple(projected.shape)} must have contiguous rows, one "
+                         f"a state slot ({state_slots.shape[0]})")
+    rows = projected.shape[0]
+    out = torch.empty(rows, shape.num_v_heads, shape.v_dim, dtype=projected.dtype,
+                      device=projected.device)
+    if rows == 0:
+        return out
+    conv_weight, width = weights.conv_weight, weights.conv_weight.shape[1]
+    _gdn_layer_decode_kernel[(rows, shape.num_k_heads)](
+        projected, conv_weight, conv_pool, state_pool, state_slots, weights.a_log,
+        weights.dt_bias, weights.norm_weight, out,
+        projected.stride(0), *conv_weight.stride(), *conv_pool.stride(), *state_pool.stride(),
+        out.stride(0), out.stride(1),
+        shape.key_dim, shape.value_dim, shape.num_v_heads, width, shape.k_dim**-0.5,
+        L2NORM_EPS, weights.norm_eps,
+        GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=min(BLOCK_DV, shape.v_dim),
+        BLOCK_W=triton.next_power_of_2(width),
+        COMPUTE=compute_dtype(state_pool.dtype), num_warps=NUM_WARPS, **launch_options(pdl),
+    )
+    return out
+

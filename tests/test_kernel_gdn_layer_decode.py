@@ -1,0 +1,132 @@
+"""The fused GDN layer decode (conv, gates, delta rule, gated norm in one kernel) against the
+torch references it replaces, over several steps on slot-indexed pools.
+
+On CPU the kernel runs under the interpreter at tiny shapes (2 key heads, 4 value heads: two
+value heads a program); the GPU test runs the 0.8B and 9B head layouts in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
+from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
+from resident.kernels.gdn_layer_decode import GdnLayerWeights, GdnShape, gdn_layer_decode
+from resident.model.dense import gated_rms_norm, gdn_gates
+
+NUM_SLOTS, STEPS = 8, 3
+SLOTS = [5, 2, 7, 0]  # three real rows in no slot order, then a padding row on the sink
+UNTOUCHED = [1, 3, 4, 6]
+
+
+def _case(gen, shape: GdnShape, dtype, device, num_slots=NUM_SLOTS, width=4):
+    def randn(*size, scale=1.0):
+        return (torch.randn(*size, generator=gen) * scale).to(device)
+
+    weights = GdnLayerWeights(
+        conv_weight=randn(shape.conv_dim, width).to(dtype), a_log=randn(shape.num_v_heads),
+        dt_bias=randn(shape.num_v_heads).to(dtype),
+        norm_weight=(1 + randn(shape.v_dim, scale=0.1)).to(dtype),
+        norm_eps=1e-6)
+    conv_pool = randn(num_slots, shape.conv_dim, width).to(dtype)
+    state_pool = randn(num_slots, shape.num_v_heads, shape.k_dim, shape.v_dim, scale=0.1)
+    if dtype == torch.float64:
+        state_pool = state_pool.double()
+    return weights, conv_pool, state_pool
+
+
+def gdn_layer_decode_ref(projected, weights, conv_pool, state_pool, state_slots):
+    """The same layer from the torch references (every row real: they have no padding)."""
+    shape = GdnShape.of(projected, weights.conv_weight, state_pool)
+    rows = projected.shape[0]
+    qsl = torch.arange(rows + 1, device=projected.device)
+    mixed, z, b, a = projected.split(shape.split, dim=-1)
+    conv = causal_conv_ref(mixed, weights.conv_weight, conv_pool, state_slots, qsl, 1)
+    query, key, value = conv.split([shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
+    out = gated_delta_rule_ref(
+        query.reshape(rows, shape.num_k_heads, shape.k_dim),
+        key.reshape(rows, shape.num_k_heads, shape.k_dim),
+        value.reshape(rows, shape.num_v_heads, shape.v_dim),
+        *gdn_gates(a, b, weights.a_log, weights.dt_bias), state_pool, state_slots, qsl, 1)
+    return gated_rms_norm(out, z.view(rows, shape.num_v_heads, shape.v_dim),
+                          weights.norm_weight, weights.norm_eps)
+
+
+def _unfused_kernels(projected, weights, conv_pool, state_pool, state_slots):
+    """The unfused decode path's kernels (the conv, the delta rule with its gates, then the
+    gated norm), which the fused kernel replaces in the engine."""
+    shape = GdnShape.of(projected, weights.conv_weight, state_pool)
+    rows = projected.shape[0]
+    qsl = torch.arange(rows + 1)
+    mixed, z, b, a = projected.split(shape.split, dim=-1)
+    conv = causal_conv_decode(mixed, weights.conv_weight, conv_pool, state_slots, qsl, 1)
+    query, key, value = conv.split([shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
+    out = gated_delta_rule_decode(
+        query.view(rows, shape.num_k_heads, shape.k_dim),
+        key.view(rows, shape.num_k_heads, shape.k_dim),
+        value.view(rows, shape.num_v_heads, shape.v_dim), a, b, state_pool, state_slots, qsl, 1,
+        gate_params=(weights.a_log, weights.dt_bias))
+    return gated_rms_norm(out, z.view(rows, shape.num_v_heads, shape.v_dim),
+                          weights.norm_weight, weights.norm_eps)
+
+
+def _rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
+    return ((out.double() - want.double()).norm() / want.double().norm()).item()
+
+
+# fp32 against the torch references; fp64 (the CPU parity runs) against the unfused kernels
+# to fp64 rounding (the reference's gates round through fp32)
+@pytest.mark.parametrize(("dtype", "unfused", "tolerance"), [
+    (torch.float32, gdn_layer_decode_ref, 1e-5),
+    (torch.float64, _unfused_kernels, 1e-13),
+])
+def test_fused_gdn_layer_matches_the_unfused_path_over_steps(dtype, unfused, tolerance):
+    gen = torch.Generator().manual_seed(7)
+    shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=16)
+    weights, conv_pool, state_pool = _case(gen, shape, dtype, "cpu")
+    ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
+    start_conv, start_state = conv_pool.clone(), state_pool.clone()
+    for step in range(STEPS):
+        slots = SLOTS if step % 2 == 0 else SLOTS[::-1]  # rows move between steps
+        projected = torch.randn(len(slots), sum(shape.split), generator=gen).to(dtype)
+        state_slots = torch.tensor(slots)
+        out = gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots)
+        real = [row for row, slot in enumerate(slots) if slot != 0]
+        padding = [row for row, slot in enumerate(slots) if slot == 0]
+        want = unfused(projected[real], weights, ref_conv, ref_state, state_slots[real])
+        assert out.shape == (len(slots), shape.num_v_heads, shape.v_dim)
+        assert torch.equal(out[padding], torch.zeros_like(out[padding])), "padding row output"
+        assert _rel_err(out[real], want) < tolerance, f"step {step}: outputs"
+        assert torch.equal(conv_pool, ref_conv), f"step {step}: conv windows differ"
+        assert _rel_err(state_pool, ref_state) < tolerance, f"step {step}: states"
+    assert torch.equal(conv_pool[0], start_conv[0]), "a padding row touched the sink's window"
+    assert torch.equal(state_pool[0], start_state[0]), "a padding row touched the sink's state"
+    assert torch.equal(state_pool[UNTOUCHED], start_state[UNTOUCHED])
+    assert torch.equal(conv_pool[UNTOUCHED], start_conv[UNTOUCHED])
+
+
+def test_a_mismatched_layer_is_refused():
+    gen = torch.Generator().manual_seed(1)
+    shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=16)
+    weights, conv_pool, state_pool = _case(gen, shape, torch.float32, "cpu")
+    projected = torch.randn(2, sum(shape.split) + 1)
+    with pytest.raises(ValueError, match="do not describe one GDN layer"):
+        gdn_layer_decode(projected, weights, conv_pool, state_pool, torch.tensor([1, 2]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [(16, 16), (16, 32)])  # 0.8B/2B, then 4B/9B
+@pytest.mark.parametrize("rows", [1, 16, 64])
+def test_fused_gdn_layer_matches_at_the_real_shapes(heads, rows):
+    gen = torch.Generator().manual_seed(rows)
+    shape = GdnShape(num_k_heads=heads[0], num_v_heads=heads[1], k_dim=128, v_dim=128)
+    weights, conv_pool, state_pool = _case(gen, shape, torch.bfloat16, "cuda", rows + 1)
+    ref_conv, ref_state = conv_pool.clone(), state_pool.clone()
+    for pdl in (False, True):
+        projected = torch.randn(rows, sum(shape.split), generator=gen).to("cuda", torch.bfloat16)
+        state_slots = torch.arange(1, rows + 1, device="cuda")
+        out = gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, pdl=pdl)
+        want = gdn_layer_decode_ref(projected, weights, ref_conv, ref_state, state_slots)
+        assert _rel_err(out, want) < 2e-2, f"pdl={pdl}"
+        assert _rel_err(state_pool, ref_state) < 1e-3, f"pdl={pdl}"
+        assert torch.equal(conv_pool, ref_conv)
