@@ -94,7 +94,7 @@ class EngineConfig:
     # outside api_core (step_cores in core.py); empty: not pinned
     step_thread_cores: str = ""
     seed: int = 0  # seeds sampling for requests that bring no seed
-    # the HTTP API's limits (server/api.py, server/serve.py; README "Limits and failures")
+    # the HTTP API's limits (server/api.py, server/serve.py; docs/engine.md "Limits and failures")
     max_waiting: int = 1024  # requests in flight past max_num_seqs before new ones get a 429
     max_body_mib: float = 8.0  # a request body's cap (413), checked before it is read
     request_timeout_s: float = 600.0  # a request's whole generation (then 504); 0: none

@@ -85,7 +85,7 @@ def test_paired_md_carries_a_fresh_simulation():
     ("<!-- calibration: until a verdict, at most 8, A/A", rule.Design(True, 8), 8),
 ])
 def test_the_readme_carries_a_fresh_simulation(marker, design, rounds):
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "gate.md").read_text()
     table = text[text.index(marker):].split("\n", 1)[1]
     calibration.error_table.cache_clear()
     header, fresh = calibration.error_table_rows(design, rounds, True)

@@ -10,9 +10,9 @@ abandoned request gets aborted in the core. Request bodies are validated in vali
 shape, request ids, the API key and the listener's limits are http.py's. A request with
 `logprobs` gets each choice's `logprobs` in the OpenAI completions shape (`completion_logprobs`).
 
-Limits (knobs, README "Limits and failures"): a completion is refused with 429 and Retry-After
-past max_num_seqs + max_waiting in flight, and with 503 once the server drains; a body over
-max_body_mib is refused before it is read (413), one that does not arrive within read_timeout_s
+Limits (knobs, docs/engine.md "Limits and failures"): a completion is refused with 429 and
+Retry-After past max_num_seqs + max_waiting in flight, and with 503 once the server drains; a body
+over max_body_mib is refused before it is read (413), one that does not arrive within read_timeout_s
 gets 408, and a large one is parsed and tokenized off the event loop; a completion that runs past
 request_timeout_s is aborted (504, or an error event on a stream).
 """
