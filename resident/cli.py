@@ -192,7 +192,8 @@ KNOB_MEANINGS = {
     "prefill_buckets": "padded steps' token sizes; empty: powers of two up to the largest step",
     "max_prefill_rows": "the most prefill chunks a step takes, besides its decode rows",
     "compile": "torch.compile of the dense parts; auto: on for CUDA",
-    "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM or cuBLAS",
+    "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM (narrow: skinny, "
+                   "all: wide) or cuBLAS",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto)",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
     "api_core": "CPU list for the API process; empty: not pinned",

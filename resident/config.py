@@ -38,7 +38,7 @@ _CHOICES = {
     "cuda_graphs": ("auto", "on", "off"),
     "padded_prefill": ("auto", "on", "off"),
     "compile": ("auto", "on", "off"),
-    "decode_gemm": ("skinny", "fused", "cublas"),
+    "decode_gemm": ("skinny", "wide", "fused", "cublas"),
     "fused_decode": ("auto", "off"),
     "pdl": ("auto", "off"),
 }
@@ -78,9 +78,10 @@ class EngineConfig:
     prefill_buckets: tuple[int, ...] = ()
     max_prefill_rows: int = 16  # prefill chunks a step takes at most (its decode rows apart)
     compile: str = "auto"  # torch.compile of the dense parts; auto: on for CUDA
-    # projections of decode buckets <= 16 rows under triton and flashinfer: the skinny Triton
-    # GEMM with the elementwise op before it apart (skinny) or in its prologue (fused: slower on
-    # the H200, results/2026-11-29-h200-0.8b-fusions), or cuBLAS
+    # projections of decode buckets <= 16 rows under triton and flashinfer: the narrow ones on
+    # the skinny Triton GEMM with the elementwise op before it apart (skinny), the wide ones
+    # there too (wide), the op in its prologue (fused: slower on the H200,
+    # results/2026-11-29-h200-0.8b-fusions), or all on cuBLAS
     decode_gemm: str = "skinny"
     # decode buckets under triton and flashinfer: a GDN layer's conv, gates, delta rule and
     # output norm in one kernel, an attention layer's q/k norm, RoPE and KV write in one

@@ -10,7 +10,7 @@ from resident.kernels.attention import write_kv_ref
 from resident.kernels.attention_prologue import AttentionHeads, attention_prologue
 from resident.model.dense import qk_norm_rope, rope_tables
 
-PAGE, NUM_PAGES = 4, 6
+PAGE, NUM_PAGES = 4, 20  # 19 pages past the sink: 76 slots
 
 
 def attention_prologue_ref(qkv, q_norm_weight, k_norm_weight, eps, positions, inv_freq,
@@ -27,6 +27,7 @@ def attention_prologue_ref(qkv, q_norm_weight, k_norm_weight, eps, positions, in
 
 
 def _case(gen, heads: AttentionHeads, tokens: int, rotary: int, dtype, device):
+    """Random inputs; each token writes its own slot in pages 1.. (page 0 is the sink)."""
     def randn(*size, scale=1.0):
         return (torch.randn(*size, generator=gen) * scale).to(device, dtype)
 
@@ -38,7 +39,6 @@ def _case(gen, heads: AttentionHeads, tokens: int, rotary: int, dtype, device):
     if dtype == torch.float64:
         inv_freq = inv_freq.double()
     kv = randn(NUM_PAGES, 2, PAGE, heads.num_kv_heads, heads.head_dim)
-    # distinct slots in pages 1.. (page 0 is the sink)
     loc = torch.randperm((NUM_PAGES - 1) * PAGE, generator=gen)[:tokens].to(device) + PAGE
     return qkv, q_norm, k_norm, positions, inv_freq, kv, loc
 

@@ -128,6 +128,8 @@ class FlashInferDecode(DecodeKernels):
         self._last_page_len_cpu = torch.zeros(widest, dtype=torch.int32, pin_memory=True)
         self.reuse = PlanReuse()
         self.num_plans_reused = 0
+        fusion = fusion or DecodeFusion()
+        fused_ops = fusion.apply(GDN_DECODE_OPS, widest)
         for bucket in buckets:
             def int_buffer(size: int) -> torch.Tensor:
                 return torch.zeros(size, dtype=torch.int32, device=device)
@@ -140,8 +142,7 @@ class FlashInferDecode(DecodeKernels):
                 paged_kv_indices_buffer=int_buffer(bucket * max_pages_per_row),
                 paged_kv_last_page_len_buffer=self._last_page_len[bucket], backend="fa2")
             self.wrappers[bucket] = wrapper
-            ops = dataclasses.replace(GDN_DECODE_OPS, attention=_run(wrapper))
-            ops = (fusion or DecodeFusion()).apply(ops)
+            ops = dataclasses.replace(fused_ops, attention=_run(wrapper))
             self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm, fusion)
 
     def ops(self, bucket: int) -> ModelOps:

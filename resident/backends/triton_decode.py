@@ -12,7 +12,7 @@ from resident.backends.base import DecodeKernels
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
-from resident.kernels.gdn_layer_decode import gdn_layer_decode
+from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
     MIN_DOT,
     gated_norm_linear_partials,
@@ -48,8 +48,10 @@ def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: b
                                   scale, pdl=pdl)
 
 
-def gdn_layer_op(projected, weights, conv_pool, state_pool, meta: StepMeta, *, pdl: bool):
-    return gdn_layer_decode(projected, weights, conv_pool, state_pool, meta.state_slots, pdl=pdl)
+def gdn_layer_op(projected, weights, conv_pool, state_pool, meta: StepMeta, *,
+                 scratch: GdnLayerScratch, pdl: bool):
+    return gdn_layer_decode(projected, weights, conv_pool, state_pool, meta.state_slots,
+                            scratch, pdl=pdl)
 
 
 def attention_prologue_op(qkv, q_norm_weight, k_norm_weight, eps, inv_freq, kv_layer,
@@ -69,21 +71,25 @@ class DecodeFusion:
     def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
         return cls(fused_decode == "auto", pdl == "auto" and pdl_available(device))
 
-    def apply(self, ops: ModelOps) -> ModelOps:
-        """ops with a decode bucket's fused GDN layer and attention prologue (fused_decode)."""
+    def apply(self, ops: ModelOps, max_rows: int) -> ModelOps:
+        """ops with a decode bucket's fused GDN layer and attention prologue (fused_decode);
+        max_rows: the widest bucket, which the GDN layer's scratch is made for."""
         if not self.fused:
             return ops
+        scratch = GdnLayerScratch(max_rows)
         return dataclasses.replace(
-            ops, gdn_layer=partial(gdn_layer_op, pdl=self.pdl),
+            ops, gdn_layer=partial(gdn_layer_op, scratch=scratch, pdl=self.pdl),
             attention_prologue=partial(attention_prologue_op, pdl=self.pdl))
 
     def apply_gemms(self, ops: ModelOps) -> ModelOps:
-        """Under pdl, a small bucket's projections on the Triton GEMV launched with PDL, the
-        wide ones too: each starts reading its weights while the kernel before runs."""
+        """Under pdl, a small bucket's projections on the Triton GEMV launched with PDL: each
+        starts reading its weights while the kernel before runs."""
         if not self.pdl:
             return ops
-        return dataclasses.replace(ops, wide_linear=partial(wide_linear, pdl=True),
-                                   narrow_linear=partial(ops.narrow_linear, pdl=True))
+        replaced = {"narrow_linear": partial(ops.narrow_linear, pdl=True)}
+        if ops.wide_linear is wide_linear:
+            replaced["wide_linear"] = partial(wide_linear, pdl=True)
+        return dataclasses.replace(ops, **replaced)
 
 
 GDN_DECODE_OPS = ModelOps(write_kv=write_kv_triton_op, conv=conv_decode_op,
@@ -102,11 +108,14 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
     add + norm that follows; under `fused` the MLP's silu-mul, the GDN output norm and the
     attention output gate run inside those projections' kernels, which measured slower: 1.31 ms
     of GPU time a c=1 step on the 0.8B against 1.03 (results/2026-11-29-h200-0.8b-fusions). The
-    wide projections stay on cuBLAS (as fast there). `cublas` and wider buckets keep `ops`."""
+    wide projections stay on cuBLAS (as fast there alone) but under `wide`. Under pdl the
+    Triton GEMMs launch with PDL. `cublas` and wider buckets keep `ops`."""
     if bucket > MIN_DOT or decode_gemm == "cublas":
         return ops
     ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
-    if decode_gemm == "skinny":
+    if decode_gemm == "wide":
+        ops = dataclasses.replace(ops, wide_linear=wide_linear)
+    if decode_gemm in ("skinny", "wide"):
         return (fusion or DecodeFusion()).apply_gemms(ops)
     return dataclasses.replace(ops, silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
@@ -121,7 +130,7 @@ class TritonDecode(DecodeKernels):
         fusion = fusion or DecodeFusion()
         ops = dataclasses.replace(GDN_DECODE_OPS,
                                   attention=partial(attention_decode_op, pdl=fusion.pdl))
-        ops = fusion.apply(ops)
+        ops = fusion.apply(ops, max(buckets))
         self._ops = {bucket: decode_gemm_ops(ops, bucket, decode_gemm, fusion)
                      for bucket in buckets}
 

@@ -214,18 +214,19 @@ class Engine:
         prepared = self._prepared if self._prepared and self._prepared.plan is plan \
             else self._prepare(plan)
         self._prepared = None
-        # [sampling rows (then padding), vocab]
-        logits = prepared.logits if prepared.logits is not None else self._launch(prepared)
+        # [sampling rows (then padding), vocab], and a decode graph's argmax of each row
+        logits, greedy = prepared.logits if prepared.logits is not None \
+            else self._launch(prepared)
         # a row whose request finished after this step was planned runs, unsampled
         sampling = [row.request for row in plan.rows if row.samples]
         kept = [i for i, r in enumerate(sampling) if not r.finish_reason]
         live = [sampling[i] for i in kept]
         if len(live) < len(sampling):
-            logits = logits[kept]
+            logits, greedy = logits[kept], None
         failed: dict[str, str] = {}
         if live:
             rows = [(r.request_id, r.params) for r in live]
-            tokens_gpu = self.sampler.sample(logits, rows)
+            tokens_gpu = self.sampler.sample(logits, rows, greedy)
             failed = self.sampler.failures
             self.readback.start(tokens_gpu, self.sampler.logprobs(logits, tokens_gpu, rows))
         self.phases.lap("sampler")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,16 +28,17 @@ class StepGraphs:
         """kind names the steps in the capture log: decode or prefill."""
         self.kind = kind
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        self._outputs: dict[int, Any] = {}
 
     @property
     def buckets(self) -> list[int]:
         return sorted(self._graphs)
 
     def capture(self, buckets: tuple[int, ...], prepare: Callable[[int], None],
-                forward: Callable[[int], torch.Tensor], describe: Callable[[int], str]) -> None:
+                forward: Callable[[int], Any], describe: Callable[[int], str]) -> None:
         """prepare(b) stages an all-padding step of bucket b (and its host plan, if any);
-        forward(b) runs the bucket's forward and logits over the fixed buffers."""
+        forward(b) runs the bucket's forward and logits over the fixed buffers and returns
+        them (a tensor or a tuple of tensors), what replay gives back."""
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         for bucket in sorted(buckets, reverse=True):
@@ -48,7 +50,7 @@ class StepGraphs:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._logits[bucket] = forward(bucket)
+                self._outputs[bucket] = forward(bucket)
             self._graphs[bucket] = graph
             log.info("captured %s bucket %d in %.2f s (its warm-up compiles and tunes): %s",
                      self.kind, bucket, time.perf_counter() - started, describe(bucket))
@@ -57,7 +59,8 @@ class StepGraphs:
     def has(self, bucket: int) -> bool:
         return bucket in self._graphs
 
-    def replay(self, bucket: int) -> torch.Tensor:
-        """The bucket's logits, valid until the next replay of any bucket of this kind."""
+    def replay(self, bucket: int) -> Any:
+        """The bucket's outputs (its logits), valid until the next replay of any bucket of
+        this kind."""
         self._graphs[bucket].replay()
-        return self._logits[bucket]
+        return self._outputs[bucket]

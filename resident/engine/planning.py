@@ -21,11 +21,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from resident.config import EngineConfig
 from resident.engine.buffers import SampledTokens
 from resident.engine.inputs import StepInputs
+from resident.engine.sampler import StepLogits
 from resident.engine.scheduler import StepPlan
 from resident.planner import ResidentPlan, StagedStep
 from resident.resources.base import Resource
@@ -41,7 +40,7 @@ class PreparedStep:
     width: int = 1  # block-table columns its rows use
     resident: ResidentPlan | None = None  # a resident step's plan
     staged: StagedStep | None = None  # and what its flush sent
-    logits: torch.Tensor | None = None  # once launched
+    logits: StepLogits | None = None  # once launched
 
     @property
     def is_decode(self) -> bool:

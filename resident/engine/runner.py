@@ -20,6 +20,7 @@ from resident.engine.graphs import StepGraphs
 from resident.engine.inputs import StepInputs
 from resident.engine.phases import PhaseTiming
 from resident.engine.planning import StepPlanning
+from resident.engine.sampler import StepLogits
 from resident.engine.scheduler import StepPlan
 from resident.engine.varlen import PaddedBucket, StagedVarlen
 from resident.model.cache import ModelCache
@@ -38,14 +39,14 @@ class StepRunner:
         self.prefill_graphs = StepGraphs("prefill") if cuda_graphs else None
         self.num_padded_prefills = 0
 
-    def plan_varlen(self, plan: StepPlan, staged: StagedVarlen) -> Callable[[], torch.Tensor]:
+    def plan_varlen(self, plan: StepPlan, staged: StagedVarlen) -> Callable[[], StepLogits]:
         """A staged varlen step's host work, done now (an eager step's prefill backend plans
         for it, which may queue copies from its own host buffers); returns the launch of its
         forward, which gives [sampling rows, vocab] logits."""
         if staged.bucket is not None:
             self.num_padded_prefills += 1
-            return lambda: self._timed(self.run_padded, staged.bucket,
-                                       staged.max_query_len)[:staged.num_sampling]
+            return lambda: StepLogits(self._timed(self.run_padded, staged.bucket,
+                                                  staged.max_query_len)[:staged.num_sampling])
         varlen, layout = self.inputs.varlen, None
         if self.kernels.prefill.needs_layout:
             layout = self.inputs.host_layout(plan, staged.num_rows, staged.width,
@@ -54,11 +55,11 @@ class StepRunner:
         meta = varlen.meta(staged)
         self.phases.lap("rest")
         ids = self.inputs.buffers.input_ids_gpu[:staged.num_tokens]
-        return lambda: self._timed(self.execute, ids, meta, ops)
+        return lambda: StepLogits(self._timed(self.execute, ids, meta, ops))
 
-    def forward_decode(self, bucket: int, width: int) -> torch.Tensor:
-        """[bucket, vocab] logits of a decode bucket whose inputs (and host attention plan, if
-        any) are in place: its graph's replay, or the eager forward."""
+    def forward_decode(self, bucket: int, width: int) -> StepLogits:
+        """[bucket, vocab] logits and their argmax of a decode bucket whose inputs (and host
+        attention plan, if any) are in place: its graph's replay, or the eager forward."""
         if self.graphs is not None and self.graphs.has(bucket):
             return self._timed(self.graphs.replay, bucket)
         return self._timed(self._decode_forward, bucket, width)
@@ -79,21 +80,23 @@ class StepRunner:
         hidden = self.model(input_ids, meta, self.cache, ops)
         return self.model.compute_logits(hidden[meta.logits_indices])
 
-    def _timed(self, forward, *args) -> torch.Tensor:
-        logits = forward(*args)
+    def _timed(self, forward, *args):
+        output = forward(*args)
         self.phases.lap("launch")
-        return logits
+        return output
 
-    def _decode_forward(self, bucket: int, width: int) -> torch.Tensor:
-        """The bucket's forward between its planning's device ops."""
+    def _decode_forward(self, bucket: int, width: int) -> StepLogits:
+        """The bucket's forward between its planning's device ops, then each row's argmax
+        (inside the graph)."""
         self.planning.before_forward(bucket, width)
         meta = self.inputs.decode_meta(bucket, width)
         with torch.inference_mode():
             input_ids = DecodeInputs.input_ids_of(self.inputs.buffers.decode_gpu, bucket)
             hidden = self.model(input_ids, meta, self.cache, self.kernels.decode.ops(bucket))
             logits = self.model.compute_logits(hidden)
+            greedy = logits.argmax(dim=-1)
         self.planning.after_forward(bucket)
-        return logits
+        return StepLogits(logits, greedy)
 
     def prepare_all(self, decode_buckets: tuple[int, ...],
                     lap: Callable[[str], None] = lambda name: None) -> None:

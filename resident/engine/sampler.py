@@ -14,10 +14,20 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from resident.engine.types import MAX_LOGPROBS, SamplingParams, TokenLogprobs
+
+
+class StepLogits(NamedTuple):
+    """What a step's forward gives the sampler: [rows, vocab] logits and, from a decode
+    bucket's graph, each row's argmax computed inside it ([rows] int64; None for other steps):
+    greedy rows then cost the host no launch."""
+
+    logits: torch.Tensor
+    greedy: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -45,13 +55,20 @@ class Sampler:
     def drop(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor,
-               rows: list[tuple[str, SamplingParams]]) -> torch.Tensor:
-        """logits: [>= len(rows), V]; returns [len(rows)] tokens on the logits' device, not
-        yet read back (the caller's one host sync per step). A row whose draw failed keeps its
-        greedy token and is named in `failures` (request id -> why) until the next call."""
+    def sample(self, logits: torch.Tensor, rows: list[tuple[str, SamplingParams]],
+               greedy: torch.Tensor | None = None) -> torch.Tensor:
+        """logits: [>= len(rows), V]; greedy: their argmax if the step computed it ([>= len(rows)],
+        left as it is). Returns [len(rows)] tokens on the logits' device, not yet read back (the
+        caller's one host sync per step). A row whose draw failed keeps its greedy token and is
+        named in `failures` (request id -> why) until the next call."""
         self.failures: dict[str, str] = {}
-        tokens = logits[:len(rows)].argmax(dim=-1)
+        drawn = any(params.temperature > 0 for _, params in rows)
+        if greedy is None:
+            tokens = logits[:len(rows)].argmax(dim=-1)
+        else:
+            tokens = greedy[:len(rows)].clone() if drawn else greedy[:len(rows)]
+        if not drawn:
+            return tokens
         for index, (request_id, params) in enumerate(rows):
             if params.temperature > 0:
                 try:

@@ -3,23 +3,28 @@ out_proj.
 
 The unfused decode runs three kernels a GDN layer (the conv update, the delta rule with its
 gates, the gated output norm), each a few microseconds of latency for little work at small
-batches. Here one program takes one row and one key head with the value heads that share it:
-  - the causal conv update of its channels (the key head's query and key channels, each value
-    head's value channels) over the slot's conv window, in place; silu;
+batches. Here one program takes one row, one value head and BLOCK_DV of its value columns:
+  - the causal conv of its key head's query and key channels (every program of the key head
+    computes them: 2 Dk channels of 4 taps) and of its value channels, silu;
   - the gates: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b);
-  - q and k l2-normed, q scaled by Dk**-0.5; the delta rule over the slot's [Dk, Dv] state of
-    each value head, in place;
-  - the gated RMSNorm of each head's output: w * rms_norm(o) * silu(z).
-No two programs touch the same pool entries (a key head's channels and its value heads belong
-to one program), so nothing races. The arithmetic and its roundings follow the unfused kernels
-(gdn_decode.py, then dense.gated_rms_norm as Inductor runs it: the conv output and the delta
-rule's output rounded to the activations' dtype, the norm rounded before its scale, the gated
-product rounded once).
+  - q and k l2-normed, q scaled by Dk**-0.5; the delta rule over its [Dk, BLOCK_DV] block of
+    the slot's state, in place; its block of the output, rounded, and that block's sum of
+    squares;
+  - then it counts itself in at its (row, key head). The last program of a (row, key head) to
+    arrive (all the others have read the query and key windows and written their outputs)
+    shifts the query and key conv windows, finishes the gated RMSNorm of the key head's value
+    heads, w * rms_norm(o) * silu(z), from the blocks' sums, and sets the counter back to 0.
+So a batch-1 step of the 0.8B has Hv * Dv / BLOCK_DV = 64 programs (a program a whole key head,
+tried first, had 16 and took 11.5 us a layer on the H200 against 7.5 for the three unfused
+kernels). Value channels and state blocks belong to one program each; the query and key
+windows are written once, after every reader. The arithmetic and its roundings follow the
+unfused kernels (gdn_decode.py, then dense.gated_rms_norm as Inductor runs it: the conv output
+and the delta rule's output rounded to the activations' dtype, the norm rounded before its
+scale, the gated product rounded once).
 
-The program holds a whole [Dk, Dv] state tile (the norm needs all of a head's Dv outputs), so
-a batch-1 step has Hk programs; num_warps spreads the tile over more threads.
-
-tests/test_kernel_gdn_layer_decode.py checks it against the references and the unfused kernels.
+The counters and the blocks' sums live in GdnLayerScratch, made once for the widest bucket
+(graphs keep their addresses). tests/test_kernel_gdn_layer_decode.py checks the kernel against
+the references and the unfused kernels.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ import triton.language as tl
 from resident.kernels.gdn_decode import L2NORM_EPS, SOFTPLUS_THRESHOLD, compute_dtype
 from resident.kernels.pdl import launch_options, pdl_wait_then_release
 
-# The state a [Dk, BLOCK_DV] tile at a time: at Dk 128 and 4 warps, 32 floats a thread (a
-# whole [128, 128] tile spilled registers at 8 and 16 warps)
+# A program's [Dk, BLOCK_DV] state block: at Dk 128 and 4 warps, 32 floats a thread (a whole
+# [128, 128] tile spilled registers at 8 and 16 warps)
 BLOCK_DV = 32
 NUM_WARPS = 4
 
@@ -89,9 +94,11 @@ class GdnShape(NamedTuple):
 
 @triton.jit
 def _conv_channels(x_row, w_ptr, pool_slot, c0, stride_wc, stride_ww, stride_cc, stride_cw,
-                   width, D: tl.constexpr, BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr):
-    """Channels [c0, c0 + D) of one row: the window shifted by the row's input, written back to
-    the pool; returns silu of the conv, rounded to the input's dtype, in COMPUTE ([D])."""
+                   width, D: tl.constexpr, BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr,
+                   SHIFT: tl.constexpr):
+    """Channels [c0, c0 + D) of one row: silu of the conv over the pool's window shifted by
+    the row's input, rounded to the input's dtype, in COMPUTE ([D]). SHIFT: also write the
+    shifted window back to the pool."""
     offs_c = c0 + tl.arange(0, D)
     offs_w = tl.arange(0, BLOCK_W)
     pool = pool_slot + offs_c[:, None] * stride_cc
@@ -102,80 +109,117 @@ def _conv_channels(x_row, w_ptr, pool_slot, c0, stride_wc, stride_ww, stride_cc,
     w = tl.load(w_ptr + offs_c[:, None] * stride_wc + offs_w[None, :] * stride_ww,
                 mask=(offs_w < width)[None, :], other=0.0)
     acc = tl.sum(window.to(COMPUTE) * w.to(COMPUTE), axis=1)
-    tl.store(pool + offs_w[None, :] * stride_cw, window.to(pool_slot.dtype.element_ty),
-             mask=(offs_w < width)[None, :])
+    if SHIFT:
+        tl.store(pool + offs_w[None, :] * stride_cw, window.to(pool_slot.dtype.element_ty),
+                 mask=(offs_w < width)[None, :])
     return (acc / (1.0 + tl.exp(-acc))).to(x.dtype).to(COMPUTE)
 
 
 @triton.jit
 def _gdn_layer_decode_kernel(
     proj_ptr, conv_w_ptr, conv_pool_ptr, state_ptr, slots_ptr, a_log_ptr, dt_bias_ptr,
-    norm_w_ptr, out_ptr,
+    norm_w_ptr, out_ptr, sum_sq_ptr, count_ptr,
     stride_pt, stride_wc, stride_ww, stride_cn, stride_cc, stride_cw,
     stride_sn, stride_sh, stride_sk, stride_sv, stride_ot, stride_oh,
     key_dim, value_dim, num_v_heads, width, scale, l2_eps, norm_eps,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_W: tl.constexpr,
-    COMPUTE: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """One program: row pid0, key head pid1 and its GROUP value heads. A padding row (sink
-    slot 0) writes zeros and touches no pool."""
-    row, k_head = tl.program_id(0), tl.program_id(1)
+    """One program: row pid0, value head pid1, value columns [pid2 * BLOCK_DV, +BLOCK_DV). A
+    padding row (sink slot 0) writes zeros and touches no pool. sum_sq [B, Hv, DV / BLOCK_DV]
+    fp32 and count [B, Hk] int32 (zero between launches) are the programs' meeting place."""
+    row, head, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NUM_BLOCKS: tl.constexpr = DV // BLOCK_DV
+    k_head = head // GROUP
     offs_k = tl.arange(0, DK)
+    offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
     pdl_wait_then_release(USE_PDL)
     slot = tl.load(slots_ptr + row).to(tl.int64)
     out_row = out_ptr + row * stride_ot
     if slot == 0:
-        for j in tl.static_range(GROUP):
-            tl.store(out_row + (k_head * GROUP + j) * stride_oh + tl.arange(0, DV),
-                     tl.zeros((DV,), dtype=out_ptr.dtype.element_ty))
+        tl.store(out_row + head * stride_oh + offs_v,
+                 tl.zeros((BLOCK_DV,), dtype=out_ptr.dtype.element_ty))
         return
+    state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
+                  + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)
+    s = tl.load(state_ptrs).to(COMPUTE)
     x_row = proj_ptr + row * stride_pt
     pool_slot = conv_pool_ptr + slot * stride_cn
     q = _conv_channels(x_row, conv_w_ptr, pool_slot, k_head * DK, stride_wc, stride_ww,
-                       stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE)
+                       stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, False)
     k = _conv_channels(x_row, conv_w_ptr, pool_slot, key_dim + k_head * DK, stride_wc,
-                       stride_ww, stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE)
+                       stride_ww, stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, False)
+    v = _conv_channels(x_row, conv_w_ptr, pool_slot, 2 * key_dim + head * DV + block * BLOCK_DV,
+                       stride_wc, stride_ww, stride_cc, stride_cw, width, BLOCK_DV, BLOCK_W,
+                       COMPUTE, True)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
     z_row = x_row + 2 * key_dim + value_dim  # then z [Hv * Dv], b [Hv], a [Hv]
-    norm_w = tl.load(norm_w_ptr + tl.arange(0, DV)).to(COMPUTE)
+    a = tl.load(z_row + value_dim + num_v_heads + head).to(COMPUTE)
+    b = tl.load(z_row + value_dim + head)
+    x = a + tl.load(dt_bias_ptr + head).to(COMPUTE)
+    softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
+    s = s * tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(COMPUTE)) * softplus)
+    beta = tl.sigmoid(b.to(COMPUTE)).to(b.dtype).to(COMPUTE)
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
     dtype = out_ptr.dtype.element_ty
-    for j in tl.static_range(GROUP):
-        head = k_head * GROUP + j
-        a = tl.load(z_row + value_dim + num_v_heads + head).to(COMPUTE)
-        b = tl.load(z_row + value_dim + head)
-        x = a + tl.load(dt_bias_ptr + head).to(COMPUTE)
-        softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
-        decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(COMPUTE)) * softplus)
-        beta = tl.sigmoid(b.to(COMPUTE)).to(b.dtype).to(COMPUTE)
-        out_head = out_row + head * stride_oh
-        # the head's state a column block at a time (a whole [Dk, Dv] tile spilled registers);
-        # each block's output goes out rounded, the norm's sum of squares adds up
-        sum_sq = 0.0
-        for block in tl.static_range(DV // BLOCK_DV):
-            offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
-            v = _conv_channels(x_row, conv_w_ptr, pool_slot, 2 * key_dim + head * DV
-                               + block * BLOCK_DV, stride_wc, stride_ww, stride_cc, stride_cw,
-                               width, BLOCK_DV, BLOCK_W, COMPUTE)
-            state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
-                          + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)
-            s = tl.load(state_ptrs).to(COMPUTE) * decay
-            delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-            s = s + k[:, None] * delta[None, :]
-            o = tl.sum(s * q[:, None], axis=0).to(dtype)
-            tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty))
-            tl.store(out_head + offs_v, o)
-            o = o.to(COMPUTE)
-            sum_sq += tl.sum(o * o, axis=0)
-        # the gated norm, as dense.gated_rms_norm under Inductor: the normed value rounded to
-        # the activations' dtype, the scaled and gated product rounded once
-        tl.debug_barrier()  # the blocks' outputs, stored by other threads, read back
-        offs_v = tl.arange(0, DV)
-        o = tl.load(out_head + offs_v).to(COMPUTE)
-        normed = (o * tl.rsqrt(sum_sq / DV + norm_eps)).to(dtype).to(COMPUTE)
-        z = tl.load(z_row + head * DV + offs_v).to(COMPUTE)
-        tl.store(out_head + offs_v, (norm_w * normed * (z * tl.sigmoid(z))).to(dtype))
+    o = tl.sum(s * q[:, None], axis=0).to(dtype)
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty))
+    tl.store(out_row + head * stride_oh + offs_v, o)
+    o = o.to(COMPUTE)
+    tl.store(sum_sq_ptr + (row * num_v_heads + head) * NUM_BLOCKS + block, tl.sum(o * o, axis=0))
+
+    tl.debug_barrier()  # every thread's stores are out before the program counts itself in
+    count = count_ptr + row * (num_v_heads // GROUP) + k_head
+    if tl.atomic_add(count, 1, sem="acq_rel") == GROUP * NUM_BLOCKS - 1:
+        # the last of its (row, key head): every other program has read the query and key
+        # windows and written its output block and sum
+        _conv_channels(x_row, conv_w_ptr, pool_slot, k_head * DK, stride_wc, stride_ww,
+                       stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, True)
+        _conv_channels(x_row, conv_w_ptr, pool_slot, key_dim + k_head * DK, stride_wc,
+                       stride_ww, stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, True)
+        offs_d = tl.arange(0, DV)
+        norm_w = tl.load(norm_w_ptr + offs_d).to(COMPUTE)
+        for j in tl.static_range(GROUP):
+            h = k_head * GROUP + j
+            sums = tl.load(sum_sq_ptr + (row * num_v_heads + h) * NUM_BLOCKS
+                           + tl.arange(0, NUM_BLOCKS), cache_modifier=".cg")
+            head_out = out_row + h * stride_oh + offs_d
+            raw = tl.load(head_out, cache_modifier=".cg").to(COMPUTE)
+            # the gated norm, as dense.gated_rms_norm under Inductor: the normed value
+            # rounded to the activations' dtype, the scaled and gated product rounded once
+            rstd = tl.rsqrt(tl.sum(sums, axis=0) / DV + norm_eps)
+            normed = (raw * rstd).to(dtype).to(COMPUTE)
+            z = tl.load(z_row + h * DV + offs_d).to(COMPUTE)
+            tl.store(head_out, (norm_w * normed * (z * tl.sigmoid(z))).to(dtype))
+        tl.store(count, 0)
+
+
+class GdnLayerScratch:
+    """The fused kernel's meeting place: each (row, value head, column block)'s sum of
+    squares and each (row, key head)'s arrival counter, zero between launches. Made at the
+    first call for up to `max_rows` rows and kept: a captured graph holds its addresses, so a
+    later call that needs more fails rather than moving it."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._sum_sq: torch.Tensor | None = None
+        self._counts: torch.Tensor | None = None
+
+    def get(self, rows: int, shape: GdnShape, num_blocks: int, dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sums [max_rows, Hv, blocks] in the kernel's compute dtype, counts [max_rows, Hk])"""
+        if self._sum_sq is None:
+            self._sum_sq = torch.zeros(self.max_rows, shape.num_v_heads, num_blocks,
+                                       dtype=dtype, device=device)
+            self._counts = torch.zeros(self.max_rows, shape.num_k_heads, dtype=torch.int32,
+                                       device=device)
+        if rows > self.max_rows or self._sum_sq.shape[1:] != (shape.num_v_heads, num_blocks):
+            raise ValueError(f"GdnLayerScratch holds {self.max_rows} rows of "
+                             f"{tuple(self._sum_sq.shape[1:])} (heads, blocks), asked for "
+                             f"{rows} of {(shape.num_v_heads, num_blocks)}")
+        return self._sum_sq, self._counts
 
 
 def gdn_layer_decode(
@@ -184,11 +228,12 @@ def gdn_layer_decode(
     conv_pool: torch.Tensor,  # [N, C, W]; updated
     state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] fp32 (fp64 for a fp64 model); updated
     state_slots: torch.Tensor,  # [B] int64; 0 (the sink) marks a padding row
+    scratch: GdnLayerScratch,
     *,
     pdl: bool = False,
 ) -> torch.Tensor:  # [B, Hv, Dv] in projected's dtype: the input of out_proj
     """One decode token a row through a GDN layer's conv, gates, delta rule and gated norm,
-    both pools updated in place. Grid (B, Hk)."""
+    both pools updated in place. Grid (B, Hv, Dv / BLOCK_DV)."""
     shape = GdnShape.of(projected, weights.conv_weight, state_pool)
     group = shape.num_v_heads // shape.num_k_heads
     for name, dim in (("k", shape.k_dim), ("v", shape.v_dim)):
@@ -204,14 +249,18 @@ def gdn_layer_decode(
     if rows == 0:
         return out
     conv_weight, width = weights.conv_weight, weights.conv_weight.shape[1]
-    _gdn_layer_decode_kernel[(rows, shape.num_k_heads)](
+    block_dv = min(BLOCK_DV, shape.v_dim)
+    compute = torch.float64 if state_pool.dtype == torch.float64 else torch.float32
+    sum_sq, counts = scratch.get(rows, shape, shape.v_dim // block_dv, compute,
+                                 projected.device)
+    _gdn_layer_decode_kernel[(rows, shape.num_v_heads, shape.v_dim // block_dv)](
         projected, conv_weight, conv_pool, state_pool, state_slots, weights.a_log,
-        weights.dt_bias, weights.norm_weight, out,
+        weights.dt_bias, weights.norm_weight, out, sum_sq, counts,
         projected.stride(0), *conv_weight.stride(), *conv_pool.stride(), *state_pool.stride(),
         out.stride(0), out.stride(1),
         shape.key_dim, shape.value_dim, shape.num_v_heads, width, shape.k_dim**-0.5,
         L2NORM_EPS, weights.norm_eps,
-        GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=min(BLOCK_DV, shape.v_dim),
+        GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=block_dv,
         BLOCK_W=triton.next_power_of_2(width),
         COMPUTE=compute_dtype(state_pool.dtype), num_warps=NUM_WARPS, **launch_options(pdl),
     )

@@ -21,6 +21,7 @@ import torch
 
 from resident.config import EngineConfig
 from resident.engine.engine import build_engine
+from resident.engine.sampler import StepLogits
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
@@ -40,8 +41,9 @@ def host_us_per_step(planning: str, concurrency: int, steps: int) -> float:
     while engine.stats()["steps"]["decode"] < WARM_STEPS:
         engine.step()
 
-    def no_forward(bucket: int, width: int) -> torch.Tensor:
-        return torch.zeros(bucket, model.vocab_size)
+    def no_forward(bucket: int, width: int) -> StepLogits:
+        logits = torch.zeros(bucket, model.vocab_size)
+        return StepLogits(logits, logits.argmax(dim=-1))
 
     engine.runner.forward_decode = no_forward
     start = time.perf_counter()

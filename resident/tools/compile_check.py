@@ -134,7 +134,8 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
     gdn_types = {name: "*bf16" for name in ("proj_ptr", "conv_w_ptr", "conv_pool_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "norm_w_ptr",
                                              "out_ptr")}
-    gdn_types |= {"state_ptr": "*fp32", "slots_ptr": "*i64", "scale": "fp32", "l2_eps": "fp32",
+    gdn_types |= {"state_ptr": "*fp32", "slots_ptr": "*i64", "sum_sq_ptr": "*fp32",
+                  "count_ptr": "*i32", "scale": "fp32", "l2_eps": "fp32",
                   "norm_eps": "fp32"}
     gdn_types |= {arg: "i32" for arg in gdn.arg_names if arg.startswith("stride_")
                   or arg in ("key_dim", "value_dim", "num_v_heads", "width")}

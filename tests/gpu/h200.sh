@@ -22,6 +22,11 @@
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
 #   tuned     the chunked delta rule against fla, the split GDN, and the start-up tuning
+#   fused-kernels  the fused decode kernels (GDN layer, attention prologue) and the PDL
+#             launches (GEMV, decode attention) against their references at the real shapes
+#   arms      the bench at c=1/16/64/256 (no burst) for each of $ARMS, one Triton cache:
+#             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off;
+#             nopdl: pdl=off; wide: decode_gemm=wide
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -100,6 +105,23 @@ for part in "$@"; do
       for budget in 4096 8192; do
         TRITON_CACHE_DIR=$(mktemp -d) run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
           --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
+      done ;;
+    fused-kernels)
+      run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
+        tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py ;;
+    arms)
+      cache=$(mktemp -d)
+      for arm in ${ARMS:-fused off nopdl wide}; do
+        knobs=()
+        case $arm in
+          off) knobs=(--set fused_decode=off --set pdl=off) ;;
+          nopdl) knobs=(--set pdl=off) ;;
+          wide) knobs=(--set decode_gemm=wide) ;;
+        esac
+        TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
+          "${MODEL:-qwen3.5-0.8b}" --concurrency 1,16,64,256 --burst 0 "${knobs[@]}" \
+          --json "$OUT/bench-$arm.json"
       done ;;
     *) echo "unknown part $part" ;;
   esac
