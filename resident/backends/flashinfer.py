@@ -129,7 +129,7 @@ class FlashInferDecode(DecodeKernels):
         self.reuse = PlanReuse()
         self.num_plans_reused = 0
         fusion = fusion or DecodeFusion()
-        fused_ops = fusion.apply(GDN_DECODE_OPS, widest)
+        fused = fusion.bucket_ops(GDN_DECODE_OPS, buckets)
         for bucket in buckets:
             def int_buffer(size: int) -> torch.Tensor:
                 return torch.zeros(size, dtype=torch.int32, device=device)
@@ -142,7 +142,7 @@ class FlashInferDecode(DecodeKernels):
                 paged_kv_indices_buffer=int_buffer(bucket * max_pages_per_row),
                 paged_kv_last_page_len_buffer=self._last_page_len[bucket], backend="fa2")
             self.wrappers[bucket] = wrapper
-            ops = dataclasses.replace(fused_ops, attention=_run(wrapper))
+            ops = dataclasses.replace(fused[bucket], attention=_run(wrapper))
             self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm, fusion)
 
     def ops(self, bucket: int) -> ModelOps:

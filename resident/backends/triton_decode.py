@@ -60,6 +60,13 @@ def attention_prologue_op(qkv, q_norm_weight, k_norm_weight, eps, inv_freq, kv_l
                               kv_layer, meta.kv_write_loc, heads, pdl=pdl)
 
 
+# The fused GDN layer's widest bucket: on the H200 (0.8B) it beat the three kernels it replaces
+# at c=1 (6.0 us a layer against 7.5) and c=16, and lost at c=64 (60 us against 44) and c=256
+# (246 against 189), where the unfused delta rule streams the state at 74% of the copy
+# bandwidth (results/2026-12-03-h200-0.8b-fused-decode)
+FUSED_GDN_MAX_ROWS = 16
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeFusion:
     """What the fused_decode and pdl knobs give a decode backend on its device."""
@@ -71,15 +78,20 @@ class DecodeFusion:
     def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
         return cls(fused_decode == "auto", pdl == "auto" and pdl_available(device))
 
-    def apply(self, ops: ModelOps, max_rows: int) -> ModelOps:
-        """ops with a decode bucket's fused GDN layer and attention prologue (fused_decode);
-        max_rows: the widest bucket, which the GDN layer's scratch is made for."""
+    def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
+        """Each bucket's ops under fused_decode: the attention prologue in every bucket, the
+        GDN layer kernel in buckets of up to FUSED_GDN_MAX_ROWS rows."""
         if not self.fused:
-            return ops
-        scratch = GdnLayerScratch(max_rows)
-        return dataclasses.replace(
-            ops, gdn_layer=partial(gdn_layer_op, scratch=scratch, pdl=self.pdl),
-            attention_prologue=partial(attention_prologue_op, pdl=self.pdl))
+            return dict.fromkeys(buckets, ops)
+        prologue = dataclasses.replace(
+            ops, attention_prologue=partial(attention_prologue_op, pdl=self.pdl))
+        small = [bucket for bucket in buckets if bucket <= FUSED_GDN_MAX_ROWS]
+        if not small:
+            return dict.fromkeys(buckets, prologue)
+        layer = dataclasses.replace(prologue, gdn_layer=partial(
+            gdn_layer_op, scratch=GdnLayerScratch(max(small)), pdl=self.pdl))
+        return {bucket: layer if bucket <= FUSED_GDN_MAX_ROWS else prologue
+                for bucket in buckets}
 
     def apply_gemms(self, ops: ModelOps) -> ModelOps:
         """Under pdl, a small bucket's projections on the Triton GEMV launched with PDL: each
@@ -130,8 +142,8 @@ class TritonDecode(DecodeKernels):
         fusion = fusion or DecodeFusion()
         ops = dataclasses.replace(GDN_DECODE_OPS,
                                   attention=partial(attention_decode_op, pdl=fusion.pdl))
-        ops = fusion.apply(ops, max(buckets))
-        self._ops = {bucket: decode_gemm_ops(ops, bucket, decode_gemm, fusion)
+        fused = fusion.bucket_ops(ops, buckets)
+        self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion)
                      for bucket in buckets}
 
     def ops(self, bucket: int) -> ModelOps:

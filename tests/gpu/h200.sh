@@ -27,6 +27,10 @@
 #   arms      the bench at c=1/16/64/256 (no burst) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off;
 #             nopdl: pdl=off; wide: decode_gemm=wide
+#   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
+#             kernels, greedy and concurrency), tarred
+#   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
+#             until a verdict), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -106,6 +110,14 @@ for part in "$@"; do
         TRITON_CACHE_DIR=$(mktemp -d) run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
           --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
       done ;;
+    check-fused)
+      run check-fused 400 python3 -m gate check --config configs/gate/check-h200-0.8b-fused.yaml \
+        --out "$OUT/check-fused"
+      tar czf "$OUT/check-fused.tgz" -C "$OUT" check-fused && rm -rf "$OUT/check-fused" ;;
+    gate-fused)
+      run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
+        --out "$OUT/gate-fused"
+      tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
     fused-kernels)
       run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
