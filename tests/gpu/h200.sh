@@ -29,6 +29,7 @@
 #             nopdl: pdl=off; wide: decode_gemm=wide
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
 #             kernels, greedy and concurrency), tarred
+#   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
@@ -110,6 +111,9 @@ for part in "$@"; do
         TRITON_CACHE_DIR=$(mktemp -d) run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
           --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
       done ;;
+    parity-fused)
+      run parity-fused 200 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+        tests/gpu/test_backends_gpu.py -k fused_small_bucket ;;
     check-fused)
       run check-fused 400 python3 -m gate check --config configs/gate/check-h200-0.8b-fused.yaml \
         --out "$OUT/check-fused"

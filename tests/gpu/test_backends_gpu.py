@@ -345,12 +345,13 @@ FUSED_SLACK = 1.5
 
 def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
     """A 4-row bucket's decode ops (the skinny GEMMs with their norms and activation, the GDN
-    kernels with their gates, the Triton KV write and attention), teacher-forced for 8 steps at
-    0.8B in bf16, against the same steps on the torch reference ops in bf16, each measured
-    against an fp32 run of the reference: the fused path is no further from fp32."""
+    kernels with their gates, the Triton KV write and attention; then fused_decode's GDN layer
+    and attention prologue kernels, without and with PDL), teacher-forced for 8 steps at 0.8B in
+    bf16, against the same steps on the torch reference ops in bf16, each measured against an
+    fp32 run of the reference: no Triton path is further from fp32."""
     import copy
 
-    from resident.backends.triton_decode import TritonDecode
+    from resident.backends.triton_decode import DecodeFusion, TritonDecode
     from resident.model.cache import ModelCache
     from resident.model.ops import ModelOps
     from resident.model.weights import load_model
@@ -364,13 +365,17 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
                                                  num_rows + 1, dtype, DEVICE))
             for name, net, ops, dtype in [
                 ("fused", model, TritonDecode((num_rows,)).ops(num_rows), torch.bfloat16),
+                ("fused_decode", model, TritonDecode((num_rows,), fusion=DecodeFusion(
+                    True, False)).ops(num_rows), torch.bfloat16),
+                ("fused_decode+pdl", model, TritonDecode((num_rows,), fusion=DecodeFusion(
+                    True, True)).ops(num_rows), torch.bfloat16),
                 ("reference", model, ModelOps(), torch.bfloat16),
                 ("fp32", exact, ModelOps(), torch.float32)]}
     generator = torch.Generator().manual_seed(5)
     ids = torch.randint(0, MODEL.vocab_size, (num_rows * prompt_len,), generator=generator)
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(num_rows)], PAGE,
                            DEVICE)
-    errors = {"fused": 0.0, "reference": 0.0}
+    errors = dict.fromkeys(("fused", "fused_decode", "fused_decode+pdl", "reference"), 0.0)
     with torch.inference_mode():
         for net, _, cache in runs.values():  # prefill on the reference ops
             net(ids.to(DEVICE), meta, cache, ModelOps())
@@ -383,4 +388,5 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
             for name in errors:
                 errors[name] = max(errors[name], _rel_err(logits[name], logits["fp32"]))
     print(f"max relative logit error against fp32 over 8 steps: {errors}")
-    assert errors["fused"] <= FUSED_SLACK * errors["reference"] + 1e-3, errors
+    for name in ("fused", "fused_decode", "fused_decode+pdl"):
+        assert errors[name] <= FUSED_SLACK * errors["reference"] + 1e-3, errors
