@@ -40,39 +40,33 @@ def _case(gen, shape: GdnShape, dtype, device, num_slots=NUM_SLOTS, width=4):
     return weights, conv_pool, state_pool
 
 
-def gdn_layer_decode_ref(projected, weights, conv_pool, state_pool, state_slots):
-    """The same layer from the torch references (every row real: they have no padding)."""
-    shape = GdnShape.of(projected, weights.conv_weight, state_pool)
-    rows = projected.shape[0]
-    qsl = torch.arange(rows + 1, device=projected.device)
-    mixed, z, b, a = projected.split(shape.split, dim=-1)
-    conv = causal_conv_ref(mixed, weights.conv_weight, conv_pool, state_slots, qsl, 1)
-    query, key, value = conv.split([shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
-    out = gated_delta_rule_ref(
-        query.reshape(rows, shape.num_k_heads, shape.k_dim),
-        key.reshape(rows, shape.num_k_heads, shape.k_dim),
-        value.reshape(rows, shape.num_v_heads, shape.v_dim),
-        *gdn_gates(a, b, weights.a_log, weights.dt_bias), state_pool, state_slots, qsl, 1)
-    return gated_rms_norm(out, z.view(rows, shape.num_v_heads, shape.v_dim),
-                          weights.norm_weight, weights.norm_eps)
+def _unfused(conv, delta_rule):
+    """The layer from separate ops: conv(x, weight, pool, slots, qsl, 1), then
+    delta_rule(q, k, v, a, b, weights, pool, slots, qsl), then dense.gated_rms_norm."""
+    def layer(projected, weights, conv_pool, state_pool, state_slots):
+        shape = GdnShape.of(projected, weights.conv_weight, state_pool)
+        rows = projected.shape[0]
+        qsl = torch.arange(rows + 1, device=projected.device)
+        mixed, z, b, a = projected.split(shape.split, dim=-1)
+        conv_out = conv(mixed, weights.conv_weight, conv_pool, state_slots, qsl, 1)
+        query, key, value = conv_out.split([shape.key_dim, shape.key_dim, shape.value_dim],
+                                           dim=-1)
+        out = delta_rule(query.reshape(rows, shape.num_k_heads, shape.k_dim),
+                         key.reshape(rows, shape.num_k_heads, shape.k_dim),
+                         value.reshape(rows, shape.num_v_heads, shape.v_dim), a, b, weights,
+                         state_pool, state_slots, qsl)
+        return gated_rms_norm(out, z.view(rows, shape.num_v_heads, shape.v_dim),
+                              weights.norm_weight, weights.norm_eps)
+    return layer
 
 
-def _unfused_kernels(projected, weights, conv_pool, state_pool, state_slots):
-    """The unfused decode path's kernels (the conv, the delta rule with its gates, then the
-    gated norm), which the fused kernel replaces in the engine."""
-    shape = GdnShape.of(projected, weights.conv_weight, state_pool)
-    rows = projected.shape[0]
-    qsl = torch.arange(rows + 1, device=projected.device)
-    mixed, z, b, a = projected.split(shape.split, dim=-1)
-    conv = causal_conv_decode(mixed, weights.conv_weight, conv_pool, state_slots, qsl, 1)
-    query, key, value = conv.split([shape.key_dim, shape.key_dim, shape.value_dim], dim=-1)
-    out = gated_delta_rule_decode(
-        query.view(rows, shape.num_k_heads, shape.k_dim),
-        key.view(rows, shape.num_k_heads, shape.k_dim),
-        value.view(rows, shape.num_v_heads, shape.v_dim), a, b, state_pool, state_slots, qsl, 1,
-        gate_params=(weights.a_log, weights.dt_bias))
-    return gated_rms_norm(out, z.view(rows, shape.num_v_heads, shape.v_dim),
-                          weights.norm_weight, weights.norm_eps)
+# the torch references (every row real: they have no padding rows)
+gdn_layer_decode_ref = _unfused(causal_conv_ref, lambda q, k, v, a, b, w, pool, slots, qsl: (
+    gated_delta_rule_ref(q, k, v, *gdn_gates(a, b, w.a_log, w.dt_bias), pool, slots, qsl, 1)))
+# the unfused decode path's kernels, which the fused kernel replaces in the engine
+_unfused_kernels = _unfused(causal_conv_decode, lambda q, k, v, a, b, w, pool, slots, qsl: (
+    gated_delta_rule_decode(q, k, v, a, b, pool, slots, qsl, 1,
+                            gate_params=(w.a_log, w.dt_bias))))
 
 
 def _rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
