@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gate.rule import MIN_EFFECT, Design
+from gate.verdict.rule import MIN_EFFECT, Design
 
 SLOTS_PER_CLIENT = 16
 
@@ -31,7 +31,7 @@ class GateConfig:
     rounds: int = 2  # a fixed design's rounds
     until_verdict: bool = False  # add rounds until every cell has a verdict ...
     max_rounds: int | None = None  # ... or this many ran (only, and always, with until_verdict)
-    min_effect: float = MIN_EFFECT  # the rule's floor (gate/rule.py)
+    min_effect: float = MIN_EFFECT  # the rule's floor (gate/verdict/rule.py)
     runs: int = 2
     # requests per run: one number for every cell or one per cell, in --concurrency's order;
     # none: max(8, requests_per_slot x concurrency)
@@ -87,7 +87,7 @@ class GateConfig:
 
     @property
     def design(self) -> Design:
-        """How the session's rounds are judged (gate/rule.py)."""
+        """How the session's rounds are judged (gate/verdict/rule.py)."""
         return Design(self.until_verdict, self.max_rounds or 0, self.min_effect)
 
     @property

@@ -8,7 +8,7 @@ every arm's server starts once and serves all the cells' runs. A run is one arm 
 (a concurrency) once: `round` is the round (0-based; each round has its own Inductor cache and
 its own prompt seed), `position` the arm's place in that round's order (arms rotate: ABBA for
 two), `run` the run's number within the cell and round (1-based). Its numbers are `metrics`, a
-ServeMetrics (gate/load.py: vLLM's names for them). A run that could not be measured (its
+ServeMetrics (gate/run/load.py: vLLM's names for them). A run that could not be measured (its
 server failed to start or died) has ok=False, its error, its server's log tail and no metrics.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.load import ServeMetrics
+from gate.run.load import ServeMetrics
 
 RUNS_FILE = "runs.jsonl"
 MANIFEST_FILE = "manifest.json"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from test_gate_run import ROOT, invoke, servers_left
 
-from gate.check_config import CheckConfig, load_prompts, plan_launches
-from gate.check_judge import (
+from gate.check.config import CheckConfig, load_prompts, plan_launches
+from gate.check.judge import (
     Roles,
     compare,
     first_divergence,
@@ -22,8 +22,8 @@ from gate.check_judge import (
     judge_tokens,
     row_reading,
 )
-from gate.check_load import Answer, parse_answer
-from gate.check_report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md
+from gate.check.load import Answer, parse_answer
+from gate.check.report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md
 from gate.commands.check import build_check_configs
 
 ROLES = Roles("main", "main-aa", ("head",))

@@ -8,8 +8,8 @@ import pytest
 from test_gate_run import ROOT, SHORT, invoke, servers_left
 
 from gate.config import GateConfig
-from gate.phases import COLUMNS, PHASES_JSON, PHASES_MD, PhasesSession
 from gate.records import read_manifest
+from gate.run.phases import COLUMNS, PHASES_JSON, PHASES_MD, PhasesSession
 
 
 @pytest.fixture(scope="module")

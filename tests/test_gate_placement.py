@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.placement import (
+from gate.run.placement import (
     CpuInfo,
     Placement,
     default_placement,

@@ -8,9 +8,9 @@ import json
 
 from test_gate_run import SHORT, invoke, servers_left
 
-from gate.profile_report import render_profile_md
-from gate.profiling import read_profiles
 from gate.records import read_manifest, read_runs
+from gate.report.profile import render_profile_md
+from gate.run.profiling import read_profiles
 from resident.profiling.summary import summarize
 from resident.profiling.torch_trace import from_chrome_trace
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from gate.cli import app
 from gate.records import read_manifest, read_runs
-from gate.stats import paired_deltas, runs_frame
+from gate.verdict.stats import paired_deltas, runs_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-len", "8",
@@ -25,7 +25,7 @@ SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-l
 
 
 # Every process a gate run starts inherits this variable, set to the run's own id: the gate
-# passes its environment on to the servers it launches, less RESIDENT_* (gate/server.py).
+# passes its environment on to the servers it launches, less RESIDENT_* (gate/run/server.py).
 RUN_ID = "GATE_TEST_RUN_ID"
 
 
@@ -391,7 +391,7 @@ def test_a_killed_gate_mid_run_leaves_no_client_process_behind(tmp_path):
     assert not servers_left(run, grace_s=30)
 
 
-_CHILD = ("import sys, time; from gate.server import end_with_parent; "
+_CHILD = ("import sys, time; from gate.run.server import end_with_parent; "
           "end_with_parent(int(sys.argv[1]), 9); print('ready', flush=True); time.sleep(60)")
 _PARENT = ("import os, subprocess, sys, time; "
            "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())]); "

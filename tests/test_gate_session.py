@@ -13,10 +13,10 @@ import pytest
 
 from gate.commands.check import build_check_configs
 from gate.config import GateConfig, build_gate_config
-from gate.load import ServeMetrics
 from gate.records import RunRecord, append_run, read_manifest, read_runs
-from gate.session import Session
-from gate.tables import write_reports
+from gate.report.tables import write_reports
+from gate.run.load import ServeMetrics
+from gate.run.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 

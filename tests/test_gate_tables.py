@@ -15,9 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gate import tables
 from gate.commands.report import report
-from gate.load import LoadSpec, RequestResult, ServeMetrics, summarize
 from gate.records import (
     GpuSample,
     RunRecord,
@@ -26,7 +24,9 @@ from gate.records import (
     read_runs,
     write_manifest,
 )
-from gate.timing import startup_wall, time_line, time_summary
+from gate.report import tables
+from gate.run.load import LoadSpec, RequestResult, ServeMetrics, summarize
+from gate.run.timing import startup_wall, time_line, time_summary
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
 REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)

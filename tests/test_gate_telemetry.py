@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from gate.records import GpuSample
-from gate.telemetry import (
+from gate.run.telemetry import (
     GpuSampler,
     ProcessCpu,
     SiblingBusy,

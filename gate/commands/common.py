@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from gate import options as opt
+from gate.commands import options as opt
 from gate.config import build_gate_config
-from gate.session import Session
+from gate.run.session import Session
 
 S = TypeVar("S", bound=Session)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gate import options as opt
+from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
-from gate.output import OutputFormat, print_phases
-from gate.phases import PHASES_MD, PhasesSession
+from gate.report.output import OutputFormat, print_phases
+from gate.run.phases import PHASES_MD, PhasesSession
 from resident.cli_flags import HelpOpt
 
 

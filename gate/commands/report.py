@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from gate import options as opt
-from gate.output import OutputFormat, print_summary
-from gate.profile_report import PROFILE_FILE
-from gate.profiling import read_profiles
+from gate.commands import options as opt
 from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
-from gate.tables import REPORT_FILES, write_reports
+from gate.report.output import OutputFormat, print_summary
+from gate.report.profile import PROFILE_FILE
+from gate.report.tables import REPORT_FILES, write_reports
+from gate.run.profiling import read_profiles
 from resident.cli_flags import HelpOpt
 
 

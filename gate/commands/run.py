@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gate import options as opt
+from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
-from gate.output import OutputFormat, print_summary
 from gate.records import read_manifest
-from gate.session import Session
-from gate.tables import write_reports
+from gate.report.output import OutputFormat, print_summary
+from gate.report.tables import write_reports
+from gate.run.session import Session
 from resident.cli_flags import HelpOpt
 
 

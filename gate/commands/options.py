@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gate.check_config import CheckConfig
+from gate.check.config import CheckConfig
 from gate.config import GateConfig
-from gate.output import OutputFormat
+from gate.report.output import OutputFormat
 
 ARMS = "Arms"
 CELLS = "Cells"
@@ -163,7 +163,7 @@ def gate_options(params: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-# resident-gate check (defaults: gate/check_config.py CheckConfig)
+# resident-gate check (defaults: gate/check/config.py CheckConfig)
 CHECK = "Check"
 _CHECK_DEFAULTS = {field.name: field.default for field in dataclasses.fields(CheckConfig)}
 SweepOpt = Annotated[str | None, typer.Option(

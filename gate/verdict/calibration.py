@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gate.rule import FASTER, SLOWER, UNDECIDED, WITHIN, Design, decide
+from gate.verdict.rule import FASTER, SLOWER, UNDECIDED, WITHIN, Design, decide
 
 NOISE_LEVELS = (0.002, 0.05, 0.17)
 EFFECTS = (0.0, 0.01, 0.02, 0.035, 0.05)

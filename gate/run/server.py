@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
-from gate.arms import Arm
-from gate.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
+from gate.run.arms import Arm
+from gate.run.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
 
 HOST = "127.0.0.1"
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -48,7 +48,7 @@ class LaunchSpec:
     triton_cache: Path
     gpu: int | None
     startup_timeout_s: float
-    pycache: Path | None = None  # PYTHONPYCACHEPREFIX (gate/bytecode.py); None: Python's own
+    pycache: Path | None = None  # PYTHONPYCACHEPREFIX (gate/run/bytecode.py); None: Python's own
 
 
 def free_port() -> int:

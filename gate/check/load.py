@@ -2,7 +2,7 @@
 concurrency, each answer kept whole (tokens, finish reason and, where the server gives them,
 each token's top logprobs by token id).
 
-Unlike gate/load.py (timed streams of random token prompts), these are plain completions of text
+Unlike gate/run/load.py (timed streams of random token prompts), these are plain completions of text
 prompts: the check compares what the servers answer, not how fast.
 """
 

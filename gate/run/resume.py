@@ -11,7 +11,7 @@ from typing import Any
 
 from gate.config import GateConfig
 from gate.records import RUNS_FILE, RunRecord, read_manifest, read_runs, rewrite_runs
-from gate.rule import MIN_EFFECT
+from gate.verdict.rule import MIN_EFFECT
 
 # what must match between a session's manifest and a run that resumes it, and the value of those
 # an older manifest lacks

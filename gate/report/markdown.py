@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from gate import stats
+from gate.verdict import stats
 
 # ---- order and labels ----
 

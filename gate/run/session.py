@@ -25,19 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gate.arms import Arm, resolve_arm, split_arm, split_knobs
-from gate.bytecode import server_pycache
 from gate.config import GateConfig
-from gate.load import LoadSpec
-from gate.measure import RunPlace, check_identity, measure_run, warmed_load
-from gate.placement import (
-    Placement,
-    default_placement,
-    parse_placement,
-    read_topology,
-    resolve_placement,
-)
-from gate.profiling import append_profile, profile_cell, profile_tool
 from gate.records import (
     RUNS_FILE,
     RunRecord,
@@ -45,19 +33,31 @@ from gate.records import (
     read_runs,
     write_manifest,
 )
-from gate.resume import first_fingerprint, resume_manifest
-from gate.rule import FIRST_LOOK
-from gate.server import LaunchSpec, Server, ServerFailed, clean_environment
-from gate.stats import runs_frame, undecided
-from gate.telemetry import gather_versions, host_info
-from gate.timing import server_entry
+from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
+from gate.run.bytecode import server_pycache
+from gate.run.load import LoadSpec
+from gate.run.measure import RunPlace, check_identity, measure_run, warmed_load
+from gate.run.placement import (
+    Placement,
+    default_placement,
+    parse_placement,
+    read_topology,
+    resolve_placement,
+)
+from gate.run.profiling import append_profile, profile_cell, profile_tool
+from gate.run.resume import first_fingerprint, resume_manifest
+from gate.run.server import LaunchSpec, Server, ServerFailed, clean_environment
+from gate.run.telemetry import gather_versions, host_info
+from gate.run.timing import server_entry
+from gate.verdict.rule import FIRST_LOOK
+from gate.verdict.stats import runs_frame, undecided
 
 WORKTREES = Path(".gate/worktrees")
 # One Inductor cache per round, shared by its arms (so they replay the same kernel choices) and
 # removed after it; one Triton cache for every server the gate starts, kept: compiled kernels
 # (ours, fla's, Inductor's) and Triton's autotuning results, keyed by source, device and
 # shapes, which no arm can bias, and which a fresh cache would redo in every round. Where
-# site-packages keep no usable bytecode, one kept bytecode cache too (gate/bytecode.py).
+# site-packages keep no usable bytecode, one kept bytecode cache too (gate/run/bytecode.py).
 INDUCTOR = Path(".gate/inductor")
 TRITON = Path(".gate/triton")
 PYCACHE = Path(".gate/pycache")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gate.markdown import fmt, md_table, page_title
+from gate.report.markdown import fmt, md_table, page_title
 from resident.profiling.summary import KindDiff, KindSummary, ProfileSummary, diff
 
 PROFILE_FILE = "profile.md"

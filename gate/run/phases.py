@@ -16,11 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gate.load import run_load
-from gate.markdown import TableSpec, header_line, page_title
-from gate.measure import warmed_load
-from gate.server import ServerFailed
-from gate.session import LiveServer, Session
+from gate.report.markdown import TableSpec, header_line, page_title
+from gate.run.load import run_load
+from gate.run.measure import warmed_load
+from gate.run.server import ServerFailed
+from gate.run.session import LiveServer, Session
 
 PHASES_JSON, PHASES_MD = "phases.json", "phases.md"
 # GET /debug/phases keys, in the tables' column order

@@ -5,7 +5,7 @@ seed and the host's state at that hour, while the runs within a round share one 
 are not independent replicates of it. Each arm's value in a round is log(median tok/s over its ok
 runs there), or where the round's servers ran side by side with their runs alternating
 (`--interleave`), its median over the round's slots of log tok/s less the slot's mean over the
-arms compared (gate/stats.py `round_table`): the rule below is the same either way.
+arms compared (gate/verdict/stats.py `round_table`): the rule below is the same either way.
 
 - The t rule (new): a randomized complete block design with rounds as blocks. The arms in it are
   the baseline, the arm judged and, when `--aa` ran, the A/A arm (a second copy of the baseline):
@@ -28,8 +28,8 @@ shared by the two rules (ALPHA_T and ALPHA_SIGN) and by the looks: a fixed numbe
 judged once; with --until-verdict the rule is applied after every round from FIRST_LOOK up to
 --max-rounds, each look at 1/looks of each share (Bonferroni), and a cell's verdict is the first
 look that decides it. By the union bound the session's false rate is then at most ALPHA whatever
-the rounds' correlation, when each look's tests are calibrated; gate/calibration.py measures it
-by simulating this very code.
+the rounds' correlation, when each look's tests are calibrated; gate/verdict/calibration.py
+measures it by simulating this very code.
 
 Everything here works on arrays of many sessions at once, so the simulation and a report run the
 same functions.

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.check_config import SWEEPS, CheckConfig
-from gate.check_load import Answer
+from gate.check.config import SWEEPS, CheckConfig
+from gate.check.load import Answer
 
 PASS, FAIL = "pass", "fail"
 PRESSURES = ("slot-pressure", "kv-pressure")  # the rows sweep's readings, by launch

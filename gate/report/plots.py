@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from gate import stats
+from gate.verdict import stats
 
 TOK_S_FILE = "tok_s.png"
 ITL_FILE = "itl.png"

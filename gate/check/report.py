@@ -1,7 +1,7 @@
 """What `resident-gate check` writes: check.json (the report: verdicts, agreements, divergences
 with both sides' top logprobs, row-check readings), check.md (its tables) and answers.jsonl
 (every answer: load, arm, prompt, tokens, finish reason, error; one a line), and the same tables
-for stdout (gate/output.py renders them)."""
+for stdout (gate/report/output.py renders them)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gate.check_judge import margin
-from gate.check_load import Answer
-from gate.markdown import TableSpec, page_title
-from gate.timing import time_line
+from gate.check.judge import margin
+from gate.check.load import Answer
+from gate.report.markdown import TableSpec, page_title
+from gate.run.timing import time_line
 
 CHECK_JSON, CHECK_MD, ANSWERS_JSONL = "check.json", "check.md", "answers.jsonl"
 TOKEN_SWEEPS = ("greedy", "concurrency", "kv-pressure")

@@ -4,9 +4,9 @@ anything.
 The arms are `run`'s (specs, placement, the per-session Inductor cache, the identity checks of
 Session._check_identity: each arm's package from its own tree, one weights fingerprint, one
 source digest an arm across its servers), plus the yardstick: the gate's A/A arm, a second
-server of the baseline, always on. The sweeps (check_config.py) run as launches, one server per
+server of the baseline, always on. The sweeps (check/config.py) run as launches, one server per
 arm and knob set, each serving the launch's loads of the same prompts; each server's
-/debug/rowcheck is read after its loads. check_judge.py gives the verdict; check_report.py
+/debug/rowcheck is read after its loads. check/judge.py gives the verdict; check/report.py
 writes check.json, check.md and answers.jsonl beside manifest.json and the servers' logs.
 """
 
@@ -22,14 +22,14 @@ from typing import Any
 
 import aiohttp
 
-from gate.arms import Arm
-from gate.check_config import CheckConfig, Launch, PromptSet, load_prompts, plan_launches
-from gate.check_judge import PASS, Roles, judge
-from gate.check_load import Answer, complete_all, gives_logprobs
-from gate.check_report import CHECK_JSON, write_check
+from gate.check.config import CheckConfig, Launch, PromptSet, load_prompts, plan_launches
+from gate.check.judge import PASS, Roles, judge
+from gate.check.load import Answer, complete_all, gives_logprobs
+from gate.check.report import CHECK_JSON, write_check
 from gate.records import write_manifest
-from gate.server import Server, ServerFailed, clean_environment
-from gate.session import INDUCTOR, Session
+from gate.run.arms import Arm
+from gate.run.server import Server, ServerFailed, clean_environment
+from gate.run.session import INDUCTOR, Session
 
 # the manifest keys `run` writes that a check has too (the rest describe rounds and cells)
 MANIFEST_KEYS = ("name", "command", "created", "baseline", "arms", "model", "device",

@@ -17,8 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gate import check_report, phases, tables
-from gate.markdown import TableSpec
+from gate.check import report as check_report
+from gate.report import tables
+from gate.report.markdown import TableSpec
+from gate.run import phases
 
 WIDE = 200  # columns for a summary that no terminal will wrap
 

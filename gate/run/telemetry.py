@@ -26,8 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gate.placement import format_cpu_list
 from gate.records import GpuSample
+from gate.run.placement import format_cpu_list
 
 PROC_STAT = Path("/proc/stat")
 TRACEBACK_PREFIX = "Traceback (most recent call last)"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
-from gate.server import end_with_parent
+from gate.run.server import end_with_parent
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from gate import plots, stats
-from gate.markdown import (
+from gate.records import read_manifest, read_runs
+from gate.report import plots
+from gate.report.markdown import (
     TableSpec,
     arms_line,
     cell_arms,
@@ -33,11 +34,11 @@ from gate.markdown import (
     round_label,
     tok_digits,
 )
-from gate.paired import PAIRED_FILE, paired_md
-from gate.profile_report import PROFILE_FILE, render_profile_md
-from gate.profiling import read_profiles
-from gate.records import read_manifest, read_runs
-from gate.timing import time_line, time_summary
+from gate.report.paired import PAIRED_FILE, paired_md
+from gate.report.profile import PROFILE_FILE, render_profile_md
+from gate.run.profiling import read_profiles
+from gate.run.timing import time_line, time_summary
+from gate.verdict import stats
 
 ROUNDS_FILE = "rounds.md"
 SUMMARY_FILE = "summary.md"
@@ -392,7 +393,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
 
 def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
     """The session's JSON result: its name and baseline, where its time went (`timing`:
-    gate/timing.py's time_summary, None when not recorded), and the summary rows as `cells`."""
+    gate/run/timing.py's time_summary, None when not recorded), and the summary rows as `cells`."""
     return {"name": manifest.get("name"), "baseline": manifest.get("baseline"),
             "timing": time_summary(manifest), "cells": rows}
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from gate import calibration, rule, stats
-from gate.markdown import arms_line, fmt_pct, label, md_table, page_title, round_label
+from gate.report.markdown import arms_line, fmt_pct, label, md_table, page_title, round_label
+from gate.verdict import calibration, rule, stats
 
 PAIRED_FILE = "paired.md"
 
@@ -72,7 +72,7 @@ def design_text(design: rule.Design, rounds: int) -> str:
 
 
 def error_rates_text(design: rule.Design, rounds: int, aa: bool) -> str:
-    """The simulated error rates of the rule under this design (gate/calibration.py)."""
+    """The simulated error rates of the rule under this design (gate/verdict/calibration.py)."""
     header, rows = calibration.error_table_rows(design, rounds, aa)
     model = "the A/A arm in the noise model" if aa else "no A/A arm"
     rounds_note = (" Each cell adds the mean rounds run to the verdict (r)."

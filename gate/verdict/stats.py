@@ -1,5 +1,5 @@
 """The gate's statistics: run records as a frame, per-round paired deltas, and each cell's
-verdicts by the rule of gate/rule.py.
+verdicts by the rule of gate/verdict/rule.py.
 
 Arms are compared paired by round: in each round an arm and the baseline share an Inductor
 cache, a prompt seed and the host's state at that hour, so the per-round ratio removes what
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gate import rule
-from gate.load import ServeMetrics
 from gate.records import GpuSample, RunRecord
+from gate.run.load import ServeMetrics
+from gate.verdict import rule
 
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuSample))
 METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(ServeMetrics))
@@ -234,7 +234,8 @@ def verdict_of(verdicts: pd.DataFrame, cell: str, arm: str) -> dict[str, Any]:
 
 def verdicts(frame: pd.DataFrame, baseline: str, aa_arm: str | None = None,
              design: rule.Design = rule.FIXED, slots: bool = False) -> pd.DataFrame:
-    """One verdict row per cell and arm with runs in it, the A/A arm included (gate/rule.py).
+    """One verdict row per cell and arm with runs in it, the A/A arm included
+    (gate/verdict/rule.py).
 
     Columns VERDICT_COLUMNS: `rounds` the rounds the rule judged (those where the baseline, the
     arm and, when it ran, the A/A arm all have an ok run), `decided_at` the rounds at the look

@@ -4,7 +4,7 @@ cell's timed runs of the first round (the timed runs are never profiled).
 The window is the server's own (POST /debug/profile, resident/server/profile_window.py); its
 trace is copied into the session (`profiles/<arm>-c<N>.json.gz`) and summarized again here, by
 the gate's code, so every arm's tables come from one reader whatever tree the arm runs. Records
-go to profiles.jsonl; profile.md is rendered from them (profile_report.py).
+go to profiles.jsonl; profile.md is rendered from them (report/profile.py).
 
 The tool: torch.profiler. Where `nsys` is on PATH the manifest says so, and that the gate does
 not drive it yet (resident/profiling/nsys.py reads its CSV reports into the same tables).
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gate.load import LoadSpec, steady_load
-from gate.server import Server
+from gate.run.load import LoadSpec, steady_load
+from gate.run.server import Server
 from resident.profiling.summary import summarize
 from resident.profiling.torch_trace import from_chrome_trace
 

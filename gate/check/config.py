@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from gate.arms import split_knobs
+from gate.run.arms import split_knobs
 
 SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows")
 PROMPT_FILE = "configs/prompts/public-domain.yaml"

@@ -9,13 +9,13 @@ import os
 import resource
 import time
 
-from gate.arms import Arm
 from gate.config import GateConfig
-from gate.load import LoadSpec, RunResult, run_load, warm_up
-from gate.placement import Placement
 from gate.records import RunRecord
-from gate.server import EngineSteps, Server, ServerFailed
-from gate.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
+from gate.run.arms import Arm
+from gate.run.load import LoadSpec, RunResult, run_load, warm_up
+from gate.run.placement import Placement
+from gate.run.server import EngineSteps, Server, ServerFailed
+from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
 
 
 async def warmed_load(server: Server, config: GateConfig, concurrency: int, vocab: int,
