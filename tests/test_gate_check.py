@@ -25,6 +25,7 @@ from gate.check.judge import (
 from gate.check.load import Answer, parse_answer
 from gate.check.report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md
 from gate.commands.check import build_check_configs
+from gate.manifest import Manifest
 
 ROLES = Roles("main", "main-aa", ("head",))
 CHECK = CheckConfig(prompts=3, near_tie=0.1)
@@ -141,7 +142,7 @@ def test_the_verdict_is_every_sweeps_and_the_report_renders():
                             ("plain", "slot-pressure", "kv-pressure")}}
     manifest = {"name": "t", "model": "tiny", "device": "cpu",
                 "arms": [{"name": n, "spec": "."} for n in ("main", "main-aa", "head")]}
-    text = check_md(report, manifest)
+    text = check_md(report, Manifest.from_dict(manifest))
     assert "**Verdict: fail** (exit code 1" in text
     assert "| rows | fail | head under kv-pressure: 1 row mismatches over 40 steps |" in text
     assert "1 mismatches over 40 steps (200 rows), 12 displaced, 2 offloads, 2 slot releases" \

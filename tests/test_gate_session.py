@@ -13,9 +13,10 @@ import pytest
 
 from gate.commands.check import build_check_configs
 from gate.config import GateConfig, build_gate_config
-from gate.records import RunRecord, append_run, read_manifest, read_runs
+from gate.manifest import Manifest
+from gate.metrics import ServeMetrics
+from gate.records import RunRecord, append_run, read_runs
 from gate.report.tables import write_reports
-from gate.run.load import ServeMetrics
 from gate.run.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def test_until_verdict_stops_once_every_cell_has_one(tmp_path):
     session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
                        max_rounds=8)
     assert session.run() == 0
-    manifest = read_manifest(session.out)
+    manifest = Manifest.read(session.out).to_dict()
     assert manifest["stopped"] == {"after_rounds": 2, "reason": "every cell had a verdict"}
     assert manifest["rounds_run"] == 2 and manifest["max_rounds"] == 8
     assert {r.round for r in read_runs(session.out)} == {0, 1}
@@ -68,7 +69,7 @@ def test_a_verdict_at_the_last_round_is_one(tmp_path):
     session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
                        max_rounds=2)
     session.run()
-    assert read_manifest(session.out)["stopped"] == {"after_rounds": 2,
+    assert Manifest.read(session.out).to_dict()["stopped"] == {"after_rounds": 2,
                                                      "reason": "every cell had a verdict"}
 
 
@@ -76,7 +77,7 @@ def test_until_verdict_runs_to_max_rounds_when_no_verdict_comes(tmp_path):
     """Noise of 20% a run and no effect: the interval stays wider than the 1% floor."""
     session = _session(tmp_path / "s", {}, 0.2, until_verdict=True, max_rounds=3)
     session.run()
-    manifest = read_manifest(session.out)
+    manifest = Manifest.read(session.out).to_dict()
     assert manifest["stopped"] == {"after_rounds": 3, "reason": "the planned rounds ran"}
     assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
     rows = write_reports(session.out)
@@ -89,7 +90,7 @@ def test_a_resumed_session_that_had_its_verdicts_runs_no_more(tmp_path):
     again = _session(out, {"head": -0.3}, 0.002, until_verdict=True, max_rounds=10)
     again.run(resume=True)
     assert {r.round for r in read_runs(out)} == {0, 1}
-    assert read_manifest(out)["max_rounds"] == 10
+    assert Manifest.read(out).to_dict()["max_rounds"] == 10
     with pytest.raises(ValueError, match="until_verdict"):
         _session(out, {}, 0.0, rounds=4).run(resume=True)
 
@@ -97,7 +98,7 @@ def test_a_resumed_session_that_had_its_verdicts_runs_no_more(tmp_path):
 def test_a_fixed_design_runs_every_round(tmp_path):
     session = _session(tmp_path / "s", {"head": -0.3}, 0.002, rounds=3)
     session.run()
-    assert read_manifest(session.out)["stopped"]["after_rounds"] == 3
+    assert Manifest.read(session.out).to_dict()["stopped"]["after_rounds"] == 3
     assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
 
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord
-from gate.run.load import ServeMetrics
 from gate.verdict import rule, stats
 
 

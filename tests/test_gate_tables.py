@@ -16,17 +16,12 @@ import typer
 from typer.testing import CliRunner
 
 from gate.commands.report import report
-from gate.records import (
-    GpuSample,
-    RunRecord,
-    append_run,
-    read_manifest,
-    read_runs,
-    write_manifest,
-)
+from gate.manifest import Manifest, write_manifest_json
+from gate.metrics import ServeMetrics
+from gate.records import GpuSample, RunRecord, append_run, read_runs
 from gate.report import tables
-from gate.run.load import LoadSpec, RequestResult, ServeMetrics, summarize
-from gate.run.timing import startup_wall, time_line, time_summary
+from gate.report.timing import startup_wall, time_line, time_summary
+from gate.run.load import LoadSpec, RequestResult, summarize
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
 REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)
@@ -119,7 +114,7 @@ def build_session(directory: Path) -> None:
     """The synthetic session: main/head, c=1 and c=16, 2 rounds x 2 runs, one failed run."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "runs.jsonl").unlink(missing_ok=True)
-    write_manifest(directory, MANIFEST)
+    write_manifest_json(directory, MANIFEST)
     for (round_index, arm, concurrency), values in sorted(TOK_S.items()):
         for run, tok_s in enumerate(values, start=1):
             append_run(directory, _record(round_index, arm, concurrency, run, tok_s))
@@ -176,7 +171,7 @@ def test_summary_rows_values(tmp_path):
 
 def _session(directory: Path, records: list[RunRecord], **manifest) -> Path:
     directory.mkdir()
-    write_manifest(directory, {**MANIFEST, **manifest})
+    write_manifest_json(directory, {**MANIFEST, **manifest})
     (directory / "runs.jsonl").write_text("")
     for record in records:
         append_run(directory, record)
@@ -232,7 +227,7 @@ def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
     assert missing.exit_code == 2
     assert "no-such-session" in missing.output
     Path("half-session").mkdir()
-    write_manifest(Path("half-session"), MANIFEST)
+    write_manifest_json(Path("half-session"), MANIFEST)
     half = CliRunner().invoke(_app(), ["half-session"])
     assert half.exit_code == 2
     assert "half-session" in half.output and "runs.jsonl" in half.output
@@ -267,7 +262,7 @@ def test_a_session_written_by_an_older_gate_still_reports(tmp_path):
         assert (metrics.completed, metrics.failed, metrics.duration) == (
             line["num_requests"] - line["num_failed"], line["num_failed"], line["wall_s"])
         assert metrics.p99_itl_ms is None  # not kept then
-    assert read_manifest(LEGACY)["rounds"] == 2
+    assert Manifest.read(LEGACY).rounds == 2
     directory = tmp_path / "old"
     shutil.copytree(LEGACY, directory)
     rows = tables.write_reports(directory)
@@ -309,7 +304,8 @@ def test_start_up_counts_servers_that_started_together_once():
     servers = [{"launched_at": 100.0, "health_s": 2.0}, {"launched_at": 100.5, "health_s": 2.5},
                {"launched_at": 110.0, "health_s": 1.0}, {"launched_at": 111.0, "health_s": None},
                {"health_s": 4.0}]
-    assert startup_wall(servers) == pytest.approx(3.0 + 1.0 + 4.0)
-    manifest = {"parallel_start": True, "timing": {"wall_s": 20.0, "servers": servers}}
+    manifest = Manifest.from_dict({"parallel_start": True, "timing": {
+        "wall_s": 20.0, "servers": [{"round": 0, "arm": "main", **s} for s in servers]}})
+    assert startup_wall(manifest.timing.servers) == pytest.approx(3.0 + 1.0 + 4.0)
     assert time_summary(manifest)["startup_s"] == pytest.approx(8.0)
     assert "started together counted once) took 8.0 s" in time_line(manifest)

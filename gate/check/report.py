@@ -11,8 +11,10 @@ from typing import Any
 
 from gate.check.judge import margin
 from gate.check.load import Answer
+from gate.manifest import Manifest
 from gate.report.markdown import TableSpec, page_title
-from gate.run.timing import time_line
+from gate.report.output import OutputFormat, render
+from gate.report.timing import time_line
 
 CHECK_JSON, CHECK_MD, ANSWERS_JSONL = "check.json", "check.md", "answers.jsonl"
 TOKEN_SWEEPS = ("greedy", "concurrency", "kv-pressure")
@@ -120,13 +122,13 @@ def check_tables(report: dict[str, Any]) -> list[TableSpec]:
     return [table for table in tables if table is not None]
 
 
-def _intro(report: dict[str, Any], manifest: dict[str, Any]) -> str:
+def _intro(report: dict[str, Any], manifest: Manifest) -> str:
     roles, check, prompts = report["roles"], report["check"], report["prompts"]
-    arms = ", ".join(f"{a['name']} (`{a['spec']}`)" for a in manifest["arms"]
-                     if a["name"] != roles["yardstick"])
+    arms = ", ".join(f"{a.name} (`{a.spec}`)" for a in manifest.arms
+                     if a.name != roles["yardstick"])
     launches = "; ".join(f"{name}: {_knobs_text(launch['knobs'])}"
                          for name, launch in report["launches"].items())
-    return (f"Model {manifest.get('model')} on {manifest.get('device')}. Arms {arms}; the "
+    return (f"Model {manifest.model} on {manifest.device}. Arms {arms}; the "
             f"yardstick {roles['yardstick']} is a second server of {roles['baseline']}. "
             f"{prompts['count']} prompts from `{prompts['path']}`, greedy (temperature 0), "
             f"natural EOS, at most {check['max_tokens']} tokens each; top "
@@ -135,7 +137,7 @@ def _intro(report: dict[str, Any], manifest: dict[str, Any]) -> str:
             "logprobs on both sides are in check.json, every answer in answers.jsonl.")
 
 
-def check_md(report: dict[str, Any], manifest: dict[str, Any]) -> str:
+def check_md(report: dict[str, Any], manifest: Manifest) -> str:
     exit_code = 0 if report["verdict"] == "pass" else 1
     return "\n\n".join([
         page_title(manifest, "check"), _intro(report, manifest),
@@ -145,7 +147,14 @@ def check_md(report: dict[str, Any], manifest: dict[str, Any]) -> str:
         *(table.md() for table in check_tables(report))]) + "\n"
 
 
-def write_check(out: Path, report: dict[str, Any], manifest: dict[str, Any],
+def print_check(report: dict[str, Any], manifest: Manifest, fmt: OutputFormat) -> None:
+    """A check on stdout as `fmt`: its verdict and tables, json (check.json's report) or md
+    (check.md)."""
+    render(fmt, lambda: report, lambda: check_md(report, manifest),
+           lambda: check_tables(report), footer=f"verdict: {report['verdict']}")
+
+
+def write_check(out: Path, report: dict[str, Any], manifest: Manifest,
                 answers: dict[str, dict[str, list[Answer]]]) -> None:
     (out / CHECK_JSON).write_text(json.dumps(report, indent=2) + "\n")
     (out / CHECK_MD).write_text(check_md(report, manifest))

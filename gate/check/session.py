@@ -26,14 +26,10 @@ from gate.check.config import CheckConfig, Launch, PromptSet, load_prompts, plan
 from gate.check.judge import PASS, Roles, judge
 from gate.check.load import Answer, complete_all, gives_logprobs
 from gate.check.report import CHECK_JSON, write_check
-from gate.records import write_manifest
+from gate.manifest import Manifest
 from gate.run.arms import Arm
 from gate.run.server import Server, ServerFailed, clean_environment
 from gate.run.session import INDUCTOR, Session
-
-# the manifest keys `run` writes that a check has too (the rest describe rounds and cells)
-MANIFEST_KEYS = ("name", "command", "created", "baseline", "arms", "model", "device",
-                 "placement", "host", "versions")
 
 
 @dataclass
@@ -63,7 +59,7 @@ class CheckSession(Session):
             raise ValueError(f"--out {self.out} already holds a check; choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
         self.manifest = self._check_manifest(clean_environment()[1])
-        write_manifest(self.out, self.manifest)
+        self.manifest.write(self.out)
         cache = (self.repo / INDUCTOR / self.out.name / "check").resolve()
         cache.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -74,15 +70,17 @@ class CheckSession(Session):
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         self.report = self._report(time.monotonic() - started)
-        write_manifest(self.out, self.manifest)
+        self.manifest.write(self.out)
         write_check(self.out, self.report, self.manifest, self.answers)
         return 0 if self.report["verdict"] == PASS else 1
 
-    def _check_manifest(self, removed_env: list[str]) -> dict[str, Any]:
-        base = self._base_manifest(removed_env)
-        return {**{key: base[key] for key in MANIFEST_KEYS}, "command_kind": "check",
-                "yardstick": self.roles.yardstick, "check": self.check.to_dict(),
-                "prompts": self.prompts.to_dict(), "removed_env": removed_env}
+    def _check_manifest(self, removed_env: list[str]) -> Manifest:
+        """`run`'s manifest without its rounds and cells (Manifest.to_dict leaves a check's
+        out), with the check's options, prompts and yardstick."""
+        return dataclasses.replace(
+            self._base_manifest(removed_env), command_kind="check",
+            yardstick=self.roles.yardstick, check=self.check.to_dict(),
+            prompts=self.prompts.to_dict(), timing=None)
 
     def _arms_of(self, launch: Launch) -> list[Arm]:
         return [arm for arm in self.arms
@@ -114,7 +112,7 @@ class CheckSession(Session):
                                * len(self.prompts.texts))
 
     async def _run_loads(self, arm: Arm, launch: Launch, server: Server) -> dict[str, Any]:
-        entry = next(a for a in self.manifest["arms"] if a["name"] == arm.name)
+        entry = self.manifest.arm(arm.name)
         try:
             logprobs = self.check.logprobs if await gives_logprobs(server.url) else None
         except (RuntimeError, aiohttp.ClientError, TimeoutError) as err:
@@ -131,7 +129,7 @@ class CheckSession(Session):
         if not server.alive():
             raise ServerFailed(f"server died (code {server.process.returncode})",
                                server.log_tail())
-        return {"planning_mode": (entry["debug_config"] or {}).get("planning_mode"),
+        return {"planning_mode": (entry.debug_config or {}).get("planning_mode"),
                 "logprobs": logprobs is not None,
                 "rowcheck": await server.get_json("/debug/rowcheck")}
 

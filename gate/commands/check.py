@@ -10,12 +10,12 @@ import typer
 from rich.console import Console
 
 from gate.check.config import CHECK_KEYS, CHECK_PARAMS, GATE_KEYS, CheckConfig
-from gate.check.report import CHECK_MD
+from gate.check.report import CHECK_MD, print_check
 from gate.check.session import CheckSession
 from gate.commands import options as opt
 from gate.commands.common import bad_parameter, start_session
 from gate.config import GateConfig, build_gate_config, load_yaml
-from gate.report.output import OutputFormat, print_check
+from gate.report.output import OutputFormat
 from resident.cli_flags import HelpOpt
 
 

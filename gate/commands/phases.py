@@ -7,7 +7,8 @@ from rich.console import Console
 from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
 from gate.report.output import OutputFormat, print_phases
-from gate.run.phases import PHASES_MD, PhasesSession
+from gate.report.phases import PHASES_MD, write_phases
+from gate.run.phases import PhasesSession
 from resident.cli_flags import HelpOpt
 
 
@@ -46,6 +47,7 @@ def phases(
     session = open_session(PhasesSession, given, console, "phases")
     with bad_parameter():
         failed = session.run()
+    write_phases(session.out, session.results, session.manifest)
     print_phases(session.results, session.manifest, output_format)
     console.log(f"wrote {session.out / PHASES_MD}")
     exit_if_failed(console, session, failed, "cell")

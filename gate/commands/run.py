@@ -6,7 +6,6 @@ from rich.console import Console
 
 from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
-from gate.records import read_manifest
 from gate.report.output import OutputFormat, print_summary
 from gate.report.tables import write_reports
 from gate.run.session import Session
@@ -63,6 +62,6 @@ def run(
     with bad_parameter():
         failed = session.run(resume)
     rows = write_reports(session.out)
-    print_summary(rows, read_manifest(session.out), output_format)
+    print_summary(rows, session.manifest, output_format)
     console.log(f"wrote {session.out}")
     exit_if_failed(console, session, failed, "run")

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from gate.manifest import Manifest
 from gate.verdict import stats
 
 # ---- order and labels ----
@@ -16,7 +17,7 @@ def label(arm: str, flagged: set[str]) -> str:
     return arm + stats.PLANNER_OFF if arm in flagged else arm
 
 
-def cell_arms(frame: pd.DataFrame, manifest: dict[str, Any], cell: str) -> list[str]:
+def cell_arms(frame: pd.DataFrame, manifest: Manifest, cell: str) -> list[str]:
     present = set(frame.loc[frame["cell"] == cell, "arm"])
     return [arm for arm in stats.arm_order(frame, manifest) if arm in present]
 
@@ -109,26 +110,31 @@ def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
     return "\n".join([line(header), "|" + "|".join(rule) + "|", *(line(r) for r in rows)])
 
 
-def header_line(manifest: dict[str, Any]) -> str:
+def known(value: Any) -> str:
+    """A manifest value as the reports print it: `?` where the session did not record it."""
+    return "?" if value is None else str(value)
+
+
+def header_line(manifest: Manifest) -> str:
     """Model, device, prompt/output lengths, cells and rounds x runs, as one line."""
-    cells = ", ".join(f"c={c}" for c in manifest.get("cells") or []) or "-"
-    rounds = f"{manifest.get('rounds', '?')} rounds"
-    if manifest.get("until_verdict"):
-        rounds = (f"until every cell had a verdict: {manifest.get('rounds_run', '?')} of at "
-                  f"most {manifest.get('max_rounds', '?')} rounds")
+    cells = ", ".join(f"c={c}" for c in manifest.cells) or "-"
+    rounds = f"{known(manifest.rounds)} rounds"
+    if manifest.until_verdict:
+        rounds = (f"until every cell had a verdict: {known(manifest.rounds_run)} of at "
+                  f"most {known(manifest.max_rounds)} rounds")
     servers = ("; each round's servers up together, runs alternating between arms"
-               if manifest.get("interleave") else "")
-    return (f"Model {manifest.get('model', '?')} on {manifest.get('device', '?')}; "
-            f"prompt {manifest.get('prompt_len', '?')} tokens, "
-            f"output {manifest.get('output_len', '?')} tokens; cells {cells}; "
-            f"{rounds} x {manifest.get('runs', '?')} runs{servers}.")
+               if manifest.interleave else "")
+    return (f"Model {known(manifest.model)} on {known(manifest.device)}; "
+            f"prompt {known(manifest.prompt_len)} tokens, "
+            f"output {known(manifest.output_len)} tokens; cells {cells}; "
+            f"{rounds} x {known(manifest.runs)} runs{servers}.")
 
 
-def arms_line(manifest: dict[str, Any]) -> str:
-    aa = manifest.get("aa_arm")
+def arms_line(manifest: Manifest) -> str:
+    aa = manifest.aa_arm
     aa_text = f"A/A arm {aa} (a second copy of the baseline)" if aa else "no A/A arm"
-    return f"Baseline {manifest.get('baseline', '?')}; {aa_text}."
+    return f"Baseline {known(manifest.baseline)}; {aa_text}."
 
 
-def page_title(manifest: dict[str, Any], what: str) -> str:
-    return f"# {manifest.get('name') or 'gate session'}: {what}"
+def page_title(manifest: Manifest, what: str) -> str:
+    return f"# {manifest.name or 'gate session'}: {what}"

@@ -17,10 +17,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gate.check import report as check_report
-from gate.report import tables
+from gate.manifest import Manifest
+from gate.report import phases, tables
 from gate.report.markdown import TableSpec
-from gate.run import phases
 
 WIDE = 200  # columns for a summary that no terminal will wrap
 
@@ -50,7 +49,7 @@ def _console() -> Console:
     return Console(file=sys.stdout, width=None if sys.stdout.isatty() else WIDE)
 
 
-def _render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], str],
+def render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], str],
             specs: Callable[[], list[TableSpec]], footer: str | None = None) -> None:
     """One report on stdout as `fmt`: json (`as_json()`, indented), md (`as_md()`) or the
     terminal's tables (`specs()`, then `footer` in bold)."""
@@ -66,24 +65,16 @@ def _render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], s
             console.print(Text(footer, style="bold"))
 
 
-def print_summary(rows: list[dict[str, Any]], manifest: dict[str, Any],
-                  fmt: OutputFormat) -> None:
+def print_summary(rows: list[dict[str, Any]], manifest: Manifest, fmt: OutputFormat) -> None:
     """Print the summary rows on stdout as `fmt`: table (its two tables), json (the session's
     JSON result, as summary.json holds it) or md (summary.md)."""
-    _render(fmt, lambda: tables.summary_json(rows, manifest),
-            lambda: tables.summary_md(rows, manifest),
-            lambda: tables.summary_tables(rows, manifest.get("baseline", "main"),
-                                          tables.summary_flagged(rows, manifest)))
+    render(fmt, lambda: tables.summary_json(rows, manifest),
+           lambda: tables.summary_md(rows, manifest),
+           lambda: tables.summary_tables(rows, tables.summary_baseline(manifest),
+                                         tables.summary_flagged(rows, manifest)))
 
 
-def print_phases(results: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
+def print_phases(results: dict[str, Any], manifest: Manifest, fmt: OutputFormat) -> None:
     """A phases session on stdout as `fmt`: its two tables, or json (`{"cells": results}`)."""
-    _render(fmt, lambda: {"cells": results}, lambda: phases.phases_md(results, manifest),
-            lambda: phases.phase_tables(results, [arm["name"] for arm in manifest["arms"]]))
-
-
-def print_check(report: dict[str, Any], manifest: dict[str, Any], fmt: OutputFormat) -> None:
-    """A check on stdout as `fmt`: its verdict and tables, json (check.json's report) or md
-    (check.md)."""
-    _render(fmt, lambda: report, lambda: check_report.check_md(report, manifest),
-            lambda: check_report.check_tables(report), footer=f"verdict: {report['verdict']}")
+    render(fmt, lambda: {"cells": results}, lambda: phases.phases_md(results, manifest),
+           lambda: phases.phase_tables(results, manifest.arm_names))

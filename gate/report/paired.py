@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from gate.manifest import Manifest
 from gate.report.markdown import arms_line, fmt_pct, label, md_table, page_title, round_label
 from gate.verdict import calibration, rule, stats
 
@@ -126,10 +127,9 @@ def _verdict_table(verdicts: pd.DataFrame, cell: str, arms: list[str],
 
 
 def _paired_arms(paired: pd.DataFrame, verdicts: pd.DataFrame,
-                 manifest: dict[str, Any]) -> list[str]:
-    names = [arm["name"] for arm in manifest.get("arms") or []]
-    names += [manifest.get("aa_arm"), *paired["arm"], *verdicts["arm"]]
-    return [n for n in dict.fromkeys(names) if n and n != manifest.get("baseline")]
+                 manifest: Manifest) -> list[str]:
+    names = [*manifest.arm_names, manifest.aa_arm, *paired["arm"], *verdicts["arm"]]
+    return [n for n in dict.fromkeys(names) if n and n != manifest.baseline]
 
 
 def _paired_block(paired: pd.DataFrame, verdicts: pd.DataFrame, cell: str, arms: list[str],
@@ -143,7 +143,7 @@ def _paired_block(paired: pd.DataFrame, verdicts: pd.DataFrame, cell: str, arms:
                         _verdict_table(verdicts, cell, arms, flagged)])
 
 
-def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, Any],
+def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: Manifest,
               planner_off: Iterable[str] = ()) -> str:
     """The rule, this session's design and the rule's simulated error rates under it, then per
     cell the per-round deltas (arms x rounds) and the verdicts.
@@ -152,14 +152,14 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: dict[str, 
     where it has no paired round). `planner_off` names arms to flag beyond the manifest's.
     """
     design = stats.design_of(manifest)
-    rounds = design.max_rounds if design.until_verdict else int(manifest.get("rounds") or 0)
-    flagged = stats.manifest_planner_off(manifest) | set(planner_off)
+    rounds = design.max_rounds if design.until_verdict else (manifest.rounds or 0)
+    flagged = manifest.planner_off_arms | set(planner_off)
     arms = _paired_arms(paired, verdicts, manifest)
     slots = stats.by_slot(manifest)
     parts = [page_title(manifest, "paired by round"), rule_text(design, slots),
              design_text(design, rounds)]
     if rounds >= 1:
-        parts.append(error_rates_text(design, rounds, bool(manifest.get("aa_arm"))))
+        parts.append(error_rates_text(design, rounds, bool(manifest.aa_arm)))
     parts.append(arms_line(manifest))
     if not arms:
         parts.append("No arm besides the baseline.")

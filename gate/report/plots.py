@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from gate.manifest import Manifest
 from gate.verdict import stats
 
 TOK_S_FILE = "tok_s.png"
@@ -41,18 +42,18 @@ def _ok_runs(frame: pd.DataFrame, cell: str, arm: str) -> pd.DataFrame:
     return frame[(frame["cell"] == cell) & (frame["arm"] == arm) & frame["ok"]]
 
 
-def _plotted_cells(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+def _plotted_cells(frame: pd.DataFrame, manifest: Manifest) -> list[str]:
     ok_cells = set(frame.loc[frame["ok"] & frame[stats.THROUGHPUT].notna(), "cell"])
     return [cell for cell in stats.cell_order(frame, manifest) if cell in ok_cells]
 
 
-def _labels(frame: pd.DataFrame, manifest: dict[str, Any]) -> dict[str, str]:
+def _labels(frame: pd.DataFrame, manifest: Manifest) -> dict[str, str]:
     flagged = stats.planner_off_arms(frame, manifest)
     return {arm: arm + stats.PLANNER_OFF if arm in flagged else arm
             for arm in stats.arm_order(frame, manifest)}
 
 
-def _panels(frame: pd.DataFrame, manifest: dict[str, Any], path: Path,
+def _panels(frame: pd.DataFrame, manifest: Manifest, path: Path,
             title: str) -> tuple[Figure, list[tuple[Any, str]]] | None:
     """A figure with one panel per plotted cell, as (axis, cell) pairs; with no ok run to plot,
     writes the empty figure and returns None."""
@@ -73,7 +74,7 @@ def _median_bar(ax, x: float, values: pd.Series, **style: Any) -> None:
     ax.errorbar([x], [median], yerr=[[low], [high]], **style)
 
 
-def plot_tok_s(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> None:
+def plot_tok_s(frame: pd.DataFrame, manifest: Manifest, path: Path) -> None:
     """Output tok/s per cell (one panel each) per arm: median marker, min-max error bar."""
     panels = _panels(frame, manifest, path,
                      "Output tok/s per arm: median over ok runs, bars min-max")
@@ -92,7 +93,7 @@ def plot_tok_s(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> Non
     fig.savefig(path, dpi=110)
 
 
-def plot_itl(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> None:
+def plot_itl(frame: pd.DataFrame, manifest: Manifest, path: Path) -> None:
     """ITL p50 and mean per cell (one panel each) per arm: median over ok runs, min-max bars."""
     panels = _panels(frame, manifest, path,
                      "Inter-token latency per arm: median over ok runs, bars min-max")
@@ -113,7 +114,7 @@ def plot_itl(frame: pd.DataFrame, manifest: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _arm_axis(ax, frame: pd.DataFrame, manifest: dict[str, Any], cell: str) -> None:
+def _arm_axis(ax, frame: pd.DataFrame, manifest: Manifest, cell: str) -> None:
     arms = stats.arm_order(frame, manifest)
     labels = _labels(frame, manifest)
     ax.set_xticks(range(len(arms)), [labels[a] for a in arms], rotation=20, ha="right")

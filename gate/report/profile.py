@@ -1,13 +1,15 @@
 """profile.md: where each arm's step time goes, from the profile windows of a session
-(profiling.py). Per cell: each arm's step numbers by kind, then per step kind the kernel table
-of every arm side by side, and each arm's diff against the baseline with its one-line headline.
-The tables read the same whichever tool recorded the windows (resident/profiling/)."""
+(gate/run/profiling.py). Per cell: each arm's step numbers by kind, then per step kind the
+kernel table of every arm side by side, and each arm's diff against the baseline with its
+one-line headline. The tables read the same whichever tool recorded the windows
+(resident/profiling/)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gate.report.markdown import fmt, md_table, page_title
+from gate.manifest import Manifest
+from gate.report.markdown import fmt, known, md_table, page_title
 from resident.profiling.summary import KindDiff, KindSummary, ProfileSummary, diff
 
 PROFILE_FILE = "profile.md"
@@ -26,14 +28,14 @@ trace (`profiles/*.json.gz`) in https://ui.perfetto.dev or chrome://tracing; an 
 Nsight Systems."""
 
 
-def render_profile_md(manifest: dict[str, Any], records: list[dict[str, Any]]) -> str:
+def render_profile_md(manifest: Manifest, records: list[dict[str, Any]]) -> str:
     """records: profiles.jsonl's lines ({"round", "arm", "concurrency", "tool", "trace",
     "summary", "error"})."""
-    tool = manifest.get("profile", {})
+    tool = manifest.profile or {}
     lines = [page_title(manifest, "profiles"), "",
              f"Tool: {tool.get('tool', '?')} ({tool.get('why', '')}). "
-             f"Baseline {manifest.get('baseline', '?')}.", "", READING, ""]
-    arms = [a["name"] for a in manifest.get("arms", [])]
+             f"Baseline {known(manifest.baseline)}.", "", READING, ""]
+    arms = manifest.arm_names
     for cell in sorted({r["concurrency"] for r in records}):
         cell_records = {r["arm"]: r for r in records if r["concurrency"] == cell}
         lines += [f"## c={cell}", ""]

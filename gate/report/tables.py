@@ -14,7 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from gate.records import read_manifest, read_runs
+from gate.manifest import Manifest
+from gate.records import read_profiles, read_runs
 from gate.report import plots
 from gate.report.markdown import (
     TableSpec,
@@ -36,8 +37,7 @@ from gate.report.markdown import (
 )
 from gate.report.paired import PAIRED_FILE, paired_md
 from gate.report.profile import PROFILE_FILE, render_profile_md
-from gate.run.profiling import read_profiles
-from gate.run.timing import time_line, time_summary
+from gate.report.timing import time_line, time_summary
 from gate.verdict import stats
 
 ROUNDS_FILE = "rounds.md"
@@ -111,7 +111,7 @@ def _vs(arm_median: float, base_median: float) -> float | None:
     return round(arm_median / base_median - 1.0, 4)
 
 
-def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
+def summary_rows(frame: pd.DataFrame, manifest: Manifest,
                  verdicts: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per cell (manifest order) and arm (manifest order) that has runs in that cell:
     the session's JSON result (summary.json).
@@ -125,7 +125,7 @@ def summary_rows(frame: pd.DataFrame, manifest: dict[str, Any],
     server's and the client's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token,
     core_cpu_share, client_cpu_share).
     """
-    baseline = manifest.get("baseline")
+    baseline = manifest.baseline
     flagged = stats.planner_off_arms(frame, manifest)
     rows = []
     for cell in stats.cell_order(frame, manifest):
@@ -173,7 +173,7 @@ def _round_row(runs: pd.DataFrame, label: str, round_index: int, run_numbers: li
             _failed_text(runs)]
 
 
-def _rounds_block(frame: pd.DataFrame, manifest: dict[str, Any], cell: str,
+def _rounds_block(frame: pd.DataFrame, manifest: Manifest, cell: str,
                   flagged: set[str]) -> str:
     in_cell = frame[frame["cell"] == cell]
     run_numbers = sorted(int(n) for n in set(in_cell["run"]))
@@ -221,7 +221,7 @@ def _failed_runs_section(frame: pd.DataFrame, flagged: set[str]) -> str | None:
     return "## Failed runs\n\n" + "\n\n".join(blocks)
 
 
-def rounds_md(frame: pd.DataFrame, manifest: dict[str, Any]) -> str:
+def rounds_md(frame: pd.DataFrame, manifest: Manifest) -> str:
     """Per cell, one row per (arm, round) with each run's tok/s."""
     flagged = stats.planner_off_arms(frame, manifest)
     parts = [page_title(manifest, "runs by round"), header_line(manifest), arms_line(manifest),
@@ -354,16 +354,16 @@ def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def summary_flagged(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> set[str]:
+def summary_flagged(rows: list[dict[str, Any]], manifest: Manifest) -> set[str]:
     """Arms flagged planner-off in the manifest or in any summary row."""
-    return stats.manifest_planner_off(manifest) | {r["arm"] for r in rows if r["planner_off"]}
+    return manifest.planner_off_arms | {r["arm"] for r in rows if r["planner_off"]}
 
 
-def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
+def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
     """Per cell and arm: tok/s median [min-max], req/s, vs baseline and verdict; then TTFT,
     TPOT, ITL and E2EL percentiles; then each arm's health."""
-    baseline = manifest.get("baseline", "main")
-    arms = [arm["name"] for arm in manifest.get("arms") or []]
+    baseline = summary_baseline(manifest)
+    arms = manifest.arm_names
     arms += [row["arm"] for row in rows if row["arm"] not in arms]
     arms = list(dict.fromkeys(arms))
     flagged = summary_flagged(rows, manifest)
@@ -391,10 +391,17 @@ def summary_md(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def summary_json(rows: list[dict[str, Any]], manifest: dict[str, Any]) -> dict[str, Any]:
+def summary_baseline(manifest: Manifest) -> str:
+    """The baseline's name as the summary's tables head its column: `vs main` where a
+    manifest names none."""
+    return manifest.baseline or "main"
+
+
+def summary_json(rows: list[dict[str, Any]], manifest: Manifest) -> dict[str, Any]:
     """The session's JSON result: its name and baseline, where its time went (`timing`:
-    gate/run/timing.py's time_summary, None when not recorded), and the summary rows as `cells`."""
-    return {"name": manifest.get("name"), "baseline": manifest.get("baseline"),
+    gate/report/timing.py's time_summary, None when not recorded), and the summary rows as
+    `cells`."""
+    return {"name": manifest.name or None, "baseline": manifest.baseline,
             "timing": time_summary(manifest), "cells": rows}
 
 
@@ -406,13 +413,12 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
 
     Reads runs.jsonl and manifest.json there; returns the summary rows.
     """
-    manifest = read_manifest(directory)
+    manifest = Manifest.read(directory)
     frame = stats.runs_frame(read_runs(directory))
-    baseline = manifest.get("baseline")
+    baseline = manifest.baseline
     slots = stats.by_slot(manifest)
     paired = stats.paired_deltas(frame, baseline, slots)
-    verdicts = stats.verdicts(frame, baseline, manifest.get("aa_arm"), stats.design_of(manifest),
-                              slots)
+    verdicts = stats.verdicts(frame, baseline, manifest.aa_arm, stats.design_of(manifest), slots)
     rows = summary_rows(frame, manifest, verdicts)
     (directory / ROUNDS_FILE).write_text(rounds_md(frame, manifest))
     (directory / SUMMARY_FILE).write_text(summary_md(rows, manifest))

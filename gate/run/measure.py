@@ -10,6 +10,7 @@ import resource
 import time
 
 from gate.config import GateConfig
+from gate.manifest import ArmEntry
 from gate.records import RunRecord
 from gate.run.arms import Arm
 from gate.run.load import LoadSpec, RunResult, run_load, warm_up
@@ -81,18 +82,20 @@ def _client_cpu_s() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def check_identity(arm: Arm, entry: dict, debug: dict, fingerprint: str | None,
-                   log_tail: str) -> str | None:
-    """Fails (ServerFailed) a resident arm's server whose /debug/config (`debug`) shows a
-    package from outside the arm's tree, a source digest other than the one its manifest
-    `entry` recorded in an earlier round, or weights other than `fingerprint` (the first arm's;
-    None: this is the first). Records `debug` in `entry`; returns the weights fingerprint."""
-    recorded = (entry.get("debug_config") or {}).get("source_digest")
+def check_source(arm: Arm, entry: ArmEntry, debug: dict, log_tail: str) -> None:
+    """Fails (ServerFailed) a resident arm's server whose /debug/config (`debug`) gives a source
+    digest other than the one its manifest `entry` recorded in an earlier round."""
+    recorded = (entry.debug_config or {}).get("source_digest")
     if recorded and debug.get("source_digest") != recorded:
         raise ServerFailed(f"{arm.name}: its package's source digest "
                            f"{debug.get('source_digest')} differs from {recorded}, which "
                            f"the session's earlier rounds ran", log_tail)
-    entry["debug_config"] = debug
+
+
+def check_package(arm: Arm, debug: dict, fingerprint: str | None, log_tail: str) -> str | None:
+    """Fails (ServerFailed) a resident arm's server whose /debug/config (`debug`) shows a
+    package from outside the arm's tree, or weights other than `fingerprint` (the first arm's;
+    None: this is the first). Returns the weights fingerprint."""
     expected = str((arm.tree / "resident").resolve())
     if debug.get("resident_package_path") != expected:
         raise ServerFailed(f"{arm.name}: its resident package came from "

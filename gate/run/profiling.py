@@ -25,7 +25,6 @@ from gate.run.server import Server
 from resident.profiling.summary import summarize
 from resident.profiling.torch_trace import from_chrome_trace
 
-PROFILES_FILE = "profiles.jsonl"
 TRACES_DIR = "profiles"
 SETTLE_S = 2.0  # the steady load reaches its concurrency before the window opens
 WINDOW_CAP_S = 120.0  # a window closes after this even if its steps did not run
@@ -82,15 +81,3 @@ def _keep_trace(trace: Path, out: Path, name: str) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001 - the trace is kept; the session goes on
         record["error"] = f"summarizing {kept.name} failed: {type(error).__name__}: {error}"
     return record
-
-
-def append_profile(out: Path, record: dict[str, Any]) -> None:
-    with (out / PROFILES_FILE).open("a") as file:
-        file.write(json.dumps(record) + "\n")
-
-
-def read_profiles(out: Path) -> list[dict[str, Any]]:
-    path = out / PROFILES_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -5,12 +5,13 @@ resumption. The code and weights are checked again as each server starts (measur
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
-from typing import Any
 
 from gate.config import GateConfig
-from gate.records import RUNS_FILE, RunRecord, read_manifest, read_runs, rewrite_runs
+from gate.manifest import Manifest, Resumption
+from gate.records import RUNS_FILE, RunRecord, read_runs, rewrite_runs
 from gate.verdict.rule import MIN_EFFECT
 
 # what must match between a session's manifest and a run that resumes it, and the value of those
@@ -31,36 +32,38 @@ def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int
     return count
 
 
-def resume_manifest(out: Path, fresh: dict[str, Any], config: GateConfig,
-                    command_line: list[str]) -> tuple[int, dict[str, Any]]:
+def resume_manifest(out: Path, fresh: Manifest, config: GateConfig,
+                    command_line: list[str]) -> tuple[int, Manifest]:
     """Checks that `out` holds the session whose manifest this invocation would write
     (`fresh`), drops its partial round from runs.jsonl and logs the resumption; returns the
     first round to run and the session's manifest."""
     if not (out / RUNS_FILE).exists():
         raise ValueError(f"--resume: {out} holds no session to resume")
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out)
+    ours, theirs = fresh.to_dict(), manifest.to_dict()
     for key in RESUME_KEYS + ("arms",):
-        ours, theirs = fresh[key], manifest.get(key, RESUME_DEFAULTS.get(key))
         if key == "arms":  # the code itself is checked by digest as each server starts
-            ours, theirs = ([[a["name"], a["spec"], a["knobs"]] for a in arms]
-                            for arms in (ours, theirs))
-        if ours != theirs:
-            raise ValueError(f"--resume: {key} is {ours} here but {theirs} in {out}")
+            mine, recorded = ([[a.name, a.spec, a.knobs] for a in m.arms]
+                              for m in (fresh, manifest))
+        else:
+            mine, recorded = ours[key], theirs.get(key)
+            if recorded is None:  # a manifest from before the key
+                recorded = RESUME_DEFAULTS.get(key)
+        if mine != recorded:
+            raise ValueError(f"--resume: {key} is {mine} here but {recorded} in {out}")
     records = read_runs(out)
-    first = completed_rounds(records, [a["name"] for a in fresh["arms"]], config.concurrency,
-                             config.runs)
+    first = completed_rounds(records, fresh.arm_names, config.concurrency, config.runs)
     rewrite_runs(out, [r for r in records if r.round < first])
-    manifest["rounds"] = config.planned_rounds
-    manifest["max_rounds"] = config.max_rounds
-    manifest.setdefault("resumed", []).append({
-        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_round": first,
-        "command": command_line, "host": fresh["host"], "versions": fresh["versions"],
-        "removed_env": fresh["removed_env"]})
-    return first, manifest
+    resumption = Resumption(at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), from_round=first,
+                            command=tuple(command_line), host=fresh.host,
+                            versions=fresh.versions, removed_env=fresh.removed_env)
+    return first, dataclasses.replace(manifest, rounds=config.planned_rounds,
+                                      max_rounds=config.max_rounds,
+                                      resumed=(*manifest.resumed, resumption))
 
 
-def first_fingerprint(manifest: dict[str, Any]) -> str | None:
+def first_fingerprint(manifest: Manifest) -> str | None:
     """The weights fingerprint of the first arm the session's earlier rounds measured."""
-    fingerprints = [a["debug_config"].get("weights_fingerprint")
-                    for a in manifest["arms"] if a.get("debug_config")]
+    fingerprints = [a.debug_config.get("weights_fingerprint")
+                    for a in manifest.arms if a.debug_config]
     return fingerprints[0] if fingerprints else None

@@ -15,6 +15,7 @@ manifest.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shutil
 import time
@@ -26,17 +27,12 @@ from pathlib import Path
 from rich.console import Console
 
 from gate.config import GateConfig
-from gate.records import (
-    RUNS_FILE,
-    RunRecord,
-    append_run,
-    read_runs,
-    write_manifest,
-)
+from gate.manifest import ArmEntry, Manifest, ServerTiming, Stop, Timing
+from gate.records import RUNS_FILE, RunRecord, append_profile, append_run, read_runs
 from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.run.bytecode import server_pycache
 from gate.run.load import LoadSpec
-from gate.run.measure import RunPlace, check_identity, measure_run, warmed_load
+from gate.run.measure import RunPlace, check_package, check_source, measure_run, warmed_load
 from gate.run.placement import (
     Placement,
     default_placement,
@@ -44,11 +40,10 @@ from gate.run.placement import (
     read_topology,
     resolve_placement,
 )
-from gate.run.profiling import append_profile, profile_cell, profile_tool
+from gate.run.profiling import profile_cell, profile_tool
 from gate.run.resume import first_fingerprint, resume_manifest
 from gate.run.server import LaunchSpec, Server, ServerFailed, clean_environment
 from gate.run.telemetry import gather_versions, host_info
-from gate.run.timing import server_entry
 from gate.verdict.rule import FIRST_LOOK
 from gate.verdict.stats import runs_frame, undecided
 
@@ -102,7 +97,7 @@ class Session:
         self.out = self.config.out_dir()
         self.arms = self._resolve_arms()
         self.placement = self._placement()
-        self.manifest: dict = {}
+        self.manifest = Manifest()
         self._fingerprint: str | None = None
         self._clock = time.monotonic()  # this invocation's start
         self._wall_before = 0.0  # the wall time of the invocations this one resumes
@@ -135,27 +130,26 @@ class Session:
                                     set(os.sched_getaffinity(0)))
         return resolve_placement(default, overrides)
 
-    def _base_manifest(self, removed_env: list[str]) -> dict:
+    def _base_manifest(self, removed_env: list[str]) -> Manifest:
         config = self.config
-        return {
-            "name": config.name, "command": self.command_line,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "baseline": self.arms[0].name,
-            "aa_arm": self.arms[1].name if config.aa else None,
-            "arms": [{**arm.to_dict(), "planner_off": False, "debug_config": None}
-                     for arm in self.arms],
-            "model": config.model, "device": config.device, "cells": list(config.concurrency),
-            "prompt_len": config.prompt_len, "output_len": config.output_len,
-            "rounds": config.planned_rounds, "until_verdict": config.until_verdict,
-            "max_rounds": config.max_rounds, "min_effect": config.min_effect,
-            "rounds_run": 0, "runs": config.runs, "interleave": config.interleave,
-            "parallel_start": config.parallel_start,
-            "requests": {f"c={c}": config.requests_for(c) for c in config.concurrency},
-            "seed": config.seed, "placement": self.placement.to_dict(),
-            "removed_env": removed_env, "host": host_info(), "versions": gather_versions(),
-            "profile": ({**profile_tool(config.device), "steps": config.profile_steps}
-                        if config.profile else None),
-        }
+        return Manifest(
+            name=config.name, command=tuple(self.command_line),
+            created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            baseline=self.arms[0].name,
+            aa_arm=self.arms[1].name if config.aa else None,
+            arms=tuple(ArmEntry.from_dict(arm.to_dict()) for arm in self.arms),
+            model=config.model, device=config.device, cells=config.concurrency,
+            prompt_len=config.prompt_len, output_len=config.output_len,
+            rounds=config.planned_rounds, until_verdict=config.until_verdict,
+            max_rounds=config.max_rounds, min_effect=config.min_effect,
+            rounds_run=0, runs=config.runs, interleave=config.interleave,
+            parallel_start=config.parallel_start,
+            requests={f"c={c}": config.requests_for(c) for c in config.concurrency},
+            seed=config.seed, placement=self.placement.to_dict(),
+            removed_env=tuple(removed_env), host=host_info(), versions=gather_versions(),
+            profile=({**profile_tool(config.device), "steps": config.profile_steps}
+                     if config.profile else None),
+            timing=Timing())
 
     # -- the session ------------------------------------------------------------------------
 
@@ -193,7 +187,7 @@ class Session:
             failed = sum(asyncio.run(self._serve_arm(arm, round_index, position, cache))
                          for position, arm in enumerate(order))
         shutil.rmtree(cache, ignore_errors=True)
-        self.manifest["rounds_run"] = round_index + 1
+        self.manifest = dataclasses.replace(self.manifest, rounds_run=round_index + 1)
         self._save_manifest()
         return failed
 
@@ -211,7 +205,7 @@ class Session:
         return True
 
     def _note_stop(self, rounds: int, reason: str) -> None:
-        self.manifest["stopped"] = {"after_rounds": rounds, "reason": reason}
+        self.manifest = dataclasses.replace(self.manifest, stopped=Stop(rounds, reason))
         self.console.log(f"stopping after {rounds} rounds: {reason}")
 
     def _start(self, removed_env: list[str]) -> int:
@@ -228,7 +222,7 @@ class Session:
         first, self.manifest = resume_manifest(self.out, self._base_manifest(removed_env),
                                                self.config, self.command_line)
         self._fingerprint = first_fingerprint(self.manifest)
-        self._wall_before = (self.manifest.get("timing") or {}).get("wall_s") or 0.0
+        self._wall_before = self.manifest.timing.wall_s if self.manifest.timing else 0.0
         self._save_manifest()
         self.console.log(f"resuming {self.out} at round {first} of "
                          f"{self.config.planned_rounds}")
@@ -366,33 +360,37 @@ class Session:
 
     def _record_server(self, round_index: int, arm: Arm, server: Server,
                        launch: str | None = None) -> None:
-        timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
-        timing["servers"].append(server_entry(round_index, arm.name, server.health_s,
-                                              server.stop_s, server.startup, launch,
-                                              server.caches, server.launched_at))
+        self.manifest = self.manifest.with_server(ServerTiming(
+            round=round_index, arm=arm.name, launched_at=server.launched_at,
+            health_s=server.health_s, stop_s=server.stop_s, startup=server.startup,
+            caches=server.caches, launch=launch))
         self._save_manifest()
 
     def _save_manifest(self) -> None:
         """Writes the manifest with the session's wall time so far (earlier invocations'
         included), so a session killed mid-way still says how long it ran."""
-        timing = self.manifest.setdefault("timing", {"wall_s": 0.0, "servers": []})
-        timing["wall_s"] = round(self._wall_before + time.monotonic() - self._clock, 3)
-        write_manifest(self.out, self.manifest)
+        wall_s = round(self._wall_before + time.monotonic() - self._clock, 3)
+        self.manifest = self.manifest.with_wall(wall_s)
+        self.manifest.write(self.out)
 
     async def _check_identity(self, arm: Arm, server: Server) -> bool:
         """Records the arm's /debug/config and fails a server that is not the arm
-        (measure.check_identity). Returns whether it asked for the planner and did not get
-        it."""
-        entry = next(a for a in self.manifest["arms"] if a["name"] == arm.name)
+        (measure.check_source and check_package). Returns whether it asked for the planner and
+        did not get it."""
         if arm.kind != "resident":
             return False
         debug = await server.get_json("/debug/config") or {}
         server.startup, server.caches = debug.get("startup"), debug.get("caches")
-        self._fingerprint = check_identity(arm, entry, debug, self._fingerprint,
-                                           server.log_tail())
+        check_source(arm, self.manifest.arm(arm.name), debug, server.log_tail())
+        self.manifest = self.manifest.with_arm(arm.name, debug_config=debug)
+        try:
+            self._fingerprint = check_package(arm, debug, self._fingerprint, server.log_tail())
+        finally:
+            self._save_manifest()
         planner_off = arm.asks_for_planner and debug.get("planning_mode") != "resident"
-        entry["planner_off"] = entry["planner_off"] or planner_off
-        self._save_manifest()
+        if planner_off:
+            self.manifest = self.manifest.with_arm(arm.name, planner_off=True)
+            self._save_manifest()
         return planner_off
 
     async def _profile(self, live: LiveServer) -> int:

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gate.manifest import Manifest
+from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord
-from gate.run.load import ServeMetrics
 from gate.verdict import rule
 
 _GPU_FIELDS = tuple(f.name for f in dataclasses.fields(GpuSample))
@@ -38,30 +39,25 @@ VERDICT_COLUMNS = ("cell", "arm", "rounds", "decided_at", "noise_arms", "estimat
                    "verdict")
 
 
-def cell_order(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+def cell_order(frame: pd.DataFrame, manifest: Manifest) -> list[str]:
     """Cells ("c=16") in the manifest's order, then any others the runs hold, by concurrency."""
-    cells = [f"c={c}" for c in manifest.get("cells") or []]
-    extra = sorted(set(frame["concurrency"]) - set(manifest.get("cells") or []))
+    cells = [f"c={c}" for c in manifest.cells]
+    extra = sorted(set(frame["concurrency"]) - set(manifest.cells))
     return cells + [f"c={c}" for c in extra]
 
 
-def arm_order(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+def arm_order(frame: pd.DataFrame, manifest: Manifest) -> list[str]:
     """Arms in the manifest's order (the A/A arm after them if unlisted), then unlisted arms."""
-    names = [arm["name"] for arm in manifest.get("arms") or []]
-    for name in [manifest.get("aa_arm"), *frame["arm"]]:
+    names = manifest.arm_names
+    for name in [manifest.aa_arm, *frame["arm"]]:
         if name and name not in names:
             names.append(name)
     return names
 
 
-def manifest_planner_off(manifest: dict[str, Any]) -> set[str]:
-    """Arms the manifest flags planner_off."""
-    return {arm["name"] for arm in manifest.get("arms") or [] if arm.get("planner_off")}
-
-
-def planner_off_arms(frame: pd.DataFrame, manifest: dict[str, Any]) -> set[str]:
+def planner_off_arms(frame: pd.DataFrame, manifest: Manifest) -> set[str]:
     """Arms flagged planner_off in the manifest or in any of their runs."""
-    return manifest_planner_off(manifest) | set(frame.loc[frame["planner_off"], "arm"])
+    return manifest.planner_off_arms | set(frame.loc[frame["planner_off"], "arm"])
 
 
 def _record_row(record: RunRecord) -> dict:
@@ -108,10 +104,10 @@ def _judged(frame: pd.DataFrame, baseline: str) -> Iterable[tuple[int, str]]:
             yield concurrency, arm
 
 
-def by_slot(manifest: dict[str, Any]) -> bool:
+def by_slot(manifest: Manifest) -> bool:
     """Whether the session's rounds are summarised slot by slot: its servers of a round ran
     side by side, the arms' runs alternating (--interleave)."""
-    return bool(manifest.get("interleave"))
+    return manifest.interleave
 
 
 def paired_deltas(frame: pd.DataFrame, baseline: str, slots: bool = False) -> pd.DataFrame:
@@ -157,12 +153,12 @@ def sign_test_p(deltas: Iterable[float]) -> float:
     return float(rule.sign_p(np.array([(values > 0).sum()]), np.array([(values < 0).sum()]))[0])
 
 
-def design_of(manifest: dict[str, Any]) -> rule.Design:
+def design_of(manifest: Manifest) -> rule.Design:
     """How the session's rounds are judged, from its manifest (a session from before
     --until-verdict ran a fixed number)."""
-    return rule.Design(until_verdict=bool(manifest.get("until_verdict")),
-                       max_rounds=int(manifest.get("max_rounds") or 0),
-                       min_effect=float(manifest.get("min_effect") or rule.MIN_EFFECT))
+    return rule.Design(until_verdict=manifest.until_verdict,
+                       max_rounds=manifest.max_rounds or 0,
+                       min_effect=manifest.min_effect or rule.MIN_EFFECT)
 
 
 def round_table(frame: pd.DataFrame, concurrency: int, arms: list[str],
@@ -212,12 +208,11 @@ def _verdict_row(cell: str, arm: str, values: np.ndarray, noise_arms: list[str],
             "rule": str(judged.rule[0]), "verdict": rule.VERDICT_NAMES[int(judged.code[0])]}
 
 
-def undecided(frame: pd.DataFrame, manifest: dict[str, Any]) -> list[str]:
+def undecided(frame: pd.DataFrame, manifest: Manifest) -> list[str]:
     """"c=N arm" for each cell of the manifest and arm besides the baseline whose verdict is
     still `too few rounds` under the session's design."""
-    baseline = manifest.get("baseline")
-    table = verdicts(frame, baseline, manifest.get("aa_arm"), design_of(manifest),
-                     by_slot(manifest))
+    baseline = manifest.baseline
+    table = verdicts(frame, baseline, manifest.aa_arm, design_of(manifest), by_slot(manifest))
     arms = [arm for arm in arm_order(frame, manifest) if arm != baseline]
     return [f"{cell} {arm}" for cell in cell_order(frame, manifest) for arm in arms
             if verdict_of(table, cell, arm)["verdict"] == "too few rounds"]
