@@ -208,12 +208,12 @@ def test_a_check_yaml_takes_run_and_check_keys_and_the_command_line_wins(tmp_pat
     path = tmp_path / "check.yaml"
     path.write_text(yaml.safe_dump({"arm": ["main=."], "set": ["dtype=float64"], "prompts": 4,
                                     "near-tie": 0.5, "sweep": "greedy"}))
-    gate, check = build_check_configs({"config": path, "prompts": 2, "arm": None})
+    gate, check = build_check_configs(path, {}, {"prompts": 2, "sweep": None})
     assert gate.arms == ("main=.",) and gate.knobs == ("dtype=float64",) and gate.name == "check"
     assert (check.prompts, check.near_tie, check.sweeps) == (2, 0.5, ("greedy",))
     path.write_text(yaml.safe_dump({"arm": ["main=."], "sessions": 3}))
     with pytest.raises(ValueError, match="unknown key 'sessions'"):
-        build_check_configs({"config": path})
+        build_check_configs(path, {}, {})
 
 
 def test_the_prompt_set_is_text_in_the_repository():

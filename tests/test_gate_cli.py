@@ -52,7 +52,7 @@ def test_run_help_shows_every_default_in_one_style():
                  "[default: table]", "[default: --no-aa]"):
         assert text in output, text
     assert not re.search(r"\[(tiny|cpu|gate|512)\]", output)  # the old bare style
-    assert "--sessions" not in output  # the old name works, hidden
+    assert "--sessions" not in output  # the old name of --rounds is gone
 
 
 def _resident(*args: str):

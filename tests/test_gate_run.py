@@ -223,8 +223,7 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
         runs_file.write(json.dumps(partial) + "\n")
     wrong = invoke(*one_round, "--rounds", "2", "--resume", "--prompt-len", "8")
     assert wrong.exit_code == 2 and "prompt_len" in " ".join(wrong.output.split())
-    # --sessions, the option's old name, still works
-    result = invoke(*one_round, "--sessions", "2", "--resume")
+    result = invoke(*one_round, "--rounds", "2", "--resume")
     assert result.exit_code == 0, result.output
     runs = read_runs(out)
     assert [(r.round, r.run, r.ok) for r in runs] == [
@@ -334,7 +333,7 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     (["run", "--arm", "main=.", "--set", "head.page_size=8"], "no arm named 'head'"),
     (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
     (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
-    (["run", "--arm", "main=.", "--rounds", "2", "--sessions", "3"], "old name of --rounds"),
+    (["run", "--arm", "main=.", "--sessions", "3"], "No such option: --sessions"),
     (["run", "--arm", "main=.", "--until-verdict"], "--until-verdict needs --max-rounds"),
     (["run", "--arm", "main=.", "--max-rounds", "3"], "goes with --until-verdict"),
     (["run", "--arm", "main=.", "--rounds", "3", "--until-verdict", "--max-rounds", "4"],

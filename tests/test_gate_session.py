@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gate.commands.check import build_check_configs
-from gate.config import GateConfig, build_gate_config
+from gate.config import GateConfig
 from gate.manifest import Manifest
 from gate.metrics import ServeMetrics
 from gate.records import RunRecord, append_run, read_runs
@@ -108,22 +108,22 @@ def test_every_shipped_gate_config_builds(path):
     """The configs the README and tests/gpu/h200.sh name are valid as they stand (a check
     config through the check command's loader)."""
     if path.name.startswith("check-"):
-        config, check = build_check_configs({"config": path})
+        config, check = build_check_configs(path, {}, {})
         assert check.sweeps
     else:
-        config = build_gate_config({}, path)
+        config = GateConfig.from_options(path, {})
     assert config.arms and config.planned_rounds >= 1
 
 
 def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):
     config_file = tmp_path / "gate.yaml"
     config_file.write_text('arm: ["main=."]\nrounds: 4\n')
-    config = build_gate_config({"until_verdict": True, "max_rounds": 6}, config_file)
+    config = GateConfig.from_options(config_file, {"until_verdict": True, "max_rounds": 6})
     assert config.until_verdict and config.planned_rounds == 6
-    assert build_gate_config({}, config_file).planned_rounds == 4
+    assert GateConfig.from_options(config_file, {}).planned_rounds == 4
     config_file.write_text('arm: ["main=."]\nrounds: 4\nuntil_verdict: true\nmax_rounds: 6\n')
     with pytest.raises(ValueError, match="--rounds 4 and --until-verdict"):
-        build_gate_config({}, config_file)
+        GateConfig.from_options(config_file, {})
 
 
 @pytest.mark.parametrize("options, message", [
@@ -155,8 +155,8 @@ def test_requests_per_run_one_for_every_cell_or_one_per_cell(tmp_path):
     assert GateConfig(arms=("main=.",), requests=(5,)).requests_for(64) == 5
     config_file = tmp_path / "gate.yaml"
     config_file.write_text('arm: ["main=."]\nconcurrency: [1, 4]\nrequests: [2, 12]\n')
-    config = build_gate_config({}, config_file)
+    config = GateConfig.from_options(config_file, {})
     assert (config.requests_for(1), config.requests_for(4)) == (2, 12)
-    assert build_gate_config({"requests": "6"}, config_file).requests_for(4) == 6
+    assert GateConfig.from_options(config_file, {"requests": "6"}).requests_for(4) == 6
     config_file.write_text('arm: ["main=."]\nrequests: 3\n')
-    assert build_gate_config({}, config_file).requests_for(16) == 3
+    assert GateConfig.from_options(config_file, {}).requests_for(16) == 3

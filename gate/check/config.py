@@ -36,19 +36,12 @@ SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows")
 PROMPT_FILE = "configs/prompts/public-domain.yaml"
 MAX_LOGPROBS = 20  # the most resident's API gives (vLLM's default limit)
 
-# check YAML keys (dashes or underscores) -> CheckConfig fields
-CHECK_KEYS = {"sweep": "sweeps", "prompts": "prompts", "max_tokens": "max_tokens",
-              "concurrency": "concurrency", "slot_concurrency": "slot_concurrency",
-              "logprobs": "logprobs", "near_tie": "near_tie", "kv_pressure": "kv_pressure",
-              "slot_pressure": "slot_pressure", "prompt_file": "prompt_file"}
-# the `run` keys a check takes -> GateConfig fields
-GATE_KEYS = {"arm": "arms", "set": "knobs", "model": "model", "device": "device", "name": "name",
-             "out": "out", "startup_timeout": "startup_timeout", "server_cpus": "server_cpus",
-             "step_cores": "step_cores", "api_core": "api_core", "client_cpus": "client_cpus",
-             "gpu": "gpu"}
-# the check command's own parameters -> CheckConfig fields
-CHECK_PARAMS = {"sweep": "sweeps", "prompts": "prompts", "max_tokens": "max_tokens",
-                "near_tie": "near_tie"}
+# a check's --config keys (dashes or underscores): its own options, named as its fields (but
+# `sweep`, the option, for `sweeps`), and the `run` options a check takes (config.option_fields)
+CHECK_OPTIONS = ("sweep", "prompts", "max_tokens", "concurrency", "slot_concurrency", "logprobs",
+                 "near_tie", "kv_pressure", "slot_pressure", "prompt_file")
+GATE_OPTIONS = ("arm", "set", "model", "device", "name", "out", "startup_timeout", "server_cpus",
+                "step_cores", "api_core", "client_cpus", "gpu")
 
 
 def _listed(name: str, value: Any, split: bool) -> tuple[str, ...]:
@@ -101,8 +94,11 @@ class CheckConfig:
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> CheckConfig:
-        """From YAML or option values: lists may come as comma-separated text."""
+        """From YAML or option values, keyed by field (or `sweep`, the option's name): lists
+        may come as comma-separated text."""
         values = dict(values)
+        if "sweep" in values:
+            values["sweeps"] = values.pop("sweep")
         for name in ("sweeps", "kv_pressure", "slot_pressure"):
             if name in values:
                 values[name] = _listed(name, values[name], split=name == "sweeps")

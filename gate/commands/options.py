@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -109,8 +109,6 @@ ParallelStartOpt = Annotated[bool | None, typer.Option(
     "rather than one after another. Quicker where a start is mostly imports (the tiny model on "
     "a CPU); with torch.compile each server then compiles for itself, so a round's arms no "
     "longer replay one set of kernel choices from its Inductor cache.", rich_help_panel=ROUNDS)]
-# the old name of --rounds, still accepted
-SessionsOpt = Annotated[int | None, typer.Option("--sessions", hidden=True)]
 
 ProfileOpt = Annotated[bool | None, typer.Option(
     "--profile", metavar="", help="After the timed runs of round 1, one profile window per arm "
@@ -142,25 +140,6 @@ ResumeOpt = Annotated[bool, typer.Option(
     "and design must match.")]
 FormatOpt = Annotated[OutputFormat, typer.Option(
     "--format", metavar="[table|json|md]", help="How the summary prints on stdout.")]
-
-
-# command parameters that are not GateConfig fields, and those named differently
-_NOT_CONFIG = ("config", "resume", "output_format", "sessions", "show_help")
-_FIELD_OF = {"arm": "arms"}
-
-
-def gate_options(params: dict[str, Any]) -> dict[str, Any]:
-    """A command's parameters (its `locals()` on entry) as GateConfig fields; `--sessions`, the
-    old name of `--rounds`, counts as `--rounds`."""
-    options = {_FIELD_OF.get(name, name): value for name, value in params.items()
-               if name not in _NOT_CONFIG}
-    sessions = params.get("sessions")
-    if sessions is not None:
-        if options.get("rounds") not in (None, sessions):
-            raise ValueError(f"--sessions {sessions} and --rounds {options['rounds']}: "
-                             "--sessions is the old name of --rounds; give one")
-        options["rounds"] = sessions
-    return options
 
 
 # resident-gate check (defaults: gate/check/config.py CheckConfig)
