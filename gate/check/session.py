@@ -2,7 +2,7 @@
 anything.
 
 The arms are `run`'s (specs, placement, the per-session Inductor cache, the identity checks of
-Session._check_identity: each arm's package from its own tree, one weights fingerprint, one
+Session.check_identity: each arm's package from its own tree, one weights fingerprint, one
 source digest an arm across its servers), plus the yardstick: the gate's A/A arm, a second
 server of the baseline, always on. The sweeps (check/config.py) run as launches, one server per
 arm and knob set, each serving the launch's loads of the same prompts; each server's
@@ -97,7 +97,7 @@ class CheckSession(Session):
         server = Server(arm, spec, knobs, self.out / "logs" / f"{arm.name}-{launch.name}.log")
         try:
             await server.wait_ready()
-            await self._check_identity(arm, server)
+            await self.check_identity(arm, server)
             record |= await self._run_loads(arm, launch, server)
         except ServerFailed as err:
             record["error"] = str(err)
@@ -105,7 +105,7 @@ class CheckSession(Session):
             self.console.log(f"[red]{arm.name} under {launch.name}: {err}[/red]")
         finally:
             server.stop()
-            self._record_server(0, arm, server, launch.name)
+            self.record_server(0, arm, server, launch.name)
         for load in launch.loads:  # a server that failed answered nothing
             answers = self.answers.setdefault(load.name, {})
             answers.setdefault(arm.name, [Answer(False, error=f"server: {record['error']}")]

@@ -19,20 +19,18 @@ import dataclasses
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from rich.console import Console
 
 from gate.config import GateConfig
 from gate.manifest import ArmEntry, Manifest, ServerTiming, Stop, Timing
-from gate.records import RUNS_FILE, RunRecord, append_profile, append_run, read_runs
+from gate.records import RUNS_FILE, read_runs
 from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.run.bytecode import server_pycache
-from gate.run.load import LoadSpec
-from gate.run.measure import RunPlace, check_package, check_source, measure_run, warmed_load
+from gate.run.measure import check_package, check_source
 from gate.run.placement import (
     Placement,
     default_placement,
@@ -40,9 +38,10 @@ from gate.run.placement import (
     read_topology,
     resolve_placement,
 )
-from gate.run.profiling import profile_cell, profile_tool
+from gate.run.profiling import profile_tool
 from gate.run.resume import first_fingerprint, resume_manifest
-from gate.run.server import LaunchSpec, Server, ServerFailed, clean_environment
+from gate.run.rounds import Round
+from gate.run.server import LaunchSpec, Server, clean_environment
 from gate.run.telemetry import gather_versions, host_info
 from gate.verdict.rule import FIRST_LOOK
 from gate.verdict.stats import runs_frame, undecided
@@ -66,27 +65,11 @@ def triton_cache(repo: Path) -> Path:
 
 
 @dataclass
-class LiveServer:
-    """An arm's server in a round, and what the session learned of it."""
-
-    arm: Arm
-    round_index: int
-    position: int  # its place in the round's start order
-    server: Server
-    ready: bool = False
-    failed: bool = False  # it failed: no further step on it
-    planner_off: bool = False  # it asked for the planner and did not get it
-    vocab: int = 0
-    spec: LoadSpec | None = None  # the cell being measured
-
-
-def round_order(arms: list[Arm], round_index: int) -> list[Arm]:
-    """ABBA for two arms; in general each round reverses the one before."""
-    return list(arms) if round_index % 2 == 0 else list(reversed(arms))
-
-
-@dataclass
 class Session:
+    """A `run` session: its arms, placement and manifest, and its rounds (gate/run/rounds.py,
+    `round_type`), run, resumed or stopped early as the module docstring says."""
+
+    round_type: ClassVar[type[Round]] = Round
     config: GateConfig
     repo: Path
     command_line: list[str]
@@ -101,7 +84,7 @@ class Session:
         self._fingerprint: str | None = None
         self._clock = time.monotonic()  # this invocation's start
         self._wall_before = 0.0  # the wall time of the invocations this one resumes
-        self._never_started: list[str] = []  # arms whose server never became ready
+        self.never_started: list[str] = []  # arms whose server never became ready
         self._pycache = server_pycache(self.repo / PYCACHE)  # the same for every server
 
     # -- setup ------------------------------------------------------------------------------
@@ -164,8 +147,8 @@ class Session:
             if self._every_cell_decided(round_index):
                 break
             failed += self._run_round(round_index)
-            if round_index == 0 and self._never_started:
-                self._note_stop(1, f"{', '.join(self._never_started)} could not start in the "
+            if round_index == 0 and self.never_started:
+                self._note_stop(1, f"{', '.join(self.never_started)} could not start in the "
                                 "first round, and later rounds would start the same tree")
                 break
         else:
@@ -180,12 +163,9 @@ class Session:
         the number of failed runs."""
         cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
         cache.mkdir(parents=True, exist_ok=True)
-        order = round_order(self.arms, round_index)
-        if self.config.interleave:
-            failed = asyncio.run(self._interleaved_round(order, round_index, cache))
-        else:
-            failed = sum(asyncio.run(self._serve_arm(arm, round_index, position, cache))
-                         for position, arm in enumerate(order))
+        this_round = self.round_type(self, round_index, cache)
+        failed = asyncio.run(this_round.interleaved() if self.config.interleave
+                             else this_round.sequential())
         shutil.rmtree(cache, ignore_errors=True)
         self.manifest = dataclasses.replace(self.manifest, rounds_run=round_index + 1)
         self._save_manifest()
@@ -228,128 +208,6 @@ class Session:
                          f"{self.config.planned_rounds}")
         return first
 
-    async def _serve_arm(self, arm: Arm, round_index: int, position: int, cache: Path) -> int:
-        """Starts the arm's server for the round, measures each cell on it, stops it; returns
-        the number of failed runs."""
-        live = self._launch(arm, round_index, position, cache)
-        try:
-            failed = await self._guarded(live, partial(self._ready, live))
-            for concurrency in self.config.concurrency:
-                failed += await self._guarded(live, partial(self._cell, live, concurrency))
-            return failed
-        finally:
-            self._close(live)
-
-    async def _cell(self, live: LiveServer, concurrency: int) -> int:
-        """One cell on a server of its own: warmed, its timed runs, its profile window."""
-        await self._warm(live, concurrency)
-        failed = 0
-        for run in range(1, self.config.runs + 1):
-            failed += await self._run(live, run)
-        return failed + await self._profile(live)
-
-    async def _interleaved_round(self, order: list[Arm], round_index: int, cache: Path) -> int:
-        """--interleave: every arm's server started before any run (one after another, so each
-        start is timed alone and the first fills the round's Inductor cache; all at once with
-        --parallel-start); then in each cell every server is warmed, and slot by slot run j
-        of every arm back to back, in the round's order on odd slots and reversed on even ones
-        (a drift over the round then weighs on no arm's position); the servers stop after the
-        last cell. A server that fails is closed out alone (its remaining runs failed) and the
-        others go on."""
-        lives: list[LiveServer] = []
-        try:
-            failed = await self._start_round(order, round_index, cache, lives)
-            for concurrency in self.config.concurrency:
-                for live in lives:
-                    failed += await self._guarded(live, partial(self._warm, live, concurrency))
-                for run in range(1, self.config.runs + 1):
-                    for live in lives if run % 2 else reversed(lives):
-                        failed += await self._guarded(live, partial(self._run, live, run))
-                for live in lives:
-                    failed += await self._guarded(live, partial(self._profile, live))
-            return failed
-        finally:
-            for live in lives:
-                self._close(live)
-
-    async def _start_round(self, order: list[Arm], round_index: int, cache: Path,
-                           lives: list[LiveServer]) -> int:
-        """Launches the round's servers into `lives` (the caller closes them) and waits for
-        each to be ready: one after another, or together with --parallel-start."""
-        if not self.config.parallel_start:
-            failed = 0
-            for position, arm in enumerate(order):
-                lives.append(self._launch(arm, round_index, position, cache))
-                failed += await self._guarded(lives[-1], partial(self._ready, lives[-1]))
-            return failed
-        lives.extend(self._launch(arm, round_index, position, cache)
-                     for position, arm in enumerate(order))
-        ready = [self._guarded(live, partial(self._ready, live)) for live in lives]
-        return sum(await asyncio.gather(*ready))
-
-    def _launch(self, arm: Arm, round_index: int, position: int, cache: Path) -> LiveServer:
-        knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
-            else {}
-        log_path = self.out / "logs" / f"{arm.name}-round{round_index}.log"
-        self.console.log(f"round {round_index}: starting {arm.name} ({arm.spec})")
-        server = Server(arm, self.launch_spec(cache), knobs, log_path)
-        return LiveServer(arm, round_index, position, server)
-
-    async def _guarded(self, live: LiveServer, step: Callable[[], Awaitable[int]]) -> int:
-        """One step on a live server: its failed runs. A server that fails (ServerFailed) takes
-        no further step: its remaining runs of the round are recorded failed."""
-        if live.failed:
-            return 0
-        try:
-            return await step()
-        except ServerFailed as err:
-            live.failed = True
-            self.console.log(f"[red]{err}[/red]")
-            self.failures.append(str(err))
-            if not live.ready:
-                self._never_started.append(live.arm.name)
-            return self._record_all_failed(live.arm, live.round_index, live.position, str(err),
-                                           err.log_tail)
-
-    async def _ready(self, live: LiveServer) -> int:
-        """Waits for /health, checks the server is the arm and learns its vocabulary."""
-        models = await live.server.wait_ready()
-        live.ready = True
-        live.planner_off = await self._check_identity(live.arm, live.server)
-        vocab = int(models["data"][0].get("vocab_size", 0) or 0) if "data" in models else 0
-        if vocab < 1:
-            raise ServerFailed(f"{live.arm.name}: /v1/models gives no vocab_size",
-                               live.server.log_tail())
-        live.vocab = vocab
-        return 0
-
-    async def _warm(self, live: LiveServer, concurrency: int) -> int:
-        # warmed before the first run's counters are read, so its server step times and GPU
-        # samples cover its own requests only
-        live.spec = await warmed_load(live.server, self.config, concurrency, live.vocab,
-                                      live.round_index, len(self.placement.client_cpus))
-        return 0
-
-    async def _run(self, live: LiveServer, run: int) -> int:
-        """One timed run of the live server's current cell, appended to runs.jsonl."""
-        arm, server = live.arm, live.server
-        if not server.alive():
-            raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
-                               server.log_tail())
-        record = await measure_run(server, self.placement, live.spec,
-                                   RunPlace(arm.name, live.round_index, live.position, run),
-                                   live.planner_off)
-        append_run(self.out, record)
-        metrics = record.metrics
-        self.console.log(f"round {live.round_index} {arm.name} c={live.spec.concurrency} run "
-                         f"{run}: {metrics.output_throughput} tok/s, {metrics.failed} failed "
-                         "requests")
-        return int(not record.ok)
-
-    def _close(self, live: LiveServer) -> None:
-        live.server.stop()
-        self._record_server(live.round_index, live.arm, live.server)
-
     def launch_spec(self, inductor_cache: Path) -> LaunchSpec:
         """How this session starts a server: its model, device, CPUs and GPU, the given
         Inductor cache, the gate's kept Triton cache and, where needed, its bytecode cache."""
@@ -358,7 +216,7 @@ class Session:
                           triton_cache(self.repo), placement.gpu, config.startup_timeout,
                           self._pycache)
 
-    def _record_server(self, round_index: int, arm: Arm, server: Server,
+    def record_server(self, round_index: int, arm: Arm, server: Server,
                        launch: str | None = None) -> None:
         self.manifest = self.manifest.with_server(ServerTiming(
             round=round_index, arm=arm.name, launched_at=server.launched_at,
@@ -373,7 +231,7 @@ class Session:
         self.manifest = self.manifest.with_wall(wall_s)
         self.manifest.write(self.out)
 
-    async def _check_identity(self, arm: Arm, server: Server) -> bool:
+    async def check_identity(self, arm: Arm, server: Server) -> bool:
         """Records the arm's /debug/config and fails a server that is not the arm
         (measure.check_source and check_package). Returns whether it asked for the planner and
         did not get it."""
@@ -392,37 +250,4 @@ class Session:
             self.manifest = self.manifest.with_arm(arm.name, planner_off=True)
             self._save_manifest()
         return planner_off
-
-    async def _profile(self, live: LiveServer) -> int:
-        """With --profile, in round 0: the cell's profile window after its timed runs
-        (profiling.py)."""
-        if not (self.config.profile and live.round_index == 0):
-            return 0
-        spec, name = live.spec, live.arm.name
-        self.console.log(f"{name} c={spec.concurrency}: profiling "
-                         f"{self.config.profile_steps} steps")
-        record = await profile_cell(live.server, spec, self.config.profile_steps, self.out,
-                                    name, 0)
-        if record["error"]:
-            self.console.log(f"[yellow]{name} c={spec.concurrency}: {record['error']}"
-                             "[/yellow]")
-        append_profile(self.out, record)
-        return 0
-
-    def _record_all_failed(self, arm: Arm, round_index: int, position: int, error: str,
-                           log_tail: str) -> int:
-        """A server that failed to start or died: its remaining runs are failed runs."""
-        done = {(r.concurrency, r.run) for r in read_runs(self.out)
-                if r.arm == arm.name and r.round == round_index} \
-            if (self.out / RUNS_FILE).exists() else set()
-        count = 0
-        for concurrency in self.config.concurrency:
-            for run in range(1, self.config.runs + 1):
-                if (concurrency, run) in done:
-                    continue
-                append_run(self.out, RunRecord(
-                    round=round_index, arm=arm.name, position=position, concurrency=concurrency,
-                    run=run, ok=False, error=error, log_tail=log_tail, started_at=time.time()))
-                count += 1
-        return count
 
