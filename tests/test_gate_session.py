@@ -16,7 +16,7 @@ from gate.config import GateConfig
 from gate.manifest import Manifest
 from gate.metrics import ServeMetrics
 from gate.records import RunRecord, append_run, read_runs
-from gate.report.tables import write_reports
+from gate.report.write import write_reports
 from gate.run.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]

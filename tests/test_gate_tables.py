@@ -19,12 +19,12 @@ from gate.commands.report import report
 from gate.manifest import Manifest, write_manifest_json
 from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord, append_run, read_runs
-from gate.report import tables
+from gate.report import rounds, summary, write
 from gate.report.timing import startup_wall, time_line, time_summary
 from gate.run.load import LoadSpec, RequestResult, summarize
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
-REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)
+REPORTS = (rounds.ROUNDS_FILE, summary.SUMMARY_FILE, summary.SUMMARY_JSON, write.PAIRED_FILE)
 INPUTS = ("runs.jsonl", "manifest.json")
 PLOTS = ("tok_s.png", "itl.png")
 
@@ -122,7 +122,7 @@ def build_session(directory: Path) -> None:
 
 def _regenerate() -> None:
     build_session(GOLDEN)
-    tables.write_reports(GOLDEN)
+    write.write_reports(GOLDEN)
     for name in PLOTS:
         (GOLDEN / name).unlink()
 
@@ -138,7 +138,7 @@ def test_golden_reports(tmp_path):
     session.mkdir()
     for name in INPUTS:
         shutil.copy(GOLDEN / name, session / name)
-    rows = tables.write_reports(session)
+    rows = write.write_reports(session)
     for name in REPORTS:
         assert (session / name).read_text() == (GOLDEN / name).read_text(), name
     for name in PLOTS:
@@ -149,7 +149,7 @@ def test_golden_reports(tmp_path):
 
 def test_summary_rows_values(tmp_path):
     build_session(tmp_path)
-    rows = {(r["cell"], r["arm"]): r for r in tables.write_reports(tmp_path)}
+    rows = {(r["cell"], r["arm"]): r for r in write.write_reports(tmp_path)}
     head16 = rows[("c=16", "head")]
     assert head16["runs_ok"] == 3 and head16["runs_failed"] == 1
     assert head16["output_throughput"] == 1620.0
@@ -187,12 +187,12 @@ def test_degenerate_sessions_do_not_crash(tmp_path):
              "empty": ([], {})}
     for name, (records, manifest) in cases.items():
         directory = _session(tmp_path / name, records, **manifest)
-        rows = tables.write_reports(directory)
+        rows = write.write_reports(directory)
         for report_name in (*REPORTS, *PLOTS):
             assert (directory / report_name).stat().st_size > 0, (name, report_name)
         verdicts = {r["verdict"] for r in rows if r["arm"] != "main"}
         assert verdicts <= {"too few rounds"}, name
-    assert "too few rounds" in (tmp_path / "no_baseline" / tables.PAIRED_FILE).read_text()
+    assert "too few rounds" in (tmp_path / "no_baseline" / write.PAIRED_FILE).read_text()
 
 
 def _app() -> typer.Typer:
@@ -206,9 +206,9 @@ def test_report_json(tmp_path):
     result = CliRunner().invoke(_app(), [str(tmp_path), "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data == json.loads((tmp_path / tables.SUMMARY_JSON).read_text())
+    assert data == json.loads((tmp_path / summary.SUMMARY_JSON).read_text())
     assert [row["arm"] for row in data["cells"]] == ["main", "head", "main", "head"]
-    assert (tmp_path / tables.SUMMARY_FILE).is_file()
+    assert (tmp_path / summary.SUMMARY_FILE).is_file()
 
 
 def test_report_table_and_md(tmp_path):
@@ -218,7 +218,7 @@ def test_report_table_and_md(tmp_path):
     assert "1505 [1480-1530]" in table.stdout  # numbers never wrap
     assert "too few rounds" in table.stdout  # piped: the table keeps its own width
     md = CliRunner().invoke(_app(), [str(tmp_path), "--format", "md"])
-    assert md.stdout == (tmp_path / tables.SUMMARY_FILE).read_text()
+    assert md.stdout == (tmp_path / summary.SUMMARY_FILE).read_text()
 
 
 def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
@@ -265,15 +265,15 @@ def test_a_session_written_by_an_older_gate_still_reports(tmp_path):
     assert Manifest.read(LEGACY).rounds == 2
     directory = tmp_path / "old"
     shutil.copytree(LEGACY, directory)
-    rows = tables.write_reports(directory)
-    assert (directory / tables.PAIRED_FILE).read_text() == (
-        GOLDEN / tables.PAIRED_FILE).read_text()
-    golden_rows = tables.write_reports(_copy_golden(tmp_path / "new"))
+    rows = write.write_reports(directory)
+    assert (directory / write.PAIRED_FILE).read_text() == (
+        GOLDEN / write.PAIRED_FILE).read_text()
+    golden_rows = write.write_reports(_copy_golden(tmp_path / "new"))
     assert [(r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in rows] == [
         (r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in golden_rows]
-    summary = (directory / tables.SUMMARY_FILE).read_text()
-    assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in summary  # not kept then
-    assert "Time: not recorded" in summary
+    text = (directory / summary.SUMMARY_FILE).read_text()
+    assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in text  # not kept then
+    assert "Time: not recorded" in text
 
 
 def _copy_golden(directory: Path) -> Path:
@@ -290,7 +290,7 @@ def test_short_runs_are_named():
             {"cell": "c=64", "duration": 0.91, "median_ttft_ms": 130.0},
             {"cell": "c=1", "duration": 2.3, "median_ttft_ms": 8.5},
             {"cell": "c=4", "duration": None, "median_ttft_ms": None}]
-    lines = tables.short_run_lines(rows)
+    lines = summary.short_run_lines(rows)
     assert lines == [
         "- c=64: a run lasts 0.89 s and a request waits 135 ms for its first token (median): "
         "much of each run is the start burst and the drain, and its tok/s moves with them; "

@@ -87,8 +87,8 @@ def _within(module: str, package: str) -> bool:
 
 
 def _gate_imports() -> dict[str, set[str]]:
-    """Each gate module and the gate modules it imports (`from gate.report import tables`
-    imports gate.report.tables)."""
+    """Each gate module and the gate modules it imports (`from gate.report import summary`
+    imports gate.report.summary)."""
     modules = {_module(path): path for path in sorted((ROOT / "gate").rglob("*.py"))}
     graph = {}
     for module, path in modules.items():

@@ -12,7 +12,7 @@ from gate.manifest import MANIFEST_FILE, Manifest
 from gate.records import RUNS_FILE, read_profiles
 from gate.report.output import OutputFormat, print_summary
 from gate.report.profile import PROFILE_FILE
-from gate.report.tables import REPORT_FILES, write_reports
+from gate.report.write import REPORT_FILES, write_reports
 from resident.cli_flags import HelpOpt
 
 

@@ -8,7 +8,7 @@ from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
 from gate.config import option_fields
 from gate.report.output import OutputFormat, print_summary
-from gate.report.tables import write_reports
+from gate.report.write import write_reports
 from gate.run.session import Session
 from resident.cli_flags import HelpOpt
 

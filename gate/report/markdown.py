@@ -1,4 +1,5 @@
-"""Markdown and number formatting shared by the gate's reports (tables.py, phases.py)."""
+"""Markdown and number formatting shared by the gate's reports (summary.py, rounds.py,
+paired.py, phases.py, ...)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gate.manifest import Manifest
-from gate.report import phases, tables
+from gate.report import phases, summary
 from gate.report.markdown import TableSpec
 
 WIDE = 200  # columns for a summary that no terminal will wrap
@@ -68,10 +68,10 @@ def render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], st
 def print_summary(rows: list[dict[str, Any]], manifest: Manifest, fmt: OutputFormat) -> None:
     """Print the summary rows on stdout as `fmt`: table (its two tables), json (the session's
     JSON result, as summary.json holds it) or md (summary.md)."""
-    render(fmt, lambda: tables.summary_json(rows, manifest),
-           lambda: tables.summary_md(rows, manifest),
-           lambda: tables.summary_tables(rows, tables.summary_baseline(manifest),
-                                         tables.summary_flagged(rows, manifest)))
+    render(fmt, lambda: summary.summary_json(rows, manifest),
+           lambda: summary.summary_md(rows, manifest),
+           lambda: summary.summary_tables(rows, summary.summary_baseline(manifest),
+                                         summary.summary_flagged(rows, manifest)))
 
 
 def print_phases(results: dict[str, Any], manifest: Manifest, fmt: OutputFormat) -> None:

@@ -30,19 +30,14 @@ from gate.manifest import ArmEntry, Manifest, ServerTiming, Stop, Timing
 from gate.records import RUNS_FILE, read_runs
 from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.run.bytecode import server_pycache
+from gate.run.host import gather_versions, host_info
 from gate.run.measure import check_package, check_source
-from gate.run.placement import (
-    Placement,
-    default_placement,
-    parse_placement,
-    read_topology,
-    resolve_placement,
-)
+from gate.run.placement import Placement, default_placement, parse_placement, resolve_placement
 from gate.run.profiling import profile_tool
 from gate.run.resume import first_fingerprint, resume_manifest
 from gate.run.rounds import Round
 from gate.run.server import LaunchSpec, Server, clean_environment
-from gate.run.telemetry import gather_versions, host_info
+from gate.run.topology import read_topology
 from gate.verdict.rule import FIRST_LOOK
 from gate.verdict.stats import runs_frame, undecided
 

@@ -8,18 +8,13 @@
   process) and of its descendants (the engine core) over a run, from /proc/<pid>/stat: which
   side of the server the host time went to, and whether the API's one event loop was full.
 - `scan_log` counts tracebacks and recompile-limit lines in a server log.
-- `gather_versions` and `host_info` describe the software and the host for the manifest.
+(gate/run/host.py describes the software and the host for the manifest.)
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import platform
-import shutil
-import socket
 import statistics
-import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,22 +22,10 @@ from types import TracebackType
 from typing import Any
 
 from gate.records import GpuSample
-from gate.run.placement import format_cpu_list
 
 PROC_STAT = Path("/proc/stat")
 TRACEBACK_PREFIX = "Traceback (most recent call last)"
 RECOMPILE_MARKERS = ("recompile_limit", "cache_size_limit", "recompile limit")
-# Distribution names to try for each package, first found wins.
-PACKAGES = {
-    "torch": ("torch",),
-    "triton": ("triton", "pytorch-triton"),
-    "flashinfer": ("flashinfer-python", "flashinfer"),
-    "fla": ("fla-core", "flash-linear-attention"),
-    "transformers": ("transformers",),
-    "pandas": ("pandas",),
-    "aiohttp": ("aiohttp",),
-}
-NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
 def read_proc_stat(path: Path = PROC_STAT) -> dict[int, tuple[int, int]]:
@@ -283,65 +266,3 @@ def scan_log(path: Path) -> tuple[int, int]:
     except FileNotFoundError:
         return 0, 0
     return tracebacks, recompiles
-
-
-def _version(names: tuple[str, ...]) -> str | None:
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def nvidia_smi_gpus() -> str | None:
-    """`nvidia-smi` name and driver of each GPU ("NVIDIA H200, 570.86.15"; "; " between GPUs)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    return "; ".join(lines) if done.returncode == 0 and lines else None
-
-
-def gather_versions() -> dict[str, str | None]:
-    """Versions of the packages a gate's numbers depend on (None: not installed), Python, and
-    the GPUs with their driver from nvidia-smi (`gpus`, None without nvidia-smi).
-
-    Reads package metadata only: nothing here imports torch.
-    """
-    versions = {key: _version(names) for key, names in PACKAGES.items()}
-    versions["python"] = platform.python_version()
-    versions["gpus"] = nvidia_smi_gpus()
-    return versions
-
-
-def _proc_field(path: Path, key: str) -> str | None:
-    try:
-        with path.open() as lines:
-            for line in lines:
-                name, _, value = line.partition(":")
-                if name.strip() == key:
-                    return value.strip()
-    except OSError:
-        return None
-    return None
-
-
-def host_info(proc: Path = Path("/proc")) -> dict[str, Any]:
-    """Hostname, CPU model, logical CPU count, allowed CPUs and total memory (GiB)."""
-    memory = _proc_field(proc / "meminfo", "MemTotal")  # "131072000 kB"
-    memory_gib = None
-    if memory and memory.split()[0].isdigit():
-        memory_gib = round(int(memory.split()[0]) / 2**20, 1)
-    return {
-        "hostname": socket.gethostname(),
-        "cpu_model": _proc_field(proc / "cpuinfo", "model name"),
-        "logical_cpus": os.cpu_count(),
-        "allowed_cpus": format_cpu_list(os.sched_getaffinity(0)),
-        "memory_gib": memory_gib,
-    }
