@@ -19,7 +19,7 @@ from gate.commands.report import report
 from gate.manifest import Manifest, write_manifest_json
 from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord, append_run, read_runs
-from gate.report import rounds, summary, write
+from gate.report import notes, rounds, summary, write
 from gate.report.timing import startup_wall, time_line, time_summary
 from gate.run.load import LoadSpec, RequestResult, summarize
 
@@ -290,7 +290,7 @@ def test_short_runs_are_named():
             {"cell": "c=64", "duration": 0.91, "median_ttft_ms": 130.0},
             {"cell": "c=1", "duration": 2.3, "median_ttft_ms": 8.5},
             {"cell": "c=4", "duration": None, "median_ttft_ms": None}]
-    lines = summary.short_run_lines(rows)
+    lines = notes.short_run_lines(rows)
     assert lines == [
         "- c=64: a run lasts 0.89 s and a request waits 135 ms for its first token (median): "
         "much of each run is the start burst and the drain, and its tok/s moves with them; "

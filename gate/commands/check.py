@@ -20,7 +20,7 @@ from resident.cli_flags import HelpOpt
 
 
 def check(
-    arm: opt.ArmOpt = None,
+    arm: opt.CheckArmOpt = None,
     knobs: opt.SetOpt = None,
     config: opt.ConfigOpt = None,
     sweep: opt.SweepOpt = None,

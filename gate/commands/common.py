@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from gate.config import GateConfig
+from gate.run.estimate import long_session_warning
 from gate.run.session import Session
 
 S = TypeVar("S", bound=Session)
@@ -41,6 +42,9 @@ def start_session(session: S, console: Console, label: str) -> S:
     """Pins this process to the session's client CPUs and logs where the session goes."""
     if session.placement.client_cpus:
         os.sched_setaffinity(0, session.placement.client_cpus)
+    warning = long_session_warning(session.config, len(session.arms))
+    if warning and label != "check":
+        console.print(warning, style="yellow", markup=False)
     console.log(f"{label} {session.out}: arms {', '.join(a.name for a in session.arms)}, "
                 f"placement {session.placement.to_dict()}")
     return session

@@ -38,9 +38,13 @@ def config_default(field: str) -> str:
     return default(",".join(map(str, value)) if isinstance(value, tuple) else str(value))
 
 
+ARM_HELP = "An arm, repeatable; the first is the baseline. SPEC: git:<ref>, path:<dir>, ."
 ArmOpt = Annotated[list[str] | None, typer.Option(
-    "--arm", metavar="NAME=SPEC", help="An arm, repeatable; the first is the baseline. SPEC: "
-    "git:<ref>, path:<dir>, . or cmd:<server command with {host} {port}>.",
+    "--arm", metavar="NAME=SPEC", help=ARM_HELP + " or cmd:<server command with {host} {port}>.",
+    rich_help_panel=ARMS)]
+# the check sets knobs and reads /debug/rowcheck: resident arms only
+CheckArmOpt = Annotated[list[str] | None, typer.Option(
+    "--arm", metavar="NAME=SPEC", help=ARM_HELP + " (resident trees only: no cmd:).",
     rich_help_panel=ARMS)]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", metavar="[ARM.]KNOB=VALUE", help="An engine knob for every arm, or with ARM. for "

@@ -35,4 +35,4 @@ def report(
     rows = write_reports(directory)
     written = [*REPORT_FILES, *([PROFILE_FILE] if read_profiles(directory) else [])]
     typer.echo(f"wrote {', '.join(written)} in {directory}", err=True)
-    print_summary(rows, Manifest.read(directory), output_format)
+    print_summary(rows, Manifest.read(directory), output_format, directory)

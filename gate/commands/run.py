@@ -70,6 +70,6 @@ def run(
     with bad_parameter():
         failed = session.run(resume)
     rows = write_reports(session.out)
-    print_summary(rows, session.manifest, output_format)
+    print_summary(rows, session.manifest, output_format, session.out)
     console.log(f"wrote {session.out}")
     exit_if_failed(console, session, failed, "run")

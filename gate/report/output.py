@@ -10,6 +10,7 @@ import enum
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich import box
@@ -18,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gate.manifest import Manifest
-from gate.report import phases, summary
+from gate.report import notes, phases, summary
 from gate.report.markdown import TableSpec
 
 WIDE = 200  # columns for a summary that no terminal will wrap
@@ -65,13 +66,18 @@ def render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], st
             console.print(Text(footer, style="bold"))
 
 
-def print_summary(rows: list[dict[str, Any]], manifest: Manifest, fmt: OutputFormat) -> None:
-    """Print the summary rows on stdout as `fmt`: table (its two tables), json (the session's
-    JSON result, as summary.json holds it) or md (summary.md)."""
+def print_summary(rows: list[dict[str, Any]], manifest: Manifest, fmt: OutputFormat,
+                  directory: Path | None = None) -> None:
+    """Print the summary rows on stdout as `fmt`: table (its tables, then whether the host was
+    busy and the next step when a verdict needs more rounds), json (the session's JSON result, as summary.json holds it)
+    or md (summary.md). `directory`: the session's, named in the next step."""
+    lines = notes.host_load_lines(manifest) + notes.next_step_lines(rows, manifest, directory)
+    footer = "\n".join(line.removeprefix("- ") for line in lines)
     render(fmt, lambda: summary.summary_json(rows, manifest),
            lambda: summary.summary_md(rows, manifest),
            lambda: summary.summary_tables(rows, summary.summary_baseline(manifest),
-                                         summary.summary_flagged(rows, manifest)))
+                                         summary.summary_flagged(rows, manifest)),
+           footer=footer or None)
 
 
 def print_phases(results: dict[str, Any], manifest: Manifest, fmt: OutputFormat) -> None:

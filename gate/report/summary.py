@@ -8,12 +8,12 @@ reports can be rebuilt from runs.jsonl and manifest.json alone (`resident-gate r
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any
 
 import pandas as pd
 
 from gate.manifest import Manifest
+from gate.report import notes
 from gate.report.markdown import (
     TableSpec,
     arms_line,
@@ -43,11 +43,6 @@ SUMMARY_JSON = "summary.json"
 # ServeMetrics fields a summary row carries as the median over the cell's ok runs
 SUMMARY_MEDIANS = ("duration", "request_throughput", "output_throughput",
                    "total_token_throughput", *(f for f in stats.METRIC_FIELDS if f.endswith("_ms")))
-# a run whose median TTFT is more than this share of its wall time is mostly its start burst
-# and drain (every request starts at once): its tok/s moves with them
-BURST_SHARE = 0.1
-# an API process or a client busy this share of a core or more is at its event loop's limit
-CPU_BOUND_SHARE = 0.9
 # and those it sums over every run of the cell
 SUMMARY_SUMS = ("completed", "failed", "total_input_tokens", "total_output_tokens")
 
@@ -218,38 +213,6 @@ def _health_lines(rows: list[dict[str, Any]], arms: list[str], flagged: set[str]
                      "in any arm."]
 
 
-def short_run_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """A line per cell whose runs are short against their requests' TTFT."""
-    lines = []
-    for cell in dict.fromkeys(row["cell"] for row in rows):
-        mine = [r for r in rows if r["cell"] == cell and r["duration"] and r["median_ttft_ms"]]
-        if not mine:
-            continue
-        duration = statistics.median(r["duration"] for r in mine)
-        ttft_s = statistics.median(r["median_ttft_ms"] for r in mine) / 1000
-        if ttft_s > BURST_SHARE * duration:
-            lines.append(f"- {cell}: a run lasts {duration:.2f} s and a request waits "
-                         f"{ttft_s * 1000:.0f} ms for its first token (median): much of each run "
-                         "is the start burst and the drain, and its tok/s moves with them; more "
-                         "requests a run (--requests-per-slot) measure the steady state.")
-    return lines
-
-
-def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """A line per cell and arm whose API process or the gate's client was near one full core
-    over its runs: one event loop each, so that one, not the engine, may set the pace."""
-    lines = []
-    for row in rows:
-        client = row["client_cpu_share"]
-        for share, who in ((row["api_cpu_share"], "the API process"),
-                           (client and client / (row["num_clients"] or 1), "each client")):
-            if share is not None and share >= CPU_BOUND_SHARE:
-                lines.append(f"- {row['cell']} {row['arm']}: {who} was busy {share:.2f} of a "
-                             "core over the runs: its one event loop, not the engine, may set "
-                             "this cell's pace.")
-    return lines
-
-
 def summary_flagged(rows: list[dict[str, Any]], manifest: Manifest) -> set[str]:
     """Arms flagged planner-off in the manifest or in any summary row."""
     return manifest.planner_off_arms | {r["arm"] for r in rows if r["planner_off"]}
@@ -282,8 +245,9 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
                   for table in summary_tables(rows, baseline, flagged)]
     else:
         parts.append("No runs.")
-    parts.append("\n".join(_health_lines(rows, arms, flagged) + short_run_lines(rows)
-                           + cpu_bound_lines(rows)))
+    parts.append("\n".join(_health_lines(rows, arms, flagged) + notes.short_run_lines(rows)
+                           + notes.cpu_bound_lines(rows) + notes.host_load_lines(manifest)
+                           + notes.next_step_lines(rows, manifest)))
     return "\n\n".join(parts) + "\n"
 
 

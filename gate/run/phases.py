@@ -42,6 +42,7 @@ class PhasesRound(Round):
         self.console.log(f"{arm.name} c={concurrency}: {metrics.output_throughput} tok/s, "
                          f"{report.get('kinds', {}).get('decode', {}).get('steps', 0)} "
                          f"decode steps timed")
+        self.console.advance()
         return int(metrics.completed == 0)
 
 

@@ -14,8 +14,6 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from rich.console import Console
-
 from gate.config import GateConfig
 from gate.records import RUNS_FILE, RunRecord, append_profile, append_run, read_runs
 from gate.run.arms import Arm
@@ -23,6 +21,7 @@ from gate.run.load import LoadSpec
 from gate.run.measure import RunPlace, measure_run, warmed_load
 from gate.run.placement import Placement
 from gate.run.profiling import profile_cell
+from gate.run.progress import SessionLog
 from gate.run.server import LaunchSpec, Server, ServerFailed
 
 
@@ -32,7 +31,7 @@ class RoundHost(Protocol):
     config: GateConfig
     placement: Placement
     out: Path
-    console: Console
+    console: SessionLog
     arms: list[Arm]
     failures: list[str]
     never_started: list[str]  # arms whose server never became ready
@@ -90,7 +89,7 @@ class Round:
         return self.session.out
 
     @property
-    def console(self) -> Console:
+    def console(self) -> SessionLog:
         return self.session.console
 
     async def sequential(self) -> int:
@@ -161,8 +160,8 @@ class Round:
     def _launch(self, arm: Arm, position: int) -> LiveServer:
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
             else {}
-        log_path = self.out / "logs" / f"{arm.name}-round{self.index}.log"
-        self.console.log(f"round {self.index}: starting {arm.name} ({arm.spec})")
+        log_path = self.out / "logs" / f"{arm.name}-round{self.index + 1}.log"
+        self.console.log(f"round {self.index + 1}: starting {arm.name} ({arm.spec})")
         server = Server(arm, self.session.launch_spec(self.cache), knobs, log_path)
         return LiveServer(arm, self.index, position, server)
 
@@ -175,7 +174,7 @@ class Round:
             return await step()
         except ServerFailed as err:
             live.failed = True
-            self.console.log(f"[red]{err}[/red]")
+            self.console.warn(f"[red]round {self.index + 1}: {err}[/red]")
             self.session.failures.append(str(err))
             if not live.ready:
                 self.session.never_started.append(live.arm.name)
@@ -211,9 +210,10 @@ class Round:
                                    live.planner_off)
         append_run(self.out, record)
         metrics = record.metrics
-        self.console.log(f"round {live.round_index} {arm.name} c={live.spec.concurrency} run "
-                         f"{run}: {metrics.output_throughput} tok/s, {metrics.failed} failed "
-                         "requests")
+        self.console.advance()
+        self.console.log(f"round {live.round_index + 1} {arm.name} c={live.spec.concurrency} "
+                         f"run {run}: {metrics.output_throughput} tok/s, {metrics.failed} "
+                         "failed requests")
         return int(not record.ok)
 
     def _close(self, live: LiveServer) -> None:
@@ -251,5 +251,6 @@ class Round:
                     round=self.index, arm=arm.name, position=position, concurrency=concurrency,
                     run=run, ok=False, error=error, log_tail=log_tail, started_at=time.time()))
                 count += 1
+        self.console.advance(count)
         return count
 

@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from rich.console import Console
-
 from gate.config import GateConfig
-from gate.manifest import ArmEntry, Manifest, ServerTiming, Stop, Timing
+from gate.manifest import ArmEntry, HostLoad, Manifest, ServerTiming, Stop, Timing
 from gate.records import RUNS_FILE, read_runs
 from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.run.bytecode import server_pycache
@@ -34,6 +32,7 @@ from gate.run.host import gather_versions, host_info
 from gate.run.measure import check_package, check_source
 from gate.run.placement import Placement, default_placement, parse_placement, resolve_placement
 from gate.run.profiling import profile_tool
+from gate.run.progress import SessionLog
 from gate.run.resume import first_fingerprint, resume_manifest
 from gate.run.rounds import Round
 from gate.run.server import LaunchSpec, Server, clean_environment
@@ -68,7 +67,7 @@ class Session:
     config: GateConfig
     repo: Path
     command_line: list[str]
-    console: Console = field(default_factory=lambda: Console(stderr=True))
+    console: SessionLog = field(default_factory=SessionLog)
     failures: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -136,8 +135,16 @@ class Session:
         number of failed runs."""
         removed_env = clean_environment()[1]
         first = self._resume(removed_env) if resume else self._start(removed_env)
+        try:
+            return self._run_rounds(first)
+        finally:
+            self.console.close()
+
+    def _run_rounds(self, first: int) -> int:
+        """Rounds `first` (0-based) on, as `run` says; the number of failed runs."""
         failed = 0
         last = self.config.planned_rounds
+        self.console.start((last - first) * self.runs_a_round, f"round {first + 1} of {last}")
         for round_index in range(first, last):
             if self._every_cell_decided(round_index):
                 break
@@ -158,11 +165,15 @@ class Session:
         the number of failed runs."""
         cache = (self.repo / INDUCTOR / self.out.name / f"round-{round_index}").resolve()
         cache.mkdir(parents=True, exist_ok=True)
+        self.console.describe(f"round {round_index + 1} of {self.config.planned_rounds}")
         this_round = self.round_type(self, round_index, cache)
+        load_before = os.getloadavg()
         failed = asyncio.run(this_round.interleaved() if self.config.interleave
                              else this_round.sequential())
+        host_load = HostLoad(round_index, load_before, os.getloadavg(), os.cpu_count() or 1)
         shutil.rmtree(cache, ignore_errors=True)
-        self.manifest = dataclasses.replace(self.manifest, rounds_run=round_index + 1)
+        self.manifest = dataclasses.replace(self.manifest, rounds_run=round_index + 1,
+                                            host_load=(*self.manifest.host_load, host_load))
         self._save_manifest()
         return failed
 
@@ -188,6 +199,7 @@ class Session:
             raise ValueError(f"--out {self.out} already holds a session: pass --resume to "
                              f"continue it, or choose another --out")
         self.out.mkdir(parents=True, exist_ok=True)
+        self.console.open(self.out)
         self.manifest = self._base_manifest(removed_env)
         self._save_manifest()
         return 0
@@ -199,9 +211,15 @@ class Session:
         self._fingerprint = first_fingerprint(self.manifest)
         self._wall_before = self.manifest.timing.wall_s if self.manifest.timing else 0.0
         self._save_manifest()
-        self.console.log(f"resuming {self.out} at round {first} of "
+        self.console.open(self.out)
+        self.console.log(f"resuming {self.out} at round {first + 1} of "
                          f"{self.config.planned_rounds}")
         return first
+
+    @property
+    def runs_a_round(self) -> int:
+        """The runs a round records: each arm's in each cell."""
+        return len(self.arms) * len(self.config.concurrency) * self.config.runs
 
     def launch_spec(self, inductor_cache: Path) -> LaunchSpec:
         """How this session starts a server: its model, device, CPUs and GPU, the given
