@@ -69,8 +69,9 @@ def render(fmt: OutputFormat, as_json: Callable[[], Any], as_md: Callable[[], st
 def print_summary(rows: list[dict[str, Any]], manifest: Manifest, fmt: OutputFormat,
                   directory: Path | None = None) -> None:
     """Print the summary rows on stdout as `fmt`: table (its tables, then whether the host was
-    busy and the next step when a verdict needs more rounds), json (the session's JSON result, as summary.json holds it)
-    or md (summary.md). `directory`: the session's, named in the next step."""
+    busy and the next step when a verdict needs more rounds), json (the session's JSON
+    result, as summary.json holds it) or md (summary.md). `directory`: the session's, named
+    in the next step."""
     lines = notes.host_load_lines(manifest) + notes.next_step_lines(rows, manifest, directory)
     footer = "\n".join(line.removeprefix("- ") for line in lines)
     render(fmt, lambda: summary.summary_json(rows, manifest),
