@@ -17,31 +17,38 @@ from gate.manifest import Manifest
 from gate.metrics import ServeMetrics
 from gate.records import RunRecord, append_run, read_runs
 from gate.report.write import write_reports
+from gate.run.rounds import Round
 from gate.run.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class SyntheticSession(Session):
-    """A Session whose arms' servers are replaced by runs of a known speed: each arm's tok/s
-    in a round is 1000 x (1 + its effect) x (1 + noise drawn for that arm and round)."""
+class SyntheticRound(Round):
+    """A round whose arms' servers are replaced by runs of a known speed: each arm's tok/s in a
+    round is 1000 x (1 + its effect) x (1 + noise drawn for that arm and round)."""
 
-    effects: dict[str, float] = {}
-    noise = 0.0
-
-    async def _serve_arm(self, arm, round_index: int, position: int, cache: Path) -> int:
-        rng = np.random.default_rng([round_index, sum(map(ord, arm.name))])
+    async def serve_arm(self, arm, position: int) -> int:
+        session = self.session
+        rng = np.random.default_rng([self.index, sum(map(ord, arm.name))])
         for concurrency in self.config.concurrency:
             for run in range(1, self.config.runs + 1):
-                tok_s = 1000.0 * (1 + self.effects.get(arm.name, 0.0)) * math.exp(
-                    rng.normal(0, self.noise))
+                tok_s = 1000.0 * (1 + session.effects.get(arm.name, 0.0)) * math.exp(
+                    rng.normal(0, session.noise))
                 metrics = ServeMetrics(max_concurrency=concurrency, duration=1.0, completed=8,
                                        failed=0, total_input_tokens=8, total_output_tokens=100,
                                        request_throughput=8.0, output_throughput=tok_s)
-                append_run(self.out, RunRecord(round=round_index, arm=arm.name,
+                append_run(self.out, RunRecord(round=self.index, arm=arm.name,
                                                position=position, concurrency=concurrency,
                                                run=run, ok=True, metrics=metrics))
         return 0
+
+
+class SyntheticSession(Session):
+    """A Session whose rounds are SyntheticRounds."""
+
+    round_type = SyntheticRound
+    effects: dict[str, float] = {}
+    noise = 0.0
 
 
 def _session(out: Path, effects: dict[str, float], noise: float, **options) -> Session:
