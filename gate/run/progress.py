@@ -36,7 +36,8 @@ class SessionLog:
         self._to.log(message, _stack_offset=2)
 
     def warn(self, message: str) -> None:
-        """A line the person at the terminal should see: in the log and on stderr."""
+        """A line the person at the terminal should see (a failure, why the session stopped):
+        in the log and on stderr."""
         self.log(message)
         if self._to is not self.stderr:
             (self._progress.console if self._progress else self.stderr).print(message)

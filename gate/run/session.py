@@ -192,7 +192,7 @@ class Session:
 
     def _note_stop(self, rounds: int, reason: str) -> None:
         self.manifest = dataclasses.replace(self.manifest, stopped=Stop(rounds, reason))
-        self.console.log(f"stopping after {rounds} rounds: {reason}")
+        self.console.warn(f"stopping after {rounds} rounds: {reason}")
 
     def _start(self, removed_env: list[str]) -> int:
         if (self.out / RUNS_FILE).exists():
