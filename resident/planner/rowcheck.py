@@ -15,7 +15,6 @@ from collections import Counter
 
 import numpy as np
 
-from resident.engine.scheduler import StepPlan
 from resident.model.step import StepMeta
 from resident.planner import ResidentPlan, ResidentPlanner
 from resident.resources.kv import SINK_PAGE, KVPool
@@ -32,16 +31,15 @@ class RowCheck:
         self.pools, self.positions, self.states = pools, positions, states
         self.counts: Counter[str] = Counter()
 
-    def check(self, step: StepPlan, plan: ResidentPlan, meta: StepMeta) -> int:
-        """Runs after the step committed (each stream holds the step's token); returns this
-        step's mismatches."""
+    def check(self, request_ids: list[str], plan: ResidentPlan, meta: StepMeta) -> int:
+        """Runs after the step committed (each stream holds the step's token); `request_ids`:
+        the step's rows, in order. Returns this step's mismatches."""
         store = self.planner.store_gpu.cpu().numpy()  # the sync this debug mode may make
         gathered = {"position": meta.positions.cpu().numpy(),
                     "write location": meta.kv_write_loc.cpu().numpy(),
                     "state slot": meta.state_slots.cpu().numpy()}
         mismatches = 0
-        for index, (row, slot) in enumerate(zip(step.rows, plan.slot_ids, strict=False)):
-            rid = row.request.request_id
+        for index, (rid, slot) in enumerate(zip(request_ids, plan.slot_ids, strict=False)):
             mismatches += self._compare(f"row {rid} (slot {slot})", store[slot],
                                         self._expected_cells(rid))
             for what, want in self._expected_reads(rid).items():
@@ -50,7 +48,7 @@ class RowCheck:
                     log.error("row check: the step read %s's %s as %d, its streams say %d",
                               rid, what, gathered[what][index], want)
         mismatches += self._compare("sink row", store[0], self._sink_cells())
-        self.counts.update(steps=1, rows=len(step.rows), mismatches=mismatches)
+        self.counts.update(steps=1, rows=len(request_ids), mismatches=mismatches)
         return mismatches
 
     def _expected_cells(self, rid: str) -> dict[int, int]:
