@@ -1,12 +1,11 @@
 """GateConfig: everything a `resident-gate run` session needs, from options or a YAML file.
 
 YAML keys are named like the options (`arm`, `set`, `concurrency`, `prompt_len`, ...); an option
-given on the command line beats the file.
+given on the command line beats the file (GateConfig.from_options, option_fields).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gate.rule import MIN_EFFECT, Design
+from gate.verdict.rule import MIN_EFFECT, Design
 
 SLOTS_PER_CLIENT = 16
 
@@ -31,7 +30,7 @@ class GateConfig:
     rounds: int = 2  # a fixed design's rounds
     until_verdict: bool = False  # add rounds until every cell has a verdict ...
     max_rounds: int | None = None  # ... or this many ran (only, and always, with until_verdict)
-    min_effect: float = MIN_EFFECT  # the rule's floor (gate/rule.py)
+    min_effect: float = MIN_EFFECT  # the rule's floor (gate/verdict/rule.py)
     runs: int = 2
     # requests per run: one number for every cell or one per cell, in --concurrency's order;
     # none: max(8, requests_per_slot x concurrency)
@@ -87,7 +86,7 @@ class GateConfig:
 
     @property
     def design(self) -> Design:
-        """How the session's rounds are judged (gate/rule.py)."""
+        """How the session's rounds are judged (gate/verdict/rule.py)."""
         return Design(self.until_verdict, self.max_rounds or 0, self.min_effect)
 
     @property
@@ -109,6 +108,18 @@ class GateConfig:
         one core of a 2-core host); never more than the slots."""
         wanted = self.clients or min(num_client_cpus, concurrency // SLOTS_PER_CLIENT)
         return max(1, min(concurrency, wanted))
+
+    @classmethod
+    def from_options(cls, config_file: Path | None, given: dict[str, Any]) -> GateConfig:
+        """The session of a command line: `given`, the fields its options set
+        (option_fields), over those of its --config file, over the defaults."""
+        values = file_fields(config_file) if config_file is not None else {}
+        if config_file is not None:
+            _one_design(values, f"--config {config_file}")
+        _one_design(given, "the command line")
+        if given.get("until_verdict"):
+            values.pop("rounds", None)
+        return cls(**_typed(values | given))
 
     def out_dir(self) -> Path:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -136,10 +147,6 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-# YAML keys named unlike their field: the options' names, and `sessions`, the old name of rounds
-_ALIASES = {"arm": "arms", "set": "knobs", "sessions": "rounds"}
-
-
 def _one_design(values: dict[str, Any], where: str) -> None:
     """A fixed number of rounds or --until-verdict, not both from one source (the command line
     may still turn a file's fixed design into --until-verdict)."""
@@ -148,28 +155,58 @@ def _one_design(values: dict[str, Any], where: str) -> None:
                          "--rounds for a fixed number, or --until-verdict with --max-rounds")
 
 
-def build_gate_config(options: dict[str, Any], config_file: Path | None) -> GateConfig:
-    """Options left None fall back to the YAML file, then to the defaults."""
-    known = {f.name for f in dataclasses.fields(GateConfig)}
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        for key, value in load_yaml(config_file).items():
-            field = _ALIASES.get(key, key.replace("-", "_"))
-            if field not in known:
-                raise ValueError(f"--config {config_file}: unknown key {key!r}")
-            if field in values:
-                raise ValueError(f"--config {config_file}: {key!r} gives {field} a second time")
-            values[field] = value
-        _one_design(values, f"--config {config_file}")
-    given = {k: v for k, v in options.items() if v is not None and v != []}
-    _one_design(given, "the command line")
-    if given.get("until_verdict"):
-        values.pop("rounds", None)
-    values.update(given)
+def option_fields(  # noqa: PLR0913 - one keyword an option
+        *, arm: list[str] | None = None, set: list[str] | None = None,  # noqa: A002
+        model: str | None = None, device: str | None = None,
+        concurrency: str | list[int] | None = None, prompt_len: int | None = None,
+        output_len: int | None = None, rounds: int | None = None,
+        until_verdict: bool | None = None, max_rounds: int | None = None,
+        min_effect: float | None = None, runs: int | None = None,
+        requests: str | list[int] | None = None, requests_per_slot: int | None = None,
+        clients: int | None = None, aa: bool | None = None, interleave: bool | None = None,
+        parallel_start: bool | None = None, seed: int | None = None, name: str | None = None,
+        out: str | None = None, startup_timeout: float | None = None,
+        server_cpus: str | None = None, step_cores: str | None = None,
+        api_core: str | None = None, client_cpus: str | None = None, gpu: str | None = None,
+        profile: bool | None = None, profile_steps: int | None = None) -> dict[str, Any]:
+    """Gate options, named as on the command line and as the keys of a --config file, as the
+    GateConfig fields they set; an option not given (None, or an empty list) sets none."""
+    fields = {
+        "arms": arm, "knobs": set, "model": model, "device": device,
+        "concurrency": concurrency, "prompt_len": prompt_len, "output_len": output_len,
+        "rounds": rounds, "until_verdict": until_verdict, "max_rounds": max_rounds,
+        "min_effect": min_effect, "runs": runs, "requests": requests,
+        "requests_per_slot": requests_per_slot, "clients": clients, "aa": aa,
+        "interleave": interleave, "parallel_start": parallel_start, "seed": seed, "name": name,
+        "out": out, "startup_timeout": startup_timeout, "server_cpus": server_cpus,
+        "step_cores": step_cores, "api_core": api_core, "client_cpus": client_cpus, "gpu": gpu,
+        "profile": profile, "profile_steps": profile_steps,
+    }
+    return {field: value for field, value in fields.items() if value is not None and value != []}
+
+
+def file_fields(config_file: Path) -> dict[str, Any]:
+    """The GateConfig fields a --config file sets; its keys are option names (`arm`, `set`,
+    `prompt_len` or `prompt-len`, ...)."""
+    options: dict[str, Any] = {}
+    for key, value in load_yaml(config_file).items():
+        option = str(key).replace("-", "_")
+        if option in options:
+            raise ValueError(f"--config {config_file}: {key!r} gives {option} a second time")
+        options[option] = value
+    try:
+        return option_fields(**options)
+    except TypeError as err:  # an unknown keyword: name the key
+        key = str(err).rpartition(" ")[2]
+        raise ValueError(f"--config {config_file}: unknown key {key}") from None
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    """Lists of arms and knobs as tuples of strings, and `1,16,64` as ints."""
     for key in ("arms", "knobs"):
         if key in values:
             values[key] = tuple(str(v) for v in values[key])
     for key in ("concurrency", "requests"):
         if key in values:
             values[key] = parse_ints(values[key], f"--{key}")
-    return GateConfig(**values)
+    return values

@@ -1,4 +1,5 @@
-"""What a gate session writes: one RunRecord a line in runs.jsonl, and manifest.json.
+"""What a gate session writes: one RunRecord a line in runs.jsonl, profiles.jsonl, and
+manifest.json (gate/manifest.py): the one contract between running a session and reporting it.
 
 runs.jsonl is appended as each run finishes, so an interrupted session keeps what it measured;
 `resident-gate report` rebuilds every table and plot from it and the manifest alone.
@@ -8,7 +9,7 @@ every arm's server starts once and serves all the cells' runs. A run is one arm 
 (a concurrency) once: `round` is the round (0-based; each round has its own Inductor cache and
 its own prompt seed), `position` the arm's place in that round's order (arms rotate: ABBA for
 two), `run` the run's number within the cell and round (1-based). Its numbers are `metrics`, a
-ServeMetrics (gate/load.py: vLLM's names for them). A run that could not be measured (its
+ServeMetrics (gate/metrics.py: vLLM's names for them). A run that could not be measured (its
 server failed to start or died) has ok=False, its error, its server's log tail and no metrics.
 """
 
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gate.load import ServeMetrics
+from gate.metrics import ServeMetrics
 
 RUNS_FILE = "runs.jsonl"
-MANIFEST_FILE = "manifest.json"
+PROFILES_FILE = "profiles.jsonl"  # one profile window a line (gate/run/profiling.py)
+PHASES_JSON = "phases.json"  # a phases session's measurements (gate/run/phases.py)
 
 
 @dataclass(frozen=True)
@@ -137,17 +139,13 @@ def read_runs(directory: Path) -> list[RunRecord]:
     return records
 
 
-def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True,
-                                                      default=str))
+def append_profile(out: Path, record: dict[str, Any]) -> None:
+    with (out / PROFILES_FILE).open("a") as file:
+        file.write(json.dumps(record) + "\n")
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The manifest; one written before rounds had their name gets `rounds` from `sessions`."""
-    path = directory / MANIFEST_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} has no {MANIFEST_FILE}")
-    manifest = json.loads(path.read_text())
-    if "sessions" in manifest and "rounds" not in manifest:
-        manifest["rounds"] = manifest.pop("sessions")
-    return manifest
+def read_profiles(out: Path) -> list[dict[str, Any]]:
+    path = out / PROFILES_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

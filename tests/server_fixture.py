@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gate.server import parse_metrics
+from gate.run.server import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 120

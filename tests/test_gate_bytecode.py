@@ -1,4 +1,4 @@
-"""gate/bytecode.py: when the gate gives its servers a bytecode cache of its own."""
+"""gate/run/bytecode.py: when the gate gives its servers a bytecode cache of its own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gate.bytecode import (
+from gate.run.bytecode import (
     NO_WRITE_VARIABLE,
     PREFIX_VARIABLE,
     bytecode_is_stale,

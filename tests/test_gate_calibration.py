@@ -1,8 +1,9 @@
-"""The simulation study of the verdict rule (gate/calibration.py runs synthetic sessions through
-gate/rule.py's own code): the false faster/slower rate of an A/A arm stays within 5% at the noise
-measured on the H200, judged once or after every round (--until-verdict), with normal and
-heavy-tailed noise; the power at 1, 2, 3.5 and 5% is what paired.md reports. Seeded, a few
-seconds. `python -m pytest -s tests/test_gate_calibration.py` prints the tables."""
+"""The simulation study of the verdict rule (gate/verdict/calibration.py runs synthetic
+sessions through gate/verdict/rule.py's own code): the false faster/slower rate of an A/A arm
+stays within 5% at the noise measured on the H200, judged once or after every round
+(--until-verdict), with normal and heavy-tailed noise; the power at 1, 2, 3.5 and 5% is what
+paired.md reports. Seeded, a few seconds. `python -m pytest -s tests/test_gate_calibration.py`
+prints the tables."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gate import calibration, paired, rule
+from gate.report import paired
+from gate.verdict import calibration, rule
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "gate"

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from test_gate_run import ROOT, invoke, servers_left
 
-from gate.check_config import CheckConfig, load_prompts, plan_launches
-from gate.check_judge import (
+from gate.check.config import CheckConfig, load_prompts, plan_launches
+from gate.check.judge import (
     Roles,
     compare,
     first_divergence,
@@ -22,9 +22,10 @@ from gate.check_judge import (
     judge_tokens,
     row_reading,
 )
-from gate.check_load import Answer, parse_answer
-from gate.check_report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md
+from gate.check.load import Answer, parse_answer
+from gate.check.report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md
 from gate.commands.check import build_check_configs
+from gate.manifest import Manifest
 
 ROLES = Roles("main", "main-aa", ("head",))
 CHECK = CheckConfig(prompts=3, near_tie=0.1)
@@ -141,7 +142,7 @@ def test_the_verdict_is_every_sweeps_and_the_report_renders():
                             ("plain", "slot-pressure", "kv-pressure")}}
     manifest = {"name": "t", "model": "tiny", "device": "cpu",
                 "arms": [{"name": n, "spec": "."} for n in ("main", "main-aa", "head")]}
-    text = check_md(report, manifest)
+    text = check_md(report, Manifest.from_dict(manifest))
     assert "**Verdict: fail** (exit code 1" in text
     assert "| rows | fail | head under kv-pressure: 1 row mismatches over 40 steps |" in text
     assert "1 mismatches over 40 steps (200 rows), 12 displaced, 2 offloads, 2 slot releases" \
@@ -207,12 +208,12 @@ def test_a_check_yaml_takes_run_and_check_keys_and_the_command_line_wins(tmp_pat
     path = tmp_path / "check.yaml"
     path.write_text(yaml.safe_dump({"arm": ["main=."], "set": ["dtype=float64"], "prompts": 4,
                                     "near-tie": 0.5, "sweep": "greedy"}))
-    gate, check = build_check_configs({"config": path, "prompts": 2, "arm": None})
+    gate, check = build_check_configs(path, {}, {"prompts": 2, "sweep": None})
     assert gate.arms == ("main=.",) and gate.knobs == ("dtype=float64",) and gate.name == "check"
     assert (check.prompts, check.near_tie, check.sweeps) == (2, 0.5, ("greedy",))
     path.write_text(yaml.safe_dump({"arm": ["main=."], "sessions": 3}))
     with pytest.raises(ValueError, match="unknown key 'sessions'"):
-        build_check_configs({"config": path})
+        build_check_configs(path, {}, {})
 
 
 def test_the_prompt_set_is_text_in_the_repository():

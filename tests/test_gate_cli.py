@@ -40,6 +40,12 @@ def test_help_names_values_not_python_types(command):
                 assert re.search(rf"{flag}(\s+--no-\w+)?\s{{3,}}[A-Z]", line), line
 
 
+def test_check_help_offers_only_the_arms_the_check_takes():
+    check = " ".join(_gate("check", "--help").output.split())
+    assert "git:<ref>" in check and "cmd:<" not in check and "no cmd:" in check
+    assert "cmd:<server command" in " ".join(_gate("run", "--help").output.split())
+
+
 def test_run_help_shows_every_default_in_one_style():
     output = _gate("run", "--help").output
     assert "--arm" in output and "NAME=SPEC" in output and "INT,..." in output
@@ -52,7 +58,7 @@ def test_run_help_shows_every_default_in_one_style():
                  "[default: table]", "[default: --no-aa]"):
         assert text in output, text
     assert not re.search(r"\[(tiny|cpu|gate|512)\]", output)  # the old bare style
-    assert "--sessions" not in output  # the old name works, hidden
+    assert "--sessions" not in output  # the old name of --rounds is gone
 
 
 def _resident(*args: str):

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from gate.load import (
+from gate.run.load import (
     LoadSpec,
     RequestResult,
     client_shares,

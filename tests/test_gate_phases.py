@@ -8,8 +8,10 @@ import pytest
 from test_gate_run import ROOT, SHORT, invoke, servers_left
 
 from gate.config import GateConfig
-from gate.phases import COLUMNS, PHASES_JSON, PHASES_MD, PhasesSession
-from gate.records import read_manifest
+from gate.manifest import Manifest
+from gate.records import PHASES_JSON
+from gate.report.phases import COLUMNS, PHASES_MD
+from gate.run.phases import PhasesSession
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def test_phases_measures_every_arm_and_cell(session):
             assert measured["enabled"] and measured["failed"] == 0
             assert decode["steps"] > 0 and set(COLUMNS) <= set(decode)
             assert (decode["resident"] > 0) == (arm == "auto")
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out).to_dict()
     assert manifest["command_kind"] == "phases"
     assert [a["knobs"].get("phase_timing") for a in manifest["arms"]] == ["on", "on"]
     assert not servers_left(result)

@@ -8,16 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gate.placement import (
-    CpuInfo,
-    Placement,
-    default_placement,
-    format_cpu_list,
-    parse_placement,
-    read_local_cpus,
-    read_topology,
-    resolve_placement,
-)
+from gate.run.placement import Placement, default_placement, parse_placement, resolve_placement
+from gate.run.topology import CpuInfo, format_cpu_list, read_local_cpus, read_topology
 from resident.config import parse_cpu_list
 
 

@@ -8,9 +8,9 @@ import json
 
 from test_gate_run import SHORT, invoke, servers_left
 
-from gate.profile_report import render_profile_md
-from gate.profiling import read_profiles
-from gate.records import read_manifest, read_runs
+from gate.manifest import Manifest
+from gate.records import read_profiles, read_runs
+from gate.report.profile import render_profile_md
 from resident.profiling.summary import summarize
 from resident.profiling.torch_trace import from_chrome_trace
 
@@ -29,7 +29,7 @@ def _record(arm: str, head: bool = False, error: str | None = None) -> dict:
 def test_profile_md_lays_out_each_arm_and_the_diff_against_the_baseline():
     records = [_record("main"), _record("head", head=True),
                _record("old", error="POST /debug/profile answered 404: no /debug/profile")]
-    text = render_profile_md(MANIFEST, records)
+    text = render_profile_md(Manifest.from_dict(MANIFEST), records)
     assert "## c=4" in text and "Tool: torch.profiler (a test)" in text
     assert "- old: POST /debug/profile answered 404" in text
     steps = [line for line in text.splitlines() if line.startswith("| main | decode")]
@@ -49,7 +49,7 @@ def test_a_profiled_session_profiles_every_cell_after_its_timed_runs(tmp_path):
                     "--rounds", "1", "--runs", "1", "--profile", "--profile-steps", "4",
                     "--out", str(out), *SHORT)
     assert result.exit_code == 0, result.output
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out).to_dict()
     assert manifest["profile"]["tool"] == "torch.profiler" and manifest["profile"]["steps"] == 4
     records = read_profiles(out)
     assert sorted((r["arm"], r["concurrency"]) for r in records) == [

@@ -16,8 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gate.cli import app
-from gate.records import read_manifest, read_runs
-from gate.stats import paired_deltas, runs_frame
+from gate.manifest import Manifest
+from gate.records import read_runs
+from gate.verdict.stats import paired_deltas, runs_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-len", "8",
@@ -25,7 +26,7 @@ SHORT = ["--model", "tiny", "--device", "cpu", "--prompt-len", "16", "--output-l
 
 
 # Every process a gate run starts inherits this variable, set to the run's own id: the gate
-# passes its environment on to the servers it launches, less RESIDENT_* (gate/server.py).
+# passes its environment on to the servers it launches, less RESIDENT_* (gate/run/server.py).
 RUN_ID = "GATE_TEST_RUN_ID"
 
 
@@ -119,7 +120,7 @@ def test_a_session_writes_everything(session):
     for name in ("manifest.json", "rounds.md", "summary.md", "summary.json", "paired.md",
                  "tok_s.png", "itl.png"):
         assert (out / name).is_file(), name
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out).to_dict()
     configs = {a["name"]: a["debug_config"] for a in manifest["arms"]}
     assert configs["main"]["planning_mode"] == "off"
     assert configs["head"]["planning_mode"] == "resident"
@@ -181,7 +182,7 @@ def test_a_git_arm_runs_its_own_commit(tmp_path):
     result = invoke("run", "--arm", f"old=git:{older}", "--concurrency", "1", "--rounds",
                     "1", "--runs", "1", "--out", str(out), *SHORT)
     assert result.exit_code == 0, result.output
-    arm = read_manifest(out)["arms"][0]
+    arm = Manifest.read(out).to_dict()["arms"][0]
     assert arm["sha"] == older
     worktree = Path(arm["tree"])
     assert worktree.parent == (ROOT / ".gate" / "worktrees").resolve()
@@ -199,7 +200,7 @@ def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     assert result.exit_code == 1
     runs = read_runs(out)
     assert len(runs) == 4 and not any(r.ok for r in runs)  # round 1 only: no second try
-    assert read_manifest(out)["stopped"]["reason"].startswith("broken could not start")
+    assert Manifest.read(out).to_dict()["stopped"]["reason"].startswith("broken could not start")
     assert "exited with code 3" in runs[0].error
     assert result.run_id in runs[0].log_tail
     assert "failed" in result.stderr
@@ -222,14 +223,13 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
         runs_file.write(json.dumps(partial) + "\n")
     wrong = invoke(*one_round, "--rounds", "2", "--resume", "--prompt-len", "8")
     assert wrong.exit_code == 2 and "prompt_len" in " ".join(wrong.output.split())
-    # --sessions, the option's old name, still works
-    result = invoke(*one_round, "--sessions", "2", "--resume")
+    result = invoke(*one_round, "--rounds", "2", "--resume")
     assert result.exit_code == 0, result.output
     runs = read_runs(out)
     assert [(r.round, r.run, r.ok) for r in runs] == [
         (0, 1, True), (0, 2, True), (1, 1, True), (1, 2, True)]
     assert all(r.metrics.output_throughput > 0 for r in runs)
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out).to_dict()
     assert manifest["rounds"] == 2 and manifest["resumed"][0]["from_round"] == 1
     assert "| r2 |" in (out / "rounds.md").read_text()
     # a third round on other code than the first two ran is refused, arm by arm
@@ -252,7 +252,7 @@ def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
                     "--prompt-len", "16", "--output-len", "16", "--requests", "16",
                     "--startup-timeout", "120")
     assert result.exit_code == 0, result.output
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out).to_dict()
     assert manifest["until_verdict"] and manifest["max_rounds"] == 6
     rounds = manifest["stopped"]["after_rounds"]
     assert manifest["stopped"]["reason"] == "every cell had a verdict" and 2 <= rounds < 6
@@ -277,7 +277,7 @@ def test_interleaved_rounds_alternate_the_arms_run_by_run(tmp_path):
                     "--rounds", "2", "--runs", "3", "--out", str(out), "--format", "json",
                     *SHORT)
     assert result.exit_code == 0, result.output
-    manifest = read_manifest(out)
+    manifest = Manifest.read(out).to_dict()
     assert manifest["interleave"] and manifest["parallel_start"]
     servers = manifest["timing"]["servers"]
     assert len(servers) == 6
@@ -323,7 +323,7 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     broken = [r for r in runs if r.arm == "broken"]
     assert len(broken) == 2 and not any(r.ok for r in broken)
     assert all("page_size" in (r.log_tail or "") for r in broken)
-    assert read_manifest(out)["stopped"]["after_rounds"] == 1
+    assert Manifest.read(out).to_dict()["stopped"]["after_rounds"] == 1
     assert not servers_left(result)
 
 
@@ -333,7 +333,7 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     (["run", "--arm", "main=.", "--set", "head.page_size=8"], "no arm named 'head'"),
     (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
     (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
-    (["run", "--arm", "main=.", "--rounds", "2", "--sessions", "3"], "old name of --rounds"),
+    (["run", "--arm", "main=.", "--sessions", "3"], "No such option: --sessions"),
     (["run", "--arm", "main=.", "--until-verdict"], "--until-verdict needs --max-rounds"),
     (["run", "--arm", "main=.", "--max-rounds", "3"], "goes with --until-verdict"),
     (["run", "--arm", "main=.", "--rounds", "3", "--until-verdict", "--max-rounds", "4"],
@@ -391,7 +391,7 @@ def test_a_killed_gate_mid_run_leaves_no_client_process_behind(tmp_path):
     assert not servers_left(run, grace_s=30)
 
 
-_CHILD = ("import sys, time; from gate.server import end_with_parent; "
+_CHILD = ("import sys, time; from gate.run.server import end_with_parent; "
           "end_with_parent(int(sys.argv[1]), 9); print('ready', flush=True); time.sleep(60)")
 _PARENT = ("import os, subprocess, sys, time; "
            "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())]); "

@@ -12,35 +12,43 @@ import numpy as np
 import pytest
 
 from gate.commands.check import build_check_configs
-from gate.config import GateConfig, build_gate_config
-from gate.load import ServeMetrics
-from gate.records import RunRecord, append_run, read_manifest, read_runs
-from gate.session import Session
-from gate.tables import write_reports
+from gate.config import GateConfig
+from gate.manifest import Manifest
+from gate.metrics import ServeMetrics
+from gate.records import RunRecord, append_run, read_runs
+from gate.report.write import write_reports
+from gate.run.rounds import Round
+from gate.run.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class SyntheticSession(Session):
-    """A Session whose arms' servers are replaced by runs of a known speed: each arm's tok/s
-    in a round is 1000 x (1 + its effect) x (1 + noise drawn for that arm and round)."""
+class SyntheticRound(Round):
+    """A round whose arms' servers are replaced by runs of a known speed: each arm's tok/s in a
+    round is 1000 x (1 + its effect) x (1 + noise drawn for that arm and round)."""
 
-    effects: dict[str, float] = {}
-    noise = 0.0
-
-    async def _serve_arm(self, arm, round_index: int, position: int, cache: Path) -> int:
-        rng = np.random.default_rng([round_index, sum(map(ord, arm.name))])
+    async def serve_arm(self, arm, position: int) -> int:
+        session = self.session
+        rng = np.random.default_rng([self.index, sum(map(ord, arm.name))])
         for concurrency in self.config.concurrency:
             for run in range(1, self.config.runs + 1):
-                tok_s = 1000.0 * (1 + self.effects.get(arm.name, 0.0)) * math.exp(
-                    rng.normal(0, self.noise))
+                tok_s = 1000.0 * (1 + session.effects.get(arm.name, 0.0)) * math.exp(
+                    rng.normal(0, session.noise))
                 metrics = ServeMetrics(max_concurrency=concurrency, duration=1.0, completed=8,
                                        failed=0, total_input_tokens=8, total_output_tokens=100,
                                        request_throughput=8.0, output_throughput=tok_s)
-                append_run(self.out, RunRecord(round=round_index, arm=arm.name,
+                append_run(self.out, RunRecord(round=self.index, arm=arm.name,
                                                position=position, concurrency=concurrency,
                                                run=run, ok=True, metrics=metrics))
         return 0
+
+
+class SyntheticSession(Session):
+    """A Session whose rounds are SyntheticRounds."""
+
+    round_type = SyntheticRound
+    effects: dict[str, float] = {}
+    noise = 0.0
 
 
 def _session(out: Path, effects: dict[str, float], noise: float, **options) -> Session:
@@ -55,7 +63,7 @@ def test_until_verdict_stops_once_every_cell_has_one(tmp_path):
     session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
                        max_rounds=8)
     assert session.run() == 0
-    manifest = read_manifest(session.out)
+    manifest = Manifest.read(session.out).to_dict()
     assert manifest["stopped"] == {"after_rounds": 2, "reason": "every cell had a verdict"}
     assert manifest["rounds_run"] == 2 and manifest["max_rounds"] == 8
     assert {r.round for r in read_runs(session.out)} == {0, 1}
@@ -68,7 +76,7 @@ def test_a_verdict_at_the_last_round_is_one(tmp_path):
     session = _session(tmp_path / "s", {"head": -0.3}, 0.002, until_verdict=True,
                        max_rounds=2)
     session.run()
-    assert read_manifest(session.out)["stopped"] == {"after_rounds": 2,
+    assert Manifest.read(session.out).to_dict()["stopped"] == {"after_rounds": 2,
                                                      "reason": "every cell had a verdict"}
 
 
@@ -76,7 +84,7 @@ def test_until_verdict_runs_to_max_rounds_when_no_verdict_comes(tmp_path):
     """Noise of 20% a run and no effect: the interval stays wider than the 1% floor."""
     session = _session(tmp_path / "s", {}, 0.2, until_verdict=True, max_rounds=3)
     session.run()
-    manifest = read_manifest(session.out)
+    manifest = Manifest.read(session.out).to_dict()
     assert manifest["stopped"] == {"after_rounds": 3, "reason": "the planned rounds ran"}
     assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
     rows = write_reports(session.out)
@@ -89,7 +97,7 @@ def test_a_resumed_session_that_had_its_verdicts_runs_no_more(tmp_path):
     again = _session(out, {"head": -0.3}, 0.002, until_verdict=True, max_rounds=10)
     again.run(resume=True)
     assert {r.round for r in read_runs(out)} == {0, 1}
-    assert read_manifest(out)["max_rounds"] == 10
+    assert Manifest.read(out).to_dict()["max_rounds"] == 10
     with pytest.raises(ValueError, match="until_verdict"):
         _session(out, {}, 0.0, rounds=4).run(resume=True)
 
@@ -97,7 +105,7 @@ def test_a_resumed_session_that_had_its_verdicts_runs_no_more(tmp_path):
 def test_a_fixed_design_runs_every_round(tmp_path):
     session = _session(tmp_path / "s", {"head": -0.3}, 0.002, rounds=3)
     session.run()
-    assert read_manifest(session.out)["stopped"]["after_rounds"] == 3
+    assert Manifest.read(session.out).to_dict()["stopped"]["after_rounds"] == 3
     assert {r.round for r in read_runs(session.out)} == {0, 1, 2}
 
 
@@ -107,22 +115,22 @@ def test_every_shipped_gate_config_builds(path):
     """The configs the README and tests/gpu/h200.sh name are valid as they stand (a check
     config through the check command's loader)."""
     if path.name.startswith("check-"):
-        config, check = build_check_configs({"config": path})
+        config, check = build_check_configs(path, {}, {})
         assert check.sweeps
     else:
-        config = build_gate_config({}, path)
+        config = GateConfig.from_options(path, {})
     assert config.arms and config.planned_rounds >= 1
 
 
 def test_a_command_line_until_verdict_overrides_a_files_rounds(tmp_path):
     config_file = tmp_path / "gate.yaml"
     config_file.write_text('arm: ["main=."]\nrounds: 4\n')
-    config = build_gate_config({"until_verdict": True, "max_rounds": 6}, config_file)
+    config = GateConfig.from_options(config_file, {"until_verdict": True, "max_rounds": 6})
     assert config.until_verdict and config.planned_rounds == 6
-    assert build_gate_config({}, config_file).planned_rounds == 4
+    assert GateConfig.from_options(config_file, {}).planned_rounds == 4
     config_file.write_text('arm: ["main=."]\nrounds: 4\nuntil_verdict: true\nmax_rounds: 6\n')
     with pytest.raises(ValueError, match="--rounds 4 and --until-verdict"):
-        build_gate_config({}, config_file)
+        GateConfig.from_options(config_file, {})
 
 
 @pytest.mark.parametrize("options, message", [
@@ -154,8 +162,8 @@ def test_requests_per_run_one_for_every_cell_or_one_per_cell(tmp_path):
     assert GateConfig(arms=("main=.",), requests=(5,)).requests_for(64) == 5
     config_file = tmp_path / "gate.yaml"
     config_file.write_text('arm: ["main=."]\nconcurrency: [1, 4]\nrequests: [2, 12]\n')
-    config = build_gate_config({}, config_file)
+    config = GateConfig.from_options(config_file, {})
     assert (config.requests_for(1), config.requests_for(4)) == (2, 12)
-    assert build_gate_config({"requests": "6"}, config_file).requests_for(4) == 6
+    assert GateConfig.from_options(config_file, {"requests": "6"}).requests_for(4) == 6
     config_file.write_text('arm: ["main=."]\nrequests: 3\n')
-    assert build_gate_config({}, config_file).requests_for(16) == 3
+    assert GateConfig.from_options(config_file, {}).requests_for(16) == 3

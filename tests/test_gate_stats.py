@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from gate import rule, stats
-from gate.load import ServeMetrics
+from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord
+from gate.verdict import rule, stats
 
 
 def _metrics(tok_s: float, concurrency: int = 16) -> ServeMetrics:

@@ -15,21 +15,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gate import tables
 from gate.commands.report import report
-from gate.load import LoadSpec, RequestResult, ServeMetrics, summarize
-from gate.records import (
-    GpuSample,
-    RunRecord,
-    append_run,
-    read_manifest,
-    read_runs,
-    write_manifest,
-)
-from gate.timing import startup_wall, time_line, time_summary
+from gate.manifest import Manifest, write_manifest_json
+from gate.metrics import ServeMetrics
+from gate.records import GpuSample, RunRecord, append_run, read_runs
+from gate.report import notes, rounds, summary, write
+from gate.report.timing import startup_wall, time_line, time_summary
+from gate.run.load import LoadSpec, RequestResult, summarize
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
-REPORTS = (tables.ROUNDS_FILE, tables.SUMMARY_FILE, tables.SUMMARY_JSON, tables.PAIRED_FILE)
+REPORTS = (rounds.ROUNDS_FILE, summary.SUMMARY_FILE, summary.SUMMARY_JSON, write.PAIRED_FILE)
 INPUTS = ("runs.jsonl", "manifest.json")
 PLOTS = ("tok_s.png", "itl.png")
 
@@ -119,7 +114,7 @@ def build_session(directory: Path) -> None:
     """The synthetic session: main/head, c=1 and c=16, 2 rounds x 2 runs, one failed run."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "runs.jsonl").unlink(missing_ok=True)
-    write_manifest(directory, MANIFEST)
+    write_manifest_json(directory, MANIFEST)
     for (round_index, arm, concurrency), values in sorted(TOK_S.items()):
         for run, tok_s in enumerate(values, start=1):
             append_run(directory, _record(round_index, arm, concurrency, run, tok_s))
@@ -127,7 +122,7 @@ def build_session(directory: Path) -> None:
 
 def _regenerate() -> None:
     build_session(GOLDEN)
-    tables.write_reports(GOLDEN)
+    write.write_reports(GOLDEN)
     for name in PLOTS:
         (GOLDEN / name).unlink()
 
@@ -143,7 +138,7 @@ def test_golden_reports(tmp_path):
     session.mkdir()
     for name in INPUTS:
         shutil.copy(GOLDEN / name, session / name)
-    rows = tables.write_reports(session)
+    rows = write.write_reports(session)
     for name in REPORTS:
         assert (session / name).read_text() == (GOLDEN / name).read_text(), name
     for name in PLOTS:
@@ -154,7 +149,7 @@ def test_golden_reports(tmp_path):
 
 def test_summary_rows_values(tmp_path):
     build_session(tmp_path)
-    rows = {(r["cell"], r["arm"]): r for r in tables.write_reports(tmp_path)}
+    rows = {(r["cell"], r["arm"]): r for r in write.write_reports(tmp_path)}
     head16 = rows[("c=16", "head")]
     assert head16["runs_ok"] == 3 and head16["runs_failed"] == 1
     assert head16["output_throughput"] == 1620.0
@@ -176,7 +171,7 @@ def test_summary_rows_values(tmp_path):
 
 def _session(directory: Path, records: list[RunRecord], **manifest) -> Path:
     directory.mkdir()
-    write_manifest(directory, {**MANIFEST, **manifest})
+    write_manifest_json(directory, {**MANIFEST, **manifest})
     (directory / "runs.jsonl").write_text("")
     for record in records:
         append_run(directory, record)
@@ -192,12 +187,12 @@ def test_degenerate_sessions_do_not_crash(tmp_path):
              "empty": ([], {})}
     for name, (records, manifest) in cases.items():
         directory = _session(tmp_path / name, records, **manifest)
-        rows = tables.write_reports(directory)
+        rows = write.write_reports(directory)
         for report_name in (*REPORTS, *PLOTS):
             assert (directory / report_name).stat().st_size > 0, (name, report_name)
         verdicts = {r["verdict"] for r in rows if r["arm"] != "main"}
         assert verdicts <= {"too few rounds"}, name
-    assert "too few rounds" in (tmp_path / "no_baseline" / tables.PAIRED_FILE).read_text()
+    assert "too few rounds" in (tmp_path / "no_baseline" / write.PAIRED_FILE).read_text()
 
 
 def _app() -> typer.Typer:
@@ -211,9 +206,9 @@ def test_report_json(tmp_path):
     result = CliRunner().invoke(_app(), [str(tmp_path), "--format", "json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data == json.loads((tmp_path / tables.SUMMARY_JSON).read_text())
+    assert data == json.loads((tmp_path / summary.SUMMARY_JSON).read_text())
     assert [row["arm"] for row in data["cells"]] == ["main", "head", "main", "head"]
-    assert (tmp_path / tables.SUMMARY_FILE).is_file()
+    assert (tmp_path / summary.SUMMARY_FILE).is_file()
 
 
 def test_report_table_and_md(tmp_path):
@@ -223,7 +218,7 @@ def test_report_table_and_md(tmp_path):
     assert "1505 [1480-1530]" in table.stdout  # numbers never wrap
     assert "too few rounds" in table.stdout  # piped: the table keeps its own width
     md = CliRunner().invoke(_app(), [str(tmp_path), "--format", "md"])
-    assert md.stdout == (tmp_path / tables.SUMMARY_FILE).read_text()
+    assert md.stdout == (tmp_path / summary.SUMMARY_FILE).read_text()
 
 
 def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
@@ -232,7 +227,7 @@ def test_report_missing_paths_exit_2(tmp_path, monkeypatch):
     assert missing.exit_code == 2
     assert "no-such-session" in missing.output
     Path("half-session").mkdir()
-    write_manifest(Path("half-session"), MANIFEST)
+    write_manifest_json(Path("half-session"), MANIFEST)
     half = CliRunner().invoke(_app(), ["half-session"])
     assert half.exit_code == 2
     assert "half-session" in half.output and "runs.jsonl" in half.output
@@ -267,18 +262,18 @@ def test_a_session_written_by_an_older_gate_still_reports(tmp_path):
         assert (metrics.completed, metrics.failed, metrics.duration) == (
             line["num_requests"] - line["num_failed"], line["num_failed"], line["wall_s"])
         assert metrics.p99_itl_ms is None  # not kept then
-    assert read_manifest(LEGACY)["rounds"] == 2
+    assert Manifest.read(LEGACY).rounds == 2
     directory = tmp_path / "old"
     shutil.copytree(LEGACY, directory)
-    rows = tables.write_reports(directory)
-    assert (directory / tables.PAIRED_FILE).read_text() == (
-        GOLDEN / tables.PAIRED_FILE).read_text()
-    golden_rows = tables.write_reports(_copy_golden(tmp_path / "new"))
+    rows = write.write_reports(directory)
+    assert (directory / write.PAIRED_FILE).read_text() == (
+        GOLDEN / write.PAIRED_FILE).read_text()
+    golden_rows = write.write_reports(_copy_golden(tmp_path / "new"))
     assert [(r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in rows] == [
         (r["cell"], r["arm"], r["output_throughput"], r["verdict"]) for r in golden_rows]
-    summary = (directory / tables.SUMMARY_FILE).read_text()
-    assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in summary  # not kept then
-    assert "Time: not recorded" in summary
+    text = (directory / summary.SUMMARY_FILE).read_text()
+    assert "| c=1 | main | 5.50/-/- | - | 10.45/9.95/-/- | - |" in text  # not kept then
+    assert "Time: not recorded" in text
 
 
 def _copy_golden(directory: Path) -> Path:
@@ -295,7 +290,7 @@ def test_short_runs_are_named():
             {"cell": "c=64", "duration": 0.91, "median_ttft_ms": 130.0},
             {"cell": "c=1", "duration": 2.3, "median_ttft_ms": 8.5},
             {"cell": "c=4", "duration": None, "median_ttft_ms": None}]
-    lines = tables.short_run_lines(rows)
+    lines = notes.short_run_lines(rows)
     assert lines == [
         "- c=64: a run lasts 0.89 s and a request waits 135 ms for its first token (median): "
         "much of each run is the start burst and the drain, and its tok/s moves with them; "
@@ -309,7 +304,8 @@ def test_start_up_counts_servers_that_started_together_once():
     servers = [{"launched_at": 100.0, "health_s": 2.0}, {"launched_at": 100.5, "health_s": 2.5},
                {"launched_at": 110.0, "health_s": 1.0}, {"launched_at": 111.0, "health_s": None},
                {"health_s": 4.0}]
-    assert startup_wall(servers) == pytest.approx(3.0 + 1.0 + 4.0)
-    manifest = {"parallel_start": True, "timing": {"wall_s": 20.0, "servers": servers}}
+    manifest = Manifest.from_dict({"parallel_start": True, "timing": {
+        "wall_s": 20.0, "servers": [{"round": 0, "arm": "main", **s} for s in servers]}})
+    assert startup_wall(manifest.timing.servers) == pytest.approx(3.0 + 1.0 + 4.0)
     assert time_summary(manifest)["startup_s"] == pytest.approx(8.0)
     assert "started together counted once) took 8.0 s" in time_line(manifest)

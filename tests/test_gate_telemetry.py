@@ -12,15 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from gate.records import GpuSample
-from gate.telemetry import (
-    GpuSampler,
-    ProcessCpu,
-    SiblingBusy,
-    gather_versions,
-    host_info,
-    read_proc_stat,
-    scan_log,
-)
+from gate.run.host import gather_versions, host_info
+from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, read_proc_stat, scan_log
 
 STAT_HEADER = "cpu  400 0 100 1500 0 0 0 0 0 0\n"
 STAT_TAIL = "intr 12345 0 0\nctxt 999\nbtime 1700000000\nprocesses 42\n"

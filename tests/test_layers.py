@@ -1,8 +1,8 @@
 """The package's import graph runs one way: kernels at the bottom, then the model and the
 resources, the backends and the planner, the engine, the server, and the tools and CLI on top;
 the gate stands apart (it measures other trees' engines over HTTP and imports only the knob
-parsing, the profile reading, the version and the CLI flags it shares). Function-level imports
-count."""
+parsing, the profile reading, the version and the CLI flags it shares), and its own packages
+run one way too (GATE_LAYERS), with no cycle. Function-level imports count."""
 
 from __future__ import annotations
 
@@ -57,6 +57,85 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
             if outside or _layer(imported) > _layer(module):
                 upward.append(f"{module} imports {imported}")
     assert not upward, "\n".join(upward)
+
+
+# the gate's packages, lowest first; a module may import its own layer or any below. The records
+# (runs, manifest, metrics) are the one contract between running a session and reporting it:
+# the verdicts read them and neither runs nor reports; reports never import the running code;
+# the check may use the running code's pieces; the commands sit on top.
+GATE_LAYERS = [
+    ("gate.records", "gate.manifest", "gate.metrics"),
+    ("gate.verdict",),
+    ("gate.config",),
+    ("gate.report", "gate.run"),
+    ("gate.check",),
+    ("gate.commands", "gate.cli", "gate.__main__"),
+]
+# pairs within one layer that must not meet
+GATE_APART = [("gate.report", "gate.run"), ("gate.run", "gate.report")]
+
+
+def _gate_layer(module: str) -> int:
+    for index, prefixes in enumerate(GATE_LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to GATE_LAYERS")
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _gate_imports() -> dict[str, set[str]]:
+    """Each gate module and the gate modules it imports (`from gate.report import summary`
+    imports gate.report.summary)."""
+    modules = {_module(path): path for path in sorted((ROOT / "gate").rglob("*.py"))}
+    graph = {}
+    for module, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                submodules = {f"{node.module}.{alias.name}" for alias in node.names}
+                found |= (submodules & modules.keys()) or {node.module}
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[module] = {name for name in found if name == "gate" or name.startswith("gate.")}
+    return graph
+
+
+def test_the_gates_packages_import_downwards_only():
+    wrong = []
+    for module, imported in _gate_imports().items():
+        if module in ("gate", "gate.__main__"):
+            continue
+        for name in imported:
+            if name == "gate":
+                wrong.append(f"{module} imports the gate package itself")
+            elif _gate_layer(name) > _gate_layer(module) or any(
+                    _within(module, a) and _within(name, b) for a, b in GATE_APART):
+                wrong.append(f"{module} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_gates_import_graph_has_no_cycle():
+    graph = _gate_imports()
+    modules = set(graph)
+    edges = {m: {n for n in graph[m] if n in modules and n != m} for m in graph}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for name in sorted(edges[module]):
+            if state.get(name) == 1:
+                return [*path, module, name]
+            if name not in state and (cycle := visit(name, [*path, module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(modules):
+        if module not in state and (cycle := visit(module, [])):
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
 
 
 def test_the_gate_imports_no_engine():

@@ -9,18 +9,18 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from gate import options as opt
-from gate.check import CheckSession
-from gate.check_config import CHECK_KEYS, CHECK_PARAMS, GATE_KEYS, CheckConfig
-from gate.check_report import CHECK_MD
+from gate.check.config import CHECK_OPTIONS, GATE_OPTIONS, CheckConfig
+from gate.check.report import CHECK_MD, print_check
+from gate.check.session import CheckSession
+from gate.commands import options as opt
 from gate.commands.common import bad_parameter, start_session
-from gate.config import GateConfig, build_gate_config, load_yaml
-from gate.output import OutputFormat, print_check
+from gate.config import GateConfig, load_yaml, option_fields
+from gate.report.output import OutputFormat
 from resident.cli_flags import HelpOpt
 
 
 def check(
-    arm: opt.ArmOpt = None,
+    arm: opt.CheckArmOpt = None,
     knobs: opt.SetOpt = None,
     config: opt.ConfigOpt = None,
     sweep: opt.SweepOpt = None,
@@ -44,10 +44,15 @@ def check(
     the baseline against a second server of itself (the yardstick), at c=1, at c=8 and under KV
     pressure, and the row check under slot and KV pressure. Writes check.md, check.json,
     manifest.json and the servers' logs; exits 0 on pass, 1 on fail."""
-    given = dict(locals())
     console = Console(stderr=True)
     with bad_parameter():
-        gate_config, check_config = build_check_configs(given)
+        gate_config, check_config = build_check_configs(
+            config,
+            option_fields(arm=arm, set=knobs, model=model, device=device,
+                          startup_timeout=startup_timeout, server_cpus=server_cpus,
+                          step_cores=step_cores, api_core=api_core, client_cpus=client_cpus,
+                          gpu=gpu, name=name, out=out),
+            {"sweep": sweep, "prompts": prompts, "max_tokens": max_tokens, "near_tie": near_tie})
         session = CheckSession(gate_config, Path.cwd(), sys.argv, check=check_config)
     start_session(session, console, "check")
     with bad_parameter():
@@ -58,22 +63,25 @@ def check(
         raise typer.Exit(code)
 
 
-def build_check_configs(given: dict[str, Any]) -> tuple[GateConfig, CheckConfig]:
-    """The check command's parameters (its `locals()` on entry) and its --config file as the
-    GateConfig its servers are launched from and its CheckConfig."""
-    config_file: Path | None = given.get("config")
+def build_check_configs(config_file: Path | None, gate_given: dict[str, Any],
+                        check_given: dict[str, Any]) -> tuple[GateConfig, CheckConfig]:
+    """The GateConfig a check's servers are launched from and its CheckConfig: the command
+    line's options (`gate_given`: option_fields of its `run` options; `check_given`: its own,
+    None where not given) over its --config file's."""
     gate_values: dict[str, Any] = {"name": "check"}
     check_values: dict[str, Any] = {}
-    for key, value in (load_yaml(config_file) if config_file else {}).items():
-        name = str(key).replace("-", "_")
-        if name in CHECK_KEYS:
-            check_values[CHECK_KEYS[name]] = value
-        elif name in GATE_KEYS:
-            gate_values[GATE_KEYS[name]] = value
-        else:
-            raise ValueError(f"--config {config_file}: unknown key {key!r} for a check; keys: "
-                             f"{', '.join(sorted([*GATE_KEYS, *CHECK_KEYS]))}")
-    check_values |= {CHECK_PARAMS[p]: given[p] for p in CHECK_PARAMS if given.get(p) is not None}
-    options = opt.gate_options({k: v for k, v in given.items() if k not in CHECK_PARAMS})
-    gate_values |= {k: v for k, v in options.items() if v is not None and v != []}
-    return build_gate_config(gate_values, None), CheckConfig.from_values(check_values)
+    if config_file is not None:
+        gate_file: dict[str, Any] = {}
+        for key, value in load_yaml(config_file).items():
+            option = str(key).replace("-", "_")
+            if option in CHECK_OPTIONS:
+                check_values[option] = value
+            elif option in GATE_OPTIONS:
+                gate_file[option] = value
+            else:
+                raise ValueError(f"--config {config_file}: unknown key {key!r} for a check; "
+                                 f"keys: {', '.join(sorted([*GATE_OPTIONS, *CHECK_OPTIONS]))}")
+        gate_values |= option_fields(**gate_file)
+    check_values |= {key: value for key, value in check_given.items() if value is not None}
+    return (GateConfig.from_options(None, gate_values | gate_given),
+            CheckConfig.from_values(check_values))

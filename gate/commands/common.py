@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from gate import options as opt
-from gate.config import build_gate_config
-from gate.session import Session
+from gate.config import GateConfig
+from gate.run.estimate import long_session_warning
+from gate.run.session import Session
 
 S = TypeVar("S", bound=Session)
 
@@ -28,12 +28,12 @@ def bad_parameter() -> Iterator[None]:
         raise typer.BadParameter(str(err)) from None
 
 
-def open_session(session_type: type[S], given: dict[str, Any], console: Console,
-                 label: str) -> S:
-    """The session of a command's parameters (its `locals()` on entry), with this process
-    pinned to the client CPUs."""
+def open_session(session_type: type[S], config_file: Path | None, given: dict[str, Any],
+                 console: Console, label: str) -> S:
+    """The session of a command's options (`given`: option_fields of them) over its --config
+    file, with this process pinned to the client CPUs."""
     with bad_parameter():
-        config = build_gate_config(opt.gate_options(given), given["config"])
+        config = GateConfig.from_options(config_file, given)
         session = session_type(config, Path.cwd(), sys.argv)
     return start_session(session, console, label)
 
@@ -42,6 +42,9 @@ def start_session(session: S, console: Console, label: str) -> S:
     """Pins this process to the session's client CPUs and logs where the session goes."""
     if session.placement.client_cpus:
         os.sched_setaffinity(0, session.placement.client_cpus)
+    warning = long_session_warning(session.config, len(session.arms))
+    if warning and label != "check":
+        console.print(warning, style="yellow", markup=False)
     console.log(f"{label} {session.out}: arms {', '.join(a.name for a in session.arms)}, "
                 f"placement {session.placement.to_dict()}")
     return session

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gate import options as opt
+from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
-from gate.output import OutputFormat, print_phases
-from gate.phases import PHASES_MD, PhasesSession
+from gate.config import option_fields
+from gate.report.output import OutputFormat, print_phases
+from gate.report.phases import PHASES_MD, write_phases
+from gate.run.phases import PhasesSession
 from resident.cli_flags import HelpOpt
 
 
@@ -41,11 +43,17 @@ def phases(
     after a reset; writes phases.md (the plan thread's CPU by phase, and what each arm takes
     off the baseline's), phases.json and manifest.json.
     """
-    given = dict(locals())
+    given = option_fields(
+        arm=arm, set=knobs, model=model, device=device, concurrency=concurrency,
+        prompt_len=prompt_len, output_len=output_len, requests=requests,
+        requests_per_slot=requests_per_slot, clients=clients, seed=seed,
+        startup_timeout=startup_timeout, server_cpus=server_cpus, step_cores=step_cores,
+        api_core=api_core, client_cpus=client_cpus, gpu=gpu, name=name, out=out)
     console = Console(stderr=True)
-    session = open_session(PhasesSession, given, console, "phases")
+    session = open_session(PhasesSession, config, given, console, "phases")
     with bad_parameter():
         failed = session.run()
+    write_phases(session.out, session.results, session.manifest)
     print_phases(session.results, session.manifest, output_format)
     console.log(f"wrote {session.out / PHASES_MD}")
     exit_if_failed(console, session, failed, "cell")

@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from gate import options as opt
-from gate.output import OutputFormat, print_summary
-from gate.profile_report import PROFILE_FILE
-from gate.profiling import read_profiles
-from gate.records import MANIFEST_FILE, RUNS_FILE, read_manifest
-from gate.tables import REPORT_FILES, write_reports
+from gate.commands import options as opt
+from gate.manifest import MANIFEST_FILE, Manifest
+from gate.records import RUNS_FILE, read_profiles
+from gate.report.output import OutputFormat, print_summary
+from gate.report.profile import PROFILE_FILE
+from gate.report.write import REPORT_FILES, write_reports
 from resident.cli_flags import HelpOpt
 
 
@@ -35,4 +35,4 @@ def report(
     rows = write_reports(directory)
     written = [*REPORT_FILES, *([PROFILE_FILE] if read_profiles(directory) else [])]
     typer.echo(f"wrote {', '.join(written)} in {directory}", err=True)
-    print_summary(rows, read_manifest(directory), output_format)
+    print_summary(rows, Manifest.read(directory), output_format, directory)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gate import options as opt
+from gate.commands import options as opt
 from gate.commands.common import bad_parameter, exit_if_failed, open_session
-from gate.output import OutputFormat, print_summary
-from gate.records import read_manifest
-from gate.session import Session
-from gate.tables import write_reports
+from gate.config import option_fields
+from gate.report.output import OutputFormat, print_summary
+from gate.report.write import write_reports
+from gate.run.session import Session
 from resident.cli_flags import HelpOpt
 
 
@@ -45,7 +45,6 @@ def run(
     name: opt.NameOpt = None,
     out: opt.OutOpt = None,
     resume: opt.ResumeOpt = False,
-    sessions: opt.SessionsOpt = None,
     output_format: opt.FormatOpt = OutputFormat.table,
     show_help: HelpOpt = False,
 ) -> None:
@@ -57,12 +56,20 @@ def run(
     summary.json, paired.md and the plots (with --profile, profile.md and the traces), and
     prints the summary.
     """
-    given = dict(locals())
+    given = option_fields(
+        arm=arm, set=knobs, aa=aa, model=model, device=device, concurrency=concurrency,
+        prompt_len=prompt_len, output_len=output_len, rounds=rounds,
+        until_verdict=until_verdict, max_rounds=max_rounds, min_effect=min_effect,
+        interleave=interleave, parallel_start=parallel_start, runs=runs, requests=requests,
+        requests_per_slot=requests_per_slot, clients=clients, seed=seed, profile=profile,
+        profile_steps=profile_steps, startup_timeout=startup_timeout, server_cpus=server_cpus,
+        step_cores=step_cores, api_core=api_core, client_cpus=client_cpus, gpu=gpu, name=name,
+        out=out)
     console = Console(stderr=True)
-    session = open_session(Session, given, console, "session")
+    session = open_session(Session, config, given, console, "session")
     with bad_parameter():
         failed = session.run(resume)
     rows = write_reports(session.out)
-    print_summary(rows, read_manifest(session.out), output_format)
+    print_summary(rows, session.manifest, output_format, session.out)
     console.log(f"wrote {session.out}")
     exit_if_failed(console, session, failed, "run")

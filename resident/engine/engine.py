@@ -41,7 +41,6 @@ from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning, p
 from resident.engine.report import engine_info, engine_stats, rowcheck_counts
 from resident.engine.request import Request, Status
 from resident.engine.resident_planning import ResidentPlanning
-from resident.engine.rowcheck import RowCheck
 from resident.engine.runner import StepRunner
 from resident.engine.sampler import Sampler, TokenReadback
 from resident.engine.scheduler import Scheduler, StepPlan
@@ -60,6 +59,7 @@ from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
 from resident.model.weights import load_model, torch_dtype, weights_fingerprint
 from resident.planner import ResidentPlanner
+from resident.planner.rowcheck import RowCheck
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
 from resident.resources.recurrent import StatePool

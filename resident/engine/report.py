@@ -5,15 +5,42 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import Any, Protocol
 
 import torch
 
+from resident.backends import StepKernels
 from resident.config import EngineConfig
+from resident.engine.inputs import StepInputs
+from resident.engine.planning import StepPlanning
+from resident.engine.runner import StepRunner
+from resident.engine.scheduler import Scheduler
+from resident.engine.startup import StartupTimes
+from resident.model.config import ModelConfig
 from resident.provenance import describe
+from resident.resources.kv import KVPool
+from resident.resources.recurrent import StatePool
 
-if TYPE_CHECKING:
-    from resident.engine.engine import Engine
+
+class Engine(Protocol):
+    """What the reports read of an engine (engine.py: Engine). A protocol, so that engine.py
+    imports this module and this module does not import engine.py."""
+
+    config: EngineConfig
+    model_config: ModelConfig
+    device: torch.device
+    scheduler: Scheduler
+    kv: KVPool
+    states: StatePool
+    planning: StepPlanning
+    runner: StepRunner
+    inputs: StepInputs
+    kernels: StepKernels
+    counters: Counter[str]
+    step_seconds: Counter[str]
+    fingerprint: str
+    startup: StartupTimes
 
 STEP_KINDS = ("decode", "prefill", "mixed")
 

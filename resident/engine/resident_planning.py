@@ -3,7 +3,7 @@
 A decode step's `prepare_decode` is the planner's plan and flush (slots, then the changed cells
 and whole rows staged and copied, resident/planner/); `upload_decode` sends only the token ids
 (and fa2's host plan under `flashinfer`, from host lengths, as fa2 needs on Hopper); the
-bucket's forward runs between the resident ops (resident_ops.py: scatter the staged cells,
+bucket's forward runs between the resident ops (planner/ops.py: scatter the staged cells,
 gather the rows, and after it advance the lengths), recorded in its graph; `commit` advances
 the planner's mirror and, under `row_check`, checks what the step read (rowcheck.py). A prefill
 or mixed step is host-planned and marks its rows stale, so they are written whole when they next
@@ -19,10 +19,10 @@ from resident.engine.buffers import DecodeInputs, SampledTokens
 from resident.engine.inputs import StepInputs
 from resident.engine.phases import PhaseTiming
 from resident.engine.planning import PreparedStep, StepPlanning
-from resident.engine.resident_ops import ResidentOps
-from resident.engine.rowcheck import RowCheck
 from resident.engine.scheduler import StepPlan
 from resident.planner import ResidentPlanner
+from resident.planner.ops import ResidentOps
+from resident.planner.rowcheck import RowCheck
 
 
 class ResidentPlanning(StepPlanning):
@@ -79,7 +79,8 @@ class ResidentPlanning(StepPlanning):
             self.planner.commit(prepared.resident)
             if self.row_check:
                 meta = self.inputs.decode_meta(prepared.bucket, prepared.width)
-                self.row_check.check(plan, prepared.resident, meta)  # what the step read
+                rows = [row.request.request_id for row in plan.rows]
+                self.row_check.check(rows, prepared.resident, meta)  # what the step read
         self.phases.lap("resident")
 
     def release(self, request_id: str, offload: bool = False) -> None:

@@ -9,7 +9,7 @@ SlotCache's (slots.py); what each step sends to the store is the RowStager's (st
 Order of calls for a step: `plan` (slots; may run before the previous step commits, and may be
 abandoned), `flush` (right before the step runs, after the previous step's commit: stages whole
 rows and changed cells from the host streams, so an abandoned plan never touches the tables),
-the step's ops (engine/resident_ops.py: scatter, gather, run, advance), then `commit`.
+the step's ops (planner/ops.py: scatter, gather, run, advance), then `commit`.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ if [ -f .whl/install.sh ] && [ ! -d /tmp/site/flashinfer ]; then
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 # the host's packages carry no bytecode and its environment forbids writing it: without a kept
-# cache every Python process here compiles ~2,600 modules (gate/bytecode.py)
+# cache every Python process here compiles ~2,600 modules (gate/run/bytecode.py)
 export PYTHONPYCACHEPREFIX=$PWD/.gate/pycache
 unset PYTHONDONTWRITEBYTECODE
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \

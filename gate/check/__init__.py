@@ -1,0 +1,1 @@
+"""`resident-gate check`: greedy-token and row-check sweeps, judged and reported."""

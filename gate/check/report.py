@@ -1,0 +1,166 @@
+"""What `resident-gate check` writes: check.json (the report: verdicts, agreements, divergences
+with both sides' top logprobs, row-check readings), check.md (its tables) and answers.jsonl
+(every answer: load, arm, prompt, tokens, finish reason, error; one a line), and the same tables
+for stdout (gate/report/output.py renders them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gate.check.judge import margin
+from gate.check.load import Answer
+from gate.manifest import Manifest
+from gate.report.markdown import TableSpec, page_title
+from gate.report.output import OutputFormat, render
+from gate.report.timing import time_line
+
+CHECK_JSON, CHECK_MD, ANSWERS_JSONL = "check.json", "check.md", "answers.jsonl"
+TOKEN_SWEEPS = ("greedy", "concurrency", "kv-pressure")
+
+
+def _knobs_text(knobs: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in knobs.items()) or "the arms' own knobs"
+
+
+def _failed_text(failed: dict[str, int]) -> str:
+    if not any(failed.values()):
+        return "0"
+    return ", ".join(f"{arm} {count}" for arm, count in failed.items())
+
+
+def sweeps_table(report: dict[str, Any]) -> TableSpec:
+    rows = [[name, sweep["verdict"], "; ".join(sweep["reasons"]) or "-"]
+            for name, sweep in report["sweeps"].items()]
+    return TableSpec("Sweeps", ["sweep", "verdict", "why"], rows, "lll")
+
+
+def tokens_table(report: dict[str, Any]) -> TableSpec | None:
+    """Per token sweep: each head's prompts with the baseline's very tokens beside the
+    yardstick's (the baseline against its second server)."""
+    roles = report["roles"]
+    base, heads = roles["baseline"], roles["heads"]
+    rows = []
+    for name in (n for n in TOKEN_SWEEPS if n in report["sweeps"]):
+        sweep = report["sweeps"][name]
+        agreement = sweep["agreement"]
+        load = f"c={report['loads'][name]}"
+        if name == "kv-pressure":
+            load += f", {_knobs_text(report['launches']['kv-pressure']['knobs'])}"
+        rows.append([name, load,
+                     *(f"{agreement[h]['same']}/{agreement[h]['total']}" for h in heads),
+                     f"{agreement[roles['yardstick']]['same']}/"
+                     f"{agreement[roles['yardstick']]['total']}",
+                     _failed_text(sweep["failed"]), sweep["verdict"]])
+    if not rows:
+        return None
+    header = ["sweep", "load", *(f"{h} vs {base}" for h in heads),
+              f"{base} vs {base} (yardstick)", "failed requests", "verdict"]
+    return TableSpec("Greedy tokens against the baseline", header, rows,
+                       "ll" + "r" * (len(heads) + 2) + "l")
+
+
+def _margin_text(top: dict[str, float] | None, own: int | None, rival: int | None) -> str:
+    """A server's own token's logprob less its rival's: `n/a` where it reported none, `> x`
+    where the rival is outside its top logprobs (x: the gap to the least of them)."""
+    if top is None or own is None or rival is None:
+        return "n/a"
+    values = {int(k): v for k, v in top.items()}
+    exact = margin(values, own, rival)
+    if exact is not None:
+        return f"{exact:.4f}"
+    return f"> {values[own] - min(values.values()):.4f}" if own in values else "n/a"
+
+
+def divergences_table(report: dict[str, Any]) -> TableSpec | None:
+    """Each diverging prompt: the first divergent token, both tokens, and each side's margin
+    (its own token's logprob less the other's)."""
+    base = report["roles"]["baseline"]
+    rows = []
+    for name in (n for n in TOKEN_SWEEPS if n in report["sweeps"]):
+        for arm, divergences in report["sweeps"][name]["divergences"].items():
+            for d in divergences:
+                base_token, arm_token = d["baseline_token"], d["arm_token"]
+                rows.append([name, f"p{d['prompt']}", arm, str(d["index"]),
+                             "end" if base_token is None else str(base_token),
+                             "end" if arm_token is None else str(arm_token),
+                             _margin_text(d["baseline_top"], base_token, arm_token),
+                             _margin_text(d["arm_top"], arm_token, base_token),
+                             "yes" if d["near_tie"] else "no"])
+    if not rows:
+        return None
+    return TableSpec("Divergences", ["sweep", "prompt", "arm", "first divergent token",
+                                       f"{base}'s token", "arm's token", f"margin in {base}",
+                                       "margin in arm", "near-tie"], rows, "lllrrrrrl")
+
+
+def rowcheck_text(reading: dict[str, Any]) -> str:
+    return (f"{reading['mismatches']} mismatches over {reading['steps']} steps "
+            f"({reading['rows']} rows), {reading['displaced']} displaced, "
+            f"{reading['offloads']} offloads, {reading['slot_releases']} slot releases")
+
+
+def rows_table(report: dict[str, Any]) -> TableSpec | None:
+    rows_sweep = report["sweeps"].get("rows")
+    if rows_sweep is None:
+        return None
+    rows = []
+    for pressure, readings in rows_sweep["readings"].items():
+        for arm, reading in readings.items():
+            rows.append([pressure, arm, str(reading["planning_mode"]),
+                         rowcheck_text(reading) if reading["status"] != "n/a" else "-",
+                         str(reading["failed"]), reading["status"]])
+    return TableSpec("Row check", ["pressure", "arm", "planning", "row check",
+                                     "failed requests", "status"], rows, "lllrrl")
+
+
+def check_tables(report: dict[str, Any]) -> list[TableSpec]:
+    """check.md's tables, in order; the same go to stdout."""
+    tables = [sweeps_table(report), tokens_table(report), divergences_table(report),
+              rows_table(report)]
+    return [table for table in tables if table is not None]
+
+
+def _intro(report: dict[str, Any], manifest: Manifest) -> str:
+    roles, check, prompts = report["roles"], report["check"], report["prompts"]
+    arms = ", ".join(f"{a.name} (`{a.spec}`)" for a in manifest.arms
+                     if a.name != roles["yardstick"])
+    launches = "; ".join(f"{name}: {_knobs_text(launch['knobs'])}"
+                         for name, launch in report["launches"].items())
+    return (f"Model {manifest.model} on {manifest.device}. Arms {arms}; the "
+            f"yardstick {roles['yardstick']} is a second server of {roles['baseline']}. "
+            f"{prompts['count']} prompts from `{prompts['path']}`, greedy (temperature 0), "
+            f"natural EOS, at most {check['max_tokens']} tokens each; top "
+            f"{check['logprobs']} logprobs asked of servers that give them. One server per arm "
+            f"and launch ({launches}); their logs are in logs/. Each divergence's top "
+            "logprobs on both sides are in check.json, every answer in answers.jsonl.")
+
+
+def check_md(report: dict[str, Any], manifest: Manifest) -> str:
+    exit_code = 0 if report["verdict"] == "pass" else 1
+    return "\n\n".join([
+        page_title(manifest, "check"), _intro(report, manifest),
+        f"**Verdict: {report['verdict']}** (exit code {exit_code}; the check took "
+        f"{report['wall_s']:.0f} s)", time_line(manifest),
+        "## The rule", report["rule"],
+        *(table.md() for table in check_tables(report))]) + "\n"
+
+
+def print_check(report: dict[str, Any], manifest: Manifest, fmt: OutputFormat) -> None:
+    """A check on stdout as `fmt`: its verdict and tables, json (check.json's report) or md
+    (check.md)."""
+    render(fmt, lambda: report, lambda: check_md(report, manifest),
+           lambda: check_tables(report), footer=f"verdict: {report['verdict']}")
+
+
+def write_check(out: Path, report: dict[str, Any], manifest: Manifest,
+                answers: dict[str, dict[str, list[Answer]]]) -> None:
+    (out / CHECK_JSON).write_text(json.dumps(report, indent=2) + "\n")
+    (out / CHECK_MD).write_text(check_md(report, manifest))
+    with (out / ANSWERS_JSONL).open("w") as lines:
+        for load, by_arm in answers.items():
+            for arm, listed in by_arm.items():
+                for prompt, answer in enumerate(listed):
+                    lines.write(json.dumps({"load": load, "arm": arm, "prompt": prompt,
+                                            **answer.to_dict()}) + "\n")

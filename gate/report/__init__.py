@@ -1,0 +1,1 @@
+"""Rendering a finished session from its records: tables, paired deltas, plots, profiles."""

@@ -1,0 +1,92 @@
+"""The summary's notes: what to read with care in a session's numbers (short runs, an event loop
+at its limit, a busy host) and what to do next when a verdict needs more rounds."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from gate.manifest import Manifest
+
+# a run whose median TTFT is more than this share of its wall time is mostly its start burst
+# and drain (every request starts at once): its tok/s moves with them
+BURST_SHARE = 0.1
+# an API process or a client busy this share of a core or more is at its event loop's limit
+CPU_BOUND_SHARE = 0.9
+# the host counts as busy when its 1-minute load average passed this many runnable tasks per
+# CPU the session was placed on: more work wanted those CPUs than the session itself
+BUSY_LOAD_PER_CPU = 1.0
+TOO_FEW = "too few rounds"
+
+
+def short_run_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell whose runs are short against their requests' TTFT."""
+    lines = []
+    for cell in dict.fromkeys(row["cell"] for row in rows):
+        mine = [r for r in rows if r["cell"] == cell and r["duration"] and r["median_ttft_ms"]]
+        if not mine:
+            continue
+        duration = statistics.median(r["duration"] for r in mine)
+        ttft_s = statistics.median(r["median_ttft_ms"] for r in mine) / 1000
+        if ttft_s > BURST_SHARE * duration:
+            lines.append(f"- {cell}: a run lasts {duration:.2f} s and a request waits "
+                         f"{ttft_s * 1000:.0f} ms for its first token (median): much of each run "
+                         "is the start burst and the drain, and its tok/s moves with them; more "
+                         "requests a run (--requests-per-slot) measure the steady state.")
+    return lines
+
+
+def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell and arm whose API process or the gate's client was near one full core
+    over its runs: one event loop each, so that one, not the engine, may set the pace."""
+    lines = []
+    for row in rows:
+        client = row["client_cpu_share"]
+        for share, who in ((row["api_cpu_share"], "the API process"),
+                           (client and client / (row["num_clients"] or 1), "each client")):
+            if share is not None and share >= CPU_BOUND_SHARE:
+                lines.append(f"- {row['cell']} {row['arm']}: {who} was busy {share:.2f} of a "
+                             "core over the runs: its one event loop, not the engine, may set "
+                             "this cell's pace.")
+    return lines
+
+
+def _session_cpus(manifest: Manifest) -> int:
+    """The CPUs the session's servers and client were placed on (the host's, unrecorded)."""
+    placement = manifest.placement
+    cpus = set(placement.get("server_cpus") or ()) | set(placement.get("client_cpus") or ())
+    return len(cpus) or max((load.cpus for load in manifest.host_load), default=1)
+
+
+def host_load_lines(manifest: Manifest) -> list[str]:
+    """A line when the host's load average, read before and after each round, passed the
+    CPUs the session used (BUSY_LOAD_PER_CPU): other work competed for them."""
+    cpus = _session_cpus(manifest)
+    busy = [load for load in manifest.host_load
+            if max(load.before[0], load.after[0]) > BUSY_LOAD_PER_CPU * cpus]
+    if not busy:
+        return []
+    peak = max(max(load.before[0], load.after[0]) for load in busy)
+    rounds = ", ".join(f"r{load.round + 1}" for load in busy)
+    return [f"- The host was busy: its 1-minute load average reached {peak:.1f} on "
+            f"{busy[0].cpus} CPUs, {cpus} of them the session's, around rounds {rounds} "
+            "(manifest.json's host_load): other work competed for the session's CPUs, so read "
+            "small differences with care, or run again on a quieter host."]
+
+
+def next_step_lines(rows: list[dict[str, Any]], manifest: Manifest,
+                    directory: Path | None = None) -> list[str]:
+    """A line naming the way on when some arm's verdict is `too few rounds`: more rounds in
+    this session (--resume), or a session that adds rounds until a verdict."""
+    open_cells = [f"{row['cell']} {row['arm']}" for row in rows if row["verdict"] == TOO_FEW]
+    if not open_cells:
+        return []
+    ran = manifest.rounds_run or manifest.rounds or 0
+    out = directory if directory is not None else "<this session's directory>"
+    more = (f"--until-verdict --max-rounds {max(ran + 2, 2 * ran)}" if manifest.until_verdict
+            else f"--rounds {max(ran + 2, 2 * ran)}")
+    return [f"- {TOO_FEW} ({', '.join(open_cells)}): {ran} rounds cannot tell these arms "
+            f"apart yet. Next: add rounds to this session with `resident-gate run --resume "
+            f"--out {out} {more}` (the same options otherwise), or start one with "
+            "`--until-verdict --max-rounds N`, which stops as soon as every cell has a verdict."]

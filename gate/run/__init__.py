@@ -1,0 +1,1 @@
+"""Running a session: arms, their servers, placement, load, telemetry, rounds, resume."""

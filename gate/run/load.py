@@ -1,0 +1,275 @@
+"""Load: fixed-concurrency streaming completions against an OpenAI-compatible server.
+
+Prompts are random token ids below the server's vocabulary, seeded, so no prefix cache helps and
+two arms given one seed see the same prompts. Every request asks for exactly `output_len` tokens
+(ignore_eos). Warm-up requests run first at the same concurrency and are left out. A run's numbers
+are a ServeMetrics, named as `vllm bench serve --save-result` names them: output_throughput
+(output tok/s) = output tokens of the measured requests over the measured wall time; TTFT, TPOT,
+ITL and E2EL as ServeMetrics says. Failed requests are counted and kept out of the distributions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from gate.metrics import LATENCIES, ServeMetrics, latency_fields
+from gate.run.server import end_with_parent
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    concurrency: int
+    num_requests: int
+    prompt_len: int = 512
+    output_len: int = 256
+    vocab_size: int = 512
+    seed: int = 0
+    num_warmup: int = 0
+    model: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 3600.0
+    num_clients: int = 1  # processes the measured requests' slots are split over
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size",
+                     "num_clients"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_warmup < 0:
+            raise ValueError(f"num_warmup must be >= 0, got {self.num_warmup}")
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    latency_s: float | None = None  # request sent to its last token
+    error: str | None = None
+
+
+BARRIER_TIMEOUT_S = 120.0  # client processes wait this long for each other to be ready
+
+
+@dataclass(frozen=True)
+class RunResult:
+    metrics: ServeMetrics
+    errors: tuple[str, ...] = ()
+
+
+def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
+    rng = random.Random(f"{spec.seed}:{salt}")
+    return [[rng.randrange(spec.vocab_size) for _ in range(spec.prompt_len)]
+            for _ in range(count)]
+
+
+async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
+               prompt: list[int]) -> RequestResult:
+    body = {"prompt": prompt, "max_tokens": spec.output_len, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    if spec.model:
+        body["model"] = spec.model
+    start = time.perf_counter()
+    stamps: list[float] = []
+    try:
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                return RequestResult(False, error=f"HTTP {resp.status}: {await resp.text()}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if event.get("error"):
+                    return RequestResult(False, error=str(event["error"]))
+                for _ in (event.get("choices") or [{}])[0].get("token_ids", []):
+                    stamps.append(time.perf_counter())
+    except (TimeoutError, aiohttp.ClientError) as err:
+        return RequestResult(False, error=repr(err))
+    if len(stamps) != spec.output_len:
+        return RequestResult(False, len(stamps),
+                             error=f"got {len(stamps)} tokens, asked {spec.output_len}")
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return RequestResult(True, len(stamps), stamps[0] - start, gaps, stamps[-1] - start)
+
+
+async def _drive(session, url: str, spec: LoadSpec, prompts: list[list[int]]):
+    queue = list(reversed(prompts))
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while queue:
+            results.append(await _one(session, url, spec, queue.pop()))
+
+    await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(prompts)))))
+    return results
+
+
+async def steady_load(url: str, spec: LoadSpec, stop: asyncio.Event) -> int:
+    """`spec.concurrency` clients each sending the next request as its last finishes, until
+    `stop` is set (requests in flight then finish); nothing is measured. Returns the requests
+    sent. For a window inside a load that neither starts nor drains (a profile)."""
+    prompts = make_prompts(spec, max(spec.num_requests, spec.concurrency), salt=3)
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            prompt = prompts[sent % len(prompts)]
+            sent += 1
+            await _one(session, url, spec, prompt)
+
+    async with _client(spec) as session:
+        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+    return sent
+
+
+def _client(spec: LoadSpec) -> aiohttp.ClientSession:
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4)
+    return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
+
+
+async def _warm(session: aiohttp.ClientSession, url: str, spec: LoadSpec) -> None:
+    """spec.num_warmup requests on prompts of their own (salt 1), none of them measured."""
+    await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
+
+
+async def warm_up(url: str, spec: LoadSpec) -> None:
+    """Only the warm-up requests, so that a caller can read the server's counters between the
+    warm-up and the measured requests."""
+    async with _client(spec) as session:
+        await _warm(session, url, spec)
+
+
+async def run_load(url: str, spec: LoadSpec) -> RunResult:
+    """Warm-up, then the measured requests at `spec.concurrency`: from this process, or with
+    `spec.num_clients` > 1 from that many processes, each driving its share of the slots.
+
+    One Python client parses every streamed event on one core (~65 µs a token on a 2-core
+    host), so at tens of thousands of tokens a second a single client, not the server, would
+    set the pace; the processes start together (a barrier) and the run's wall time spans the
+    first start to the last finish."""
+    prompts = make_prompts(spec, spec.num_requests, 2)
+    async with _client(spec) as session:
+        if spec.num_warmup:
+            await _warm(session, url, spec)
+        if spec.num_clients == 1:
+            start = time.perf_counter()
+            results = await _drive(session, url, spec, prompts)
+            wall = time.perf_counter() - start
+    if spec.num_clients > 1:
+        results, wall = await asyncio.to_thread(_drive_in_processes, url, spec, prompts)
+    return summarize(spec, results, wall)
+
+
+def client_shares(spec: LoadSpec, prompts: list[list[int]]) -> list[tuple[int, list]]:
+    """(slots, prompts) of each client process: slots split as evenly as they go, and prompt
+    j to the process of slot j mod concurrency, so each process's queue lasts as long."""
+    num = min(spec.num_clients, spec.concurrency)
+    return [(spec.concurrency // num + (i < spec.concurrency % num),
+             [p for j, p in enumerate(prompts) if (j % spec.concurrency) % num == i])
+            for i in range(num)]
+
+
+def _drive_in_processes(url: str, spec: LoadSpec,
+                        prompts: list[list[int]]) -> tuple[list[RequestResult], float]:
+    context = multiprocessing.get_context("spawn")
+    shares = client_shares(spec, prompts)
+    barrier, answers = context.Barrier(len(shares)), context.Queue()
+    processes = [context.Process(target=_client_process, daemon=True,
+                                 args=(url, dataclasses.replace(spec, concurrency=slots),
+                                       share, barrier, answers, os.getpid()))
+                 for slots, share in shares]
+    for process in processes:
+        process.start()
+    try:
+        spans = _answers(answers, processes, spec.timeout_s)
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    results = [result for _, _, share in spans for result in share]
+    missing = sum(len(share) for _, share in shares) - len(results)
+    results += [RequestResult(False, error="a client process died")] * missing
+    ran = [(start, end) for start, end, _ in spans if start is not None]
+    if not ran:
+        return results, 0.0
+    return results, max(end for _, end in ran) - min(start for start, _ in ran)
+
+
+def _answers(answers, processes, timeout_s: float) -> list[tuple]:
+    """Each process's answer; stops early once every process has exited (one that died
+    without answering is missing from the list)."""
+    spans, deadline = [], time.monotonic() + timeout_s
+    while len(spans) < len(processes) and time.monotonic() < deadline:
+        try:
+            spans.append(answers.get(timeout=1.0))
+        except queue.Empty:
+            if not any(process.is_alive() for process in processes) and answers.empty():
+                break
+    return spans
+
+
+def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier, answers,
+                    gate_pid: int) -> None:
+    """One client process: its slots' requests; answers (start, end, results), with start
+    and end on the system-wide monotonic clock (None when it could not run). Killed with the
+    gate: with no reader, its answer could never leave and the process would hang at exit."""
+    end_with_parent(gate_pid, signal.SIGKILL)
+
+    async def drive() -> tuple[float, float, list[RequestResult]]:
+        async with _client(spec) as session:
+            barrier.wait(timeout=BARRIER_TIMEOUT_S)
+            start = time.monotonic()
+            results = await _drive(session, url, spec, prompts)
+            return start, time.monotonic(), results
+
+    try:
+        answers.put(asyncio.run(drive()))
+    except Exception as err:  # noqa: BLE001 - the parent must hear of it, not wait out its timeout
+        barrier.abort()  # the others stop waiting for this one
+        answers.put((None, None,
+                     [RequestResult(False, error=f"client process: {err!r}")] * len(prompts)))
+
+
+def _tpot_s(result: RequestResult) -> float | None:
+    if result.latency_s is None or result.ttft_s is None or result.output_tokens < 2:
+        return None
+    return (result.latency_s - result.ttft_s) / (result.output_tokens - 1)
+
+
+def _rate(count: int, wall_s: float) -> float | None:
+    return round(count / wall_s, 3) if wall_s > 0 else None
+
+
+def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float) -> RunResult:
+    """The run's ServeMetrics over its completed requests, and its first five errors."""
+    ok = [r for r in results if r.ok]
+    output = sum(r.output_tokens for r in ok)
+    prompt = spec.prompt_len * len(ok)
+    samples = {"ttft": [r.ttft_s for r in ok], "itl": [gap for r in ok for gap in r.itl_s],
+               "e2el": [r.latency_s for r in ok],
+               "tpot": [t for t in map(_tpot_s, ok) if t is not None]}
+    latencies = {key: value for name in LATENCIES
+                 for key, value in latency_fields(samples[name], name).items()}
+    metrics = ServeMetrics(
+        max_concurrency=spec.concurrency, duration=round(wall_s, 4), completed=len(ok),
+        failed=len(results) - len(ok), total_input_tokens=prompt, total_output_tokens=output,
+        request_throughput=_rate(len(ok), wall_s), output_throughput=_rate(output, wall_s),
+        total_token_throughput=_rate(prompt + output, wall_s), **latencies)
+    return RunResult(metrics, tuple(r.error for r in results if r.error)[:5])

@@ -1,0 +1,257 @@
+"""Launching one arm's server: its own process group, pinned CPUs, a clean environment, a log.
+
+Inherited RESIDENT_* variables are removed (and recorded), so only the gate's knobs reach an arm.
+Stopping signals the whole group, so Ctrl-C or a crash of the gate leaves no server behind; a
+server also dies with the gate (PR_SET_PDEATHSIG), so neither does a SIGKILLed gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gate.run.arms import Arm
+from gate.run.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
+
+HOST = "127.0.0.1"
+STEP_KINDS = ("decode", "prefill", "mixed")
+
+
+class ServerFailed(RuntimeError):
+    """The server did not come up, or died; carries its log's tail."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    model: str
+    device: str
+    cpus: tuple[int, ...]
+    inductor_cache: Path
+    triton_cache: Path
+    gpu: int | None
+    startup_timeout_s: float
+    pycache: Path | None = None  # PYTHONPYCACHEPREFIX (gate/run/bytecode.py); None: Python's own
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def clean_environment() -> tuple[dict[str, str], list[str]]:
+    """os.environ without RESIDENT_* variables, and the names removed."""
+    removed = sorted(k for k in os.environ if k.startswith("RESIDENT_"))
+    return {k: v for k, v in os.environ.items() if k not in removed}, removed
+
+
+class Server:
+    def __init__(self, arm: Arm, launch: LaunchSpec, knobs: dict[str, str], log_path: Path):
+        self.arm, self.launch, self.log_path = arm, launch, log_path
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        env, self.removed_env = clean_environment()
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
+        env["TRITON_CACHE_DIR"] = str(launch.triton_cache)
+        if launch.pycache is not None:
+            env[PREFIX_VARIABLE] = str(launch.pycache)
+            env.pop(NO_WRITE_VARIABLE, None)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
+        if launch.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(launch.gpu)
+        if arm.kind == "resident":
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
+            command = [sys.executable, "-m", "resident", "serve", launch.model,
+                       "--device", launch.device, "--host", HOST, "--port", str(self.port)]
+            command += [arg for knob, value in knobs.items() for arg in
+                        ("--set", f"{knob}={value}")]
+        else:
+            command = shlex.split(arm.command.format(host=HOST, port=self.port))
+        self.command = command
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=arm.tree,
+            start_new_session=True, preexec_fn=_child_setup(set(launch.cpus), os.getpid()),
+        )
+        self._launched = time.monotonic()
+        self.launched_at = time.time()  # the epoch, to tell servers that started together
+        self.health_s: float | None = None  # launch to the first /health 200
+        self.stop_s: float | None = None  # stop() to the process group gone
+        self.startup: dict | None = None  # a resident core's start-up spans (/debug/config)
+        self.caches: dict | None = None  # and the compile caches it used
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, chars: int = 4000) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-chars:]
+
+    async def wait_ready(self) -> dict:
+        """Waits for /health (timing it from launch: health_s), then /v1/models; returns the
+        models answer."""
+        deadline = self._launched + self.launch.startup_timeout_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for path in ("/health", "/v1/models"):
+                while True:
+                    if not self.alive():
+                        raise ServerFailed(f"{self.arm.name}: server exited with code "
+                                           f"{self.process.returncode} before it was ready",
+                                           self.log_tail())
+                    if time.monotonic() > deadline:
+                        raise ServerFailed(f"{self.arm.name}: not ready within "
+                                           f"{self.launch.startup_timeout_s:.0f} s",
+                                           self.log_tail())
+                    answer = await _fetch(session, self.url + path)
+                    if answer is not None:
+                        break
+                    await asyncio.sleep(0.05)
+                if path == "/health":
+                    self.health_s = round(time.monotonic() - self._launched, 3)
+        return answer
+
+    async def get_json(self, path: str) -> dict | None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            return await _fetch(session, self.url + path)
+
+    async def request_json(self, method: str, path: str, body: dict | None = None,
+                           timeout_s: float = 10.0) -> tuple[int, Any]:
+        """(status, the answer's JSON, {"text": ...} when it is not JSON); status 0 when the
+        server did not answer."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+            return await _request(session, method, self.url + path, body)
+
+    async def post_json(self, path: str) -> dict | None:
+        """POST an empty JSON body; the answer as get_json gives it."""
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            return await _fetch(session, self.url + path, method="POST")
+
+    async def metrics(self) -> dict[str, float]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            try:
+                async with session.get(self.url + "/metrics") as resp:
+                    text = await resp.text() if resp.status == 200 else ""
+            except aiohttp.ClientError:
+                return {}
+        return parse_metrics(text)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the whole process group, then SIGKILL; times it (stop_s)."""
+        started = time.monotonic()
+        if self.alive():
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        self._kill_group()
+        self._log.close()
+        self.stop_s = round(time.monotonic() - started, 3)
+
+    def _kill_group(self) -> None:
+        """The API process exits on SIGTERM; make sure nothing of its group lingers."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def end_with_parent(parent_pid: int, sig: int) -> None:
+    """This process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG, Linux), and exits
+    at once if the parent (`parent_pid`) is already gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _child_setup(cpus: set[int], gate_pid: int):
+    """What the server's process does before exec: SIGTERM when the gate dies (its own session
+    would otherwise outlive a SIGKILLed gate, holding the GPU and the port), exit at once if the
+    gate is already gone, and pin to `cpus`."""
+    def setup() -> None:
+        end_with_parent(gate_pid, signal.SIGTERM)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
+async def _request(session: aiohttp.ClientSession, method: str, url: str,
+                   body: dict | None = None) -> tuple[int, Any]:
+    """(status, the answer's JSON, {"text": ...} when it is not JSON); status 0 and an error
+    message when the server did not answer."""
+    try:
+        async with session.request(method, url, json=body) as resp:
+            status, text = resp.status, await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as err:
+        return 0, {"error": {"message": f"no answer: {err!r}"}}
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, {"text": text}
+
+
+async def _fetch(session: aiohttp.ClientSession, url: str, method: str = "GET") -> dict | None:
+    """The answer's JSON ({"text": ...} when it is not JSON), or None unless it is a 200."""
+    status, answer = await _request(session, method, url, {} if method == "POST" else None)
+    return answer if status == 200 else None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> samples by name, labels kept in the name
+    (e.g. 'resident_steps_total{kind="decode"}')."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                samples[name] = float(value)
+            except ValueError:
+                continue
+    return samples
+
+
+@dataclass(frozen=True)
+class EngineSteps:
+    """resident's step counters by kind, from its /metrics (empty for other servers)."""
+
+    counts: dict[str, int]
+    seconds: dict[str, float]  # wall time inside the engine's steps
+
+    @classmethod
+    def parse(cls, metrics: dict[str, float]) -> EngineSteps:
+        def by_kind(name: str) -> dict[str, float]:
+            return {kind: metrics[f'{name}{{kind="{kind}"}}'] for kind in STEP_KINDS
+                    if f'{name}{{kind="{kind}"}}' in metrics}
+        return cls({k: int(v) for k, v in by_kind("resident_steps_total").items()},
+                   by_kind("resident_step_seconds_total"))
+
+    def since(self, before: EngineSteps) -> tuple[dict[str, int], dict[str, float]]:
+        """(steps by kind, mean ms a step by kind) between `before` and this reading."""
+        steps = {k: n - before.counts.get(k, 0) for k, n in self.counts.items()}
+        step_ms = {k: round(1e3 * (s - before.seconds.get(k, 0.0)) / steps[k], 3)
+                   for k, s in self.seconds.items() if steps.get(k)}
+        return steps, step_ms
