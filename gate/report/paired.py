@@ -80,7 +80,8 @@ def error_rates_text(design: rule.Design, rounds: int, aa: bool) -> str:
                    if design.until_verdict else "")
     return (f"Simulated error rates of this rule for this design ({model}): "
             f"{calibration.SESSIONS} synthetic sessions a cell through the rule's own code "
-            f"(gate/calibration.py, seed {calibration.SEED}), normal noise whose sd for one "
+            f"(gate/verdict/calibration.py, seed {calibration.SEED}), normal noise whose sd for "
+            "one "
             "round's paired delta is `noise` (the H200 measured 0.2% at c=1 and 5 to 17% at "
             "c=64). `false faster/slower` and `within noise` are an A/A arm's (the arm a copy of "
             f"the baseline); `slower at -x%` is the chance to call an arm slower by x%."
