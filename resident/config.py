@@ -87,8 +87,9 @@ class EngineConfig:
     # output norm in one kernel, an attention layer's q/k norm, RoPE and KV write in one
     # (kernels/gdn_layer_decode.py, attention_prologue.py); off: the separate kernels
     fused_decode: str = "auto"
-    # programmatic dependent launch between the decode step's Triton kernels where the GPU has
-    # it (Hopper on): each starts while the one before finishes (kernels/pdl.py)
+    # programmatic dependent launch between the decode step's Triton kernels and Inductor's
+    # where the GPU has it (Hopper on): each starts while the one before finishes
+    # (kernels/pdl.py)
     pdl: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs

@@ -64,7 +64,7 @@ from resident.config import EngineConfig
 from resident.engine.engine import build_engine
 from resident.model.config import load_model_config
 build_engine(load_model_config("tiny"), EngineConfig(), "cpu")
-print(",".join(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+print(",".join(m for m in ("torch._dynamo", "sympy", "triton") if m in sys.modules))
 """
 
 
@@ -72,7 +72,7 @@ def test_a_cpu_engine_builds_without_the_compiler_stack():
     """Building the model on the meta device and materialising it must not run torch's Python
     decompositions (an embedding's normal_ init, arithmetic on meta tensors, empty_like): they
     import torch._dynamo and sympy, ~2 s of a tiny CPU server's ~4 s start. With torch.compile
-    off nothing else needs them."""
+    off nothing else needs them. Nor triton: a CPU install (`pip install -e .`) has none."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     built = subprocess.run([sys.executable, "-c", _BUILD], env=env, capture_output=True,
                            text=True, timeout=300)

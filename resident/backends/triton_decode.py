@@ -21,7 +21,7 @@ from resident.kernels.gemv import (
     wide_linear,
 )
 from resident.kernels.kv_write import write_kv
-from resident.kernels.pdl import pdl_available
+from resident.kernels.pdl import pdl_on
 from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
 
@@ -76,7 +76,7 @@ class DecodeFusion:
 
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
-        return cls(fused_decode == "auto", pdl == "auto" and pdl_available(device))
+        return cls(fused_decode == "auto", pdl_on(pdl, device))
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
         """Each bucket's ops under fused_decode: the attention prologue in every bucket, the

@@ -53,7 +53,7 @@ from resident.engine.types import (
     RequestOutput,
     TokenLogprobs,
 )
-from resident.kernels.pdl import pdl_available
+from resident.kernels.pdl import pdl_on
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
@@ -93,9 +93,8 @@ class Engine:
         if device.type == "cuda":
             torch.empty(1, device=device)  # the CUDA context, timed apart from the weights
             self.startup.lap("device")
-        pdl = config.pdl == "auto" and pdl_available(device)
-        self.model = load_model(model_config, device, self.dtype,
-                                dense=build_dense_ops(config.compile == "on", pdl))
+        self.model = load_model(model_config, device, self.dtype, dense=build_dense_ops(
+            config.compile == "on", pdl_on(config.pdl, device)))
         if config.compile == "on":
             log.info("torch.compile on for the dense parts; Inductor cache %s",
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))

@@ -14,31 +14,19 @@ tests/test_kernel_attention_prologue.py checks it against the references it repl
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
+from resident.kernels.gdc import pdl_wait_then_release
 from resident.kernels.gdn_decode import compute_dtype
-from resident.kernels.pdl import launch_options, pdl_wait_then_release
+from resident.kernels.layer_shapes import AttentionHeads
+from resident.kernels.pdl import launch_options
 
 
 def num_warps(head_dim: int) -> int:
     """A head's D values over one warp up to 128, two past it."""
     return 1 if head_dim <= 128 else 2
-
-
-class AttentionHeads(NamedTuple):
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-    @property
-    def split(self) -> list[int]:
-        """The qkv projection's parts: query and gate interleaved by head, key, value."""
-        kv = self.num_kv_heads * self.head_dim
-        return [2 * self.num_heads * self.head_dim, kv, kv]
 
 
 @triton.jit

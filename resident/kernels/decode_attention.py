@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels.gdc import pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options
-from resident.kernels.pdl import pdl_wait_then_release
 
 # tl.dot needs every dimension >= 16. The group of query heads sharing a kv head (1..8 for
 # Qwen3.5) is padded to 16 rows with masks rather than computed as an elementwise multiply and

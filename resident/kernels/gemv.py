@@ -34,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.pdl import launch_options, pdl_wait_then_release, prefetch_l2
+from resident.kernels.gdc import pdl_wait_then_release, prefetch_l2
+from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
 

@@ -8,10 +8,13 @@ kernel wrote or writes anything an earlier kernel reads. What it does before tha
 its weights, which no kernel writes) overlaps the kernel before. CUDA graphs keep the launch
 attribute as a programmatic edge, so a captured decode step overlaps its kernels' starts.
 
-Every kernel here that takes `USE_PDL` calls `pdl_wait_then_release` before its first access
-to step data, so the rule holds whatever kernel precedes it (a kernel launched without PDL
-waits for the one before as usual; the wait is then a no-op). Under the interpreter (CPU) there
-is no PDL: `pdl_launch` gives False and the constexpr branches vanish.
+Every kernel that takes `USE_PDL` calls `gdc.pdl_wait_then_release` before its first access to
+step data, so the rule holds whatever kernel precedes it (a kernel launched without PDL waits
+for the one before as usual; the wait is then a no-op). Under the interpreter (CPU) there is no
+PDL: `pdl_available` gives False and the constexpr branches vanish.
+
+This module decides, without importing triton (a CPU install has none: the engine imports it);
+the in-kernel helpers are in gdc.py.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
-import triton.language as tl
 
 
 def pdl_available(device: torch.device) -> bool:
@@ -31,27 +32,13 @@ def pdl_available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def pdl_on(knob: str, device: torch.device) -> bool:
+    """What the `pdl` knob (auto | off) gives on `device`: the one place it is decided, for
+    the decode kernels and Inductor's alike."""
+    return knob == "auto" and pdl_available(device)
+
+
 def launch_options(pdl: bool) -> dict:
     """The launch keywords for a kernel that takes USE_PDL: the constexpr and, where PDL is on,
     the launch attribute (the interpreter takes no launch_pdl)."""
     return {"USE_PDL": pdl, "launch_pdl": True} if pdl else {"USE_PDL": False}
-
-
-@triton.jit
-def pdl_wait_then_release(USE_PDL: tl.constexpr):
-    """Wait for the kernel before (its writes visible), then let the next kernel's programs be
-    placed: from here on they can only wait for this one to finish."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(rows, row_bytes):
-    """Starts copying each row [addr, addr + row_bytes) of a tensor of row pointers into the L2
-    (`cp.async.bulk.prefetch.L2`, sm_90: no registers, no wait). Addresses and byte counts must
-    be multiples of 16. For a kernel's weights, before its PDL wait: no kernel writes them, so
-    their read from memory overlaps the kernel before."""
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-        [rows, row_bytes], dtype=tl.int32, is_pure=False, pack=1)

@@ -78,8 +78,8 @@ class ModelOps:
     # into the next add + norm (DenseOps.add_rms_norm), which adds them up.
     narrow_linear: Callable = narrow_linear_ref
     # (x, weight) -> x @ weight.T for a block's opening projections (GDN in_proj, attention
-    # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV under pdl
-    # (its weight read starts before it waits for the norm before it)
+    # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV in small
+    # buckets under decode_gemm=wide (slower than cuBLAS on the H200, with or without PDL)
     wide_linear: Callable = narrow_linear_ref
     # (gate_up [T, 2I], down weight [H, I]) -> down(silu(gate) * up), the MLP's activation and
     # down projection in one kernel; returns what narrow_linear does. None: the MLP runs

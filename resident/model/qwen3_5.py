@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from resident.kernels.attention_prologue import AttentionHeads
-from resident.kernels.gdn_layer_decode import GdnLayerWeights
+from resident.kernels.layer_shapes import AttentionHeads, GdnLayerWeights
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import DenseOps
