@@ -123,8 +123,10 @@ def header_line(manifest: Manifest) -> str:
     if manifest.until_verdict:
         rounds = (f"until every cell had a verdict: {known(manifest.rounds_run)} of at "
                   f"most {known(manifest.max_rounds)} rounds")
-    servers = ("; each round's servers up together, runs alternating between arms"
-               if manifest.interleave else "")
+    # absolute numbers depend on the mode: on the H200 a 0.8B decode step's graph ran 4%
+    # faster with a second server up (results/2026-12-03-h200-c1-modes); paired verdicts do not
+    servers = ("; interleaved: each round's servers up together, runs alternating between arms"
+               if manifest.interleave else "; sequential: one server up at a time")
     return (f"Model {known(manifest.model)} on {known(manifest.device)}; "
             f"prompt {known(manifest.prompt_len)} tokens, "
             f"output {known(manifest.output_len)} tokens; cells {cells}; "

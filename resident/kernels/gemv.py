@@ -38,6 +38,11 @@ from resident.kernels.gdc import pdl_wait_then_release, prefetch_l2
 from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
+# Under PDL a weight of at most this many bytes is sent to the L2 before the kernel's wait. The
+# H200's L2 holds 50 MB; a larger weight (2B's 16-25 MB narrow projections) would evict what the
+# kernel before it is still reading and compete with it for HBM: measured in
+# results/2026-12-03-h200-decode-sizes.
+PREFETCH_MAX_BYTES = 12 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +91,8 @@ PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
 def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
                  stride_zm, stride_zh, eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -95,15 +101,16 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
     For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
     head's HEAD_DIM values contiguous).
-    With USE_PDL the program's weight rows start for the L2 before it waits for the kernel
-    before (pdl.py): the weight read overlaps that kernel, the loop then reads the L2."""
+    With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
+    start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
+    that kernel, the loop then reads the L2."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
-    if USE_PDL:
+    if USE_PDL and PREFETCH:
         rows = w + tl.minimum(offs_n, N - 1) * stride_wn + k_start
         span = tl.minimum(K - k_start, K_TILES * BLOCK_K) * w.dtype.element_ty.primitive_bitwidth
         prefetch_l2(rows, tl.full((BLOCK_N,), span // 8, tl.int32))
@@ -284,5 +291,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, PROLOGUE=prologue, UNROLL=tile.unroll,
         HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
+        PREFETCH=weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_options(pdl),
     )

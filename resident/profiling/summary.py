@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from resident.profiling.timeline import DeviceOp, Timeline
@@ -122,7 +123,7 @@ def _kind_summary(kind: str, indices: list[int], ops_by_step: dict[int, list[Dev
 def _step_numbers(ops: list[DeviceOp]) -> dict[str, float]:
     if not ops:
         return {"busy": 0.0, "gaps": 0.0, "graph": 0.0}
-    busy = _union_us(ops)
+    busy = union_us((op.start_us, op.end_us) for op in ops)
     span = max(op.end_us for op in ops) - min(op.start_us for op in ops)
     replays: dict[int, list[DeviceOp]] = defaultdict(list)
     for op in ops:
@@ -132,12 +133,15 @@ def _step_numbers(ops: list[DeviceOp]) -> dict[str, float]:
     return {"busy": busy, "gaps": span - busy, "graph": graph}
 
 
-def _union_us(ops: list[DeviceOp]) -> float:
-    total, end = 0.0, float("-inf")
-    for op in sorted(ops, key=lambda o: o.start_us):
-        if op.end_us > end:
-            total += op.end_us - max(op.start_us, end)
-            end = op.end_us
+def union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: time the device was busy. Under PDL a
+    kernel starts before the one ahead of it ends and waits inside, so summing durations would
+    count that wait twice."""
+    total, covered = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > covered:
+            total += end - max(start, covered)
+            covered = end
     return total
 
 

@@ -12,9 +12,11 @@ share) and kernels per step.
 
 For each concurrency c the engine takes c requests, prefills them, then runs decode steps with
 all c rows. It reports the wall time of a decode step (scheduling, host staging, the host
-attention plan if any, the graph replay, sampling and its one sync), the GPU kernel time inside
-it (torch.profiler over PROFILED steps: kernels and their count), and the roofline of
-`resident info` at the same context. Step wall minus GPU busy is host time the GPU waits for.
+attention plan if any, the graph replay, sampling and its one sync), the GPU busy time inside
+it (torch.profiler over PROFILED steps: the union of its kernels' intervals, and their count),
+and the roofline of `resident info` at the same context. Step wall minus GPU busy (`host gap`)
+is the device's idle in a step: launch gaps between kernels, inside a graph too, and host time
+the GPU waits for.
 It also times the prefill of the c prompts (`prefill_ms`, first-use compiles included), and,
 warm, one fresh prompt alone to its first token: wall (`fresh_prefill_ms`, the TTFT at c=1
 without the server) and its GPU kernel time (`fresh_prefill_gpu_ms`); the difference is host
@@ -46,6 +48,7 @@ from resident.engine.engine import Engine, build_engine, freeze_heap
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.info import model_facts
 from resident.model.config import load_model_config
+from resident.profiling.summary import union_us
 from resident.tools.bench_io import require_cuda, write_json
 
 TIMED, PROFILED, TOP_KERNELS = 40, 10, 14
@@ -80,8 +83,10 @@ class GcPauses:
 
 
 def _kernel_profile(run, count: int | Callable[[], int]) -> tuple[float, float, list[dict]]:
-    """(GPU kernel ms, kernels, the TOP_KERNELS costliest kernel names) per one of the `count`
-    units of work (steps) `run` does, from torch.profiler; `count` may be read after `run`."""
+    """(GPU busy ms, kernels, the TOP_KERNELS costliest kernel names) per one of the `count`
+    units of work (steps) `run` does, from torch.profiler; `count` may be read after `run`.
+    Busy is the union of the kernels' intervals (summary.union_us): under PDL their durations
+    overlap, and each kernel's own µs in the top rows include its wait for the one before."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
@@ -94,7 +99,7 @@ def _kernel_profile(run, count: int | Callable[[], int]) -> tuple[float, float, 
     top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
     top_rows = [{"kernel": name[:90], "us_per_step": round(sum(times) / count, 1),
                  "calls_per_step": len(times) / count} for name, times in top]
-    busy_us = sum(e.device_time_total for e in kernels)
+    busy_us = union_us((e.time_range.start, e.time_range.end) for e in kernels)
     return busy_us / 1e3 / count, len(kernels) / count, top_rows
 
 

@@ -78,7 +78,8 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
     return Variant(name, gemv._gemv_kernel, types, {
         "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
-        "HEAD_DIM": head_dim, "UNROLL": tile.unroll, "USE_PDL": pdl}, tile.num_warps,
+        "HEAD_DIM": head_dim, "UNROLL": tile.unroll, "USE_PDL": pdl,
+        "PREFETCH": 2 * n * k <= gemv.PREFETCH_MAX_BYTES}, tile.num_warps,
         tile.num_stages)
 
 

@@ -24,14 +24,18 @@
 #   tuned     the chunked delta rule against fla, the split GDN, and the start-up tuning
 #   fused-kernels  the fused decode kernels (GDN layer, attention prologue) and the PDL
 #             launches (GEMV, decode attention) against their references at the real shapes
-#   arms      the bench at c=1/16/64/256 (no burst) for each of $ARMS, one Triton cache:
+#   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
+#             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off;
-#             nopdl: pdl=off; wide: decode_gemm=wide
+#             nopdl: pdl=off; pdlonly: fused_decode=off; wide: decode_gemm=wide
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
 #             kernels, greedy and concurrency), tarred
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
+#   modes     configs/gate/h200-0.8b-c1-modes.yaml (an A/A pair with profile windows) in each
+#             of $MODES (default: sequential interleaved; interleaved-serial: --interleave
+#             without --parallel-start), issue 39, tarred to modes.tgz
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -133,12 +137,24 @@ for part in "$@"; do
         case $arm in
           off) knobs=(--set fused_decode=off --set pdl=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
+          pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
         esac
         TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
-          "${MODEL:-qwen3.5-0.8b}" --concurrency 1,16,64,256 --burst 0 "${knobs[@]}" \
-          --json "$OUT/bench-$arm.json"
+          "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
+          --json "$OUT/bench-${MODEL:-0.8b}-$arm.json"
       done ;;
+    modes)
+      for mode in ${MODES:-sequential interleaved}; do
+        case $mode in
+          interleaved) flags=(--interleave --parallel-start) ;;
+          interleaved-serial) flags=(--interleave) ;;
+          *) flags=() ;;
+        esac
+        run "modes-$mode" "${MODES_LIMIT:-200}" python3 -m gate run \
+          --config configs/gate/h200-0.8b-c1-modes.yaml "${flags[@]}" --out "$OUT/modes/$mode"
+      done
+      tar czf "$OUT/modes.tgz" -C "$OUT" modes && rm -rf "$OUT/modes" ;;
     *) echo "unknown part $part" ;;
   esac
 done

@@ -1,0 +1,88 @@
+"""Where two profile windows' graph replays differ between their kernels: for each pair of
+kernels that follow each other inside a replay, the gap from the first's end to the second's
+start, summed per step (median over the window's steps of one kind).
+
+    python -m resident.tools.kernel_gaps BASE.json.gz HEAD.json.gz [--kind decode] [--top 20]
+
+The traces are torch.profiler windows, as a gate session keeps them (profiles/*.json.gz). A
+negative gap is programmatic dependent launch at work: the second kernel started before the
+first ended and waited inside. The profile summary (profile.md) gives a step's total gaps; this
+says between which kernels they changed (issue 39: results/2026-12-03-h200-c1-modes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from resident.profiling.timeline import DeviceOp, Timeline
+from resident.profiling.torch_trace import from_chrome_trace
+
+
+def load(path: Path) -> Timeline:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as file:
+        return from_chrome_trace(json.load(file))
+
+
+def replay_gaps(timeline: Timeline, kind: str) -> tuple[dict[str, float], float | None]:
+    """({"first -> second": median µs a step}, median graph span µs a step) over the steps of
+    `kind`, from the kernels of each graph replay in start order."""
+    by_step: dict[int, dict[int, list[DeviceOp]]] = defaultdict(lambda: defaultdict(list))
+    for op in timeline.ops:
+        if op.in_graph and timeline.steps[op.step].kind == kind:
+            by_step[op.step][op.launch].append(op)
+    pair_sums: list[dict[str, float]] = []
+    spans = []
+    for replays in by_step.values():
+        sums: dict[str, float] = defaultdict(float)
+        for ops in replays.values():
+            ops.sort(key=lambda op: op.start_us)
+            spans.append(max(op.end_us for op in ops) - ops[0].start_us)
+            for first, second in itertools.pairwise(ops):
+                sums[f"{first.name[:40]} -> {second.name[:40]}"] += second.start_us - first.end_us
+        pair_sums.append(sums)
+    pairs = {name for sums in pair_sums for name in sums}
+    medians = {name: statistics.median(sums.get(name, 0.0) for sums in pair_sums)
+               for name in pairs}
+    return medians, statistics.median(spans) if spans else None
+
+
+def compare(base: Timeline, head: Timeline, kind: str) -> tuple[list[tuple[str, float, float]],
+                                                              tuple[float | None, float | None]]:
+    """Rows (pair, base µs, head µs), the largest change first, and both median spans."""
+    base_gaps, base_span = replay_gaps(base, kind)
+    head_gaps, head_span = replay_gaps(head, kind)
+    rows = [(name, base_gaps.get(name, 0.0), head_gaps.get(name, 0.0))
+            for name in base_gaps.keys() | head_gaps.keys()]
+    rows.sort(key=lambda row: -abs(row[2] - row[1]))
+    return rows, (base_span, head_span)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", type=Path)
+    parser.add_argument("head", type=Path)
+    parser.add_argument("--kind", default="decode", help="step kind (decode, mixed, prefill)")
+    parser.add_argument("--top", type=int, default=20, help="pairs printed, largest change first")
+    args = parser.parse_args(argv)
+    rows, (base_span, head_span) = compare(load(args.base), load(args.head), args.kind)
+    if not rows:
+        print(f"no graph replays of {args.kind} steps in these traces", file=sys.stderr)
+        return 1
+    print(f"{args.kind} graph span µs a step (median): base {base_span:.1f}, head {head_span:.1f}")
+    print(f"gaps µs a step: base {sum(r[1] for r in rows):.1f}, head {sum(r[2] for r in rows):.1f}")
+    print(f"{'base µs':>9} {'head µs':>9} {'change':>8}  kernel pair")
+    for name, base_us, head_us in rows[:args.top]:
+        print(f"{base_us:9.1f} {head_us:9.1f} {head_us - base_us:+8.1f}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
