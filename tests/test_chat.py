@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from model_driver import save_tiny_checkpoint
-from server_fixture import Server, metrics, post, run
+from server_fixture import Server, get, metrics, post, run
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
             "{% if m.role == 'tool' and loop.first %}"
@@ -84,6 +84,8 @@ def test_the_checkpoint_template_renders_what_the_engine_sees(client, server):
                              {"prompt": RENDERED, "max_tokens": 8, **GREEDY}))
     assert status == 200
     assert choice.message.content == plain["choices"][0]["text"] != ""
+    status, config = run(get(server.url + "/debug/config"))
+    assert config["chat_template"].endswith(f"{server.model}/tokenizer_config.json")
 
 
 def test_streaming_sends_the_role_then_content_then_the_finish_and_usage(client, server):
