@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from model_driver import save_tiny_checkpoint
-from server_fixture import Server, get, metrics, post, run
+from server_fixture import Server, get, metrics, post, run, sse_events, stop_across_tokens
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
             "{% if m.role == 'tool' and loop.first %}"
@@ -50,19 +50,12 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def completion_events(server, prompt: str, max_tokens: int) -> list[dict]:
-    """/v1/completions of `prompt`, streamed: one event per token."""
+def completion_events(server, body: dict) -> list[dict]:
+    """/v1/completions of `body`, streamed: one event per token."""
     async def go():
-        events = []
-        async with aiohttp.ClientSession() as session, session.post(
-                server.url + "/v1/completions",
-                json={"prompt": prompt, "max_tokens": max_tokens, "stream": True, **GREEDY}
-        ) as resp:
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if line.startswith("data: {"):
-                    events.append(json.loads(line[len("data: "):]))
-        return events
+        async with aiohttp.ClientSession() as session:
+            return await sse_events(session, server.url + "/v1/completions",
+                                    {**body, "stream": True})
     return run(go())
 
 
@@ -127,22 +120,9 @@ def test_n_greedy_choices_are_identical_streamed_or_not(client, server):
     assert finishes == {0: "length", 1: "length"}
 
 
-def _stop_across_tokens(events: list[dict]) -> tuple[str, str, int]:
-    """A 2-character stop string that spans the boundary of two tokens' text, the text before
-    it, and how many tokens it takes to see it whole."""
-    text = "".join(e["choices"][0]["text"] for e in events)
-    end = 0
-    for j in range(len(events) - 1):
-        here, after = (events[k]["choices"][0]["text"] for k in (j, j + 1))
-        end += len(here)
-        stop = text[end - 1:end + 1]
-        if len(here) >= 2 and len(after) >= 2 and text.find(stop) == end - 1:
-            return stop, text[:end - 1], j + 2
-    raise AssertionError(f"no token boundary to put a stop string on in {text!r}")
-
-
 def test_a_stop_string_split_across_tokens_ends_the_text_before_it(client, server):
-    stop, before, num_tokens = _stop_across_tokens(completion_events(server, RENDERED, 24))
+    events = completion_events(server, {"prompt": RENDERED, "max_tokens": 24, **GREEDY})
+    stop, before, num_tokens = stop_across_tokens([e["choices"][0]["text"] for e in events])
     chat = client.chat.completions.create(messages=MESSAGES, model=server.model, max_tokens=24,
                                           stop=[stop, "never seen"], extra_body=GREEDY)
     assert chat.choices[0].message.content == before
@@ -154,20 +134,11 @@ def test_a_stop_string_split_across_tokens_ends_the_text_before_it(client, serve
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == before
     assert streamed[-1].choices[0].finish_reason == "stop"
     # the same on /v1/completions, streamed: no event shows held-back text
-    events = completion_events_with(server, {"prompt": RENDERED, "max_tokens": 24,
-                                             "stop": stop, "stream": True, **GREEDY})
+    events = completion_events(server, {"prompt": RENDERED, "max_tokens": 24, "stop": stop,
+                                        **GREEDY})
     assert "".join(e["choices"][0]["text"] for e in events) == before
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
     assert sum(len(e["choices"][0]["token_ids"]) for e in events) == num_tokens
-
-
-def completion_events_with(server, body: dict) -> list[dict]:
-    async def go():
-        async with aiohttp.ClientSession() as session, session.post(
-                server.url + "/v1/completions", json=body) as resp:
-            return [json.loads(raw.decode()[len("data: "):]) async for raw in resp.content
-                    if raw.startswith(b"data: {")]
-    return run(go())
 
 
 def test_chat_logprobs_match_the_completions_logprobs(client, server):

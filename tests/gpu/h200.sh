@@ -32,6 +32,9 @@
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
+#   chat      the chat API on a CUDA server of qwen3.5-0.8b (tests/gpu/test_chat_gpu.py: greedy
+#             n=4 identical, stream equal to the answer, a stop string across tokens, 16 x n=4
+#             sampled streams to the end; the log prints their tok/s)
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -139,6 +142,8 @@ for part in "$@"; do
           "${MODEL:-qwen3.5-0.8b}" --concurrency 1,16,64,256 --burst 0 "${knobs[@]}" \
           --json "$OUT/bench-$arm.json"
       done ;;
+    chat)
+      run chat 500 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_chat_gpu.py ;;
     *) echo "unknown part $part" ;;
   esac
 done
