@@ -74,9 +74,22 @@ CHAT_FIELDS = {
 }
 CHAT_BODIES = st.fixed_dictionaries(
     {}, optional={name: value | JSON for name, value in CHAT_FIELDS.items()})
-CHAT_RAW = (CHAT_BODIES.map(lambda body: json.dumps(body).encode())
-            | st.fixed_dictionaries({"messages": st.lists(MESSAGE, min_size=1, max_size=3)},
-                                    optional=CHAT_FIELDS).map(lambda b: json.dumps(b).encode()))
+# chats a client could mean (short: the fuzz server's max_model_len is 64), past the checks to
+# n, stop strings, logprobs and streams
+GOOD_MESSAGE = st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "user", "assistant"]),
+    "content": st.text(max_size=6) | st.lists(st.fixed_dictionaries(
+        {"type": st.just("text"), "text": st.text(max_size=3)}), max_size=2)})
+CHAT_PLAUSIBLE = st.fixed_dictionaries(
+    {"messages": st.lists(GOOD_MESSAGE, min_size=1, max_size=2),
+     "max_tokens": st.integers(1, 6)},
+    optional={"n": st.integers(1, 3), "stop": st.text(min_size=1, max_size=2),
+              "logprobs": st.booleans(), "top_logprobs": st.integers(0, 3),
+              "temperature": st.sampled_from([0, 0.7]), "seed": st.integers(0, 9),
+              "stream": st.booleans(),
+              "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()})})
+CHAT_RAW = (CHAT_PLAUSIBLE.map(lambda body: json.dumps(body).encode())
+            | CHAT_BODIES.map(lambda body: json.dumps(body).encode()))
 
 
 @pytest.fixture(scope="module")

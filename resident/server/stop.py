@@ -1,10 +1,11 @@
-"""Stop strings: a choice's text ends before the first stop string it produces.
+"""Stop strings: a choice's text ends before the first stop string it produces (the first to be
+complete; of two complete at the same character, the longer).
 
 The text arrives in detokenized pieces, and a stop string may be split across them, so the
 matcher holds back the longest tail of the text that could still begin a stop string and emits
 it only once later text rules the match out (or the choice ends). Emitted text therefore never
-holds any part of a stop string, and the concatenated output equals the full text cut before
-its first stop string.
+holds any part of a stop string, and the concatenated output is the same however the text was
+split.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ class StopStrings:
         then ends; nothing after the stop string is emitted). `final`: the last piece, so
         nothing is held back."""
         buffer = self._pending + text
-        found = [i for i in (buffer.find(stop) for stop in self.stops) if i >= 0]
+        # the stop string produced first: the earliest end, then (a longer one ending there) the
+        # earliest start; so the cut does not depend on how the text was split into pieces
+        found = [(i + len(stop), i) for stop in self.stops if (i := buffer.find(stop)) >= 0]
         if found:
             self._pending = ""
-            return buffer[:min(found)], True
+            return buffer[:min(found)[1]], True
         held = 0 if final else self._partial_tail(buffer)
         self._pending = buffer[len(buffer) - held:]
         return buffer[:len(buffer) - held], False
