@@ -162,11 +162,15 @@ def _parse(raw: bytes, state: ApiState, info: dict[str, Any], chat: bool) -> Com
                                     info["vocab_size"], info["max_model_len"])
 
 
-def _admit(state: ApiState, num_requests: int = 1) -> None:
-    """Back-pressure: no new completion while draining (503) or past max_in_flight engine
-    requests (429)."""
+def _admit(state: ApiState) -> None:
+    """Back-pressure: no new completion while draining (503) or past max_in_flight (429)."""
     if state.draining:
         raise ApiError(503, "service_unavailable", SHUTTING_DOWN)
+    _check_room(state, 1)
+
+
+def _check_room(state: ApiState, num_requests: int) -> None:
+    """429 unless `num_requests` more engine requests fit under max_in_flight."""
     if state.in_flight + num_requests > state.max_in_flight:
         raise ApiError(429, "rate_limit_error", f"{state.in_flight} requests are in flight, "
                        f"the most this server holds (max_num_seqs + max_waiting); retry later",
@@ -196,7 +200,7 @@ async def _answer(request: web.Request, chat: bool) -> web.StreamResponse:
                 None, _parse, raw, state, info, chat)
         else:
             parsed = _parse(raw, state, info, chat)
-        _admit(state, parsed.n - 1)
+        _check_room(state, parsed.n - 1)  # the choices past the first, each a request
         state.in_flight += parsed.n - 1
         held = parsed.n
         completion = _Completion(state, parsed, chat)
@@ -281,13 +285,14 @@ class _Completion:
             arrived.put_nowait((choice, error))
 
     async def respond(self) -> web.Response:
+        """The whole answer once every choice is done; a choice that fails fails the request
+        at once (leaving the loop aborts the other choices)."""
         async with aclosing(self._outputs()) as outputs:
             async for choice, batch in outputs:
                 for output in batch:
                     choice.take(output)
-        for choice in self.choices:
-            if choice.final.error is not None:
-                raise _finish_error(choice.final)
+                if choice.done and choice.final.error is not None:
+                    raise _finish_error(choice.final)
         body = self._envelope([self.format.choice(choice) for choice in self.choices], False)
         return web.json_response({**body, "usage": self._usage()})
 
