@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +20,17 @@ import openai
 import pytest
 
 from model_driver import save_tiny_checkpoint
-from server_fixture import Server, get, metrics, post, run, sse_events, stop_across_tokens
+from server_fixture import (
+    ROOT,
+    Server,
+    free_port,
+    get,
+    metrics,
+    post,
+    run,
+    sse_events,
+    stop_across_tokens,
+)
 
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}"
             "{% if m.role == 'tool' and loop.first %}"
@@ -40,7 +52,7 @@ def server(tmp_path_factory):
         "chat_template": TEMPLATE, "bos_token": "<s>",
         "eos_token": {"content": "</s>", "special": True}}))
     srv = Server("--set", "dtype=float64", model=str(directory)).wait_ready()
-    srv.model = directory.name
+    srv.model, srv.directory = directory.name, directory
     yield srv
     srv.stop()
 
@@ -224,3 +236,16 @@ def test_the_api_process_never_loads_torch(client, server):
     maps = Path(f"/proc/{server.process.pid}/maps").read_text()
     assert "libtorch" not in maps
     assert "libtorch" in Path(f"/proc/{server.core_pid()}/maps").read_text()
+
+
+def test_a_template_that_does_not_compile_stops_serve_at_start(server, tmp_path):
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).symlink_to(server.directory / name)
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
+    result = subprocess.run(
+        [sys.executable, "-m", "resident", "serve", str(tmp_path), "--device", "cpu",
+         "--port", str(free_port())],
+        env={"PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert f"{tmp_path}/chat_template.jinja does not compile" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -33,7 +33,12 @@ class _Tokens:
         self.tokens_as_ids = tokens_as_ids
 
     def name(self, token: int) -> str:
-        return f"token_id:{token}" if self.tokens_as_ids else self.tokenizer.decode([token])
+        return token_name(token, self.tokenizer, self.tokens_as_ids)
+
+
+def token_name(token: int, tokenizer: Tokenizer, tokens_as_ids: bool) -> str:
+    """A token as logprobs name it: its text alone, or `token_id:<id>`."""
+    return f"token_id:{token}" if tokens_as_ids else tokenizer.decode([token])
 
 
 class TextFormat(_Tokens):
@@ -118,7 +123,7 @@ def completion_logprobs(tokens: list[int], logprobs: Sequence[TokenLogprobs],
     first, then the top k, as vLLM gives up to k + 1 entries) and `text_offset` (each token's
     offset in the completion's text, the first at `first_offset`)."""
     def name(token: int) -> str:
-        return f"token_id:{token}" if tokens_as_ids else tokenizer.decode([token])
+        return token_name(token, tokenizer, tokens_as_ids)
 
     body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                              "text_offset": []}

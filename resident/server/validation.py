@@ -25,7 +25,7 @@ DEFAULT_MAX_TOKENS = 16
 GREEDY_BELOW = 1e-5
 MAX_STOP_TOKEN_IDS = 256
 MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 256  # each stop string's length: the matcher holds back up to this a token
+MAX_STOP_CHARS = 256  # a stop string's length: a stream holds back up to this many
 MAX_N = 16  # choices a request (each one engine request)
 
 
@@ -54,7 +54,7 @@ class CompletionRequest(NamedTuple):
     stream: bool
     include_usage: bool
     return_tokens_as_token_ids: bool  # logprobs name tokens `token_id:<id>`, not their text
-    stop: tuple[str, ...] = ()  # stop strings: a choice's text ends before the first
+    stop: tuple[str, ...] = ()  # a choice's text ends before the first it produces
     n: int = 1  # choices, each its own engine request
 
 
