@@ -132,6 +132,19 @@ def test_n_greedy_choices_are_identical_streamed_or_not(client, server):
     assert finishes == {0: "length", 1: "length"}
 
 
+def test_seeded_choices_differ_and_each_reproduces_alone(client, server):
+    """Choice i samples with seed + i (vLLM's rule)."""
+    def sample(seed: int, n: int) -> list[str]:
+        answer = client.chat.completions.create(messages=MESSAGES, model=server.model,
+                                                max_tokens=8, n=n, temperature=1.0, seed=seed,
+                                                extra_body=GREEDY)
+        return [choice.message.content for choice in answer.choices]
+
+    two = sample(5, 2)
+    assert two[0] != two[1]
+    assert two == sample(5, 1) + sample(6, 1)
+
+
 def test_a_stop_string_split_across_tokens_ends_the_text_before_it(client, server):
     events = completion_events(server, {"prompt": RENDERED, "max_tokens": 24, **GREEDY})
     stop, before, num_tokens = stop_across_tokens([e["choices"][0]["text"] for e in events])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -35,7 +36,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from resident.config import EngineConfig
-from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput
+from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput, SamplingParams
 from resident.server.chat import parse_chat_request
 from resident.server.chat_template import ChatTemplate, load_chat_template
 from resident.server.choices import Choice
@@ -231,7 +232,7 @@ class _Completion:
         self.created = int(time.time())
         self.choices = [
             Choice(i, EngineRequest(self.id if parsed.n == 1 else f"{self.id}-{i}",
-                                    parsed.prompt_ids, parsed.params),
+                                    parsed.prompt_ids, _choice_params(parsed.params, i)),
                    state.tokenizer, parsed.stop, incremental=parsed.stream)
             for i in range(parsed.n)]
 
@@ -356,6 +357,15 @@ class _Completion:
                         event["error"] = {"message": piece.error, "type": "server_error"}
                     events.append(_sse(event))
         return b"".join(events)
+
+
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` samples with seed + index (vLLM's rule): a seeded request's choices
+    differ from one another, and each reproduces."""
+    if params.seed is None or index == 0:
+        return params
+    seed = params.seed + index
+    return dataclasses.replace(params, seed=seed - 2**64 if seed >= 2**64 else seed)
 
 
 def _sse(event: dict[str, Any]) -> bytes:
