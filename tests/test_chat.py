@@ -121,9 +121,14 @@ def test_n_greedy_choices_are_identical_streamed_or_not(client, server):
     assert many.usage.prompt_tokens == one.usage.prompt_tokens
     texts: dict[int, str] = {}
     finishes = {}
-    for chunk in client.chat.completions.create(messages=MESSAGES, model=server.model,
-                                                max_tokens=6, n=2, stream=True,
-                                                extra_body=GREEDY):
+    chunks = list(client.chat.completions.create(messages=MESSAGES, model=server.model,
+                                                 max_tokens=6, n=2, stream=True,
+                                                 extra_body=GREEDY))
+    # each choice opens with its own role chunk, one choice a chunk throughout
+    assert [(c.choices[0].index, c.choices[0].delta.role) for c in chunks[:2]] == [
+        (0, "assistant"), (1, "assistant")]
+    assert all(len(c.choices) == 1 for c in chunks)
+    for chunk in chunks:
         for choice in chunk.choices:
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
             if choice.finish_reason:

@@ -310,9 +310,9 @@ class _Completion:
                                                    "Cache-Control": "no-cache"})
             try:
                 await response.prepare(request)
-                opening = self.format.opening(self.choices)
-                await response.write((_sse(self._envelope(opening, True)) if opening else b"")
-                                     + self._events(choice, first))
+                opening = [_sse(self._envelope([chunk], True))
+                           for chunk in self.format.opening(self.choices)]
+                await response.write(b"".join(opening) + self._events(choice, first))
                 await self._stream_rest(response, outputs, deadline)
                 if self.parsed.include_usage:
                     await response.write(_sse(self._envelope([], True)
