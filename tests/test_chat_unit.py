@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from resident.server.chat import parse_chat_request
 from resident.server.chat_template import (
     FALLBACK_NAME,
+    FALLBACK_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
     load_chat_template,
@@ -167,3 +168,43 @@ def test_a_rendering_that_is_too_long_or_empty_is_a_400():
         parse({"messages": [{"role": "user", "content": "x" * 80}]})
     with pytest.raises(ApiError, match="encodes to no tokens"):
         parse({"messages": USER}, ChatTemplate("empty", ""))
+
+
+# a template in the style of Qwen's: whitespace control, a namespace scanned backwards, string
+# tests and methods, tojson, loop controls, a kwarg (enable_thinking)
+QWEN_STYLE = """{%- set ns = namespace(last_user=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- if message.role == "user" %}
+        {%- set ns.last_user = (messages|length - 1) - loop.index0 %}
+        {%- break %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.role == "assistant" and '</think>' in message.content %}
+        {{- '<|im_start|>assistant\\n' + message.content.split('</think>')[-1].lstrip('\\n') }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content }}
+    {%- endif %}
+    {%- if loop.index0 == ns.last_user %}{{ {"last": true, "text": "中"} | tojson }}{% endif %}
+    {{- '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and not enable_thinking %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+
+@pytest.mark.parametrize("text", [QWEN_STYLE, FALLBACK_TEMPLATE], ids=["qwen-style", "chatml"])
+@pytest.mark.parametrize("extra", [{}, {"enable_thinking": False}])
+def test_rendering_equals_transformers(text, extra):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "中文"},
+                {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHi"},
+                {"role": "user", "content": "again"}]
+    theirs = render_jinja_template([messages], chat_template=text, add_generation_prompt=True,
+                                   **extra)[0][0]
+    assert ChatTemplate("test", text).render(messages, extra) == theirs
