@@ -6,12 +6,17 @@ bookkeeping to feed StepMeta correctly.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from resident.model.cache import ModelCache
+from resident.model.config import load_model_config
 from resident.model.step import build_step_meta
+from resident.model.weights import load_model, weights_fingerprint
 
 
 @dataclass
@@ -97,3 +102,32 @@ def run_engine(engine, requests: dict[str, tuple[list[int], int]], max_steps: in
             outputs[out.request_id].extend(out.new_token_ids)
             active -= out.finished
     raise AssertionError("engine did not finish")
+
+
+def save_tiny_checkpoint(directory: Path) -> str:
+    """Writes tiny's random weights into `directory` as a transformers-style checkpoint
+    (model.safetensors, config.json); returns their fingerprint."""
+    config = load_model_config("tiny")
+    model = load_model(config, "cpu", torch.float32)
+    tensors = {"model.language_model." + name[len("model."):]: p.detach().clone()
+               for name, p in model.named_parameters()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    hf = {
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            **{k: getattr(config, k) for k in (
+                "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "head_dim",
+                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings",
+                "rms_norm_eps")},
+            "layer_types": list(config.layer_types),
+            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
+                                "partial_rotary_factor": config.partial_rotary_factor},
+            "eos_token_id": 511,
+        },
+    }
+    (directory / "config.json").write_text(json.dumps(hf))
+    return weights_fingerprint(model)

@@ -28,9 +28,10 @@ def free_port() -> int:
 
 
 class Server:
-    """Starts `python -m resident serve MODEL --device cpu` and waits for /health."""
+    """Starts `python -m resident serve MODEL --device DEVICE` and waits for /health."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, model: str = "tiny"):
+    def __init__(self, *args: str, env: dict[str, str] | None = None, model: str = "tiny",
+                 device: str = "cpu"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
@@ -38,14 +39,15 @@ class Server:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"resident-{self.port}.log"
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "resident", "serve", model, "--device", "cpu",
+            [sys.executable, "-m", "resident", "serve", model, "--device", device,
              "--port", str(self.port), *args],
             env=child_env, stdout=self._log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_pytest,
         )
 
-    def wait_ready(self, headers: dict[str, str] | None = None) -> Server:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    def wait_ready(self, headers: dict[str, str] | None = None,
+                   timeout_s: float = STARTUP_TIMEOUT_S) -> Server:
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited {self.process.returncode}:\n{self.log()}")
@@ -56,7 +58,7 @@ class Server:
             except aiohttp.ClientError:
                 pass
             time.sleep(0.3)
-        raise RuntimeError(f"server not ready in {STARTUP_TIMEOUT_S}s:\n{self.log()}")
+        raise RuntimeError(f"server not ready in {timeout_s:g}s:\n{self.log()}")
 
     def log(self) -> str:
         if not self._log.closed:
@@ -143,3 +145,25 @@ async def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, 
     """Prometheus samples by name (labels kept in the name), e.g. 'resident_kv_pages_free'."""
     _, text = await get(url + "/metrics", headers)
     return parse_metrics(str(text))
+
+
+def stop_across_tokens(texts: list[str]) -> tuple[str, str, int]:
+    """For a completion whose tokens' texts (one a streamed event) are `texts`: a 2-character
+    stop string that spans the boundary of two tokens' text and occurs nowhere before, the text
+    before it, and how many tokens it takes to see it whole."""
+    text = "".join(texts)
+    end = 0
+    for j in range(len(texts) - 1):
+        end += len(texts[j])
+        stop = text[end - 1:end + 1]
+        if len(texts[j]) >= 2 and len(texts[j + 1]) >= 2 and text.find(stop) == end - 1:
+            return stop, text[:end - 1], j + 2
+    raise AssertionError(f"no token boundary to put a stop string on in {text!r}")
+
+
+async def sse_events(session: aiohttp.ClientSession, url: str, body: dict) -> list[dict]:
+    """POSTs `body` (which streams) and returns its SSE events, [DONE] excluded."""
+    async with session.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return [json.loads(raw[len(b"data: "):]) async for raw in resp.content
+                if raw.startswith(b"data: {")]

@@ -40,8 +40,8 @@ def parse(body):
 
 
 def test_defaults_are_greedy_sixteen_tokens():
-    prompt_ids, params, stream, include_usage, tokens_as_ids = parse({"prompt": "hi"})
-    assert prompt_ids == [104, 105]
+    prompt_ids, params, stream, include_usage, tokens_as_ids, stop, n = parse({"prompt": "hi"})
+    assert prompt_ids == [104, 105] and stop == () and n == 1
     assert params == SamplingParams(max_tokens=16)
     assert params.temperature == 0.0 and params.top_k == 0 and params.top_p == 1.0
     assert params.logprobs is None
@@ -52,9 +52,11 @@ def test_every_field_reaches_the_sampling_params():
     body = {"prompt": [1, 2, 3], "model": MODEL, "max_tokens": 5, "temperature": 0.7,
             "top_p": 0.9, "top_k": 40, "seed": 7, "ignore_eos": True,
             "stop_token_ids": [4, 5], "stream": True, "stream_options": {"include_usage": True},
-            "logprobs": 3, "return_tokens_as_token_ids": True}
-    prompt_ids, params, stream, include_usage, tokens_as_ids = parse(body)
-    assert prompt_ids == [1, 2, 3]
+            "logprobs": 3, "return_tokens_as_token_ids": True, "stop": ["\n", "ab", "\n"],
+            "n": 3}
+    prompt_ids, params, stream, include_usage, tokens_as_ids, stop, n = parse(body)
+    assert prompt_ids == [1, 2, 3] and stop == ("\n", "ab") and n == 3
+    assert parse({"prompt": "x", "stop": "end"}).stop == ("end",)
     assert params == SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=40, seed=7,
                                     ignore_eos=True, stop_token_ids=(4, 5), logprobs=3)
     assert stream and include_usage and tokens_as_ids
@@ -131,7 +133,9 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "stop_token_ids": [1, "2"]}, ["'stop_token_ids[1]'", '"2"']),
         ({"prompt": "x", "stop_token_ids": [VOCAB]}, ["'stop_token_ids[0]'", str(VOCAB)]),
         ({"prompt": "x", "model": 3}, ["'model'", "3"]),
-        ({"prompt": "x", "n": 2}, ["'n'", "2"]),
+        ({"prompt": "x", "n": 17}, ["'n'", "1..16", "17"]),
+        ({"prompt": "x", "n": 0}, ["'n'", "0"]),
+        ({"prompt": "x", "n": 1.5}, ["'n'", "1.5"]),
         ({"prompt": "x", "logprobs": 21}, ["'logprobs'", "0..20", "21"]),
         ({"prompt": "x", "logprobs": -1}, ["'logprobs'", "-1"]),
         ({"prompt": "x", "logprobs": True}, ["'logprobs'", "true"]),
@@ -139,7 +143,12 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "return_tokens_as_token_ids": 1},
          ["'return_tokens_as_token_ids'", "1"]),
         ({"prompt": "x", "echo": True}, ["'echo'", "true"]),
-        ({"prompt": "x", "stop": ["\n"]}, ["'stop'"]),
+        ({"prompt": "x", "stop": 5}, ["'stop'", "5"]),
+        ({"prompt": "x", "stop": ["a", 1]}, ["'stop'", "list of strings"]),
+        ({"prompt": "x", "stop": ["a", ""]}, ["'stop[1]'", "1..256"]),
+        ({"prompt": "x", "stop": ["x" * 257]}, ["'stop[0]'", "257"]),
+        ({"prompt": "x", "stop": ["a"] * 17}, ["'stop'", "17", "16"]),
+        ({"prompt": "x", "stop": ["\ud800"]}, ["'stop[0]'", "lone surrogate"]),
         ({"prompt": "x", "best_of": 2}, ["'best_of'", "2"]),
         ({"prompt": "x", "presence_penalty": 0.5}, ["'presence_penalty'", "0.5"]),
     ],

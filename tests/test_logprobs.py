@@ -16,7 +16,7 @@ from resident.engine.engine import build_engine
 from resident.engine.sampler import Sampler
 from resident.engine.types import EngineRequest, SamplingParams, TokenLogprobs
 from resident.model.config import load_model_config
-from resident.server.api import completion_logprobs
+from resident.server.responses import completion_logprobs
 from resident.server.tokenizer import ByteTokenizer
 
 from model_driver import ModelDriver

@@ -75,6 +75,22 @@ def test_string_prompt_uses_the_byte_tokenizer(server):
     assert status == 200 and config["tokenizer"] == "bytes"
 
 
+def test_chat_without_a_checkpoint_template_renders_chatml(server):
+    """The fallback template (tests/test_chat.py has a checkpoint's): the engine sees ChatML's
+    bytes, and answers as /v1/completions does for that string."""
+    status, config = run(get(server.url + "/debug/config"))
+    assert status == 200 and config["chat_template"] == "chatml (fallback)"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    rendered = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                "<|im_start|>assistant\n")
+    status, chat = run(post(server.url + "/v1/chat/completions",
+                            {"messages": messages, "max_tokens": 5, "ignore_eos": True}))
+    assert status == 200, chat
+    assert chat["usage"]["prompt_tokens"] == len(rendered.encode())
+    plain = complete(server.url, rendered, 5)
+    assert chat["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
+
+
 def test_sixteen_concurrent_streams_match_running_alone(server, model64):
     batch = [(p, 3 + 2 * i) for i, p in enumerate(prompts(16, seed=2))]
 
@@ -202,6 +218,7 @@ def test_debug_config_and_models(server):
     assert isinstance(config["git_dirty"], bool)  # the tests run from a checkout
     assert len(config["weights_fingerprint"]) == 16
     status, models = run(get(server.url + "/v1/models"))
+    assert isinstance(models["data"][0].pop("created"), int)
     assert models["data"][0] == {"id": "tiny", "object": "model", "owned_by": "resident",
                                  "max_model_len": 4096, "vocab_size": 512}
 

@@ -126,6 +126,18 @@ def test_a_burst_past_the_queue_gets_429_with_retry_after(server):
     assert all(r["done"] and r["finish_reason"] == "length" for r in taken)
 
 
+def test_each_of_n_choices_counts_against_the_queue(server):
+    """max_num_seqs 2 + max_waiting 2: n=4 fits an idle server, n=5 never does (429)."""
+    body = {"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True}
+    status, four = run(post(server.url + "/v1/completions", {**body, "n": 4}))
+    assert status == 200 and [c["index"] for c in four["choices"]] == [0, 1, 2, 3]
+    assert four["usage"]["completion_tokens"] == 12
+    status, five = run(post(server.url + "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+                             "n": 5}))
+    assert status == 429 and five["error"]["type"] == "rate_limit_error", five
+
+
 def test_a_large_body_does_not_stall_other_clients(server):
     """A 20 MB body is refused before it is read (413); a 3 MB one (a token-id prompt far over
     max_model_len) is parsed off the event loop: /health keeps answering meanwhile."""

@@ -16,6 +16,8 @@ from resident.config import EngineConfig
 from resident.model.config import load_model_config
 from resident.model.weights import WeightsError, load_model, torch_dtype, weights_fingerprint
 
+from model_driver import save_tiny_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _DIGEST = """
@@ -92,30 +94,7 @@ def test_fingerprint_sees_a_changed_value():
 def saved_tiny(tmp_path_factory):
     """tiny's random weights written as a transformers-style checkpoint."""
     directory = tmp_path_factory.mktemp("tiny_ckpt")
-    config = load_model_config("tiny")
-    model = load_model(config, "cpu", torch.float32)
-    tensors = {"model.language_model." + name[len("model."):]: p.detach().clone()
-               for name, p in model.named_parameters()}
-    save_file(tensors, str(directory / "model.safetensors"))
-    hf = {
-        "model_type": "qwen3_5",
-        "tie_word_embeddings": True,
-        "text_config": {
-            "model_type": "qwen3_5_text",
-            **{k: getattr(config, k) for k in (
-                "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim",
-                "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                "linear_value_head_dim", "linear_conv_kernel_dim", "max_position_embeddings",
-                "rms_norm_eps")},
-            "layer_types": list(config.layer_types),
-            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta,
-                                "partial_rotary_factor": config.partial_rotary_factor},
-            "eos_token_id": 511,
-        },
-    }
-    (directory / "config.json").write_text(json.dumps(hf))
-    return directory, weights_fingerprint(model)
+    return directory, save_tiny_checkpoint(directory)
 
 
 def test_loads_a_multimodal_style_checkpoint(saved_tiny):

@@ -1,31 +1,34 @@
-"""The HTTP API process: OpenAI-compatible completions (streaming over SSE), health, models and
-Prometheus metrics in front of an `EngineClient`; the /debug routes are debug.py's and the
-handlers' shared state state.py's.
+"""The HTTP API process: OpenAI-compatible completions and chat completions (streaming over SSE),
+health, models and Prometheus metrics in front of an `EngineClient`; the /debug routes are
+debug.py's and the handlers' shared state state.py's.
 
 Built on aiohttp because it is already installed on the GPU host, which has no package registry
 (FastAPI, uvicorn and pydantic are not, and would have to travel with the tree), and because it
 gives a `StreamResponse` for SSE and cancels a handler whose client went away, which is how an
-abandoned request gets aborted in the core. Request bodies are validated in validation.py
-(`token_ids` is added to each choice); the engine's stats become metrics in metrics.py; the error
-shape, request ids, the API key and the listener's limits are http.py's. A request with
-`logprobs` gets each choice's `logprobs` in the OpenAI completions shape (`completion_logprobs`).
+abandoned request gets aborted in the core. Request bodies are validated in validation.py (chat
+bodies in chat.py, their messages rendered by chat_template.py); a request's `n` choices are
+each their own engine request, whose outputs become text pieces (choices.py, which applies stop
+strings) and then the endpoint's OpenAI shapes (responses.py). The engine's stats become metrics
+in metrics.py; the error shape, request ids, the API key and the listener's limits are http.py's.
 
 Limits (knobs, docs/engine.md "Limits and failures"): a completion is refused with 429 and
-Retry-After past max_num_seqs + max_waiting in flight, and with 503 once the server drains; a body
-over max_body_mib is refused before it is read (413), one that does not arrive within read_timeout_s
-gets 408, and a large one is parsed and tokenized off the event loop; a completion that runs past
-request_timeout_s is aborted (504, or an error event on a stream).
+Retry-After past max_num_seqs + max_waiting engine requests in flight (a choice is one), and with
+503 once the server drains; a body over max_body_mib is refused before it is read (413), one that
+does not arrive within read_timeout_s gets 408, and a large one is parsed and tokenized off the
+event loop; a completion that runs past request_timeout_s is aborted (504, or an error event on a
+stream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -33,10 +36,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from resident.config import EngineConfig
-from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput, TokenLogprobs
+from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput, SamplingParams
+from resident.server.chat import parse_chat_request
+from resident.server.chat_template import ChatTemplate, load_chat_template
+from resident.server.choices import Choice
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
+from resident.server.responses import ChatFormat, TextFormat
 from resident.server.state import STATE, ApiState, ready_client
 from resident.server.tokenizer import Tokenizer
 from resident.server.validation import (
@@ -50,21 +57,24 @@ log = logging.getLogger("resident.api")
 
 BIG_BODY_BYTES = 256 << 10  # parsed and checked off the event loop from this size
 SHUTTING_DOWN = "the server is shutting down"
-LOGPROB_FLOOR = -9999.0  # what -inf becomes in JSON (OpenAI's and vLLM's value)
 
 
 # -- the app --------------------------------------------------------------------------------
 
 
 def create_app(client: EngineClient, tokenizer: Tokenizer, model_name: str,
-               api_key: str | None, limits: EngineConfig) -> web.Application:
+               api_key: str | None, limits: EngineConfig,
+               chat_template: ChatTemplate | None = None) -> web.Application:
     """The API's aiohttp application. With `api_key`, every route but /health needs
-    `Authorization: Bearer <api_key>`; `limits` are the resolved knobs."""
-    state = ApiState(client, tokenizer, model_name, limits)
+    `Authorization: Bearer <api_key>`; `limits` are the resolved knobs; `chat_template`
+    renders chat messages (default: the ChatML fallback)."""
+    state = ApiState(client, tokenizer, model_name, limits,
+                     chat_template or load_chat_template(None))
     app = web.Application(client_max_size=state.max_body_bytes, middlewares=[
         request_ids, _count_requests, errors((EngineUnavailable,)), auth(api_key)])
     app[STATE] = state
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/metrics", _metrics)
@@ -109,7 +119,9 @@ async def _health(request: web.Request) -> web.Response:
 
 async def _models(request: web.Request) -> web.Response:
     info = ready_client(request).info
-    model = {"id": request.app[STATE].model_name, "object": "model", "owned_by": "resident",
+    state = request.app[STATE]
+    model = {"id": state.model_name, "object": "model", "created": state.started,
+             "owned_by": "resident",
              "max_model_len": info.get("max_model_len"), "vocab_size": info.get("vocab_size")}
     return web.json_response({"object": "list", "data": [model]})
 
@@ -139,11 +151,14 @@ async def _read_body(request: web.Request, state: ApiState) -> bytes:
                        f"read_timeout_s = {state.limits.read_timeout_s:g} s") from None
 
 
-def _parse(raw: bytes, state: ApiState, info: dict[str, Any]) -> CompletionRequest:
+def _parse(raw: bytes, state: ApiState, info: dict[str, Any], chat: bool) -> CompletionRequest:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if chat:
+        return parse_chat_request(body, state.tokenizer, state.chat_template, state.model_name,
+                                  info["vocab_size"], info["max_model_len"])
     return parse_completion_request(body, state.tokenizer, state.model_name,
                                     info["vocab_size"], info["max_model_len"])
 
@@ -152,25 +167,44 @@ def _admit(state: ApiState) -> None:
     """Back-pressure: no new completion while draining (503) or past max_in_flight (429)."""
     if state.draining:
         raise ApiError(503, "service_unavailable", SHUTTING_DOWN)
-    if state.in_flight >= state.max_in_flight:
+    _check_room(state, 1)
+
+
+def _check_room(state: ApiState, num_requests: int) -> None:
+    """429 unless `num_requests` more engine requests fit under max_in_flight."""
+    if state.in_flight + num_requests > state.max_in_flight:
         raise ApiError(429, "rate_limit_error", f"{state.in_flight} requests are in flight, "
                        f"the most this server holds (max_num_seqs + max_waiting); retry later",
                        headers={"Retry-After": "1"})
 
 
 async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, chat=False)
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, chat=True)
+
+
+async def _answer(request: web.Request, chat: bool) -> web.StreamResponse:
+    """Both endpoints: admit, read and parse the body, run its choices, answer (JSON or SSE).
+    `in_flight` counts engine requests: one while the body is read, then one a choice."""
     state = request.app[STATE]
     info = ready_client(request).info
     _admit(state)
     state.in_flight += 1
+    held = 1
     try:
         raw = await _read_body(request, state)
         if len(raw) >= BIG_BODY_BYTES:  # parsing and tokenizing it would stall other clients
             parsed = await asyncio.get_running_loop().run_in_executor(
-                None, _parse, raw, state, info)
+                None, _parse, raw, state, info, chat)
         else:
-            parsed = _parse(raw, state, info)
-        completion = _Completion(state, parsed)
+            parsed = _parse(raw, state, info, chat)
+        _check_room(state, parsed.n - 1)  # the choices past the first, each a request
+        state.in_flight += parsed.n - 1
+        held = parsed.n
+        completion = _Completion(state, parsed, chat)
         timeout = state.limits.request_timeout_s or None
         if parsed.stream:
             return await completion.stream(request, timeout)
@@ -181,71 +215,115 @@ async def _completions(request: web.Request) -> web.StreamResponse:
             raise ApiError(504, "timeout_error", f"the completion took longer than "
                            f"request_timeout_s = {timeout:g} s; it was aborted") from None
     finally:
-        state.in_flight -= 1
+        state.in_flight -= held
 
 
 class _Completion:
-    """One completion request: its ids, the core's outputs, and the JSON it becomes."""
+    """One completion request: its choices (each its own engine request), the core's outputs,
+    and the JSON or SSE events they become (in `format`'s shape: responses.py)."""
 
-    def __init__(self, state: ApiState, parsed: CompletionRequest) -> None:
+    def __init__(self, state: ApiState, parsed: CompletionRequest, chat: bool) -> None:
         self.state = state
         self.parsed = parsed
-        self.request = EngineRequest(f"cmpl-{uuid.uuid4().hex}", parsed.prompt_ids,
-                                     parsed.params)
+        shape = ChatFormat if chat else TextFormat
+        self.format = shape(state.tokenizer, parsed.params.logprobs is not None,
+                            parsed.return_tokens_as_token_ids)
+        self.id = f"{self.format.id_prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.token_ids: list[int] = []
-        self.logprobs: list[TokenLogprobs] = []
-        self.text_length = 0  # characters of text the stream has sent
+        self.choices = [
+            Choice(i, EngineRequest(self.id if parsed.n == 1 else f"{self.id}-{i}",
+                                    parsed.prompt_ids, _choice_params(parsed.params, i)),
+                   state.tokenizer, parsed.stop, incremental=parsed.stream)
+            for i in range(parsed.n)]
 
-    def _envelope(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.request.request_id, "object": "text_completion",
+    def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        return {"id": self.id, "object": self.format.chunk_object if chunk else self.format.object,
                 "created": self.created, "model": self.state.model_name, "choices": choices}
 
     def _usage(self) -> dict[str, int]:
         prompt = len(self.parsed.prompt_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": len(self.token_ids),
-                "total_tokens": prompt + len(self.token_ids)}
+        completion = sum(len(choice.token_ids) for choice in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    async def _outputs(self) -> AsyncIterator[tuple[Choice, list[RequestOutput]]]:
+        """Each choice's outputs as they arrive (a choice and the outputs that came since it was
+        last read) until every choice is done. A choice the consumer marked done (a stop
+        string) stops being read, which aborts its engine request; so does leaving early."""
+        if len(self.choices) == 1:  # the common case: no task, no second queue
+            choice = self.choices[0]
+            async with aclosing(self.state.client.generate(choice.request)) as batches:
+                async for outputs in batches:
+                    yield choice, outputs
+                    if choice.done:
+                        return
+            return
+        arrived: asyncio.Queue[tuple[Choice, list[RequestOutput] | Exception]] = asyncio.Queue()
+        readers = {choice.index: asyncio.create_task(self._read(choice, arrived))
+                   for choice in self.choices}
+        try:
+            while not all(choice.done for choice in self.choices):
+                choice, outputs = await arrived.get()
+                if isinstance(outputs, Exception):
+                    raise outputs
+                if choice.done:  # queued before its reader was stopped
+                    continue
+                yield choice, outputs
+                if choice.done:
+                    readers[choice.index].cancel()
+        finally:
+            for reader in readers.values():
+                reader.cancel()
+            await asyncio.gather(*readers.values(), return_exceptions=True)
+
+    async def _read(self, choice: Choice, arrived: asyncio.Queue) -> None:
+        """Moves one choice's outputs to `arrived`; cancelling it aborts the engine request."""
+        try:
+            async with aclosing(self.state.client.generate(choice.request)) as batches:
+                async for outputs in batches:
+                    arrived.put_nowait((choice, outputs))
+        except Exception as error:  # noqa: BLE001 - the consumer raises it (EngineUnavailable)
+            arrived.put_nowait((choice, error))
 
     async def respond(self) -> web.Response:
-        final: RequestOutput | None = None
-        async with aclosing(self.state.client.generate(self.request)) as batches:
-            async for outputs in batches:
-                for output in outputs:
-                    self.token_ids.extend(output.new_token_ids)
-                    self.logprobs.extend(output.logprobs or ())
-                final = outputs[-1]
-        assert final is not None and final.finished
-        if final.error is not None:
-            raise _finish_error(final)
-        choice = {"index": 0, "text": self.state.tokenizer.decode(self.token_ids),
-                  "token_ids": self.token_ids, "finish_reason": final.finish_reason,
-                  "logprobs": self._logprobs(self.token_ids, self.logprobs, 0)}
-        return web.json_response({**self._envelope([choice]), "usage": self._usage()})
+        """The whole answer once every choice is done; a choice that fails fails the request
+        at once (leaving the loop aborts the other choices)."""
+        async with aclosing(self._outputs()) as outputs:
+            async for choice, batch in outputs:
+                for output in batch:
+                    choice.take(output)
+                if choice.done and choice.final.error is not None:
+                    raise _finish_error(choice.final)
+        body = self._envelope([self.format.choice(choice) for choice in self.choices], False)
+        return web.json_response({**body, "usage": self._usage()})
 
     async def stream(self, request: web.Request, timeout: float | None) -> web.StreamResponse:
-        """SSE: one event per generated token, written as soon as its output arrives. Headers
-        wait for the first output, so a request that fails at once gets a real HTTP error.
-        Past `timeout` seconds the request is aborted: an error event, then [DONE]."""
+        """SSE: each choice's events written as soon as its outputs arrive. Headers wait for
+        the first output, so a request that fails at once gets a real HTTP error. Past
+        `timeout` seconds the request is aborted: an error event, then [DONE]."""
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        async with aclosing(self.state.client.generate(self.request)) as batches:
-            first = await anext(batches)
+        async with aclosing(self._outputs()) as outputs:
+            choice, first = await anext(outputs)
             if first[0].error is not None and not first[0].new_token_ids:
                 raise _finish_error(first[0])
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
             try:
                 await response.prepare(request)
-                await response.write(self._events(first))
-                await self._stream_rest(response, batches, deadline)
+                opening = [_sse(self._envelope([chunk], True))
+                           for chunk in self.format.opening(self.choices)]
+                await response.write(b"".join(opening) + self._events(choice, first))
+                await self._stream_rest(response, outputs, deadline)
                 if self.parsed.include_usage:
-                    await response.write(_sse(self._envelope([]) | {"usage": self._usage()}))
+                    await response.write(_sse(self._envelope([], True)
+                                              | {"usage": self._usage()}))
                 await response.write(b"data: [DONE]\n\n")
             except ConnectionResetError:
                 # The client went away; leaving the loop closes the generator, which aborts.
-                log.debug("client left during %s", self.request.request_id)
+                log.debug("client left during %s", self.id)
             except Exception:  # noqa: BLE001 - a bug after the headers went out: the client
                 # gets an error event and [DONE] (not a hang), the log the traceback
-                log.exception("streaming %s failed", self.request.request_id)
+                log.exception("streaming %s failed", self.id)
                 with contextlib.suppress(ConnectionResetError):
                     await response.write(_sse({"error": {"message": "internal error while "
                                                          "streaming; see the server log",
@@ -253,80 +331,41 @@ class _Completion:
                                          + b"data: [DONE]\n\n")
         return response
 
-    async def _stream_rest(self, response: web.StreamResponse, batches,
+    async def _stream_rest(self, response: web.StreamResponse, outputs,
                            deadline: float | None) -> None:
         try:
             async with asyncio.timeout_at(deadline):
-                async for outputs in batches:
-                    await response.write(self._events(outputs))
+                async for choice, batch in outputs:
+                    await response.write(self._events(choice, batch))
         except TimeoutError:
-            message = (f"the completion took longer than request_timeout_s; it was aborted "
-                       f"after {len(self.token_ids)} tokens")
-            await response.write(self._token_event([], (), True, RequestOutput(
-                self.request.request_id, [], True, FINISH_ABORT, message)))
+            await response.write(b"".join(
+                self._events(choice, [RequestOutput(
+                    choice.request.request_id, [], True, FINISH_ABORT,
+                    f"the completion took longer than request_timeout_s; it was aborted after "
+                    f"{len(choice.token_ids)} tokens")])
+                for choice in self.choices if not choice.done))
 
-    def _events(self, outputs: list[RequestOutput]) -> bytes:
-        """The SSE events for some outputs, one write: an event per new token, or one empty
-        closing event."""
+    def _events(self, choice: Choice, outputs: list[RequestOutput]) -> bytes:
+        """The SSE events for some outputs of one choice, one write."""
         events = []
         for output in outputs:
-            logprobs = output.logprobs or ()
-            for i, token in enumerate(output.new_token_ids):
-                last = output.finished and i == len(output.new_token_ids) - 1
-                events.append(self._token_event([token], logprobs[i:i + 1], last, output))
-            if output.finished and not output.new_token_ids:
-                events.append(self._token_event([], (), True, output))
+            for piece in choice.take(output):
+                chunks = self.format.chunks(piece)
+                for i, chunk in enumerate(chunks):
+                    event = self._envelope([chunk], True)
+                    if piece.error is not None and i == len(chunks) - 1:
+                        event["error"] = {"message": piece.error, "type": "server_error"}
+                    events.append(_sse(event))
         return b"".join(events)
 
-    def _token_event(self, tokens: list[int], logprobs: tuple[TokenLogprobs, ...], last: bool,
-                     output: RequestOutput) -> bytes:
-        """Records `tokens` (one, or none for a closing event) and returns their SSE event."""
-        previous = len(self.token_ids)
-        self.token_ids.extend(tokens)
-        text = self.state.tokenizer.decode_delta(self.token_ids, previous, final=last)
-        # vLLM's rule: a streamed token's text offset is the length of the text sent before it
-        choice = {"index": 0, "text": text, "token_ids": tokens,
-                  "finish_reason": output.finish_reason if last else None,
-                  "logprobs": self._logprobs(tokens, logprobs, self.text_length)}
-        self.text_length += len(text)
-        event = self._envelope([choice])
-        if last and output.error is not None:
-            event["error"] = {"message": output.error, "type": "server_error"}
-        return _sse(event)
 
-    def _logprobs(self, tokens: list[int], logprobs: Sequence[TokenLogprobs],
-                  first_offset: int) -> dict[str, list] | None:
-        """The choice's `logprobs` for these tokens, or None when the request asked for none."""
-        if self.parsed.params.logprobs is None:
-            return None
-        return completion_logprobs(tokens, logprobs, self.state.tokenizer, first_offset,
-                                   self.parsed.return_tokens_as_token_ids)
-
-
-def completion_logprobs(tokens: list[int], logprobs: Sequence[TokenLogprobs],
-                        tokenizer: Tokenizer, first_offset: int,
-                        tokens_as_ids: bool) -> dict[str, list]:
-    """OpenAI completions `logprobs` of generated tokens: `tokens` (their text, or
-    `token_id:<id>`), `token_logprobs`, `top_logprobs` (a mapping a token: the sampled token
-    first, then the top k, as vLLM gives up to k + 1 entries) and `text_offset` (each token's
-    offset in the completion's text, the first at `first_offset`)."""
-    def name(token: int) -> str:
-        return f"token_id:{token}" if tokens_as_ids else tokenizer.decode([token])
-
-    body: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                             "text_offset": []}
-    offset = first_offset
-    for token, entry in zip(tokens, logprobs, strict=True):
-        logprob = max(entry.logprob, LOGPROB_FLOOR)
-        top = {name(token): logprob}
-        for other, other_logprob in entry.top:
-            top.setdefault(name(other), max(other_logprob, LOGPROB_FLOOR))
-        body["tokens"].append(name(token))
-        body["token_logprobs"].append(logprob)
-        body["top_logprobs"].append(top)
-        body["text_offset"].append(offset)
-        offset += len(tokenizer.decode([token]))
-    return body
+def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice `index` samples with seed + index (vLLM's rule): a seeded request's choices
+    differ from one another, and each reproduces."""
+    if params.seed is None or index == 0:
+        return params
+    seed = params.seed + index
+    return dataclasses.replace(params, seed=seed - 2**64 if seed >= 2**64 else seed)
 
 
 def _sse(event: dict[str, Any]) -> bytes:

@@ -27,7 +27,8 @@ def add_debug_routes(app: web.Application) -> None:
 async def _config(request: web.Request) -> web.Response:
     info = ready_client(request).info
     state = request.app[STATE]
-    return web.json_response({**info, "tokenizer": state.tokenizer.name},
+    return web.json_response({**info, "tokenizer": state.tokenizer.name,
+                              "chat_template": state.chat_template.source},
                              dumps=lambda obj: json.dumps(obj, default=str))
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from resident.config import EngineConfig, parse_cpu_list
 from resident.model.config import ModelConfig
 from resident.server.api import SHUTTING_DOWN, create_app
+from resident.server.chat_template import ChatTemplate, load_chat_template
 from resident.server.client import EngineClient
 from resident.server.core import run_engine_core
 from resident.server.http import bind, serve_http
@@ -63,8 +64,13 @@ def serve(options: ServeOptions) -> int:
     logging.basicConfig(level=options.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _quiet_parse_errors()
+    model_dir = options.model_config.weights
     try:
+        chat_template = load_chat_template(model_dir if Path(model_dir).is_dir() else None)
         sock = bind(options.host, options.port)
+    except ValueError as error:  # a checkpoint's chat template that does not compile
+        log.error("%s", error)
+        return 2
     except OSError as error:
         log.error("%s", error.strerror)
         return 2
@@ -74,10 +80,10 @@ def serve(options: ServeOptions) -> int:
     removed = remove_stale_ipc_dirs(Path(tempfile.gettempdir()))
     if removed:
         log.info("removed %d IPC directories of servers that are gone", removed)
-    return asyncio.run(_serve(options, sock))
+    return asyncio.run(_serve(options, sock, chat_template))
 
 
-async def _serve(options: ServeOptions, sock: socket.socket) -> int:
+async def _serve(options: ServeOptions, sock: socket.socket, chat_template: ChatTemplate) -> int:
     ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_PREFIX))
     (ipc_dir / PID_FILE).write_text(str(os.getpid()))
     try:
@@ -92,7 +98,7 @@ async def _serve(options: ServeOptions, sock: socket.socket) -> int:
         tokenizer = load_tokenizer(model_dir if Path(model_dir).is_dir() else None,
                                    options.model_config.vocab_size)
         app = create_app(client, tokenizer, options.model_config.name, options.api_key,
-                         options.engine_config)
+                         options.engine_config, chat_template)
         runner = await serve_http(app, sock, options.engine_config.read_timeout_s)
         log.info("API listening on http://%s:%d", options.host, options.port)
         try:

@@ -3,12 +3,14 @@ registry and the in-flight count (serve.py reads it to drain and to fail in-flig
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from resident.config import EngineConfig
+from resident.server.chat_template import ChatTemplate
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.metrics import EngineCollector
 from resident.server.tokenizer import Tokenizer
@@ -22,10 +24,12 @@ class ApiState:
     tokenizer: Tokenizer
     model_name: str
     limits: EngineConfig  # the resolved knobs: max_num_seqs, max_waiting, the timeouts
+    chat_template: ChatTemplate  # renders /v1/chat/completions messages
+    started: int = field(default_factory=lambda: int(time.time()))  # /v1/models' `created`
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     engine_metrics: EngineCollector = field(default_factory=EngineCollector)
     http_requests: Counter = field(init=False)
-    in_flight: int = 0  # completions being answered
+    in_flight: int = 0  # engine requests being answered (a choice is one)
     draining: bool = False  # SIGTERM: no new completions
 
     def __post_init__(self) -> None:

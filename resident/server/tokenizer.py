@@ -29,7 +29,10 @@ DELTA_CONTEXT = 8
 class Tokenizer(Protocol):
     name: str
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`text`'s ids; `add_special_tokens=False` leaves out what the tokenizer's
+        post-processor adds (a BOS), for text that already holds them (a chat template's)."""
+        ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -63,7 +66,7 @@ class ByteTokenizer:
             raise ValueError(f"the byte tokenizer needs vocab_size >= 256, got {vocab_size}")
         self.vocab_size = vocab_size
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
@@ -112,8 +115,8 @@ class HFTokenizer:
             # Prompts are still checked id by id, so this only matters if such ids show up.
             log.warning("%s has %d tokens but the model's vocab_size is %d", path, size, vocab_size)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)

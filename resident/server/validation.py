@@ -2,7 +2,9 @@
 
 Departures from OpenAI: `temperature` defaults to 0 (greedy), not 1, and under 1e-5 samples
 greedily (as vLLM's); a null optional field means its default; fields we cannot honour (`echo`,
-`n`, `stop` strings, penalties, ...) are rejected unless they hold their neutral value.
+`best_of`, penalties, ...) are rejected unless they hold their neutral value; `n` is capped at
+MAX_N. The fields both endpoints share (sampling, `stop`, `n`, streaming) are read by
+`generation_request`; chat.py reads the chat body's own.
 `logprobs` takes 0..20 as vLLM does (OpenAI stops at 5), and vLLM's `return_tokens_as_token_ids`
 names the tokens `token_id:<id>`. Every refusal is an ApiError naming the field: the API answers
 it as a 400 (or 404 for another model's name) with a JSON body.
@@ -22,6 +24,9 @@ DEFAULT_MAX_TOKENS = 16
 # float32, and the sampler would draw from NaNs
 GREEDY_BELOW = 1e-5
 MAX_STOP_TOKEN_IDS = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # a stop string's length: a stream holds back up to this many
+MAX_N = 16  # choices a request (each one engine request)
 
 
 class ApiError(Exception):
@@ -49,23 +54,27 @@ class CompletionRequest(NamedTuple):
     stream: bool
     include_usage: bool
     return_tokens_as_token_ids: bool  # logprobs name tokens `token_id:<id>`, not their text
+    stop: tuple[str, ...] = ()  # a choice's text ends before the first it produces
+    n: int = 1  # choices, each its own engine request
 
 
 # Fields OpenAI clients send that we cannot honour: accepted only with one of these values.
-_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "echo": (None, False),
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-    "stop": (None, "", []),
+PENALTIES: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1),
 }
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    **PENALTIES,
+}
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A field's value for an error message, cut to 60 characters."""
     text = json.dumps(value) if _is_json(value) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -93,12 +102,13 @@ def as_float(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _check_neutral(body: dict[str, Any]) -> None:
-    for name, accepted in _NEUTRAL.items():
+def check_neutral(body: dict[str, Any], neutral: dict[str, tuple[Any, ...]]) -> None:
+    """400 for a field of `neutral` that holds none of its accepted values."""
+    for name, accepted in neutral.items():
         value = body.get(name)
         if not any(_same(value, ok) for ok in accepted):
             allowed = " or ".join(json.dumps(ok) for ok in accepted)
-            raise bad_request(f"'{name}' = {_show(value)} is not supported (only {allowed})")
+            raise bad_request(f"'{name}' = {show(value)} is not supported (only {allowed})")
 
 
 def _same(value: Any, neutral: Any) -> bool:
@@ -114,11 +124,11 @@ def _field(body: dict[str, Any], name: str, default: Any, convert, expected: str
         return default
     converted = convert(value)
     if converted is None:
-        raise bad_request(f"'{name}' must be {expected}, got {_show(value)}")
+        raise bad_request(f"'{name}' must be {expected}, got {show(value)}")
     return converted
 
 
-def _int_field(body: dict[str, Any], name: str, default: int) -> int:
+def int_field(body: dict[str, Any], name: str, default: int) -> int:
     return _field(body, name, default, lambda v: v if _is_int(v) else None, "an integer")
 
 
@@ -126,15 +136,15 @@ def _number_field(body: dict[str, Any], name: str, default: float) -> float:
     return _field(body, name, default, as_float, "a finite number")
 
 
-def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+def bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
     return _field(body, name, default, lambda v: v if isinstance(v, bool) else None,
                   "true or false")
 
 
-def _token_ids(value: list[Any], name: str, vocab_size: int) -> list[int]:
+def token_ids_in_vocab(value: list[Any], name: str, vocab_size: int) -> list[int]:
     for i, token in enumerate(value):
         if not _is_int(token):
-            raise bad_request(f"'{name}[{i}]' must be an integer token id, got {_show(token)}")
+            raise bad_request(f"'{name}[{i}]' must be an integer token id, got {show(token)}")
         if not 0 <= token < vocab_size:
             raise bad_request(f"'{name}[{i}]' = {token} is outside the vocabulary "
                               f"[0, {vocab_size})")
@@ -148,73 +158,82 @@ def _prompt(body: dict[str, Any], tokenizer: Tokenizer, vocab_size: int) -> list
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' must not be empty")
-        _check_unicode(prompt)
-        ids = tokenizer.encode(prompt)
-        if not ids:
-            raise bad_request(f"'prompt' = {_show(prompt)} encodes to no tokens")
-        outside = [t for t in ids if not 0 <= t < vocab_size]
-        if outside:
-            raise bad_request(f"'prompt' encodes to token {outside[0]}, outside [0, {vocab_size})")
-        return ids
+        return encode_text(prompt, "prompt", tokenizer, vocab_size)
     if not isinstance(prompt, list):
-        raise bad_request(f"'prompt' must be a string or a list of token ids, got {_show(prompt)}")
+        raise bad_request(f"'prompt' must be a string or a list of token ids, got {show(prompt)}")
     if not prompt:
         raise bad_request("'prompt' must not be empty")
     if any(isinstance(item, str) for item in prompt):
         raise bad_request("'prompt' as a list of strings (several prompts in one request) is "
                           "not supported: send one prompt a request")
-    return _token_ids(prompt, "prompt", vocab_size)
+    return token_ids_in_vocab(prompt, "prompt", vocab_size)
 
 
-def _check_unicode(text: str) -> None:
+def encode_text(text: str, name: str, tokenizer: Tokenizer, vocab_size: int,
+                add_special_tokens: bool = True) -> list[int]:
+    """`text` (the field `name`) as token ids: valid Unicode, at least one token, all in the
+    vocabulary."""
+    check_unicode(text, name)
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    if not ids:
+        raise bad_request(f"'{name}' = {show(text)} encodes to no tokens")
+    outside = [t for t in ids if not 0 <= t < vocab_size]
+    if outside:
+        raise bad_request(f"'{name}' encodes to token {outside[0]}, outside [0, {vocab_size})")
+    return ids
+
+
+def check_unicode(text: str, name: str) -> None:
     """JSON can carry lone surrogates (`"\\ud800"`), which no UTF-8 tokenizer encodes."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise bad_request(f"'prompt' is not valid Unicode text: a lone surrogate at index "
+        raise bad_request(f"'{name}' is not valid Unicode text: a lone surrogate at index "
                           f"{error.start}") from None
 
 
-def _sampling(body: dict[str, Any], vocab_size: int) -> SamplingParams:
+def _sampling(body: dict[str, Any], vocab_size: int, max_tokens: int,
+              logprobs: int | None) -> SamplingParams:
     temperature = _number_field(body, "temperature", 0.0)
     if temperature < 0:
-        raise bad_request(f"'temperature' must be >= 0, got {_show(body['temperature'])}")
+        raise bad_request(f"'temperature' must be >= 0, got {show(body['temperature'])}")
     if temperature < GREEDY_BELOW:
         temperature = 0.0
     top_p = _number_field(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
-        raise bad_request(f"'top_p' must be in (0, 1], got {_show(body['top_p'])}")
-    top_k = _int_field(body, "top_k", 0)
+        raise bad_request(f"'top_p' must be in (0, 1], got {show(body['top_p'])}")
+    top_k = int_field(body, "top_k", 0)
     if top_k < -1:
         raise bad_request(f"'top_k' must be >= 0 (or -1 for off), got {top_k}")
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and -(2**63) <= seed < 2**64):
-        raise bad_request(f"'seed' must be null or a 64-bit integer, got {_show(seed)}")
+        raise bad_request(f"'seed' must be null or a 64-bit integer, got {show(seed)}")
     stop_ids = body.get("stop_token_ids")
     if stop_ids is not None and not isinstance(stop_ids, list):
-        raise bad_request(f"'stop_token_ids' must be a list of token ids, got {_show(stop_ids)}")
+        raise bad_request(f"'stop_token_ids' must be a list of token ids, got {show(stop_ids)}")
     if stop_ids is not None and len(stop_ids) > MAX_STOP_TOKEN_IDS:
         raise bad_request(f"'stop_token_ids' holds {len(stop_ids)} ids; at most "
                           f"{MAX_STOP_TOKEN_IDS}")
     return SamplingParams(
-        max_tokens=_int_field(body, "max_tokens", DEFAULT_MAX_TOKENS),
+        max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
         # -1 is off as in vLLM; k >= vocab_size keeps every token, which is off too.
         top_k=0 if top_k == -1 or top_k >= vocab_size else top_k,
         seed=seed,
-        ignore_eos=_bool_field(body, "ignore_eos", False),
-        stop_token_ids=tuple(_token_ids(stop_ids or [], "stop_token_ids", vocab_size)),
-        logprobs=_logprobs(body),
+        ignore_eos=bool_field(body, "ignore_eos", False),
+        stop_token_ids=tuple(token_ids_in_vocab(stop_ids or [], "stop_token_ids", vocab_size)),
+        logprobs=logprobs,
     )
 
 
-def _logprobs(body: dict[str, Any]) -> int | None:
-    """How many top logprobs each generated token brings (None: no logprobs)."""
-    value = body.get("logprobs")
+def logprobs_count(body: dict[str, Any], name: str) -> int | None:
+    """How many top logprobs each generated token brings, from the field `name` (None: no
+    logprobs)."""
+    value = body.get(name)
     if value is not None and not (_is_int(value) and 0 <= value <= MAX_LOGPROBS):
-        raise bad_request(f"'logprobs' must be null or an integer 0..{MAX_LOGPROBS}, got "
-                          f"{_show(value)}")
+        raise bad_request(f"'{name}' must be null or an integer 0..{MAX_LOGPROBS}, got "
+                          f"{show(value)}")
     return value
 
 
@@ -223,35 +242,75 @@ def _include_usage(body: dict[str, Any]) -> bool:
     if options is None:
         return False
     if not isinstance(options, dict):
-        raise bad_request(f"'stream_options' must be an object, got {_show(options)}")
-    return _bool_field(options, "include_usage", False)
+        raise bad_request(f"'stream_options' must be an object, got {show(options)}")
+    return bool_field(options, "include_usage", False)
 
 
-def parse_completion_request(
-    body: Any, tokenizer: Tokenizer, model_name: str, vocab_size: int, max_model_len: int
-) -> CompletionRequest:
-    """Validates a /v1/completions body; unpacks as (prompt_ids, params, stream, include_usage,
-    return_tokens_as_token_ids).
+def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
+    """`stop`: null, a string or a list of strings ("" and [] mean none)."""
+    stop = body.get("stop")
+    if stop is None or stop == "":
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request(f"'stop' must be a string or a list of strings, got {show(stop)}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' holds {len(stops)} strings; at most {MAX_STOP_STRINGS}")
+    for i, text in enumerate(stops):
+        if not 0 < len(text) <= MAX_STOP_CHARS:
+            raise bad_request(f"'stop[{i}]' must be 1..{MAX_STOP_CHARS} characters, got "
+                              f"{len(text)}")
+        check_unicode(text, f"stop[{i}]")
+    return tuple(dict.fromkeys(stops))
 
-    Raises ApiError: 404 for another model's name, 400 naming the field for anything else.
-    Unknown fields are ignored; null means a field's default."""
+
+def _num_choices(body: dict[str, Any]) -> int:
+    n = int_field(body, "n", 1)
+    if not 1 <= n <= MAX_N:
+        raise bad_request(f"'n' must be 1..{MAX_N}, got {n}")
+    return n
+
+
+def check_body(body: Any, model_name: str) -> dict[str, Any]:
+    """The body as a JSON object naming this server's model (or none): 400 for a body that is
+    not an object, 404 for another model's name."""
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_show(body)}")
+        raise bad_request(f"the request body must be a JSON object, got {show(body)}")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request(f"'model' must be a string, got {_show(model)}")
+        raise bad_request(f"'model' must be a string, got {show(model)}")
     if model is not None and model != model_name:
         raise ApiError(404, "not_found_error", f"model {model!r} is not served here "
                        f"(this server serves {model_name!r})")
-    _check_neutral(body)
-    prompt_ids = _prompt(body, tokenizer, vocab_size)
-    params = _sampling(body, vocab_size)
+    return body
+
+
+def generation_request(body: dict[str, Any], prompt_ids: list[int], max_tokens: int,
+                       logprobs: int | None, vocab_size: int,
+                       max_model_len: int) -> CompletionRequest:
+    """What both endpoints share: sampling, `stop`, `n`, streaming, for a prompt of
+    `prompt_ids` and `max_tokens` (the endpoint's own field, or its default)."""
+    params = _sampling(body, vocab_size, max_tokens, logprobs)
     if params.max_tokens <= 0:
         raise bad_request(f"'max_tokens' must be > 0, got {params.max_tokens}")
     total = len(prompt_ids) + params.max_tokens
     if total > max_model_len:
         raise bad_request(f"the prompt's {len(prompt_ids)} tokens plus 'max_tokens' = "
                           f"{params.max_tokens} make {total}, over max_model_len {max_model_len}")
-    return CompletionRequest(prompt_ids, params, _bool_field(body, "stream", False),
+    return CompletionRequest(prompt_ids, params, bool_field(body, "stream", False),
                              _include_usage(body),
-                             _bool_field(body, "return_tokens_as_token_ids", False))
+                             bool_field(body, "return_tokens_as_token_ids", False),
+                             _stop_strings(body), _num_choices(body))
+
+
+def parse_completion_request(
+    body: Any, tokenizer: Tokenizer, model_name: str, vocab_size: int, max_model_len: int
+) -> CompletionRequest:
+    """Validates a /v1/completions body.
+
+    Raises ApiError: 404 for another model's name, 400 naming the field for anything else.
+    Unknown fields are ignored; null means a field's default."""
+    check_neutral(check_body(body, model_name), _NEUTRAL)
+    prompt_ids = _prompt(body, tokenizer, vocab_size)
+    return generation_request(body, prompt_ids, int_field(body, "max_tokens", DEFAULT_MAX_TOKENS),
+                              logprobs_count(body, "logprobs"), vocab_size, max_model_len)

@@ -36,6 +36,9 @@
 #   modes     configs/gate/h200-0.8b-c1-modes.yaml (an A/A pair with profile windows) in each
 #             of $MODES (default: sequential interleaved; interleaved-serial: --interleave
 #             without --parallel-start), issue 39, tarred to modes.tgz
+#   chat      the chat API on a CUDA server of qwen3.5-0.8b (tests/gpu/test_chat_gpu.py: greedy
+#             n=4 identical, stream equal to the answer, a stop string across tokens, 16 x n=4
+#             sampled streams to the end; the log prints their tok/s)
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -155,6 +158,8 @@ for part in "$@"; do
           --config configs/gate/h200-0.8b-c1-modes.yaml "${flags[@]}" --out "$OUT/modes/$mode"
       done
       tar czf "$OUT/modes.tgz" -C "$OUT" modes && rm -rf "$OUT/modes" ;;
+    chat)
+      run chat 500 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_chat_gpu.py ;;
     *) echo "unknown part $part" ;;
   esac
 done
