@@ -205,6 +205,11 @@ KNOB_MEANINGS = {
     "read_timeout_s": "seconds a request's headers, then its body, may take to arrive",
     "shutdown_grace_s": "seconds in-flight requests get to finish after SIGTERM",
     "core_stall_s": "seconds the engine core may stay silent before the server fails and exits",
+    "health_stall_s": "seconds the engine core may stay silent before /health says stalled",
+    "max_connections": "connections open at once; 0: the descriptor limit less 64",
+    "keepalive_timeout_s": "seconds a connection may idle after a response before it is closed",
+    "send_stall_s": "seconds a client may leave its stream unread before it is dropped",
+    "send_buffer_kib": "a connection's kernel send buffer and the API's buffer above it, KiB",
     "profile_dir": "where POST /debug/profile writes traces; empty: <tmp>/resident-profiles",
 }
 _KNOB_TYPES = {"int": "integer", "float": "number", "str": "text",

@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -30,7 +31,9 @@ def free_port() -> int:
 class Server:
     """Starts `python -m resident serve MODEL --device cpu` and waits for /health."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, model: str = "tiny"):
+    def __init__(self, *args: str, env: dict[str, str] | None = None, model: str = "tiny",
+                 fd_limit: int | None = None):
+        """`fd_limit`: the server's RLIMIT_NOFILE (soft and hard), for tests of its limits."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
@@ -41,7 +44,7 @@ class Server:
             [sys.executable, "-m", "resident", "serve", model, "--device", "cpu",
              "--port", str(self.port), *args],
             env=child_env, stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_pytest,
+            preexec_fn=_die_with_pytest if fd_limit is None else lambda: _limited(fd_limit),
         )
 
     def wait_ready(self, headers: dict[str, str] | None = None) -> Server:
@@ -98,6 +101,11 @@ def _die_with_pytest() -> None:
     """A server outlives nothing: SIGTERM when the test process dies (prctl PDEATHSIG), so a
     killed test run leaves no server behind."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _limited(fd_limit: int) -> None:
+    _die_with_pytest()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
 
 def run(coro):

@@ -95,8 +95,9 @@ async def _count_requests(request: web.Request, handler) -> web.StreamResponse:
 
 
 async def _health(request: web.Request) -> web.Response:
-    """200 {"status": "ok"} while serving; 503 with "starting", "draining" (SIGTERM) or
-    "failed" (the engine core is dead or stuck: the server is about to exit)."""
+    """200 {"status": "ok"} while serving; 503 with "starting", "draining" (SIGTERM),
+    "stalled" (the engine core has been silent for health_stall_s: it may recover) or "failed"
+    (the engine core is dead or stuck: the server is about to exit)."""
     state = request.app[STATE]
     if state.client.fatal is not None:
         return web.json_response({"status": "failed", "error": state.client.fatal}, status=503)
@@ -104,6 +105,10 @@ async def _health(request: web.Request) -> web.Response:
         return web.json_response({"status": "starting"}, status=503)
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
+    silent_s = state.client.silent_s
+    if silent_s > min(state.limits.health_stall_s, state.limits.core_stall_s):
+        return web.json_response({"status": "stalled", "silent_s": round(silent_s, 1)},
+                                 status=503)
     return web.json_response({"status": "ok"})
 
 

@@ -63,6 +63,11 @@ class EngineClient:
         return len(self._streams)
 
     @property
+    def silent_s(self) -> float:
+        """Seconds since the core's last message (it sends one at least every second)."""
+        return time.monotonic() - self.last_heard
+
+    @property
     def is_ready(self) -> bool:
         return self._ready is not None and self._ready.done() and self.fatal is None
 

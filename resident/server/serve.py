@@ -34,8 +34,8 @@ from resident.config import EngineConfig, parse_cpu_list
 from resident.model.config import ModelConfig
 from resident.server.api import SHUTTING_DOWN, create_app
 from resident.server.client import EngineClient
+from resident.server.connections import ConnectionLimits, bind, connection_cap, serve_http
 from resident.server.core import run_engine_core
-from resident.server.http import bind, serve_http
 from resident.server.state import STATE, ApiState
 from resident.server.tokenizer import load_tokenizer
 
@@ -64,6 +64,11 @@ def serve(options: ServeOptions) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _quiet_parse_errors()
     try:
+        limits = connection_limits(options.engine_config)
+    except ValueError as error:
+        log.error("%s", error)
+        return 2
+    try:
         sock = bind(options.host, options.port)
     except OSError as error:
         log.error("%s", error.strerror)
@@ -74,10 +79,18 @@ def serve(options: ServeOptions) -> int:
     removed = remove_stale_ipc_dirs(Path(tempfile.gettempdir()))
     if removed:
         log.info("removed %d IPC directories of servers that are gone", removed)
-    return asyncio.run(_serve(options, sock))
+    return asyncio.run(_serve(options, sock, limits))
 
 
-async def _serve(options: ServeOptions, sock: socket.socket) -> int:
+def connection_limits(config: EngineConfig) -> ConnectionLimits:
+    """The listener's limits from the knobs, max_connections checked against the descriptor
+    limit (ValueError naming it)."""
+    return ConnectionLimits(connection_cap(config.max_connections), config.keepalive_timeout_s,
+                            config.read_timeout_s, config.send_stall_s,
+                            config.send_buffer_kib << 10)
+
+
+async def _serve(options: ServeOptions, sock: socket.socket, limits: ConnectionLimits) -> int:
     ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_PREFIX))
     (ipc_dir / PID_FILE).write_text(str(os.getpid()))
     try:
@@ -93,7 +106,7 @@ async def _serve(options: ServeOptions, sock: socket.socket) -> int:
                                    options.model_config.vocab_size)
         app = create_app(client, tokenizer, options.model_config.name, options.api_key,
                          options.engine_config)
-        runner = await serve_http(app, sock, options.engine_config.read_timeout_s)
+        runner = await serve_http(app, sock, limits)
         log.info("API listening on http://%s:%d", options.host, options.port)
         try:
             return await _until_stopped(app[STATE], core)
@@ -154,7 +167,7 @@ def _core_failure(client: EngineClient, core: multiprocessing.Process,
         return f"the engine core failed: {client.fatal}"
     if not core.is_alive():
         return f"the engine core exited with code {core.exitcode}"
-    silent = time.monotonic() - client.last_heard
+    silent = client.silent_s
     if client.is_ready and silent > stall_s:
         return f"the engine core has not answered for {silent:.0f} s (core_stall_s = {stall_s:g})"
     return None
