@@ -346,3 +346,17 @@ def test_a_temperature_too_small_to_divide_by_samples_greedily(temperature, gree
     rule) a request is greedy instead."""
     params = parse({"prompt": "hi", "temperature": temperature}).params
     assert (params.temperature == 0.0) == greedy
+
+
+def test_stream_events_encode_to_the_json_the_stdlib_reads():
+    """jsonenc.dumps (orjson where installed) writes what json.loads reads back unchanged,
+    non-ASCII text and -9999.0 logprobs included."""
+    import json
+
+    from resident.server import jsonenc
+
+    event = {"id": "cmpl-1", "choices": [{"index": 0, "text": "é 日本\n\"", "token_ids": [7],
+                                          "finish_reason": None,
+                                          "logprobs": {"token_logprobs": [-9999.0, -0.5]}}]}
+    encoded = jsonenc.dumps(event)
+    assert isinstance(encoded, bytes) and json.loads(encoded) == event

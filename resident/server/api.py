@@ -37,6 +37,7 @@ from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput, To
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
+from resident.server.jsonenc import dumps
 from resident.server.state import STATE, ApiState, ready_client
 from resident.server.tokenizer import Tokenizer
 from resident.server.validation import (
@@ -335,7 +336,7 @@ def completion_logprobs(tokens: list[int], logprobs: Sequence[TokenLogprobs],
 
 
 def _sse(event: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(event).encode() + b"\n\n"
+    return b"data: " + dumps(event) + b"\n\n"
 
 
 def _finish_error(output: RequestOutput) -> ApiError:
