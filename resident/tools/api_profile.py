@@ -1,9 +1,10 @@
-"""Where the API process's CPU goes per streamed token, on the CPU with the tiny model.
+"""Where the API process's CPU goes per streamed token (the tiny model on the CPU by default).
 
-    python -m resident.tools.api_profile [--concurrency 64] [--requests 128] [--output-len 128]
-        [--py-spy stacks.txt] [--top 25] [--set knob=value ...]
+    python -m resident.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
+        [--requests 128] [--output-len 128] [--py-spy stacks.txt] [--top 25]
+        [--set knob=value ...]
 
-Starts `resident serve tiny --device cpu`, drives it with the gate's load client
+Starts `resident serve MODEL --device DEVICE`, drives it with the gate's load client
 (gate/run/load.py: streamed completions at a fixed concurrency, ignore_eos, after a warm-up at
 the same concurrency), and reads the API process's CPU time (utime + stime, from /proc) before
 and after the measured requests: µs of API CPU per streamed token. With --py-spy (py-spy
@@ -32,7 +33,7 @@ import aiohttp
 from gate.run.load import LoadSpec, run_load, warm_up
 from resident.render import OutputFormat, render
 
-STARTUP_TIMEOUT_S = 180.0
+STARTUP_TIMEOUT_S = 900.0  # a CUDA server compiles and captures its graphs first
 PROMPT_LEN = 16
 
 
@@ -48,10 +49,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(port: int, knobs: list[str], log_path: Path) -> subprocess.Popen:
+def start_server(model: str, device: str, port: int, knobs: list[str],
+                 log_path: Path) -> subprocess.Popen:
     sets = [arg for knob in knobs for arg in ("--set", knob)]
     return subprocess.Popen(
-        [sys.executable, "-m", "resident", "serve", "tiny", "--device", "cpu", "--port",
+        [sys.executable, "-m", "resident", "serve", model, "--device", device, "--port",
          str(port), *sets], stdout=log_path.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -115,6 +117,8 @@ def top_functions(stacks: Path, us_per_token: float, top: int) -> list[dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(tempfile.gettempdir()) / f"resident-api-profile-{port}.log"
-    server = start_server(port, args.knobs, log_path)
+    server = start_server(args.model, args.device, port, args.knobs, log_path)
     try:
         asyncio.run(wait_ready(url, server))
         result = asyncio.run(measure(url, server.pid, spec, args.stacks))
