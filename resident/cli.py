@@ -17,6 +17,7 @@ from resident.config import (
     build_engine_config,
     env_name,
     model_yaml_knobs,
+    parse_cpu_list,
     parse_set_options,
 )
 from resident.info import model_facts
@@ -142,15 +143,18 @@ def serve(
         help="Require Authorization: Bearer <key>.")] = None,
     log_level: Annotated[str, typer.Option(
         "--log-level", metavar="LEVEL", help="DEBUG, INFO or WARNING.")] = "INFO",
+    api_processes: Annotated[int, typer.Option(
+        "--api-processes", metavar="INT", **_ranged(
+            "API processes on the port, {range}; 0: one a 128 max_num_seqs, at most one a 4 "
+            "CPUs (or an api_core CPU), at most 4.", 0, 64))] = 0,
     show_help: HelpOpt = False,
 ) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API (an API process and an engine core).
+    """Serve MODEL over an OpenAI-compatible HTTP API (API processes and an engine core).
 
     MODEL: a shipped config (tiny, qwen3.5-0.8b, ...), a YAML file,
     or a Hugging Face directory.
     """
-    from resident.server.serve import ServeOptions
-    from resident.server.serve import serve as run_server
+    from resident.server.api_processes import auto_api_processes, share_metrics
 
     config = _model_config(model)
     if api_key is not None and not api_key.strip():
@@ -165,8 +169,16 @@ def serve(
                                             ).resolve(config, device_type)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--set") from None
+    num_api = api_processes or auto_api_processes(
+        len(os.sched_getaffinity(0)), engine_config.max_num_seqs,
+        len(parse_cpu_list(engine_config.api_core, "api_core")))
+    if num_api > 1:
+        share_metrics()  # before anything imports prometheus_client
+    from resident.server.serve import ServeOptions
+    from resident.server.serve import serve as run_server
+
     options = ServeOptions(config, engine_config, device_type, host, port, api_key,
-                           log_level.upper())
+                           log_level.upper(), num_api)
     raise typer.Exit(run_server(options))
 
 

@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import json
 import os
+import re
 import resource
 import signal
 import socket
@@ -67,13 +68,12 @@ class Server:
         return self.log_path.read_text()
 
     def core_pid(self) -> int:
-        """The engine-core process: the server's child running the core (not the
-        multiprocessing resource tracker)."""
-        for child in children(self.process.pid):
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline:
-                return child
-        raise RuntimeError(f"no engine core under {self.process.pid}")
+        """The engine-core process, as the server logged it (with several API processes it is
+        not the server's only spawned child)."""
+        found = re.search(r"engine core started \(pid (\d+)\)", self.log())
+        if found is None:
+            raise RuntimeError(f"no engine core in the log of {self.process.pid}")
+        return int(found.group(1))
 
     def stop(self) -> None:
         self.process.terminate()

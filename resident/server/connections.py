@@ -122,11 +122,12 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
-def bind(host: str, port: int, backlog: int = 2048) -> socket.socket:
+def bind(host: str, port: int, backlog: int = 2048, reuse_port: bool = False) -> socket.socket:
     """The listening socket, bound now so that a port in use fails before anything starts;
-    OSError names the address."""
+    OSError names the address. `reuse_port`: SO_REUSEPORT, for several API processes on one
+    port (the kernel spreads new connections over them)."""
     try:
-        return socket.create_server((host, port), backlog=backlog)
+        return socket.create_server((host, port), backlog=backlog, reuse_port=reuse_port)
     except OSError as error:
         raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
 

@@ -1,13 +1,14 @@
 """Where the API process's CPU goes per streamed token (the tiny model on the CPU by default).
 
     python -m resident.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
-        [--requests 128] [--output-len 128] [--py-spy stacks.txt] [--top 25]
-        [--set knob=value ...]
+        [--requests 128] [--output-len 128] [--api-processes 1] [--py-spy stacks.txt]
+        [--top 25] [--set knob=value ...]
 
 Starts `resident serve MODEL --device DEVICE`, drives it with the gate's load client
 (gate/run/load.py: streamed completions at a fixed concurrency, ignore_eos, after a warm-up at
 the same concurrency), and reads the API process's CPU time (utime + stime, from /proc) before
-and after the measured requests: µs of API CPU per streamed token. With --py-spy (py-spy
+and after the measured requests: µs of API CPU per streamed token (all API processes together;
+`busiest_api_cores`: the busiest one's share of a core). With --py-spy (py-spy
 installed: `pip install py-spy`) py-spy samples the API process during the measured requests
 only (start-up and warm-up left out) into that file (collapsed stacks) and the tool prints the
 functions with the most own samples, as µs per token: their share of the samples times the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,12 +51,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(model: str, device: str, port: int, knobs: list[str],
+def start_server(model: str, device: str, port: int, knobs: list[str], api_processes: int,
                  log_path: Path) -> subprocess.Popen:
     sets = [arg for knob in knobs for arg in ("--set", knob)]
     return subprocess.Popen(
         [sys.executable, "-m", "resident", "serve", model, "--device", device, "--port",
-         str(port), *sets], stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+         str(port), "--api-processes", str(api_processes), *sets],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+
+
+def api_pids(server_pid: int, log_path: Path) -> list[int]:
+    """The API processes: the server's, then those it logged starting."""
+    found = re.findall(r"API process \d+ started \(pid (\d+)\)", log_path.read_text())
+    return [server_pid, *map(int, found)]
 
 
 async def wait_ready(url: str, server: subprocess.Popen) -> None:
@@ -73,7 +82,11 @@ async def wait_ready(url: str, server: subprocess.Popen) -> None:
     raise RuntimeError(f"the server was not ready in {STARTUP_TIMEOUT_S:g} s")
 
 
-async def measure(url: str, pid: int, spec: LoadSpec, stacks: Path | None) -> dict[str, Any]:
+async def measure(url: str, pids: list[int], spec: LoadSpec,
+                  stacks: Path | None) -> dict[str, Any]:
+    """Runs the load; the API processes' CPU over the measured requests (py-spy samples the
+    first)."""
+    pid = pids[0]
     await warm_up(url, spec)
     sampler = None
     if stacks is not None:
@@ -81,9 +94,10 @@ async def measure(url: str, pid: int, spec: LoadSpec, stacks: Path | None) -> di
                                     "--nonblocking", "--format", "raw", "--output", str(stacks)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1.0)  # py-spy attaches (--nonblocking: it never stops the process)
-    before = cpu_seconds(pid)
+    before = [cpu_seconds(p) for p in pids]
     result = await run_load(url, spec)
-    api_s = cpu_seconds(pid) - before
+    each_s = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    api_s = sum(each_s)
     if sampler is not None:
         sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
         sampler.wait(timeout=60)
@@ -94,7 +108,9 @@ async def measure(url: str, pid: int, spec: LoadSpec, stacks: Path | None) -> di
     return {"concurrency": spec.concurrency, "requests_ok": metrics.completed,
             "failed": metrics.failed, "tokens": tokens,
             "wall_s": metrics.duration, "tok_per_s": metrics.output_throughput,
-            "api_cpu_s": round(api_s, 3), "api_cores": round(api_s / metrics.duration, 3),
+            "api_processes": len(pids), "api_cpu_s": round(api_s, 3),
+            "api_cores": round(api_s / metrics.duration, 3),
+            "busiest_api_cores": round(max(each_s) / metrics.duration, 3),
             "api_us_per_token": round(api_s / tokens * 1e6, 2)}
 
 
@@ -119,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--api-processes", type=int, default=1,
+                        help="resident serve --api-processes (0: its default)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -137,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(tempfile.gettempdir()) / f"resident-api-profile-{port}.log"
-    server = start_server(args.model, args.device, port, args.knobs, log_path)
+    server = start_server(args.model, args.device, port, args.knobs, args.api_processes,
+                          log_path)
     try:
         asyncio.run(wait_ready(url, server))
-        result = asyncio.run(measure(url, server.pid, spec, args.stacks))
+        result = asyncio.run(measure(url, api_pids(server.pid, log_path), spec, args.stacks))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)

@@ -32,8 +32,9 @@
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
-#   api-profile  the API process's CPU µs per streamed token, 0.8B served at c=64 and c=256
-#             (resident.tools.api_profile; issue 35 asks <= 15 µs and <= 0.7 of a core)
+#   api-profile  the API processes' CPU µs per streamed token, 0.8B served at c=64 and c=256
+#             with one API process, and c=256 with two (resident.tools.api_profile; issue 35
+#             asks <= 15 µs a token and no process above 0.7 of a core)
 #   load-client  the gate's load client alone against the fake SSE server
 #             (resident.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), and unpaced
@@ -120,7 +121,10 @@ for part in "$@"; do
       run api-profile-c64 400 python3 -m resident.tools.api_profile --model qwen3.5-0.8b \
         --device cuda --concurrency 64 --requests 256 --output-len 256 --format json
       run api-profile-c256 400 python3 -m resident.tools.api_profile --model qwen3.5-0.8b \
-        --device cuda --concurrency 256 --requests 1024 --output-len 256 --format json ;;
+        --device cuda --concurrency 256 --requests 1024 --output-len 256 --format json
+      run api-profile-c256-x2 400 python3 -m resident.tools.api_profile \
+        --model qwen3.5-0.8b --device cuda --concurrency 256 --requests 1024 \
+        --output-len 256 --api-processes 2 --format json ;;
     load-client)
       run load-client-4x 200 python3 -m resident.tools.load_client_bench --concurrency 256 \
         --clients 4 --server-processes 8 --requests 2048 --output-len 256 --times 4 \
