@@ -115,7 +115,7 @@ def test_aborts_and_errors_on_either_process(server):
 def test_a_killed_api_process_fails_only_its_own_streams(server):
     """SIGKILL API process 1 mid-stream: its streams end (their connections close), process
     0's finish whole, the core aborts the dead process's requests (pages return) and the
-    server serves on. Last in this module: the server has one API process after it."""
+    server serves on, then exits 0 on SIGTERM. Last in this module: it stops the server."""
     body = {"prompt": PROMPT, "max_tokens": 60, "ignore_eos": True}
     pid = _api_process_pid(server)
 
@@ -142,6 +142,8 @@ def test_a_killed_api_process_fails_only_its_own_streams(server):
     assert server.process.poll() is None
     log = server.log()
     assert "API process 1 exited with code -9" in log
+    server.process.send_signal(signal.SIGTERM)  # the one left drains and the server exits 0
+    assert server.process.wait(timeout=30) == 0
     gone = re.search(r"API process 1 is gone: aborted its (\d+) requests", log)
     # at most the cut ones (one may have finished in the core before it heard), and none of
     # the earlier tests' aborted requests (aborts leave no owner behind)
