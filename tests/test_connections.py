@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
+import logging
 import os
 import resource
 import signal
@@ -18,6 +20,7 @@ import time
 
 import pytest
 
+from resident.server.connections import quiet_accept_errors
 from tests.server_fixture import ROOT, Server, get, metrics, run
 
 FD_LIMIT = 256
@@ -187,3 +190,24 @@ def _wait_for(read, done, within_s: float):
             assert done(value), value
             return value
         time.sleep(0.2)
+
+
+def test_accept_errors_cost_a_log_line_a_second(caplog):
+    """A flood of out-of-descriptor accept errors (asyncio pauses accepting a second after
+    each) logs one line, naming the error, not a traceback each; other loop errors still
+    reach the default handler."""
+    loop = asyncio.new_event_loop()
+    try:
+        quiet_accept_errors(loop)
+        handler = loop.get_exception_handler()
+        with caplog.at_level(logging.INFO):
+            for _ in range(1000):
+                handler(loop, {"message": "socket.accept() out of system resource",
+                               "exception": OSError(errno.EMFILE, "Too many open files")})
+            handler(loop, {"message": "something else", "exception": ValueError("x")})
+    finally:
+        loop.close()
+    accept_lines = [r for r in caplog.records if "accepting a connection failed" in r.message]
+    assert len(accept_lines) == 1 and "EMFILE" in accept_lines[0].message
+    assert accept_lines[0].exc_info is None
+    assert any("something else" in r.message for r in caplog.records)
