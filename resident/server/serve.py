@@ -1,15 +1,16 @@
-"""`resident serve`: the API process, which spawns the engine-core process and serves HTTP.
+"""`resident serve`: the first API process, which spawns the engine-core process (and, with
+`--api-processes N`, N-1 more API processes on the same port: api_processes.py) and serves HTTP.
 
-The API process never imports torch (`--device auto` asks it which device there is, once).
-Before anything starts it binds the port (a port in use is one clear error) and removes IPC
-directories that killed servers left behind. It then spawns the core, answers /health with 503
-until the core says Ready, and watches it:
+The API processes never import torch (`--device auto` asks it which device there is, once).
+Before anything starts the first binds the port (a port in use is one clear error) and removes
+IPC directories that killed servers left behind. It then spawns the core, answers /health with
+503 until the core says Ready, and watches it (each API process does, for its own requests):
 
 - the core exits, or sends Fatal: every request in flight ends with an error (an SSE error
   event and [DONE], or a 503), /health says "failed", and `serve` exits 1 (a supervisor
   restarts it);
 - the core sends nothing for `core_stall_s` (stuck: stopped, deadlocked): the same, and the core
-  is killed;
+  is killed (from `health_stall_s` on, /health already says "stalled");
 - SIGTERM or SIGINT: intake stops at once (new completions get 503, /health says "draining"),
   requests in flight drain for up to `shutdown_grace_s`, the rest are aborted (finish_reason
   `abort`, "the server is shutting down"), and `serve` exits 0. Each step is logged.
