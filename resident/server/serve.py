@@ -33,6 +33,7 @@ from pathlib import Path
 
 from resident.config import EngineConfig, parse_cpu_list
 from resident.model.config import ModelConfig
+from resident.server import jsonenc
 from resident.server.api import SHUTTING_DOWN, create_app
 from resident.server.api_processes import METRICS_DIR_ENV, ApiProcesses
 from resident.server.client import EngineClient
@@ -135,8 +136,8 @@ async def serve_api(options: ServeOptions, sock: socket.socket, limits: Connecti
     app = create_app(client, tokenizer, options.model_config.name, options.api_key,
                      options.engine_config)
     runner = await serve_http(app, sock, limits)
-    log.info("API process %d (pid %d) listening on http://%s:%d", api_index, os.getpid(),
-             options.host, options.port)
+    log.info("API process %d (pid %d) listening on http://%s:%d (stream events: %s)",
+             api_index, os.getpid(), options.host, options.port, jsonenc.ENCODER)
     try:
         return await _until_stopped(app[STATE], core, others)
     finally:
