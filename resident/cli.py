@@ -17,6 +17,7 @@ from resident.config import (
     build_engine_config,
     env_name,
     model_yaml_knobs,
+    parse_cpu_list,
     parse_set_options,
 )
 from resident.info import model_facts
@@ -142,15 +143,18 @@ def serve(
         help="Require Authorization: Bearer <key>.")] = None,
     log_level: Annotated[str, typer.Option(
         "--log-level", metavar="LEVEL", help="DEBUG, INFO or WARNING.")] = "INFO",
+    api_processes: Annotated[int, typer.Option(
+        "--api-processes", metavar="INT", **_ranged(
+            "API processes on the port, {range}; 0: one a 128 max_num_seqs, at most one a 4 "
+            "CPUs (or an api_core CPU), at most 4.", 0, 64))] = 0,
     show_help: HelpOpt = False,
 ) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API (an API process and an engine core).
+    """Serve MODEL over an OpenAI-compatible HTTP API (API processes and an engine core).
 
     MODEL: a shipped config (tiny, qwen3.5-0.8b, ...), a YAML file,
     or a Hugging Face directory.
     """
-    from resident.server.serve import ServeOptions
-    from resident.server.serve import serve as run_server
+    from resident.server.api_processes import auto_api_processes, share_metrics
 
     config = _model_config(model)
     if api_key is not None and not api_key.strip():
@@ -165,8 +169,16 @@ def serve(
                                             ).resolve(config, device_type)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--set") from None
+    num_api = api_processes or auto_api_processes(
+        len(os.sched_getaffinity(0)), engine_config.max_num_seqs,
+        len(parse_cpu_list(engine_config.api_core, "api_core")))
+    if num_api > 1:
+        share_metrics()  # before anything imports prometheus_client
+    from resident.server.serve import ServeOptions
+    from resident.server.serve import serve as run_server
+
     options = ServeOptions(config, engine_config, device_type, host, port, api_key,
-                           log_level.upper())
+                           log_level.upper(), num_api)
     raise typer.Exit(run_server(options))
 
 
@@ -205,6 +217,11 @@ KNOB_MEANINGS = {
     "read_timeout_s": "seconds a request's headers, then its body, may take to arrive",
     "shutdown_grace_s": "seconds in-flight requests get to finish after SIGTERM",
     "core_stall_s": "seconds the engine core may stay silent before the server fails and exits",
+    "health_stall_s": "seconds the engine core may stay silent before /health says stalled",
+    "max_connections": "connections open at once; 0: the descriptor limit less 64",
+    "keepalive_timeout_s": "seconds a connection may idle after a response before it is closed",
+    "send_stall_s": "seconds a client may leave its stream unread before it is dropped",
+    "send_buffer_kib": "a connection's kernel send buffer and the API's buffer above it, KiB",
     "profile_dir": "where POST /debug/profile writes traces; empty: <tmp>/resident-profiles",
 }
 _KNOB_TYPES = {"int": "integer", "float": "number", "str": "text",

@@ -103,6 +103,17 @@ class EngineConfig:
     read_timeout_s: float = 10.0  # a request's headers, and then its body, arrive within it
     shutdown_grace_s: float = 5.0  # on SIGTERM in-flight requests drain this long, then abort
     core_stall_s: float = 60.0  # the core silent this long (dead or stuck): fail and exit
+    # the core silent this long: /health answers 503 "stalled" (it may recover; the exit still
+    # waits for core_stall_s, which caps this)
+    health_stall_s: float = 5.0
+    # the listener (server/connections.py): connections open at once; 0: the descriptor limit
+    # less 64, up to 16384 (checked against the limit at start)
+    max_connections: int = 0
+    keepalive_timeout_s: float = 5.0  # a connection idle this long after a response is closed
+    send_stall_s: float = 30.0  # a stream its client leaves unread this long: dropped, aborted
+    # a connection's kernel send buffer (SO_SNDBUF) and the API's own buffer above it: small, so
+    # a client that stops reading fills them within seconds and send_stall_s can see it
+    send_buffer_kib: int = 64
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
 
     def __post_init__(self) -> None:
@@ -110,14 +121,16 @@ class EngineConfig:
             if getattr(self, knob) not in choices:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
-        for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows"):
+        for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
+                     "send_buffer_kib"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",
-                     "request_timeout_s"):
+                     "request_timeout_s", "max_connections"):
             if getattr(self, knob) < 0:
                 raise ValueError(f"knob {knob}: must be >= 0, got {getattr(self, knob)}")
-        for knob in ("max_body_mib", "read_timeout_s", "shutdown_grace_s", "core_stall_s"):
+        for knob in ("max_body_mib", "read_timeout_s", "shutdown_grace_s", "core_stall_s",
+                     "health_stall_s", "keepalive_timeout_s", "send_stall_s"):
             if not getattr(self, knob) > 0:
                 raise ValueError(f"knob {knob}: must be > 0, got {getattr(self, knob)}")
         if self.page_size & (self.page_size - 1):

@@ -6,6 +6,8 @@ import asyncio
 import ctypes
 import json
 import os
+import re
+import resource
 import signal
 import socket
 import subprocess
@@ -31,7 +33,8 @@ class Server:
     """Starts `python -m resident serve MODEL --device DEVICE` and waits for /health."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, model: str = "tiny",
-                 device: str = "cpu"):
+                 device: str = "cpu", fd_limit: int | None = None):
+        """`fd_limit`: the server's RLIMIT_NOFILE (soft and hard), for tests of its limits."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
@@ -42,7 +45,7 @@ class Server:
             [sys.executable, "-m", "resident", "serve", model, "--device", device,
              "--port", str(self.port), *args],
             env=child_env, stdout=self._log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_pytest,
+            preexec_fn=_die_with_pytest if fd_limit is None else lambda: _limited(fd_limit),
         )
 
     def wait_ready(self, headers: dict[str, str] | None = None,
@@ -66,13 +69,12 @@ class Server:
         return self.log_path.read_text()
 
     def core_pid(self) -> int:
-        """The engine-core process: the server's child running the core (not the
-        multiprocessing resource tracker)."""
-        for child in children(self.process.pid):
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline:
-                return child
-        raise RuntimeError(f"no engine core under {self.process.pid}")
+        """The engine-core process, as the server logged it (with several API processes it is
+        not the server's only spawned child)."""
+        found = re.search(r"engine core started \(pid (\d+)\)", self.log())
+        if found is None:
+            raise RuntimeError(f"no engine core in the log of {self.process.pid}")
+        return int(found.group(1))
 
     def stop(self) -> None:
         self.process.terminate()
@@ -100,6 +102,11 @@ def _die_with_pytest() -> None:
     """A server outlives nothing: SIGTERM when the test process dies (prctl PDEATHSIG), so a
     killed test run leaves no server behind."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _limited(fd_limit: int) -> None:
+    _die_with_pytest()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
 
 
 def run(coro):

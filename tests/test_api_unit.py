@@ -355,3 +355,27 @@ def test_a_temperature_too_small_to_divide_by_samples_greedily(temperature, gree
     rule) a request is greedy instead."""
     params = parse({"prompt": "hi", "temperature": temperature}).params
     assert (params.temperature == 0.0) == greedy
+
+
+def test_stream_events_encode_to_the_json_the_stdlib_reads():
+    """jsonenc.dumps (orjson where installed) writes what json.loads reads back unchanged,
+    non-ASCII text and -9999.0 logprobs included."""
+    import json
+
+    from resident.server import jsonenc
+
+    event = {"id": "cmpl-1", "choices": [{"index": 0, "text": "é 日本\n\"", "token_ids": [7],
+                                          "finish_reason": None,
+                                          "logprobs": {"token_logprobs": [-9999.0, -0.5]}}]}
+    encoded = jsonenc.dumps(event)
+    assert isinstance(encoded, bytes) and json.loads(encoded) == event
+
+
+def test_auto_api_processes_follow_the_load_and_the_cpus():
+    from resident.server.api_processes import auto_api_processes
+
+    assert auto_api_processes(2, 256) == 1  # a 2-CPU host: one
+    assert auto_api_processes(16, 256) == 2  # one per 128 sequences
+    assert auto_api_processes(64, 1024) == 4  # at most 4
+    assert auto_api_processes(64, 1024, num_api_cpus=1) == 1  # api_core: one per API CPU
+    assert auto_api_processes(64, 64) == 1

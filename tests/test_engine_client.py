@@ -51,7 +51,8 @@ def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
             addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
             client = EngineClient(*addrs)
             core = multiprocessing.get_context("spawn").Process(
-                target=run_engine_core, args=(model, config, "cpu", *addrs), daemon=True)
+                target=run_engine_core, args=(model, config, "cpu", [addrs[0]], [addrs[1]]),
+                daemon=True)
             core.start()
             client.start()
             try:

@@ -43,6 +43,7 @@ from resident.server.choices import Choice
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
+from resident.server.jsonenc import dumps
 from resident.server.responses import ChatFormat, TextFormat
 from resident.server.state import STATE, ApiState, ready_client
 from resident.server.tokenizer import Tokenizer
@@ -105,8 +106,9 @@ async def _count_requests(request: web.Request, handler) -> web.StreamResponse:
 
 
 async def _health(request: web.Request) -> web.Response:
-    """200 {"status": "ok"} while serving; 503 with "starting", "draining" (SIGTERM) or
-    "failed" (the engine core is dead or stuck: the server is about to exit)."""
+    """200 {"status": "ok"} while serving; 503 with "starting", "draining" (SIGTERM),
+    "stalled" (the engine core has been silent for health_stall_s: it may recover) or "failed"
+    (the engine core is dead or stuck: the server is about to exit)."""
     state = request.app[STATE]
     if state.client.fatal is not None:
         return web.json_response({"status": "failed", "error": state.client.fatal}, status=503)
@@ -114,6 +116,10 @@ async def _health(request: web.Request) -> web.Response:
         return web.json_response({"status": "starting"}, status=503)
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
+    silent_s = state.client.silent_s
+    if silent_s > min(state.limits.health_stall_s, state.limits.core_stall_s):
+        return web.json_response({"status": "stalled", "silent_s": round(silent_s, 1)},
+                                 status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -369,7 +375,7 @@ def _choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 
 def _sse(event: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(event).encode() + b"\n\n"
+    return b"data: " + dumps(event) + b"\n\n"
 
 
 def _finish_error(output: RequestOutput) -> ApiError:

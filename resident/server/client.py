@@ -1,6 +1,7 @@
-"""EngineClient: the API process's asyncio handle on the engine core.
+"""EngineClient: an API process's asyncio handle on the engine core.
 
-The API process binds both IPC pipes and the core connects, so the core may start (and fail)
+Each API process (`api_index`, 0 for the first: the one that spawned the core) binds its two
+IPC pipes and the core connects, so the core may start (and fail)
 after the API is listening. One reader task routes core messages: a request's outputs to its
 stream, stats replies to their waiters, Ready and Fatal to whoever waits on startup. Every message
 (Heartbeat included) stamps `last_heard`, so serve.py can tell a stuck or dead core from a quiet
@@ -24,6 +25,7 @@ from resident.engine.types import FINISH_ABORT, FINISH_ERROR, EngineRequest, Req
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
+    ApiGone,
     Fatal,
     ProfileQuery,
     Ready,
@@ -42,7 +44,8 @@ class EngineUnavailable(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, request_addr: str, output_addr: str) -> None:
+    def __init__(self, request_addr: str, output_addr: str, api_index: int = 0) -> None:
+        self.api_index = api_index
         self._context = zmq.asyncio.Context()
         self._requests = self._context.socket(zmq.PUSH)
         self._requests.bind(request_addr)
@@ -61,6 +64,11 @@ class EngineClient:
     def num_streams(self) -> int:
         """Requests in flight: submitted and not finished."""
         return len(self._streams)
+
+    @property
+    def silent_s(self) -> float:
+        """Seconds since the core's last message (it sends one at least every second)."""
+        return time.monotonic() - self.last_heard
 
     @property
     def is_ready(self) -> bool:
@@ -86,7 +94,7 @@ class EngineClient:
         self._streams[request.request_id] = queue
         finished = False
         try:
-            await self._requests.send_pyobj(AddRequest(request))
+            await self._requests.send_pyobj(AddRequest(request, self.api_index))
             while not finished:
                 outputs = [await queue.get()]
                 while not outputs[-1].finished and not queue.empty():
@@ -100,13 +108,15 @@ class EngineClient:
 
     async def stats(self, timeout: float = 10.0, section: str = "stats") -> dict[str, Any]:
         """The core's answer to a StatsQuery of that section (protocol.StatsQuery)."""
-        return await self._query(lambda nonce: StatsQuery(nonce, section), timeout)
+        return await self._query(lambda nonce: StatsQuery(nonce, section, self.api_index),
+                                 timeout)
 
     async def profile(self, steps: int, seconds: float, tool: str) -> dict[str, Any]:
         """Opens a profile window in the core; its answer once the window closes (writing and
         summarizing the trace may take a while after it)."""
-        return await self._query(lambda nonce: ProfileQuery(nonce, steps, seconds, tool),
-                                 seconds + PROFILE_EXPORT_S)
+        return await self._query(
+            lambda nonce: ProfileQuery(nonce, steps, seconds, tool, self.api_index),
+            seconds + PROFILE_EXPORT_S)
 
     async def _query(self, message, timeout: float) -> dict[str, Any]:
         """Sends message(nonce) and waits for the StatsReply carrying that nonce."""
@@ -121,8 +131,15 @@ class EngineClient:
         finally:
             self._stats_waiters.pop(nonce, None)
 
+    async def api_gone(self, api_index: int) -> None:
+        """Tells the core another API process died (its requests are aborted)."""
+        with contextlib.suppress(zmq.ZMQError):
+            await self._requests.send_pyobj(ApiGone(api_index), flags=zmq.NOBLOCK)
+
     async def close(self) -> None:
-        if self.fatal is None:
+        """Stops routing and closes the pipes; the first API process (api_index 0, whose
+        child the core is) also tells the core to exit."""
+        if self.fatal is None and self.api_index == 0:
             with contextlib.suppress(zmq.ZMQError):
                 await self._requests.send_pyobj(Shutdown(), flags=zmq.NOBLOCK)
         if self._reader:

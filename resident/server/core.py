@@ -1,9 +1,10 @@
 """The engine-core process: owns the device, steps the engine, streams outputs to the API.
 
-It connects to the two pipes the API process bound, builds the engine, sends Ready, then loops:
-drain requests (blocking briefly only when idle), run one step, send that step's outputs, and at
-least every HEARTBEAT_S a message of some kind, so the API can tell a stuck or dead core from a
-quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each
+It connects to the two pipes each API process bound, builds the engine, sends Ready to each,
+then loops: drain requests (blocking briefly only when idle), run one step, send that step's
+outputs (one message an API process, its own requests' outputs: routing.py), and to each API
+process at least every HEARTBEAT_S a message of some kind, so it can tell a stuck or dead core
+from a quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each
 loop that runs a step is timed from its intake to its outputs sent (engine/phases.py); the idle
 wait is outside it. A profile window (POST /debug/profile, profile_window.py) marks the same
 loops.
@@ -21,7 +22,7 @@ import ctypes
 import logging
 import os
 import signal
-import time
+from collections.abc import Sequence
 
 import zmq
 
@@ -33,15 +34,15 @@ from resident.server.profile_window import ProfileWindows, profile_dir
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
+    ApiGone,
     Fatal,
-    Heartbeat,
     ProfileQuery,
     Ready,
     Shutdown,
     StatsQuery,
     StatsReply,
-    StepOutputs,
 )
+from resident.server.routing import OutputRouter
 
 log = logging.getLogger("resident.core")
 IDLE_POLL_MS = 50
@@ -49,28 +50,30 @@ HEARTBEAT_S = 1.0
 
 
 def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str,
-                    request_addr: str, output_addr: str, log_level: str = "INFO") -> None:
+                    request_addrs: Sequence[str], output_addrs: Sequence[str],
+                    log_level: str = "INFO") -> None:
     """Process entry point (spawned by `resident serve`): `config` resolved for `device`
-    (cpu or cuda) by the CLI."""
+    (cpu or cuda) by the CLI; one request and one output address per API process, in its
+    api_index order."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     context = zmq.Context()
-    requests = context.socket(zmq.PULL)
-    requests.connect(request_addr)
-    outputs = context.socket(zmq.PUSH)
-    outputs.connect(output_addr)
+    requests = context.socket(zmq.PULL)  # fair-queued over every API process
+    for addr in request_addrs:
+        requests.connect(addr)
+    outputs = OutputRouter(context, output_addrs, HEARTBEAT_S)
     try:
         engine = _build_engine(model_config, config, device, StartupTimes())
         log.info("%s", engine.startup.line())
-        outputs.send_pyobj(Ready(engine.info()))
+        outputs.broadcast(Ready(engine.info()))
         _serve(engine, requests, outputs, parent=parent)
     except Exception as error:  # noqa: BLE001 - the API process must learn why, whatever it was
         log.exception("engine core failed")
-        outputs.send_pyobj(Fatal(f"{type(error).__name__}: {error}"))
+        outputs.broadcast(Fatal(f"{type(error).__name__}: {error}"))
     finally:
         requests.close(linger=0)
-        outputs.close(linger=1000)
+        outputs.close(linger_ms=1000)
         context.term()
 
 
@@ -130,18 +133,16 @@ def torch_threads(config: EngineConfig, device_type: str, allowed: list[int]) ->
     return max(1, len(free) - (0 if api else 1))
 
 
-def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> None:
+def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int) -> None:
     phases = engine.phases
     profiling = ProfileWindows(profile_dir(engine.config.profile_dir), engine.device.type)
-    last_sent = time.monotonic()
     while os.getppid() == parent:
         pending: list[RequestOutput] = []
-        if time.monotonic() - last_sent >= HEARTBEAT_S:
-            outputs.send_pyobj(Heartbeat())
-            last_sent = time.monotonic()
+        outputs.heartbeat()
         closed = profiling.poll()
         if closed is not None:
-            outputs.send_pyobj(StatsReply(*closed))
+            query, answer = closed
+            outputs.send(query.api_index, StatsReply(query.nonce, answer))
         if not engine.has_work() and not requests.poll(IDLE_POLL_MS):
             continue  # idle: waited outside any timed step
         phases.open()  # a step is timed from this intake to its outputs sent
@@ -155,29 +156,37 @@ def _serve(engine, requests: zmq.Socket, outputs: zmq.Socket, parent: int) -> No
             pending.extend(engine.step())
             kind = engine.last_step_kind
         if pending:
-            outputs.send_pyobj(StepOutputs(pending))
-            last_sent = time.monotonic()
+            outputs.send_outputs(pending)
         phases.lap("outputs")
         profiling.close_step(kind)
         phases.close()
     log.warning("the API process is gone; engine core exits")
 
 
-def _handle(engine, message, pending: list[RequestOutput], outputs: zmq.Socket,
+def _handle(engine, message, pending: list[RequestOutput], outputs: OutputRouter,
             profiling: ProfileWindows) -> bool:
-    """One message from the API process; False on Shutdown."""
+    """One message from an API process; False on Shutdown."""
     if isinstance(message, AddRequest):
+        outputs.own(message.request.request_id, message.api_index)
         failed = _add(engine, message)
         if failed is not None:
             pending.append(failed)
     elif isinstance(message, AbortRequest):
         engine.abort(message.request_id)
+        outputs.disown(message.request_id)
     elif isinstance(message, StatsQuery):
-        outputs.send_pyobj(StatsReply(message.nonce, _answer(engine, message.section)))
+        outputs.send(message.api_index,
+                     StatsReply(message.nonce, _answer(engine, message.section)))
     elif isinstance(message, ProfileQuery):
         refused = profiling.request(message)
         if refused is not None:
-            outputs.send_pyobj(StatsReply(message.nonce, refused))
+            outputs.send(message.api_index, StatsReply(message.nonce, refused))
+    elif isinstance(message, ApiGone):
+        owned = outputs.gone(message.api_index)
+        for request_id in owned:
+            engine.abort(request_id)
+        log.warning("API process %d is gone: aborted its %d requests; %d API processes left",
+                    message.api_index, len(owned), outputs.num_live)
     elif isinstance(message, Shutdown):
         return False
     return True
@@ -204,7 +213,7 @@ def _answer(engine, section: str) -> dict:
     return report
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Asks Linux to SIGTERM this process when its parent dies (prctl PR_SET_PDEATHSIG): a core
     whose server was SIGKILLed must not keep the device while it builds or steps (the loop also
     checks its parent; this covers the time outside it). A no-op elsewhere."""

@@ -71,13 +71,13 @@ class ProfileWindows:
         if self._window is not None:
             self._window.close_step(kind)
 
-    def poll(self) -> tuple[int, dict[str, Any]] | None:
-        """(nonce, answer) of a window that has just closed, or None."""
+    def poll(self) -> tuple[ProfileQuery, dict[str, Any]] | None:
+        """(query, answer) of a window that has just closed, or None."""
         window = self._window
         if window is None or not window.done:
             return None
         self._window = None
-        return window.query.nonce, window.finish()
+        return window.query, window.finish()
 
 
 class _Window:

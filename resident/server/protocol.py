@@ -1,8 +1,11 @@
-"""Messages between the API process and the engine-core process.
+"""Messages between the API processes and the engine-core process.
 
-Two ZMQ PUSH/PULL pipes over IPC carry pickled dataclasses: requests go API -> core, outputs and
-replies go core -> API. The engine's own types (engine/types.py: EngineRequest, RequestOutput)
-travel inside them. Nothing here imports torch: the API process never touches torch state.
+Each API process has two ZMQ PUSH/PULL pipes over IPC to the core, carrying pickled
+dataclasses: requests go API -> core, outputs and replies go core -> API. A message that wants
+an answer names its API process (`api_index`, 0 for the first): the core answers it, and a
+request's outputs go to the process that added it (routing.py). The engine's own types
+(engine/types.py: EngineRequest, RequestOutput) travel inside them. Nothing here imports torch:
+the API processes never touch torch state.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ from typing import Any
 
 from resident.engine.types import EngineRequest, RequestOutput
 
+IPC_PREFIX = "resident-ipc-"  # a server's IPC directories under the temp dir
+PID_FILE = "serve.pid"  # in each: the server's pid (stale ones are removed: serve.py)
+
 # -- API -> core ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class AddRequest:
     request: EngineRequest
+    api_index: int = 0  # the API process whose stream gets its outputs
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class StatsQuery:
 
     nonce: int
     section: str = "stats"  # stats | phases | phases_reset
+    api_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,15 @@ class ProfileQuery:
     steps: int
     seconds: float
     tool: str = "torch"
+    api_index: int = 0
+
+
+@dataclass(frozen=True)
+class ApiGone:
+    """Sent by the first API process when another one died: the core aborts that process's
+    requests and sends it nothing more."""
+
+    api_index: int
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@ registry and the in-flight count (serve.py reads it to drain and to fail in-flig
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from resident.config import EngineConfig
 from resident.server.chat_template import ChatTemplate
@@ -34,8 +36,14 @@ class ApiState:
 
     def __post_init__(self) -> None:
         self.registry.register(self.engine_metrics)
+        # several API processes (api_processes.py): each counts into the shared directory and
+        # a scrape of any of them sums all (the counter itself then stays unregistered)
+        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         self.http_requests = Counter("resident_http_requests", "HTTP requests answered.",
-                                     ["route", "code"], registry=self.registry)
+                                     ["route", "code"],
+                                     registry=None if shared else self.registry)
+        if shared:
+            MultiProcessCollector(self.registry, path=shared)
 
     @property
     def max_in_flight(self) -> int:

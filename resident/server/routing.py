@@ -1,0 +1,86 @@
+"""The engine core's side of its API processes: one output pipe each, and which process owns
+each request, so a step's outputs go out as one message a process (its streams' outputs only).
+
+A process that died (ApiGone) gets nothing more and its requests are returned for aborting.
+Every live process hears from the core at least every `heartbeat_s` (serve.py tells a stuck
+core from a quiet one by it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import zmq
+
+from resident.engine.types import RequestOutput
+from resident.server.protocol import Heartbeat, StepOutputs
+
+
+class OutputRouter:
+    def __init__(self, context: zmq.Context, output_addrs: Sequence[str],
+                 heartbeat_s: float) -> None:
+        self._sockets: list[zmq.Socket | None] = []
+        for addr in output_addrs:
+            socket = context.socket(zmq.PUSH)
+            socket.connect(addr)
+            self._sockets.append(socket)
+        self._owners: dict[str, int] = {}  # request id -> API index
+        self._last_sent = [time.monotonic()] * len(output_addrs)
+        self._heartbeat_s = heartbeat_s
+
+    @property
+    def num_live(self) -> int:
+        return sum(socket is not None for socket in self._sockets)
+
+    def own(self, request_id: str, api_index: int) -> None:
+        self._owners[request_id] = api_index
+
+    def disown(self, request_id: str) -> None:
+        """An aborted request: the engine sends no output for it."""
+        self._owners.pop(request_id, None)
+
+    def send(self, api_index: int, message) -> None:
+        """`message` to one API process (nothing if it is gone or unknown)."""
+        socket = self._sockets[api_index] if 0 <= api_index < len(self._sockets) else None
+        if socket is not None:
+            socket.send_pyobj(message)
+            self._last_sent[api_index] = time.monotonic()
+
+    def broadcast(self, message) -> None:
+        for api_index in range(len(self._sockets)):
+            self.send(api_index, message)
+
+    def send_outputs(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs: one StepOutputs to each process that owns any of them."""
+        by_owner: dict[int, list[RequestOutput]] = {}
+        for output in outputs:
+            owner = (self._owners.pop(output.request_id, None) if output.finished
+                     else self._owners.get(output.request_id))
+            if owner is not None:  # None: its process is gone
+                by_owner.setdefault(owner, []).append(output)
+        for api_index, owned in by_owner.items():
+            self.send(api_index, StepOutputs(owned))
+
+    def heartbeat(self) -> None:
+        """A Heartbeat to each live process that has heard nothing for heartbeat_s."""
+        now = time.monotonic()
+        for api_index, last in enumerate(self._last_sent):
+            if now - last >= self._heartbeat_s:
+                self.send(api_index, Heartbeat())
+
+    def gone(self, api_index: int) -> list[str]:
+        """Forgets a dead API process; returns the requests it owned (to abort)."""
+        if not 0 <= api_index < len(self._sockets) or self._sockets[api_index] is None:
+            return []
+        self._sockets[api_index].close(linger=0)
+        self._sockets[api_index] = None
+        owned = [rid for rid, owner in self._owners.items() if owner == api_index]
+        for request_id in owned:
+            del self._owners[request_id]
+        return owned
+
+    def close(self, linger_ms: int) -> None:
+        for socket in self._sockets:
+            if socket is not None:
+                socket.close(linger=linger_ms)

@@ -1,0 +1,176 @@
+"""Where the API process's CPU goes per streamed token (the tiny model on the CPU by default).
+
+    python -m resident.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
+        [--requests 128] [--output-len 128] [--api-processes 1] [--py-spy stacks.txt]
+        [--top 25] [--set knob=value ...]
+
+Starts `resident serve MODEL --device DEVICE`, drives it with the gate's load client
+(gate/run/load.py: streamed completions at a fixed concurrency, ignore_eos, after a warm-up at
+the same concurrency), and reads the API process's CPU time (utime + stime, from /proc) before
+and after the measured requests: µs of API CPU per streamed token (all API processes together;
+`busiest_api_cores`: the busiest one's share of a core). With --py-spy (py-spy
+installed: `pip install py-spy`) py-spy samples the API process during the measured requests
+only (start-up and warm-up left out) into that file (collapsed stacks) and the tool prints the
+functions with the most own samples, as µs per token: their share of the samples times the
+measured µs per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gate.run.load import LoadSpec, run_load, warm_up
+from resident.render import OutputFormat, render
+
+STARTUP_TIMEOUT_S = 900.0  # a CUDA server compiles and captures its graphs first
+PROMPT_LEN = 16
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU seconds so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(model: str, device: str, port: int, knobs: list[str], api_processes: int,
+                 log_path: Path) -> subprocess.Popen:
+    sets = [arg for knob in knobs for arg in ("--set", knob)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "resident", "serve", model, "--device", device, "--port",
+         str(port), "--api-processes", str(api_processes), *sets],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+
+
+def api_pids(server_pid: int, log_path: Path) -> list[int]:
+    """The API processes: the server's, then those it logged starting."""
+    found = re.findall(r"API process \d+ started \(pid (\d+)\)", log_path.read_text())
+    return [server_pid, *map(int, found)]
+
+
+async def wait_ready(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited {server.returncode} before it was ready")
+            try:
+                async with session.get(url + "/health") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.3)
+    raise RuntimeError(f"the server was not ready in {STARTUP_TIMEOUT_S:g} s")
+
+
+async def measure(url: str, pids: list[int], spec: LoadSpec,
+                  stacks: Path | None) -> dict[str, Any]:
+    """Runs the load; the API processes' CPU over the measured requests (py-spy samples the
+    first)."""
+    pid = pids[0]
+    await warm_up(url, spec)
+    sampler = None
+    if stacks is not None:
+        sampler = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "500",
+                                    "--nonblocking", "--format", "raw", "--output", str(stacks)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await asyncio.sleep(1.0)  # py-spy attaches (--nonblocking: it never stops the process)
+    before = [cpu_seconds(p) for p in pids]
+    result = await run_load(url, spec)
+    each_s = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    api_s = sum(each_s)
+    if sampler is not None:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        sampler.wait(timeout=60)
+    metrics = result.metrics
+    tokens = metrics.total_output_tokens
+    if not tokens:
+        raise RuntimeError(f"no tokens streamed: {result.errors}")
+    return {"concurrency": spec.concurrency, "requests_ok": metrics.completed,
+            "failed": metrics.failed, "tokens": tokens,
+            "wall_s": metrics.duration, "tok_per_s": metrics.output_throughput,
+            "api_processes": len(pids), "api_cpu_s": round(api_s, 3),
+            "api_cores": round(api_s / metrics.duration, 3),
+            "busiest_api_cores": round(max(each_s) / metrics.duration, 3),
+            "api_us_per_token": round(api_s / tokens * 1e6, 2)}
+
+
+def top_functions(stacks: Path, us_per_token: float, top: int) -> list[dict[str, Any]]:
+    """The `top` functions by own samples in py-spy's collapsed stacks ("frame;frame count"
+    lines), each as its share of all samples and that share of `us_per_token`."""
+    own: dict[str, int] = {}
+    for line in stacks.read_text().splitlines():
+        frames, _, count = line.rpartition(" ")
+        if frames and count.isdigit():
+            name, _, where = frames.rsplit(";", 1)[-1].partition(" (")
+            leaf = f"{name} ({where.rsplit(':', 1)[0]})"  # the function, its lines together
+            own[leaf] = own.get(leaf, 0) + int(count)
+    total = sum(own.values()) or 1
+    rows = [{"function": leaf, "share": round(n / total, 4),
+             "own_us_per_token": round(n / total * us_per_token, 2)}
+            for leaf, n in sorted(own.items(), key=lambda item: -item[1])[:top]]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--api-processes", type=int, default=1,
+                        help="resident serve --api-processes (0: its default)")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--py-spy", dest="stacks", type=Path, default=None,
+                        help="sample the API process with py-spy into this file; print its top")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--set", dest="knobs", action="append", default=[],
+                        help="an engine knob for the server, knob=value")
+    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    args = parser.parse_args(argv)
+    for name in ("concurrency", "requests", "output_len", "top"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    spec = LoadSpec(args.concurrency, args.requests, PROMPT_LEN, args.output_len,
+                    num_warmup=min(args.concurrency, args.requests))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = Path(tempfile.gettempdir()) / f"resident-api-profile-{port}.log"
+    server = start_server(args.model, args.device, port, args.knobs, args.api_processes,
+                          log_path)
+    try:
+        asyncio.run(wait_ready(url, server))
+        result = asyncio.run(measure(url, api_pids(server.pid, log_path), spec, args.stacks))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    sections: dict[str, Any] = {"api_profile": result}
+    if args.stacks:
+        sections["top_functions"] = top_functions(args.stacks, result["api_us_per_token"],
+                                                  args.top)
+    render(sections, OutputFormat(args.format))
+    print(f"server log: {log_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

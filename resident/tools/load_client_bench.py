@@ -1,0 +1,125 @@
+"""How fast the gate's load client streams on its own: against fake_sse.py's canned events, so
+nothing but the client (and the fake server, on processes of its own) sets the pace.
+
+    python -m resident.tools.load_client_bench [--concurrency 256] [--clients 4]
+        [--server-processes 4] [--requests 1024] [--output-len 256] [--target 45000] [--times 4]
+
+Runs gate/run/load.py's `run_load` (the gate's client: its processes, its per-token
+timestamps, its parsing) at `--concurrency` with `--clients` processes against the fake server
+pacing each stream to times x target / concurrency events a second (one event a write, as the
+API streams), and reports the tokens a second asked and sustained, the client's CPU (its
+processes' user + system time) per token, and the sustained rate over `--target`, the fastest
+rate a gate cell asks (45k tok/s: the H200's c=256). Issue 35 asks the client to sustain >= 4x
+on its cores. `--times 0`: unpaced (events arrive back to back, several a read: a ceiling, not
+what a served stream looks like). Give the server processes CPUs of their own where the
+host has them (taskset), or the two share and the number is a floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import socket
+import sys
+import time
+from typing import Any
+
+import aiohttp
+
+from gate.run.load import LoadSpec, run_load
+from resident.render import OutputFormat, render
+from resident.tools import fake_sse
+
+READY_TIMEOUT_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _wait_ready(url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url + "/health") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                if time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.1)
+
+
+def _cpu_s(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(spec: LoadSpec, server_processes: int, target: float,
+            times: float) -> dict[str, Any]:
+    """Runs the load against a fresh fake server pacing its streams to times x target in all
+    (0: unpaced); the client's numbers."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    servers = fake_sse.start(port, times * target / spec.concurrency, server_processes)
+    try:
+        asyncio.run(_wait_ready(url))
+        # the client processes are joined inside run_load: their time lands in RUSAGE_CHILDREN
+        # (the server processes, still running, do not); with one client it is this process
+        before = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN)
+        result = asyncio.run(run_load(url, spec))
+        client_s = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN) - before
+    finally:
+        for server in servers:
+            server.terminate()
+            server.join(timeout=10)
+    metrics = result.metrics
+    tokens = metrics.total_output_tokens
+    if metrics.failed or not tokens:
+        raise RuntimeError(f"{metrics.failed} requests failed: {result.errors}")
+    rate = metrics.output_throughput or 0.0
+    return {"concurrency": spec.concurrency, "client_processes": spec.num_clients,
+            "server_processes": server_processes, "tokens": tokens,
+            "wall_s": metrics.duration, "tok_per_s": round(rate),
+            "client_cpu_s": round(client_s, 2),
+            "client_us_per_token": round(client_s / tokens * 1e6, 2),
+            "itl_p50_ms": metrics.median_itl_ms, "target_tok_per_s": target,
+            "asked_tok_per_s": round(times * target) if times else "unpaced",
+            "times_target": round(rate / target, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--clients", type=int, default=4, help="load client processes")
+    parser.add_argument("--server-processes", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--target", type=float, default=45000.0,
+                        help="the fastest rate a gate cell asks, tok/s")
+    parser.add_argument("--times", type=float, default=4.0,
+                        help="pace the fake server to this many times the target; 0: unpaced")
+    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    args = parser.parse_args(argv)
+    for name in ("concurrency", "clients", "server_processes", "requests", "output_len",
+                 "prompt_len"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.target <= 0:
+        parser.error(f"--target must be > 0, got {args.target}")
+    if args.times < 0:
+        parser.error(f"--times must be >= 0, got {args.times}")
+    spec = LoadSpec(args.concurrency, args.requests, args.prompt_len, args.output_len,
+                    num_clients=args.clients)
+    render({"load_client_bench": measure(spec, args.server_processes, args.target, args.times)},
+           OutputFormat(args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
