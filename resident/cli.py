@@ -89,6 +89,10 @@ def info(
                   "bandwidth).", 0.001))] = 4.28,
     dtype: Annotated[str, typer.Option(
         "--dtype", metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
+    prefix_snapshots: Annotated[int, typer.Option(
+        "--prefix-snapshots", metavar="INT",
+        **_ranged("GDN state snapshots of the prefix cache (knob prefix_snapshots), {range}.",
+                  1))] = EngineConfig.prefix_snapshots,
     output_format: FormatOpt = OutputFormat.table,
     show_help: HelpOpt = False,
 ) -> None:
@@ -113,6 +117,10 @@ def info(
         "kv_bytes_per_token": facts.kv_bytes_per_token,
         "gdn_recurrent_bytes_per_seq": facts.gdn_recurrent_bytes_per_seq,
         "gdn_conv_bytes_per_seq": facts.gdn_conv_bytes_per_seq,
+        # the prefix cache's snapshot pool on the device (prefix_cache=on): one GDN state each
+        "prefix_snapshots": prefix_snapshots,
+        "prefix_snapshot_pool_bytes": prefix_snapshots * (facts.gdn_recurrent_bytes_per_seq
+                                                          + facts.gdn_conv_bytes_per_seq),
         "context_tokens": context,
         "bandwidth_tb_s": bandwidth,
     }

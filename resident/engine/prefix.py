@@ -53,6 +53,7 @@ class NoPrefixCache:
     """`prefix_cache: off`."""
 
     enabled = False
+    snapshot_bytes = 0
 
     def add(self, request: Request) -> None: ...
 
@@ -91,10 +92,8 @@ class PrefixCache(NoPrefixCache):
         self._num_cached: dict[str, int] = {}  # and how many of its pages are cached so far
         self.counters: Counter[str] = Counter()
 
-    @property
-    def snapshot_bytes(self) -> int:
-        """Device bytes of the whole snapshot pool."""
-        return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
+        self.snapshot_bytes = sum(t.numel() * t.element_size()  # the pool's device bytes
+                                  for t in (self.conv, self.recurrent))
 
     def add(self, request: Request) -> None:
         """A new request's prompt page keys, for its lookup and for caching its pages."""

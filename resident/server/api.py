@@ -194,6 +194,7 @@ class _Completion:
                                      parsed.params)
         self.created = int(time.time())
         self.token_ids: list[int] = []
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache restored
         self.logprobs: list[TokenLogprobs] = []
         self.text_length = 0  # characters of text the stream has sent
 
@@ -204,7 +205,8 @@ class _Completion:
     def _usage(self) -> dict[str, int]:
         prompt = len(self.parsed.prompt_ids)
         return {"prompt_tokens": prompt, "completion_tokens": len(self.token_ids),
-                "total_tokens": prompt + len(self.token_ids)}
+                "total_tokens": prompt + len(self.token_ids),
+                "prompt_tokens_details": {"cached_tokens": self.num_cached_tokens}}
 
     async def respond(self) -> web.Response:
         final: RequestOutput | None = None
@@ -212,6 +214,8 @@ class _Completion:
             async for outputs in batches:
                 for output in outputs:
                     self.token_ids.extend(output.new_token_ids)
+                    self.num_cached_tokens = max(self.num_cached_tokens,
+                                                 output.num_cached_tokens)
                     self.logprobs.extend(output.logprobs or ())
                 final = outputs[-1]
         assert final is not None and final.finished
@@ -283,6 +287,7 @@ class _Completion:
         """Records `tokens` (one, or none for a closing event) and returns their SSE event."""
         previous = len(self.token_ids)
         self.token_ids.extend(tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
         text = self.state.tokenizer.decode_delta(self.token_ids, previous, final=last)
         # vLLM's rule: a streamed token's text offset is the length of the text sent before it
         choice = {"index": 0, "text": text, "token_ids": tokens,
