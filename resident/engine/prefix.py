@@ -173,4 +173,5 @@ class PrefixCache(NoPrefixCache):
                 "snapshots_evicted": self.index.num_evicted,
                 "snapshots_used": self.index.num_used,
                 "pages_cached": self.kv.cache.num_cached,
-                "pages_idle": len(self.kv.cache.idle)}
+                "pages_idle": len(self.kv.cache.idle),
+                "pages_evicted": self.kv.cache.num_evicted}

@@ -75,7 +75,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
 
 
 PREFIX_STATS = ("hits", "cached_tokens", "snapshots_taken", "snapshots_evicted",
-                "snapshots_used", "pages_cached", "pages_idle")
+                "snapshots_used", "pages_cached", "pages_idle", "pages_evicted")
 
 
 def prefix_stats(engine: Engine) -> dict[str, int]:

@@ -32,6 +32,7 @@ class PageCache:
         self.key_of: dict[int, int] = {}  # page -> key
         self.refs: dict[int, int] = {}  # page -> streams holding it (every handed-out page)
         self.idle: OrderedDict[int, None] = OrderedDict()  # cached, unheld; LRU first
+        self.num_evicted = 0
 
     @property
     def num_cached(self) -> int:
@@ -61,6 +62,7 @@ class PageCache:
     def evict(self) -> int:
         """The least recently used idle page, forgotten and handed back as free."""
         page, _ = self.idle.popitem(last=False)
+        self.num_evicted += 1
         del self.page_of[self.key_of.pop(page)]
         return page
 

@@ -51,6 +51,8 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
                             "KV pages cached by block hash (held or idle)."),
     "prefix_pages_idle": ("resident_prefix_pages_idle", "gauge",
                           "Cached KV pages no request holds (counted as free)."),
+    "prefix_pages_evicted": ("resident_prefix_pages_evicted", "counter",
+                             "Idle cached KV pages taken back under KV pressure."),
     "rows_after_finish": ("resident_rows_after_finish", "counter",
                           "Rows a step planned ahead ran for a request that finished or was "
                           "aborted meanwhile (released after that step)."),
