@@ -19,6 +19,7 @@ from gate.check.judge import (
     first_divergence,
     judge,
     judge_kv_pressure,
+    judge_prefix,
     judge_tokens,
     row_reading,
 )
@@ -202,6 +203,41 @@ def test_launches_group_the_sweeps_by_knobs():
     only_rows = plan_launches(CheckConfig(sweeps=("rows",)))
     assert [(launch.name, launch.yardstick) for launch in only_rows] == [
         ("kv-pressure", False), ("slot-pressure", False)]
+
+
+def test_the_prefix_sweep_is_asked_by_name_and_gives_only_the_heads_the_cache():
+    assert "prefix" not in CheckConfig().sweeps
+    launches = plan_launches(CheckConfig(sweeps=("prefix",), concurrency=4))
+    assert [(launch.name, launch.yardstick, launch.head_knobs) for launch in launches] == [
+        ("prefix-off", True, {}),
+        ("prefix-on", True, {"prefix_cache": "on", "row_check": "on"})]
+    assert [(load.name, load.concurrency, load.preamble) for launch in launches
+            for load in launch.loads] == [("prefix-off", 4, True), ("prefix-first", 4, True),
+                                          ("prefix-again", 4, True)]
+
+
+def _prefix_case(head_again: list[Answer], hits: int, mismatches: int = 0):
+    main = [answer(1), answer(2), answer(3)]
+    loads = {"prefix-off": answers(main=main, main_aa=main, head=main),
+             "prefix-first": answers(main=main, main_aa=main, head=main),
+             "prefix-again": answers(main=main, main_aa=main, head=head_again)}
+    launched = {"main": {}, "main-aa": {},
+                "head": {"planning_mode": "resident", "prefix_hits": hits,
+                         "prefix_saved_tokens": 16 * hits,
+                         "rowcheck": {**ROWCHECK, "mismatches": mismatches}}}
+    return judge_prefix(loads, launched, ROLES, CHECK)
+
+
+def test_the_prefix_sweep_judges_each_pass_the_hits_and_the_rows():
+    main = [answer(1), answer(2), answer(3)]
+    judged = _prefix_case(main, hits=3)
+    assert judged["verdict"] == "pass" and judged["hits"] == {"head": 3}
+    assert judged["saved_tokens"] == {"head": 48}
+    wrong = _prefix_case([answer(1), answer(7), answer(3)], hits=3)
+    assert wrong["verdict"] == "fail"
+    assert wrong["reasons"][0].startswith("prefix-again: head gives main's tokens on 2/3")
+    assert "never hit" in " ".join(_prefix_case(main, hits=0)["reasons"])
+    assert "2 row mismatches" in " ".join(_prefix_case(main, hits=3, mismatches=2)["reasons"])
 
 
 def test_a_check_yaml_takes_run_and_check_keys_and_the_command_line_wins(tmp_path):

@@ -4,7 +4,9 @@ rule `verdict_rule` states (check.md prints it).
 Token sweeps (greedy, concurrency, kv-pressure) compare every arm's tokens with the baseline's,
 prompt by prompt; the yardstick, a second server of the baseline, measures how far two servers of
 the same code already disagree. The rows sweep reads each server's /debug/rowcheck under slot
-and KV pressure. Everything here is pure: the session gathers, this judges.
+and KV pressure. The prefix sweep is three token loads (cache off, on first pass, on again)
+judged alike, with each head's row check and prefix cache hits under prefix-on. Everything here
+is pure: the session gathers, this judges.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.check.config import SWEEPS, CheckConfig
+from gate.check.config import PREFIX_LOADS, SWEEPS, CheckConfig
 from gate.check.load import Answer
 
 PASS, FAIL = "pass", "fail"
@@ -51,6 +53,10 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "4. rows: every server that plans resident ran the row check on at least one step with 0 "
         "mismatches, with rows displaced under slot pressure and offloads under KV pressure; a "
         "host-planned server has no rows to check (n/a).",
+        f"5. prefix: the loads {', '.join(PREFIX_LOADS)} each hold as rule 2 says (the heads "
+        f"with the prefix cache on for the last two, {base} and the yardstick with it off); "
+        "each head hit the cache on the second pass, and one that plans resident ran the row "
+        "check with 0 mismatches.",
     ])
 
 
@@ -229,6 +235,34 @@ def judge_rows(answers: dict[str, dict[str, list[Answer]]],
     return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "readings": readings}
 
 
+def judge_prefix(answers: dict[str, dict[str, list[Answer]]],
+                 launched: dict[str, dict[str, Any]], roles: Roles,
+                 check: CheckConfig) -> dict[str, Any]:
+    """The prefix sweep: its three loads judged as token sweeps; under prefix-on each head
+    hit the cache (a cache that never hit tested nothing) and its row check found nothing."""
+    loads = {load: judge_tokens(answers[load], roles, check) for load in PREFIX_LOADS}
+    reasons = [f"{load}: {reason}" for load, judged in loads.items()
+               for reason in judged["reasons"]]
+    hits = {}
+    for head in roles.heads:
+        record = launched.get(head, {})
+        if record.get("error"):
+            continue  # its requests failed: judged above
+        hits[head] = record.get("prefix_hits", 0)
+        if not hits[head]:
+            reasons.append(f"{head} never hit the prefix cache under prefix-on, so it tested "
+                           "nothing")
+        counts = _rowcheck(record)
+        if record.get("planning_mode") == "resident" and (
+                not counts.get("steps") or counts.get("mismatches")):
+            reasons.append(f"{head} under prefix-on: {counts.get('mismatches', 0)} row "
+                           f"mismatches over {counts.get('steps', 0)} steps")
+    return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "loads": loads,
+            "hits": hits, "saved_tokens": {arm: launched.get(arm, {}).get(
+                "prefix_saved_tokens", 0) for arm in roles.heads},
+            "rowcheck": {arm: _rowcheck(launched.get(arm, {})) for arm in roles.heads}}
+
+
 def judge(check: CheckConfig, roles: Roles, answers: dict[str, dict[str, list[Answer]]],
           launched: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Every chosen sweep's verdict and reasons, and the check's."""
@@ -238,6 +272,8 @@ def judge(check: CheckConfig, roles: Roles, answers: dict[str, dict[str, list[An
             sweeps[sweep] = judge_rows(answers, launched)
         elif sweep == "kv-pressure":
             sweeps[sweep] = judge_kv_pressure(answers[sweep], launched[sweep], roles, check)
+        elif sweep == "prefix":
+            sweeps[sweep] = judge_prefix(answers, launched["prefix-on"], roles, check)
         else:
             sweeps[sweep] = judge_tokens(answers[sweep], roles, check)
     verdict = PASS if all(s["verdict"] == PASS for s in sweeps.values()) else FAIL
