@@ -55,7 +55,7 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "host-planned server has no rows to check (n/a).",
         f"5. prefix: the loads {', '.join(PREFIX_LOADS)} each hold as rule 2 says (the heads "
         f"with the prefix cache on for the last two, {base} and the yardstick with it off); "
-        "each head hit the cache on the second pass, and one that plans resident ran the row "
+        "each head hit the cache under prefix-on, and one that plans resident ran the row "
         "check with 0 mismatches.",
     ])
 

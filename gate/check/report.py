@@ -157,8 +157,11 @@ def _intro(report: dict[str, Any], manifest: Manifest) -> str:
     roles, check, prompts = report["roles"], report["check"], report["prompts"]
     arms = ", ".join(f"{a.name} (`{a.spec}`)" for a in manifest.arms
                      if a.name != roles["yardstick"])
-    launches = "; ".join(f"{name}: {_knobs_text(launch['knobs'])}"
-                         for name, launch in report["launches"].items())
+    launches = "; ".join(
+        f"{name}: {_knobs_text(launch['knobs'])}"
+        + (f", the heads also {_knobs_text(launch['head_knobs'])}"
+           if launch.get("head_knobs") else "")
+        for name, launch in report["launches"].items())
     return (f"Model {manifest.model} on {manifest.device}. Arms {arms}; the "
             f"yardstick {roles['yardstick']} is a second server of {roles['baseline']}. "
             f"{prompts['count']} prompts from `{prompts['path']}`, greedy (temperature 0), "
