@@ -204,6 +204,11 @@ KNOB_MEANINGS = {
                    "all: wide) or cuBLAS",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto)",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
+    "prefix_cache": "start a request from its longest cached prompt prefix: KV pages shared, "
+                    "GDN state restored from a snapshot",
+    "prefix_snapshot_interval": "KV pages between GDN state snapshots of a prompt "
+                                "(prefix_cache); prefill chunks end there",
+    "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "seed": "the sampling seed of requests that bring none",
