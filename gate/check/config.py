@@ -14,14 +14,15 @@ the sweeps group into launches, one server per arm and knob set, in this order:
 - `kv-pressure` (`kv_pressure` knobs, row_check=on): the prompts at c=`concurrency`; it serves
   the kv-pressure sweep and the rows sweep's KV-pressure reading;
 - `slot-pressure` (`slot_pressure` knobs, row_check=on): the prompts at c=`slot_concurrency`,
-  for the rows sweep;
+  for the rows sweep, whose tokens it also judges;
 - `prefix-off` and `prefix-on` (the prefix sweep, asked by name: not among the defaults): the
   prompts, each opened by one shared preamble (the first prompt), at c=`concurrency`; under
   prefix-on the heads (not the baseline or its yardstick, which keep the cache off: main may
   not know the knob) run prefix_cache=on with the row check, and take the prompts twice, a
   first pass (`prefix-first`) and then the same prompts again (`prefix-again`, now hits).
 
-The yardstick (a second server of the baseline) runs the launches whose tokens are judged.
+The yardstick (a second server of the baseline) runs every launch: every load's tokens are
+judged.
 """
 
 from __future__ import annotations
@@ -174,6 +175,15 @@ class Load:
     name: str
     concurrency: int
     preamble: bool = False  # the prompts opened by a shared preamble (PromptSet.with_preamble)
+    # prompt i capped at max_tokens - (i % 4) * max_tokens // 4, so rows leave a batch out of
+    # order even without EOS (equal caps run them in lockstep)
+    varied: bool = False
+
+    def caps(self, max_tokens: int, count: int) -> tuple[int, ...]:
+        """Each prompt's max_tokens."""
+        if not self.varied:
+            return (max_tokens,) * count
+        return tuple(max(1, max_tokens - (i % 4) * max_tokens // 4) for i in range(count))
 
 
 @dataclass(frozen=True)
@@ -191,21 +201,22 @@ def plan_launches(check: CheckConfig) -> list[Launch]:
     """The launches the chosen sweeps need, in the order they run."""
     sweeps = set(check.sweeps)
     launches = []
-    plain = [Load(name, c) for name, c in (("greedy", 1), ("concurrency", check.concurrency))
-             if name in sweeps]
+    plain = [Load(name, c, varied=name == "concurrency")
+             for name, c in (("greedy", 1), ("concurrency", check.concurrency)) if name in sweeps]
     if plain:
         launches.append(Launch("plain", {}, tuple(plain), yardstick=True))
+    # every load's tokens are judged against the baseline's under the same pressure, the
+    # yardstick beside: the row check alone misses a wrong row the host also got wrong
     if sweeps & {"kv-pressure", "rows"}:
         launches.append(Launch("kv-pressure", {**check.knobs("kv_pressure"), "row_check": "on"},
-                               (Load("kv-pressure", check.concurrency),),
-                               yardstick="kv-pressure" in sweeps))
+                               (Load("kv-pressure", check.concurrency),), yardstick=True))
     if "rows" in sweeps:
         launches.append(Launch("slot-pressure",
                                {**check.knobs("slot_pressure"), "row_check": "on"},
                                (Load("slot-pressure", check.slot_concurrency),),
-                               yardstick=False))
+                               yardstick=True))
     if "prefix" in sweeps:
-        off, first, again = (Load(name, check.concurrency, preamble=True)
+        off, first, again = (Load(name, check.concurrency, preamble=True, varied=True)
                              for name in PREFIX_LOADS)
         launches.append(Launch("prefix-off", {}, (off,), yardstick=True))
         launches.append(Launch("prefix-on", {}, (first, again), yardstick=True,

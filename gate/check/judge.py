@@ -42,7 +42,11 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "`pass` when every sweep holds, else `fail` (and the command exits 1):",
         "",
         "1. Every request to every server (the yardstick's too) answers HTTP 200 and finishes on "
-        f"`stop` or `length` within max_tokens ({check.max_tokens}).",
+        f"`stop` or `length` within its max_tokens ({check.max_tokens}; the concurrency and "
+        "prefix loads cap prompt i at max_tokens - (i % 4) * max_tokens // 4, so rows leave "
+        "out of order), and every server stays up to the end of its loads: one that failed to "
+        "start, died, or whose engine core died (/health not 200) fails the check, named "
+        "under *Servers that failed*.",
         f"2. greedy, concurrency, kv-pressure: each arm's tokens equal {base}'s on at least as "
         f"many prompts as the yardstick's ({base} against a second {base} server) do, or every "
         "prompt where they differ is a near-tie: at the first divergent token, each arm that "
@@ -52,7 +56,8 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "nothing).",
         "4. rows: every server that plans resident ran the row check on at least one step with 0 "
         "mismatches, with rows displaced under slot pressure and offloads under KV pressure; a "
-        "host-planned server has no rows to check (n/a).",
+        "host-planned server has no rows to check (n/a); and the tokens under slot pressure "
+        "(under KV pressure too when the kv-pressure sweep is not run) hold as rule 2 says.",
         f"5. prefix: the loads {', '.join(PREFIX_LOADS)} each hold as rule 2 says (the heads "
         f"with the prefix cache on for the last two, {base} and the yardstick with it off); "
         "each head hit the cache under prefix-on, and one that plans resident ran the row "
@@ -223,16 +228,27 @@ def row_reading(pressure: str, arm: str, launched: dict[str, Any],
 
 
 def judge_rows(answers: dict[str, dict[str, list[Answer]]],
-               launched: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The rows sweep: every server's row check under slot and KV pressure."""
+               launched: dict[str, dict[str, dict[str, Any]]], roles: Roles,
+               check: CheckConfig) -> dict[str, Any]:
+    """The rows sweep: every server's row check under slot and KV pressure, and the tokens
+    under slot pressure against the baseline's (the yardstick beside: the row check compares
+    the device's rows with the host's, so it cannot see a bug both share); the tokens under KV
+    pressure too where the kv-pressure sweep does not judge them."""
     readings: dict[str, dict[str, Any]] = {}
     reasons: list[str] = []
+    judged = [p for p in PRESSURES if p == "slot-pressure" or "kv-pressure" not in check.sweeps]
+    tokens = {pressure: judge_tokens(answers[pressure], roles, check) for pressure in judged
+              if roles.yardstick in answers.get(pressure, {})}
+    reasons += [f"{pressure} tokens: {reason}" for pressure, sweep in tokens.items()
+                for reason in sweep["reasons"]  # failed requests: in the readings below
+                if "requests failed" not in reason]
     for pressure in PRESSURES:
         for arm, record in launched.get(pressure, {}).items():
             reading, why = row_reading(pressure, arm, record, answers[pressure][arm])
             readings.setdefault(pressure, {})[arm] = reading
             reasons += why
-    return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "readings": readings}
+    return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "readings": readings,
+            "tokens": tokens}
 
 
 def judge_prefix(answers: dict[str, dict[str, list[Answer]]],
@@ -269,15 +285,20 @@ def judge(check: CheckConfig, roles: Roles, answers: dict[str, dict[str, list[An
     sweeps: dict[str, dict[str, Any]] = {}
     for sweep in (s for s in SWEEPS if s in check.sweeps):
         if sweep == "rows":
-            sweeps[sweep] = judge_rows(answers, launched)
+            sweeps[sweep] = judge_rows(answers, launched, roles, check)
         elif sweep == "kv-pressure":
             sweeps[sweep] = judge_kv_pressure(answers[sweep], launched[sweep], roles, check)
         elif sweep == "prefix":
             sweeps[sweep] = judge_prefix(answers, launched["prefix-on"], roles, check)
         else:
             sweeps[sweep] = judge_tokens(answers[sweep], roles, check)
-    verdict = PASS if all(s["verdict"] == PASS for s in sweeps.values()) else FAIL
+    servers_failed = [f"{arm} under {launch}: {record['error']}"
+                      for launch, by_arm in launched.items()
+                      for arm, record in by_arm.items() if record.get("error")]
+    verdict = PASS if all(s["verdict"] == PASS for s in sweeps.values()) \
+        and not servers_failed else FAIL
     return {"verdict": verdict, "rule": verdict_rule(check, roles),
+            "servers_failed": servers_failed,
             "roles": {"baseline": roles.baseline, "yardstick": roles.yardstick,
                       "heads": list(roles.heads)},
             "sweeps": sweeps}

@@ -40,13 +40,16 @@ def token_judgements(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
     """(load, its token judgement) of every token sweep run, then the prefix sweep's loads."""
     sweeps = report["sweeps"]
     judged = [(name, sweeps[name]) for name in TOKEN_SWEEPS if name in sweeps]
+    judged += list(sweeps.get("rows", {}).get("tokens", {}).items())
     return judged + list(sweeps.get("prefix", {}).get("loads", {}).items())
 
 
 def _load_text(report: dict[str, Any], name: str) -> str:
     load = f"c={report['loads'][name]}"
-    if name == "kv-pressure":
-        load += f", {_knobs_text(report['launches']['kv-pressure']['knobs'])}"
+    if name in report.get("varied_loads", ()):
+        load += ", max_tokens varied"
+    if name in ("kv-pressure", "slot-pressure"):
+        load += f", {_knobs_text(report['launches'][name]['knobs'])}"
     elif name in ("prefix-first", "prefix-again"):
         load += ", shared preamble, heads: " + _knobs_text(
             report["launches"]["prefix-on"].get("head_knobs", {}))
@@ -171,12 +174,20 @@ def _intro(report: dict[str, Any], manifest: Manifest) -> str:
             "logprobs on both sides are in check.json, every answer in answers.jsonl.")
 
 
+def servers_failed_text(report: dict[str, Any]) -> str:
+    """The servers that failed to start, died or lost their engine core, one a line."""
+    failed = report.get("servers_failed") or []
+    return "\n".join(["## Servers that failed", "", *(f"- {line}" for line in failed)]) \
+        if failed else ""
+
+
 def check_md(report: dict[str, Any], manifest: Manifest) -> str:
     exit_code = 0 if report["verdict"] == "pass" else 1
+    failed = servers_failed_text(report)
     return "\n\n".join([
         page_title(manifest, "check"), _intro(report, manifest),
         f"**Verdict: {report['verdict']}** (exit code {exit_code}; the check took "
-        f"{report['wall_s']:.0f} s)", time_line(manifest),
+        f"{report['wall_s']:.0f} s)", *([failed] if failed else []), time_line(manifest),
         "## The rule", report["rule"],
         *(table.md() for table in check_tables(report))]) + "\n"
 

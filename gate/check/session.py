@@ -122,7 +122,7 @@ class CheckSession(Session):
             started = time.monotonic()
             texts = self.prompts.with_preamble() if load.preamble else self.prompts.texts
             answers = await complete_all(server.url, texts, load.concurrency,
-                                         self.check.max_tokens, logprobs)
+                                         load.caps(self.check.max_tokens, len(texts)), logprobs)
             self.answers.setdefault(load.name, {})[arm.name] = answers
             self.console.log(f"{launch.name}: {arm.name} {load.name} c={load.concurrency}: "
                              f"{sum(a.ok for a in answers)}/{len(answers)} ok, "
@@ -130,6 +130,10 @@ class CheckSession(Session):
                              f"{time.monotonic() - started:.1f} s")
         if not server.alive():
             raise ServerFailed(f"server died (code {server.process.returncode})",
+                               server.log_tail())
+        status, health = await server.request_json("GET", "/health")
+        if status != 200:  # the API process outlives a dead engine core for a moment
+            raise ServerFailed(f"engine core failed: /health {status} {health}",
                                server.log_tail())
         metrics = await server.metrics()
         return {"planning_mode": (entry.debug_config or {}).get("planning_mode"),
@@ -145,6 +149,8 @@ class CheckSession(Session):
                 "wall_s": round(wall_s, 1),
                 "loads": {load.name: load.concurrency for launch in self.launches
                           for load in launch.loads},
+                "varied_loads": [load.name for launch in self.launches for load in launch.loads
+                                 if load.varied],
                 "launches": {launch.name: {"knobs": launch.knobs, "head_knobs": launch.head_knobs,
                                            "arms": self.launched.get(launch.name, {})}
                              for launch in self.launches}}
