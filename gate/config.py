@@ -26,6 +26,8 @@ class GateConfig:
     device: str = "cpu"
     concurrency: tuple[int, ...] = (1, 16, 64)
     prompt_len: int = 512
+    # tokens one shared prefix opens every prompt with, before its own prompt_len (0: none)
+    shared_prefix_len: int = 0
     output_len: int = 256
     rounds: int = 2  # a fixed design's rounds
     until_verdict: bool = False  # add rounds until every cell has a verdict ...
@@ -59,6 +61,8 @@ class GateConfig:
             if getattr(self, field) < 1:
                 raise ValueError(f"--{field.replace('_', '-')} must be >= 1, "
                                  f"got {getattr(self, field)}")
+        if self.shared_prefix_len < 0:
+            raise ValueError(f"--shared-prefix-len must be >= 0, got {self.shared_prefix_len}")
         if self.profile_steps < 1:
             raise ValueError(f"--profile-steps must be >= 1, got {self.profile_steps}")
         if self.requests_per_slot < 1:
@@ -159,7 +163,8 @@ def option_fields(  # noqa: PLR0913 - one keyword an option
         *, arm: list[str] | None = None, set: list[str] | None = None,  # noqa: A002
         model: str | None = None, device: str | None = None,
         concurrency: str | list[int] | None = None, prompt_len: int | None = None,
-        output_len: int | None = None, rounds: int | None = None,
+        shared_prefix_len: int | None = None, output_len: int | None = None,
+        rounds: int | None = None,
         until_verdict: bool | None = None, max_rounds: int | None = None,
         min_effect: float | None = None, runs: int | None = None,
         requests: str | list[int] | None = None, requests_per_slot: int | None = None,
@@ -173,7 +178,8 @@ def option_fields(  # noqa: PLR0913 - one keyword an option
     GateConfig fields they set; an option not given (None, or an empty list) sets none."""
     fields = {
         "arms": arm, "knobs": set, "model": model, "device": device,
-        "concurrency": concurrency, "prompt_len": prompt_len, "output_len": output_len,
+        "concurrency": concurrency, "prompt_len": prompt_len,
+        "shared_prefix_len": shared_prefix_len, "output_len": output_len,
         "rounds": rounds, "until_verdict": until_verdict, "max_rounds": max_rounds,
         "min_effect": min_effect, "runs": runs, "requests": requests,
         "requests_per_slot": requests_per_slot, "clients": clients, "aa": aa,

@@ -126,9 +126,9 @@ class HostLoad:
 
 
 # what a `run` (or `phases`) manifest always holds and a check's never does
-RUN_KEYS = ("aa_arm", "cells", "prompt_len", "output_len", "rounds", "until_verdict",
-            "max_rounds", "min_effect", "rounds_run", "runs", "interleave", "parallel_start",
-            "requests", "seed", "profile")
+RUN_KEYS = ("aa_arm", "cells", "prompt_len", "shared_prefix_len", "output_len", "rounds",
+            "until_verdict", "max_rounds", "min_effect", "rounds_run", "runs", "interleave",
+            "parallel_start", "requests", "seed", "profile")
 # written only where set
 OPTIONAL_KEYS = ("timing", "stopped", "resumed", "command_kind", "yardstick", "check",
                  "prompts", "host_load")
@@ -155,6 +155,7 @@ class Manifest:
     aa_arm: str | None = None
     cells: tuple[int, ...] = ()
     prompt_len: int | None = None
+    shared_prefix_len: int = 0  # the one prefix every prompt opened with (--shared-prefix-len)
     output_len: int | None = None
     rounds: int | None = None  # the most rounds planned: --rounds, or --max-rounds
     until_verdict: bool = False

@@ -90,6 +90,10 @@ def info(
                   "bandwidth).", 0.001))] = 4.28,
     dtype: Annotated[str, typer.Option(
         "--dtype", metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
+    prefix_snapshots: Annotated[int, typer.Option(
+        "--prefix-snapshots", metavar="INT",
+        **_ranged("GDN state snapshots of the prefix cache (knob prefix_snapshots), {range}.",
+                  1))] = EngineConfig.prefix_snapshots,
     output_format: FormatOpt = OutputFormat.table,
     show_help: HelpOpt = False,
 ) -> None:
@@ -114,6 +118,10 @@ def info(
         "kv_bytes_per_token": facts.kv_bytes_per_token,
         "gdn_recurrent_bytes_per_seq": facts.gdn_recurrent_bytes_per_seq,
         "gdn_conv_bytes_per_seq": facts.gdn_conv_bytes_per_seq,
+        # the prefix cache's snapshot pool on the device (prefix_cache=on): one GDN state each
+        "prefix_snapshots": prefix_snapshots,
+        "prefix_snapshot_pool_bytes": prefix_snapshots * (facts.gdn_recurrent_bytes_per_seq
+                                                          + facts.gdn_conv_bytes_per_seq),
         "context_tokens": context,
         "bandwidth_tb_s": bandwidth,
     }
@@ -208,6 +216,11 @@ KNOB_MEANINGS = {
                    "all: wide) or cuBLAS",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto)",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
+    "prefix_cache": "start a request from its longest cached prompt prefix: KV pages shared, "
+                    "GDN state restored from a snapshot",
+    "prefix_snapshot_interval": "KV pages between GDN state snapshots of a prompt "
+                                "(prefix_cache); prefill chunks end there",
+    "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "seed": "the sampling seed of requests that bring none",

@@ -41,6 +41,7 @@ _CHOICES = {
     "decode_gemm": ("skinny", "wide", "fused", "cublas"),
     "fused_decode": ("auto", "off"),
     "pdl": ("auto", "off"),
+    "prefix_cache": ("off", "on"),
 }
 
 
@@ -91,6 +92,13 @@ class EngineConfig:
     # where the GPU has it (Hopper on): each starts while the one before finishes
     # (kernels/pdl.py)
     pdl: str = "auto"
+    # a new request starts from the longest cached prefix of its prompt: its KV pages shared,
+    # its GDN state restored from a snapshot (engine/prefix.py); prefill chunks end at
+    # snapshot points: every prefix_snapshot_interval pages and the last page boundary before
+    # a prompt's last token; prefix_snapshots device snapshots at most, LRU replaced
+    prefix_cache: str = "off"
+    prefix_snapshot_interval: int = 32
+    prefix_snapshots: int = 64
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned
@@ -122,7 +130,7 @@ class EngineConfig:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
-                     "send_buffer_kib"):
+                     "send_buffer_kib", "prefix_snapshot_interval", "prefix_snapshots"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",

@@ -19,6 +19,7 @@ from gate.check.judge import (
     first_divergence,
     judge,
     judge_kv_pressure,
+    judge_prefix,
     judge_tokens,
     row_reading,
 )
@@ -149,6 +150,22 @@ def test_the_verdict_is_every_sweeps_and_the_report_renders():
         in text
 
 
+def test_a_server_whose_core_died_fails_the_check_by_name():
+    check = CheckConfig(sweeps=("greedy",), prompts=1)
+    ok = [answer(1)]
+    launched = {"plain": {"main": {}, "main-aa": {},
+                          "head": {"error": "engine core failed: /health 503"}}}
+    report = judge(check, ROLES, {"greedy": answers(main=ok, main_aa=ok, head=ok)}, launched)
+    assert report["sweeps"]["greedy"]["verdict"] == "pass" and report["verdict"] == "fail"
+    assert report["servers_failed"] == ["head under plain: engine core failed: /health 503"]
+    report |= {"check": check.to_dict(), "prompts": {"path": "p.yaml", "count": 1},
+               "wall_s": 1.0, "loads": {"greedy": 1}, "launches": {"plain": {"knobs": {}}}}
+    manifest = {"name": "t", "model": "tiny", "device": "cpu",
+                "arms": [{"name": n, "spec": "."} for n in ("main", "main-aa", "head")]}
+    text = check_md(report, Manifest.from_dict(manifest))
+    assert "## Servers that failed\n\n- head under plain: engine core failed" in text
+
+
 def test_an_answer_is_ok_only_when_it_finished_within_its_cap():
     good = {"choices": [{"token_ids": [4, 5], "finish_reason": "stop",
                          "logprobs": {"top_logprobs": [{"token_id:4": -0.1},
@@ -198,10 +215,47 @@ def test_launches_group_the_sweeps_by_knobs():
     assert list(launches) == ["plain", "kv-pressure", "slot-pressure"]
     assert [load.name for load in launches["plain"].loads] == ["greedy", "concurrency"]
     assert launches["kv-pressure"].knobs == {"num_kv_pages": "64", "row_check": "on"}
-    assert [launch.yardstick for launch in launches.values()] == [True, True, False]
+    assert [launch.yardstick for launch in launches.values()] == [True, True, True]
+    assert [load.varied for load in launches["plain"].loads] == [False, True]
+    assert launches["plain"].loads[1].caps(64, 5) == (64, 48, 32, 16, 64)
     only_rows = plan_launches(CheckConfig(sweeps=("rows",)))
     assert [(launch.name, launch.yardstick) for launch in only_rows] == [
-        ("kv-pressure", False), ("slot-pressure", False)]
+        ("kv-pressure", True), ("slot-pressure", True)]
+
+
+def test_the_prefix_sweep_is_asked_by_name_and_gives_only_the_heads_the_cache():
+    assert "prefix" not in CheckConfig().sweeps
+    launches = plan_launches(CheckConfig(sweeps=("prefix",), concurrency=4))
+    assert [(launch.name, launch.yardstick, launch.head_knobs) for launch in launches] == [
+        ("prefix-off", True, {}),
+        ("prefix-on", True, {"prefix_cache": "on", "row_check": "on"})]
+    assert [(load.name, load.concurrency, load.preamble) for launch in launches
+            for load in launch.loads] == [("prefix-off", 4, True), ("prefix-first", 4, True),
+                                          ("prefix-again", 4, True)]
+
+
+def _prefix_case(head_again: list[Answer], hits: int, mismatches: int = 0):
+    main = [answer(1), answer(2), answer(3)]
+    loads = {"prefix-off": answers(main=main, main_aa=main, head=main),
+             "prefix-first": answers(main=main, main_aa=main, head=main),
+             "prefix-again": answers(main=main, main_aa=main, head=head_again)}
+    launched = {"main": {}, "main-aa": {},
+                "head": {"planning_mode": "resident", "prefix_hits": hits,
+                         "prefix_saved_tokens": 16 * hits,
+                         "rowcheck": {**ROWCHECK, "mismatches": mismatches}}}
+    return judge_prefix(loads, launched, ROLES, CHECK)
+
+
+def test_the_prefix_sweep_judges_each_pass_the_hits_and_the_rows():
+    main = [answer(1), answer(2), answer(3)]
+    judged = _prefix_case(main, hits=3)
+    assert judged["verdict"] == "pass" and judged["hits"] == {"head": 3}
+    assert judged["saved_tokens"] == {"head": 48}
+    wrong = _prefix_case([answer(1), answer(7), answer(3)], hits=3)
+    assert wrong["verdict"] == "fail"
+    assert wrong["reasons"][0].startswith("prefix-again: head gives main's tokens on 2/3")
+    assert "never hit" in " ".join(_prefix_case(main, hits=0)["reasons"])
+    assert "2 row mismatches" in " ".join(_prefix_case(main, hits=3, mismatches=2)["reasons"])
 
 
 def test_a_check_yaml_takes_run_and_check_keys_and_the_command_line_wins(tmp_path):
@@ -262,7 +316,10 @@ def test_the_cpu_config_passes_for_this_tree_against_itself(cpu_check):
                                                        "main-aa": {"same": 32, "total": 32}}
     assert all(count > 0 for count in report["sweeps"]["kv-pressure"]["offloads"].values())
     readings = report["sweeps"]["rows"]["readings"]
-    assert set(readings["slot-pressure"]) == {"main", "head"}
+    assert set(readings["slot-pressure"]) == {"main", "main-aa", "head"}
+    assert report["sweeps"]["rows"]["tokens"]["slot-pressure"]["agreement"] == {
+        "head": {"same": 32, "total": 32}, "main-aa": {"same": 32, "total": 32}}
+    assert report["servers_failed"] == []
     assert set(readings["kv-pressure"]) == {"main", "main-aa", "head"}
     for pressure, needed in (("slot-pressure", "displaced"), ("kv-pressure", "offloads")):
         for reading in readings[pressure].values():
@@ -278,26 +335,27 @@ def test_the_cpu_check_writes_its_tables_manifest_answers_and_logs(cpu_check):
     text = (out / CHECK_MD).read_text()
     assert "**Verdict: pass** (exit code 0" in text and "## The rule" in text
     assert "| greedy | c=1 | 32/32 | 32/32 | 0 | pass |" in text
-    assert "| concurrency | c=8 | 32/32 | 32/32 | 0 | pass |" in text
-    assert text.count("| ok |") == 5 and "0 mismatches over" in text
+    assert "| concurrency | c=8, max_tokens varied | 32/32 | 32/32 | 0 | pass |" in text
+    assert "| slot-pressure | c=32, decode_buckets=1,2,4,8, " in text
+    assert text.count("| ok |") == 6 and "0 mismatches over" in text
+    assert "## Servers that failed" not in text
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["command_kind"] == "check" and manifest["yardstick"] == "main-aa"
     assert manifest["prompts"]["count"] == 32
     for arm in manifest["arms"]:
         assert arm["debug_config"]["resident_package_path"] == str(ROOT / "resident")
     lines = (out / ANSWERS_JSONL).read_text().splitlines()
-    assert len(lines) == 32 * (3 + 3 + 3 + 2)  # greedy, concurrency, kv-pressure, slot-pressure
+    assert len(lines) == 32 * (3 + 3 + 3 + 3)  # greedy, concurrency, kv-, slot-pressure
     assert all(json.loads(line)["ok"] for line in lines)
-    launched = [*((a, "plain") for a in ("main", "main-aa", "head")),
-                *((a, "kv-pressure") for a in ("main", "main-aa", "head")),
-                ("main", "slot-pressure"), ("head", "slot-pressure")]
+    launched = [(a, launch) for launch in ("plain", "kv-pressure", "slot-pressure")
+                for a in ("main", "main-aa", "head")]
     logs = sorted(path.name for path in (out / "logs").iterdir())
     assert logs == sorted(f"{arm}-{launch}.log" for arm, launch in launched)
     # each server's start-up is timed, named by its launch, and check.md says the total
     servers = manifest["timing"]["servers"]
     assert sorted((s["arm"], s["launch"]) for s in servers) == sorted(launched)
     assert all(s["health_s"] > 0 and s["startup"]["total"] > 0 for s in servers)
-    assert "over 8 server starts" in text
+    assert "over 9 server starts" in text
 
 
 # The resident planner's advance on the device (the torch reference the CPU runs) moves the
@@ -345,5 +403,9 @@ def test_a_planted_planner_bug_fails_the_greedy_and_rows_sweeps(tmp_path):
         assert rows["readings"][pressure]["head"]["mismatches"] > 0
         assert any(r.startswith(f"head under {pressure}: ") for r in rows["reasons"])
     assert "| greedy | fail | head gives main's tokens on " in result.stdout
-    assert "| rows | fail | head under slot-pressure: " in result.stdout
+    # the kv-pressure sweep is not run, so the rows sweep judges those tokens too
+    assert rows["reasons"][0].startswith("kv-pressure tokens: head gives main's tokens on ")
+    assert "| rows | fail | kv-pressure tokens: head gives main's tokens on " in result.stdout
+    for pressure in ("slot-pressure", "kv-pressure"):
+        assert rows["tokens"][pressure]["agreement"]["main-aa"] == {"same": 6, "total": 6}
     assert not servers_left(result)

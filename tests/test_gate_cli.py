@@ -50,7 +50,8 @@ def test_run_help_shows_every_default_in_one_style():
     output = _gate("run", "--help").output
     assert "--arm" in output and "NAME=SPEC" in output and "INT,..." in output
     defaults = {field.name: field.default for field in dataclasses.fields(GateConfig)}
-    for field in ("model", "device", "prompt_len", "output_len", "rounds", "runs", "seed",
+    for field in ("model", "device", "prompt_len", "shared_prefix_len", "output_len", "rounds",
+                  "runs", "seed",
                   "requests_per_slot", "min_effect", "name", "startup_timeout"):
         assert f"[default: {defaults[field]}]" in output, field
     for text in ("[default: 1,16,64]", "[default: max(8, requests-per-slot x concurrency)]",

@@ -113,3 +113,18 @@ def test_prompts_are_seeded():
     assert all(0 <= t < 100 for p in make_prompts(spec, 2, 2) for t in p)
     with pytest.raises(ValueError, match="concurrency must be >= 1"):
         LoadSpec(concurrency=0, num_requests=1)
+
+
+def test_a_shared_prefix_opens_every_prompt_of_a_seed():
+    spec = LoadSpec(concurrency=1, num_requests=3, prompt_len=8, vocab_size=100, seed=7,
+                    shared_prefix_len=20)
+    warm, measured = make_prompts(spec, 2, salt=1), make_prompts(spec, 3, salt=2)
+    assert all(len(p) == 28 for p in warm + measured) and spec.total_prompt_len == 28
+    assert len({tuple(p[:20]) for p in warm + measured}) == 1  # one prefix, warm-up's too
+    assert len({tuple(p[20:]) for p in warm + measured}) == 5  # each its own tokens
+    other = make_prompts(dataclasses.replace(spec, seed=8), 1, salt=1)[0]
+    assert other[:20] != warm[0][:20]  # a fresh seed, a fresh prefix: rounds share nothing
+    assert make_prompts(dataclasses.replace(spec, shared_prefix_len=0), 2, 1) == [
+        p[20:] for p in warm]
+    with pytest.raises(ValueError, match="shared_prefix_len must be >= 0"):
+        LoadSpec(concurrency=1, num_requests=1, shared_prefix_len=-1)

@@ -34,8 +34,9 @@ def server():
 
 @pytest.fixture(scope="module")
 def pressured():
-    """8 requests of up to 100 tokens need 8 * 7 pages; 24 pages force offloads."""
-    srv = Server("--set", "dtype=float64", "--set", "num_kv_pages=25",
+    """8 requests of up to 100 tokens need 8 * 7 pages; 24 pages force offloads. The prefix
+    cache is on: its idle pages give way to the pressure."""
+    srv = Server("--set", "dtype=float64", "--set", "num_kv_pages=25", "--set", "prefix_cache=on",
                  env={"RESIDENT_API_KEY": API_KEY}).wait_ready(AUTH)
     yield srv
     srv.stop()
@@ -65,7 +66,8 @@ def test_greedy_completions_equal_the_model(server, model64):
         data = complete(server.url, prompt, 12)
         assert data["choices"][0]["token_ids"] == greedy_alone(model64, prompt, 12)
         assert data["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 12,
-                                 "total_tokens": len(prompt) + 12}
+                                 "total_tokens": len(prompt) + 12,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_string_prompt_uses_the_byte_tokenizer(server):
@@ -260,4 +262,32 @@ def test_stream_usage_event_then_done(server):
     events = run(one())
     assert [len(e["choices"]) for e in events] == [1, 1, 1, 1, 0]
     assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                   "total_tokens": 7}
+                                   "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache(pressured, model64):
+    """The second time a 70-token prompt comes, its first 64 tokens (4 pages, the last page
+    boundary before its last token) are restored: the same tokens, reported as cached."""
+    prompt = torch.randint(0, TINY.vocab_size, (70,),
+                           generator=torch.Generator().manual_seed(9)).tolist()
+    before = run(metrics(pressured.url, AUTH))
+    expected = greedy_alone(model64, prompt, 5)
+    first = complete(pressured.url, prompt, 5, AUTH)
+
+    async def again():
+        async with aiohttp.ClientSession(headers=AUTH) as session:
+            return await stream(session, pressured.url, {
+                "prompt": prompt, "max_tokens": 5, "ignore_eos": True,
+                "stream_options": {"include_usage": True}})
+
+    events = run(again())
+    assert first["choices"][0]["token_ids"] == expected
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert [e["choices"][0]["token_ids"][0] for e in events[:-1]] == expected
+    assert events[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 64}
+    after = run(metrics(pressured.url, AUTH))
+    hits = "resident_prefix_cache_hits_total"
+    assert after[hits] == before[hits] + 1
+    assert (after["resident_prefix_cache_saved_tokens_total"]
+            == before["resident_prefix_cache_saved_tokens_total"] + 64)
+    assert after["resident_kv_pages_free"] == before["resident_kv_pages_free"]

@@ -14,9 +14,15 @@ the sweeps group into launches, one server per arm and knob set, in this order:
 - `kv-pressure` (`kv_pressure` knobs, row_check=on): the prompts at c=`concurrency`; it serves
   the kv-pressure sweep and the rows sweep's KV-pressure reading;
 - `slot-pressure` (`slot_pressure` knobs, row_check=on): the prompts at c=`slot_concurrency`,
-  for the rows sweep.
+  for the rows sweep, whose tokens it also judges;
+- `prefix-off` and `prefix-on` (the prefix sweep, asked by name: not among the defaults): the
+  prompts, each opened by one shared preamble (the first prompt), at c=`concurrency`; under
+  prefix-on the heads (not the baseline or its yardstick, which keep the cache off: main may
+  not know the knob) run prefix_cache=on with the row check, and take the prompts twice, a
+  first pass (`prefix-first`) and then the same prompts again (`prefix-again`, now hits).
 
-The yardstick (a second server of the baseline) runs the launches whose tokens are judged.
+The yardstick (a second server of the baseline) runs every launch: every load's tokens are
+judged.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ import yaml
 
 from gate.run.arms import split_knobs
 
-SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows")
+SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows", "prefix")
+DEFAULT_SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows")  # prefix: asked by name
+PREFIX_LOADS = ("prefix-off", "prefix-first", "prefix-again")  # the prefix sweep's loads
+PREFIX_KNOBS = {"prefix_cache": "on", "row_check": "on"}  # the heads' under prefix-on
 PROMPT_FILE = "configs/prompts/public-domain.yaml"
 MAX_LOGPROBS = 20  # the most resident's API gives (vLLM's default limit)
 
@@ -60,7 +69,7 @@ def _listed(name: str, value: Any, split: bool) -> tuple[str, ...]:
 class CheckConfig:
     """The check's sweeps and settings; every field is validated here (ValueError naming it)."""
 
-    sweeps: tuple[str, ...] = SWEEPS
+    sweeps: tuple[str, ...] = DEFAULT_SWEEPS
     prompts: int = 32
     max_tokens: int = 128  # the token cap; EOS stops a request before it
     concurrency: int = 8  # the concurrency and kv-pressure sweeps
@@ -130,6 +139,11 @@ class PromptSet:
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "count": len(self.texts), "sha256": self.digest}
 
+    def with_preamble(self) -> tuple[str, ...]:
+        """The prompts each opened by one shared preamble, the first prompt (the prefix
+        sweep's: a prefix cache can hit on a first pass too)."""
+        return tuple(f"{self.texts[0]}\n\n{text}" for text in self.texts)
+
 
 def load_prompts(repo: Path, check: CheckConfig) -> PromptSet:
     """The first `check.prompts` entries of the prompt file (relative to the repository)."""
@@ -160,6 +174,16 @@ class Load:
 
     name: str
     concurrency: int
+    preamble: bool = False  # the prompts opened by a shared preamble (PromptSet.with_preamble)
+    # prompt i capped at max_tokens - (i % 4) * max_tokens // 4, so rows leave a batch out of
+    # order even without EOS (equal caps run them in lockstep)
+    varied: bool = False
+
+    def caps(self, max_tokens: int, count: int) -> tuple[int, ...]:
+        """Each prompt's max_tokens."""
+        if not self.varied:
+            return (max_tokens,) * count
+        return tuple(max(1, max_tokens - (i % 4) * max_tokens // 4) for i in range(count))
 
 
 @dataclass(frozen=True)
@@ -170,23 +194,31 @@ class Launch:
     knobs: dict[str, str]
     loads: tuple[Load, ...]
     yardstick: bool  # whether the baseline's second server runs it too
+    head_knobs: dict[str, str] = dataclasses.field(default_factory=dict)  # the heads' alone
 
 
 def plan_launches(check: CheckConfig) -> list[Launch]:
     """The launches the chosen sweeps need, in the order they run."""
     sweeps = set(check.sweeps)
     launches = []
-    plain = [Load(name, c) for name, c in (("greedy", 1), ("concurrency", check.concurrency))
-             if name in sweeps]
+    plain = [Load(name, c, varied=name == "concurrency")
+             for name, c in (("greedy", 1), ("concurrency", check.concurrency)) if name in sweeps]
     if plain:
         launches.append(Launch("plain", {}, tuple(plain), yardstick=True))
+    # every load's tokens are judged against the baseline's under the same pressure, the
+    # yardstick beside: the row check alone misses a wrong row the host also got wrong
     if sweeps & {"kv-pressure", "rows"}:
         launches.append(Launch("kv-pressure", {**check.knobs("kv_pressure"), "row_check": "on"},
-                               (Load("kv-pressure", check.concurrency),),
-                               yardstick="kv-pressure" in sweeps))
+                               (Load("kv-pressure", check.concurrency),), yardstick=True))
     if "rows" in sweeps:
         launches.append(Launch("slot-pressure",
                                {**check.knobs("slot_pressure"), "row_check": "on"},
                                (Load("slot-pressure", check.slot_concurrency),),
-                               yardstick=False))
+                               yardstick=True))
+    if "prefix" in sweeps:
+        off, first, again = (Load(name, check.concurrency, preamble=True, varied=True)
+                             for name in PREFIX_LOADS)
+        launches.append(Launch("prefix-off", {}, (off,), yardstick=True))
+        launches.append(Launch("prefix-on", {}, (first, again), yardstick=True,
+                               head_knobs=dict(PREFIX_KNOBS)))
     return launches

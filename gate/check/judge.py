@@ -4,7 +4,9 @@ rule `verdict_rule` states (check.md prints it).
 Token sweeps (greedy, concurrency, kv-pressure) compare every arm's tokens with the baseline's,
 prompt by prompt; the yardstick, a second server of the baseline, measures how far two servers of
 the same code already disagree. The rows sweep reads each server's /debug/rowcheck under slot
-and KV pressure. Everything here is pure: the session gathers, this judges.
+and KV pressure. The prefix sweep is three token loads (cache off, on first pass, on again)
+judged alike, with each head's row check and prefix cache hits under prefix-on. Everything here
+is pure: the session gathers, this judges.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gate.check.config import SWEEPS, CheckConfig
+from gate.check.config import PREFIX_LOADS, SWEEPS, CheckConfig
 from gate.check.load import Answer
 
 PASS, FAIL = "pass", "fail"
@@ -40,7 +42,11 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "`pass` when every sweep holds, else `fail` (and the command exits 1):",
         "",
         "1. Every request to every server (the yardstick's too) answers HTTP 200 and finishes on "
-        f"`stop` or `length` within max_tokens ({check.max_tokens}).",
+        f"`stop` or `length` within its max_tokens ({check.max_tokens}; the concurrency and "
+        "prefix loads cap prompt i at max_tokens - (i % 4) * max_tokens // 4, so rows leave "
+        "out of order), and every server stays up to the end of its loads: one that failed to "
+        "start, died, or whose engine core died (/health not 200) fails the check, named "
+        "under *Servers that failed*.",
         f"2. greedy, concurrency, kv-pressure: each arm's tokens equal {base}'s on at least as "
         f"many prompts as the yardstick's ({base} against a second {base} server) do, or every "
         "prompt where they differ is a near-tie: at the first divergent token, each arm that "
@@ -50,7 +56,12 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "nothing).",
         "4. rows: every server that plans resident ran the row check on at least one step with 0 "
         "mismatches, with rows displaced under slot pressure and offloads under KV pressure; a "
-        "host-planned server has no rows to check (n/a).",
+        "host-planned server has no rows to check (n/a); and the tokens under slot pressure "
+        "(under KV pressure too when the kv-pressure sweep is not run) hold as rule 2 says.",
+        f"5. prefix: the loads {', '.join(PREFIX_LOADS)} each hold as rule 2 says (the heads "
+        f"with the prefix cache on for the last two, {base} and the yardstick with it off); "
+        "each head hit the cache under prefix-on, and one that plans resident ran the row "
+        "check with 0 mismatches.",
     ])
 
 
@@ -217,16 +228,55 @@ def row_reading(pressure: str, arm: str, launched: dict[str, Any],
 
 
 def judge_rows(answers: dict[str, dict[str, list[Answer]]],
-               launched: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The rows sweep: every server's row check under slot and KV pressure."""
+               launched: dict[str, dict[str, dict[str, Any]]], roles: Roles,
+               check: CheckConfig) -> dict[str, Any]:
+    """The rows sweep: every server's row check under slot and KV pressure, and the tokens
+    under slot pressure against the baseline's (the yardstick beside: the row check compares
+    the device's rows with the host's, so it cannot see a bug both share); the tokens under KV
+    pressure too where the kv-pressure sweep does not judge them."""
     readings: dict[str, dict[str, Any]] = {}
     reasons: list[str] = []
+    judged = [p for p in PRESSURES if p == "slot-pressure" or "kv-pressure" not in check.sweeps]
+    tokens = {pressure: judge_tokens(answers[pressure], roles, check) for pressure in judged
+              if roles.yardstick in answers.get(pressure, {})}
+    reasons += [f"{pressure} tokens: {reason}" for pressure, sweep in tokens.items()
+                for reason in sweep["reasons"]  # failed requests: in the readings below
+                if "requests failed" not in reason]
     for pressure in PRESSURES:
         for arm, record in launched.get(pressure, {}).items():
             reading, why = row_reading(pressure, arm, record, answers[pressure][arm])
             readings.setdefault(pressure, {})[arm] = reading
             reasons += why
-    return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "readings": readings}
+    return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "readings": readings,
+            "tokens": tokens}
+
+
+def judge_prefix(answers: dict[str, dict[str, list[Answer]]],
+                 launched: dict[str, dict[str, Any]], roles: Roles,
+                 check: CheckConfig) -> dict[str, Any]:
+    """The prefix sweep: its three loads judged as token sweeps; under prefix-on each head
+    hit the cache (a cache that never hit tested nothing) and its row check found nothing."""
+    loads = {load: judge_tokens(answers[load], roles, check) for load in PREFIX_LOADS}
+    reasons = [f"{load}: {reason}" for load, judged in loads.items()
+               for reason in judged["reasons"]]
+    hits = {}
+    for head in roles.heads:
+        record = launched.get(head, {})
+        if record.get("error"):
+            continue  # its requests failed: judged above
+        hits[head] = record.get("prefix_hits", 0)
+        if not hits[head]:
+            reasons.append(f"{head} never hit the prefix cache under prefix-on, so it tested "
+                           "nothing")
+        counts = _rowcheck(record)
+        if record.get("planning_mode") == "resident" and (
+                not counts.get("steps") or counts.get("mismatches")):
+            reasons.append(f"{head} under prefix-on: {counts.get('mismatches', 0)} row "
+                           f"mismatches over {counts.get('steps', 0)} steps")
+    return {"verdict": FAIL if reasons else PASS, "reasons": reasons, "loads": loads,
+            "hits": hits, "saved_tokens": {arm: launched.get(arm, {}).get(
+                "prefix_saved_tokens", 0) for arm in roles.heads},
+            "rowcheck": {arm: _rowcheck(launched.get(arm, {})) for arm in roles.heads}}
 
 
 def judge(check: CheckConfig, roles: Roles, answers: dict[str, dict[str, list[Answer]]],
@@ -235,13 +285,20 @@ def judge(check: CheckConfig, roles: Roles, answers: dict[str, dict[str, list[An
     sweeps: dict[str, dict[str, Any]] = {}
     for sweep in (s for s in SWEEPS if s in check.sweeps):
         if sweep == "rows":
-            sweeps[sweep] = judge_rows(answers, launched)
+            sweeps[sweep] = judge_rows(answers, launched, roles, check)
         elif sweep == "kv-pressure":
             sweeps[sweep] = judge_kv_pressure(answers[sweep], launched[sweep], roles, check)
+        elif sweep == "prefix":
+            sweeps[sweep] = judge_prefix(answers, launched["prefix-on"], roles, check)
         else:
             sweeps[sweep] = judge_tokens(answers[sweep], roles, check)
-    verdict = PASS if all(s["verdict"] == PASS for s in sweeps.values()) else FAIL
+    servers_failed = [f"{arm} under {launch}: {record['error']}"
+                      for launch, by_arm in launched.items()
+                      for arm, record in by_arm.items() if record.get("error")]
+    verdict = PASS if all(s["verdict"] == PASS for s in sweeps.values()) \
+        and not servers_failed else FAIL
     return {"verdict": verdict, "rule": verdict_rule(check, roles),
+            "servers_failed": servers_failed,
             "roles": {"baseline": roles.baseline, "yardstick": roles.yardstick,
                       "heads": list(roles.heads)},
             "sweeps": sweeps}

@@ -83,18 +83,21 @@ async def _complete(session: aiohttp.ClientSession, url: str, body: dict[str, An
     return parse_answer(status, data, body["max_tokens"])
 
 
-async def complete_all(url: str, prompts: tuple[str, ...], concurrency: int, max_tokens: int,
-                       logprobs: int | None, timeout_s: float = 1800.0) -> list[Answer]:
-    """Every prompt once, at most `concurrency` in flight, answers in prompt order."""
+async def complete_all(url: str, prompts: tuple[str, ...], concurrency: int,
+                       max_tokens: tuple[int, ...], logprobs: int | None,
+                       timeout_s: float = 1800.0) -> list[Answer]:
+    """Every prompt once (prompt i capped at max_tokens[i]), at most `concurrency` in flight,
+    answers in prompt order."""
     gate = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=concurrency + 2)) as s:
-        async def one(prompt: str) -> Answer:
+        async def one(prompt: str, cap: int) -> Answer:
             async with gate:
-                return await _complete(s, url, _body(prompt, max_tokens, logprobs))
+                return await _complete(s, url, _body(prompt, cap, logprobs))
 
-        return list(await asyncio.gather(*(one(prompt) for prompt in prompts)))
+        return list(await asyncio.gather(*(one(prompt, cap) for prompt, cap in
+                                           zip(prompts, max_tokens, strict=True))))
 
 
 async def gives_logprobs(url: str) -> bool:

@@ -36,18 +36,37 @@ def sweeps_table(report: dict[str, Any]) -> TableSpec:
     return TableSpec("Sweeps", ["sweep", "verdict", "why"], rows, "lll")
 
 
+def token_judgements(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(load, its token judgement) of every token sweep run, then the prefix sweep's loads."""
+    sweeps = report["sweeps"]
+    judged = [(name, sweeps[name]) for name in TOKEN_SWEEPS if name in sweeps]
+    judged += list(sweeps.get("rows", {}).get("tokens", {}).items())
+    return judged + list(sweeps.get("prefix", {}).get("loads", {}).items())
+
+
+def _load_text(report: dict[str, Any], name: str) -> str:
+    load = f"c={report['loads'][name]}"
+    if name in report.get("varied_loads", ()):
+        load += ", max_tokens varied"
+    if name in ("kv-pressure", "slot-pressure"):
+        load += f", {_knobs_text(report['launches'][name]['knobs'])}"
+    elif name in ("prefix-first", "prefix-again"):
+        load += ", shared preamble, heads: " + _knobs_text(
+            report["launches"]["prefix-on"].get("head_knobs", {}))
+    elif name == "prefix-off":
+        load += ", shared preamble, cache off"
+    return load
+
+
 def tokens_table(report: dict[str, Any]) -> TableSpec | None:
-    """Per token sweep: each head's prompts with the baseline's very tokens beside the
-    yardstick's (the baseline against its second server)."""
+    """Per token sweep (and prefix load): each head's prompts with the baseline's very tokens
+    beside the yardstick's (the baseline against its second server)."""
     roles = report["roles"]
     base, heads = roles["baseline"], roles["heads"]
     rows = []
-    for name in (n for n in TOKEN_SWEEPS if n in report["sweeps"]):
-        sweep = report["sweeps"][name]
+    for name, sweep in token_judgements(report):
         agreement = sweep["agreement"]
-        load = f"c={report['loads'][name]}"
-        if name == "kv-pressure":
-            load += f", {_knobs_text(report['launches']['kv-pressure']['knobs'])}"
+        load = _load_text(report, name)
         rows.append([name, load,
                      *(f"{agreement[h]['same']}/{agreement[h]['total']}" for h in heads),
                      f"{agreement[roles['yardstick']]['same']}/"
@@ -78,8 +97,8 @@ def divergences_table(report: dict[str, Any]) -> TableSpec | None:
     (its own token's logprob less the other's)."""
     base = report["roles"]["baseline"]
     rows = []
-    for name in (n for n in TOKEN_SWEEPS if n in report["sweeps"]):
-        for arm, divergences in report["sweeps"][name]["divergences"].items():
+    for name, sweep in token_judgements(report):
+        for arm, divergences in sweep["divergences"].items():
             for d in divergences:
                 base_token, arm_token = d["baseline_token"], d["arm_token"]
                 rows.append([name, f"p{d['prompt']}", arm, str(d["index"]),
@@ -115,10 +134,25 @@ def rows_table(report: dict[str, Any]) -> TableSpec | None:
                                      "failed requests", "status"], rows, "lllrrl")
 
 
+def prefix_table(report: dict[str, Any]) -> TableSpec | None:
+    """Each head's prefix cache hits and saved tokens over both passes, and its row check."""
+    prefix = report["sweeps"].get("prefix")
+    if prefix is None:
+        return None
+    rows = []
+    for arm, hits in prefix["hits"].items():
+        counts = prefix["rowcheck"].get(arm) or {}
+        rows.append([arm, str(hits), str(prefix["saved_tokens"].get(arm, 0)),
+                     f"{counts.get('mismatches', 0)} mismatches over {counts.get('steps', 0)} "
+                     f"steps ({counts.get('rows', 0)} rows)" if counts.get("enabled") else "-"])
+    return TableSpec("Prefix cache (prefix-on)", ["arm", "hits", "saved prompt tokens",
+                                                  "row check"], rows, "lrrl")
+
+
 def check_tables(report: dict[str, Any]) -> list[TableSpec]:
     """check.md's tables, in order; the same go to stdout."""
     tables = [sweeps_table(report), tokens_table(report), divergences_table(report),
-              rows_table(report)]
+              rows_table(report), prefix_table(report)]
     return [table for table in tables if table is not None]
 
 
@@ -126,8 +160,11 @@ def _intro(report: dict[str, Any], manifest: Manifest) -> str:
     roles, check, prompts = report["roles"], report["check"], report["prompts"]
     arms = ", ".join(f"{a.name} (`{a.spec}`)" for a in manifest.arms
                      if a.name != roles["yardstick"])
-    launches = "; ".join(f"{name}: {_knobs_text(launch['knobs'])}"
-                         for name, launch in report["launches"].items())
+    launches = "; ".join(
+        f"{name}: {_knobs_text(launch['knobs'])}"
+        + (f", the heads also {_knobs_text(launch['head_knobs'])}"
+           if launch.get("head_knobs") else "")
+        for name, launch in report["launches"].items())
     return (f"Model {manifest.model} on {manifest.device}. Arms {arms}; the "
             f"yardstick {roles['yardstick']} is a second server of {roles['baseline']}. "
             f"{prompts['count']} prompts from `{prompts['path']}`, greedy (temperature 0), "
@@ -137,12 +174,20 @@ def _intro(report: dict[str, Any], manifest: Manifest) -> str:
             "logprobs on both sides are in check.json, every answer in answers.jsonl.")
 
 
+def servers_failed_text(report: dict[str, Any]) -> str:
+    """The servers that failed to start, died or lost their engine core, one a line."""
+    failed = report.get("servers_failed") or []
+    return "\n".join(["## Servers that failed", "", *(f"- {line}" for line in failed)]) \
+        if failed else ""
+
+
 def check_md(report: dict[str, Any], manifest: Manifest) -> str:
     exit_code = 0 if report["verdict"] == "pass" else 1
+    failed = servers_failed_text(report)
     return "\n\n".join([
         page_title(manifest, "check"), _intro(report, manifest),
         f"**Verdict: {report['verdict']}** (exit code {exit_code}; the check took "
-        f"{report['wall_s']:.0f} s)", time_line(manifest),
+        f"{report['wall_s']:.0f} s)", *([failed] if failed else []), time_line(manifest),
         "## The rule", report["rule"],
         *(table.md() for table in check_tables(report))]) + "\n"
 

@@ -90,7 +90,8 @@ class CheckSession(Session):
         """One server: the arm's knobs, then the launch's; the identity checks; the launch's
         loads; its row-check counts. A server that fails fails its loads' requests."""
         spec = self.launch_spec(cache)
-        knobs = {**self.placement.server_knobs(), **arm.knobs, **launch.knobs}
+        knobs = {**self.placement.server_knobs(), **arm.knobs, **launch.knobs,
+                 **(launch.head_knobs if arm.name in self.roles.heads else {})}
         record: dict[str, Any] = {"knobs": knobs, "error": None}
         self.launched.setdefault(launch.name, {})[arm.name] = record
         self.console.log(f"{launch.name}: starting {arm.name} ({arm.spec})")
@@ -119,8 +120,9 @@ class CheckSession(Session):
             raise ServerFailed(f"{arm.name}: {err}", server.log_tail()) from None
         for load in launch.loads:
             started = time.monotonic()
-            answers = await complete_all(server.url, self.prompts.texts, load.concurrency,
-                                         self.check.max_tokens, logprobs)
+            texts = self.prompts.with_preamble() if load.preamble else self.prompts.texts
+            answers = await complete_all(server.url, texts, load.concurrency,
+                                         load.caps(self.check.max_tokens, len(texts)), logprobs)
             self.answers.setdefault(load.name, {})[arm.name] = answers
             self.console.log(f"{launch.name}: {arm.name} {load.name} c={load.concurrency}: "
                              f"{sum(a.ok for a in answers)}/{len(answers)} ok, "
@@ -129,9 +131,17 @@ class CheckSession(Session):
         if not server.alive():
             raise ServerFailed(f"server died (code {server.process.returncode})",
                                server.log_tail())
+        status, health = await server.request_json("GET", "/health")
+        if status != 200:  # the API process outlives a dead engine core for a moment
+            raise ServerFailed(f"engine core failed: /health {status} {health}",
+                               server.log_tail())
+        metrics = await server.metrics()
         return {"planning_mode": (entry.debug_config or {}).get("planning_mode"),
                 "logprobs": logprobs is not None,
-                "rowcheck": await server.get_json("/debug/rowcheck")}
+                "rowcheck": await server.get_json("/debug/rowcheck"),
+                "prefix_hits": int(metrics.get("resident_prefix_cache_hits_total", 0)),
+                "prefix_saved_tokens": int(
+                    metrics.get("resident_prefix_cache_saved_tokens_total", 0))}
 
     def _report(self, wall_s: float) -> dict[str, Any]:
         report = judge(self.check, self.roles, self.answers, self.launched)
@@ -139,6 +149,8 @@ class CheckSession(Session):
                 "wall_s": round(wall_s, 1),
                 "loads": {load.name: load.concurrency for launch in self.launches
                           for load in launch.loads},
-                "launches": {launch.name: {"knobs": launch.knobs,
+                "varied_loads": [load.name for launch in self.launches for load in launch.loads
+                                 if load.varied],
+                "launches": {launch.name: {"knobs": launch.knobs, "head_knobs": launch.head_knobs,
                                            "arms": self.launched.get(launch.name, {})}
                              for launch in self.launches}}

@@ -70,6 +70,10 @@ ConcurrencyOpt = Annotated[str | None, typer.Option(
     rich_help_panel=CELLS)]
 PromptLenOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Prompt tokens." + config_default("prompt_len"), rich_help_panel=CELLS)]
+SharedPrefixLenOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Tokens of one shared prefix every prompt opens with, before its own "
+    "--prompt-len (what a prefix cache buys)." + config_default("shared_prefix_len"),
+    rich_help_panel=CELLS)]
 OutputLenOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Output tokens, ignore_eos." + config_default("output_len"),
     rich_help_panel=CELLS)]

@@ -22,6 +22,7 @@ def run(
     device: opt.DeviceOpt = None,
     concurrency: opt.ConcurrencyOpt = None,
     prompt_len: opt.PromptLenOpt = None,
+    shared_prefix_len: opt.SharedPrefixLenOpt = None,
     output_len: opt.OutputLenOpt = None,
     rounds: opt.RoundsOpt = None,
     until_verdict: opt.UntilVerdictOpt = None,
@@ -58,7 +59,8 @@ def run(
     """
     given = option_fields(
         arm=arm, set=knobs, aa=aa, model=model, device=device, concurrency=concurrency,
-        prompt_len=prompt_len, output_len=output_len, rounds=rounds,
+        prompt_len=prompt_len, shared_prefix_len=shared_prefix_len, output_len=output_len,
+        rounds=rounds,
         until_verdict=until_verdict, max_rounds=max_rounds, min_effect=min_effect,
         interleave=interleave, parallel_start=parallel_start, runs=runs, requests=requests,
         requests_per_slot=requests_per_slot, clients=clients, seed=seed, profile=profile,

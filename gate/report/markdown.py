@@ -128,7 +128,9 @@ def header_line(manifest: Manifest) -> str:
     servers = ("; interleaved: each round's servers up together, runs alternating between arms"
                if manifest.interleave else "; sequential: one server up at a time")
     return (f"Model {known(manifest.model)} on {known(manifest.device)}; "
-            f"prompt {known(manifest.prompt_len)} tokens, "
+            f"prompt {known(manifest.prompt_len)} tokens"
+            + (f" after one shared {manifest.shared_prefix_len}-token prefix"
+               if manifest.shared_prefix_len else "") + ", "
             f"output {known(manifest.output_len)} tokens; cells {cells}; "
             f"{rounds} x {known(manifest.runs)} runs{servers}.")
 

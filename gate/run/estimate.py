@@ -20,8 +20,9 @@ LONG_S = 300.0  # an estimate above this gets a warning
 
 
 def _run_seconds(config: GateConfig, concurrency: int, requests: int) -> float:
-    tokens = requests * (config.output_len + PROMPT_COST * config.prompt_len)
-    context = config.prompt_len + config.output_len / 2
+    prompt_len = config.shared_prefix_len + config.prompt_len
+    tokens = requests * (config.output_len + PROMPT_COST * prompt_len)
+    context = prompt_len + config.output_len / 2
     rate = CPU_TOK_S * min(concurrency, SATURATION) ** CONCURRENCY_GAIN
     return tokens * (1 + context / CONTEXT_TOKENS) / rate
 

@@ -1,11 +1,14 @@
 """Load: fixed-concurrency streaming completions against an OpenAI-compatible server.
 
 Prompts are random token ids below the server's vocabulary, seeded, so no prefix cache helps and
-two arms given one seed see the same prompts. Every request asks for exactly `output_len` tokens
-(ignore_eos). Warm-up requests run first at the same concurrency and are left out. A run's numbers
-are a ServeMetrics, named as `vllm bench serve --save-result` names them: output_throughput
-(output tok/s) = output tokens of the measured requests over the measured wall time; TTFT, TPOT,
-ITL and E2EL as ServeMetrics says. Failed requests are counted and kept out of the distributions.
+two arms given one seed see the same prompts; with `shared_prefix_len` every prompt of a run
+(warm-up too) opens with one shared prefix of that many tokens, seeded alike, then its own
+`prompt_len`, so a cell measures what a prefix cache buys. Every request asks for exactly
+`output_len` tokens (ignore_eos). Warm-up requests run first at the same concurrency and are
+left out. A run's numbers are a ServeMetrics, named as `vllm bench serve --save-result` names
+them: output_throughput (output tok/s) = output tokens of the measured requests over the
+measured wall time; TTFT, TPOT, ITL and E2EL as ServeMetrics says. Failed requests are counted
+and kept out of the distributions.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from gate.run.server import end_with_parent
 class LoadSpec:
     concurrency: int
     num_requests: int
-    prompt_len: int = 512
+    prompt_len: int = 512  # each prompt's own tokens
     output_len: int = 256
     vocab_size: int = 512
+    shared_prefix_len: int = 0  # tokens of the one prefix every prompt opens with
     seed: int = 0
     num_warmup: int = 0
     model: str | None = None
@@ -48,6 +52,13 @@ class LoadSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_warmup < 0:
             raise ValueError(f"num_warmup must be >= 0, got {self.num_warmup}")
+        if self.shared_prefix_len < 0:
+            raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
+
+    @property
+    def total_prompt_len(self) -> int:
+        """Tokens a prompt holds: the shared prefix and its own."""
+        return self.shared_prefix_len + self.prompt_len
 
 
 @dataclass
@@ -70,8 +81,12 @@ class RunResult:
 
 
 def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
+    """`count` prompts: the run's shared prefix (the same for every salt of a seed), then
+    `prompt_len` tokens of each prompt's own."""
+    shared_rng = random.Random(f"{spec.seed}:shared")
+    shared = [shared_rng.randrange(spec.vocab_size) for _ in range(spec.shared_prefix_len)]
     rng = random.Random(f"{spec.seed}:{salt}")
-    return [[rng.randrange(spec.vocab_size) for _ in range(spec.prompt_len)]
+    return [shared + [rng.randrange(spec.vocab_size) for _ in range(spec.prompt_len)]
             for _ in range(count)]
 
 
@@ -261,7 +276,7 @@ def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float) -> Ru
     """The run's ServeMetrics over its completed requests, and its first five errors."""
     ok = [r for r in results if r.ok]
     output = sum(r.output_tokens for r in ok)
-    prompt = spec.prompt_len * len(ok)
+    prompt = spec.total_prompt_len * len(ok)
     samples = {"ttft": [r.ttft_s for r in ok], "itl": [gap for r in ok for gap in r.itl_s],
                "e2el": [r.latency_s for r in ok],
                "tpot": [t for t in map(_tpot_s, ok) if t is not None]}

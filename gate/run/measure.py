@@ -24,6 +24,7 @@ async def warmed_load(server: Server, config: GateConfig, concurrency: int, voca
     """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
     spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
                     prompt_len=config.prompt_len, output_len=config.output_len,
+                    shared_prefix_len=config.shared_prefix_len,
                     vocab_size=vocab, seed=config.seed * 1000 + round_index,
                     num_warmup=concurrency,
                     num_clients=config.clients_for(concurrency, num_client_cpus))

@@ -38,6 +38,7 @@ from resident.engine.buffers import SampledTokens
 from resident.engine.inputs import StepInputs
 from resident.engine.phases import NO_PHASES, PhaseTiming
 from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning, planner_refusal
+from resident.engine.prefix import NoPrefixCache, PrefixCache
 from resident.engine.report import engine_info, engine_stats, rowcheck_counts
 from resident.engine.request import Request, Status
 from resident.engine.resident_planning import ResidentPlanning
@@ -125,7 +126,10 @@ class Engine:
             self.runner.prepare_all(config.decode_buckets, self.startup.lap)
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
-        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper)
+        self.prefixes = PrefixCache(config, self.cache, self.kv, self.states) \
+            if config.prefix_cache == "on" else NoPrefixCache()
+        self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper,
+                                   self.prefixes)
         self.sampler = Sampler(device, config.seed)
         self.readback = TokenReadback(device, config.max_step_rows)
         self.requests: dict[str, Request] = {}
@@ -167,6 +171,7 @@ class Engine:
             return RequestOutput(request.request_id, [], True, FINISH_ERROR, error, rejected=True)
         self.requests[request.request_id] = request
         self.sampler.add(request.request_id, request.params)
+        self.prefixes.add(request)
         self.scheduler.add(request)
         return None
 
@@ -283,6 +288,8 @@ class Engine:
         for row in plan.rows:
             self.kv.commit(row.request.request_id, row.num_new)
             row.request.num_computed += row.num_new
+            if plan.kind != "decode":  # its prompt pages and snapshots, after the step
+                self.prefixes.commit(row.request)
         for request in live:
             request.append_pending()
         self.phases.lap("commit")
@@ -324,7 +331,8 @@ class Engine:
             self._finish(request)
         return RequestOutput(request.request_id, [token], bool(request.finish_reason),
                              request.finish_reason,
-                             logprobs=None if logprobs is None else (logprobs,))
+                             logprobs=None if logprobs is None else (logprobs,),
+                             num_cached_tokens=request.num_cached_tokens)
 
     def _finish(self, request: Request) -> None:
         """A finished or aborted request is released now, or after the step planned ahead
@@ -339,6 +347,7 @@ class Engine:
         self.planning.release(request.request_id)
         self.scheduler.release(request)
         self.swapper.drop(request.request_id)
+        self.prefixes.drop(request.request_id)
         self.sampler.drop(request.request_id)
         del self.requests[request.request_id]
 

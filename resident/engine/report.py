@@ -14,6 +14,7 @@ from resident.backends import StepKernels
 from resident.config import EngineConfig
 from resident.engine.inputs import StepInputs
 from resident.engine.planning import StepPlanning
+from resident.engine.prefix import NoPrefixCache
 from resident.engine.runner import StepRunner
 from resident.engine.scheduler import Scheduler
 from resident.engine.startup import StartupTimes
@@ -41,6 +42,7 @@ class Engine(Protocol):
     step_seconds: Counter[str]
     fingerprint: str
     startup: StartupTimes
+    prefixes: NoPrefixCache
 
 STEP_KINDS = ("decode", "prefill", "mixed")
 
@@ -68,7 +70,18 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "failed_requests": engine.counters["failed_requests"],
         "rows_after_finish": engine.counters["rows_after_finish"],
         "rowcheck": rowcheck_counts(engine),
+        **prefix_stats(engine),
     }
+
+
+PREFIX_STATS = ("hits", "cached_tokens", "snapshots_taken", "snapshots_evicted",
+                "snapshots_used", "pages_cached", "pages_idle", "pages_evicted")
+
+
+def prefix_stats(engine: Engine) -> dict[str, int]:
+    """The prefix cache's counters and gauges, `prefix_<name>` (all 0 while it is off)."""
+    stats = engine.prefixes.stats() if engine.prefixes.enabled else {}
+    return {f"prefix_{key}": stats.get(key, 0) for key in PREFIX_STATS}
 
 
 def rowcheck_counts(engine: Engine) -> dict[str, int]:
@@ -96,6 +109,8 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "knobs_changed": engine.config.changed_from(default),
         "planning_mode": planning.mode,
         "planning_reason": planning.reason,
+        # the prefix cache's GDN snapshot pool on the device (0 while prefix_cache is off)
+        "prefix_snapshot_bytes": engine.prefixes.snapshot_bytes,
         "attention_backend": engine.config.attention_backend,
         "cuda_graphs": engine.runner.graphs.buckets if engine.runner.graphs else [],
         "prefill_graphs": _padded_graphs(engine),

@@ -7,6 +7,9 @@ running request that needs a page offloads the coldest running request outside t
 pages and state go to host memory through the `Swapper`); offloaded requests reload, oldest
 first, when room returns, and new requests wait until none is offloaded.
 A request whose prompt and output could never fit the pool fails alone at arrival.
+With the prefix cache on (engine/prefix.py), a new request starts from its longest cached
+prefix (its pages shared, its GDN state restored) and prefill chunks end at snapshot points;
+cached pages no request holds count as free and give way to KV pressure.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from resident.config import EngineConfig
+from resident.engine.prefix import NoPrefixCache
 from resident.engine.request import Request, Status
 from resident.resources.kv import KVPool
 from resident.resources.positions import Positions
@@ -63,10 +67,12 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVPool, states: StatePool,
-                 positions: Positions, swapper: Swapper) -> None:
+                 positions: Positions, swapper: Swapper,
+                 prefixes: NoPrefixCache | None = None) -> None:
         self.config = config
         self.kv, self.states, self.positions = kv, states, positions
         self.swapper = swapper
+        self.prefixes = prefixes or NoPrefixCache()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.offloaded: deque[Request] = deque()
@@ -137,7 +143,9 @@ class Scheduler:
         for request in requests:
             if budget == 0 or self._prefill_rows_full(rows):
                 break
-            chunk = min(len(request.prompt_ids) - request.num_computed, budget)
+            start = request.num_computed
+            chunk = self.prefixes.chunk(request, start,
+                                        min(len(request.prompt_ids) - start, budget))
             if self._admit_running(request, chunk, rows):
                 rows.append(_prefill_row(request, chunk))
                 budget -= chunk
@@ -150,14 +158,25 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs or self._prefill_rows_full(rows):
                 return
             request = self.waiting[0]
-            chunk = min(len(request.prompt_ids), budget)
-            if self.kv.pages_needed(request.request_id, chunk) > self.kv.num_free:
+            hit = self.prefixes.match(request)
+            start, pages = (hit.num_tokens, hit.pages) if hit else (0, [])
+            chunk = self.prefixes.chunk(request, start,
+                                        min(len(request.prompt_ids) - start, budget))
+            # the hit's idle pages stop counting as free once its stream holds them
+            need = self.kv.pages_for(start + chunk) - len(pages)
+            if need + self.kv.cache.num_idle_of(pages) > self.kv.num_free:
                 return
             if self.states.admit(request.request_id, chunk) is not None:
                 return
+            if hit:
+                self.kv.share(request.request_id, pages)
+                request.num_computed = start
             self.kv.admit(request.request_id, chunk)
             self.positions.admit(request.request_id, chunk)
-            self.swapper.reset_state(request)
+            if hit:
+                self.prefixes.restore(request, hit)
+            else:
+                self.swapper.reset_state(request)
             self.waiting.popleft()
             request.status = Status.RUNNING
             self.running.append(request)

@@ -63,4 +63,5 @@ class RequestOutput:
     finish_reason: str | None = None
     error: str | None = None
     rejected: bool = False  # refused at intake (bad or never-fitting request): a client error
+    num_cached_tokens: int = 0  # prompt tokens a prefix cache hit restored (not computed)
     logprobs: tuple[TokenLogprobs, ...] | None = None

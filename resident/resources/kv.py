@@ -3,6 +3,11 @@
 Page 0 is the sink: padding rows point at it and it is never handed out. A stream's pages hold its
 tokens in order, `page_size` to a page; a request's token at position p lives at
 `pages[p // page_size] * page_size + p % page_size`.
+
+Pages are reference-counted (page_cache.PageCache): with the prefix cache on, full prompt
+pages are cached by their block hash and shared read-only by the streams of later requests
+(`share`); a cached page no stream holds stays cached until KV pressure takes it, so it counts
+as free. With the cache off no page is ever cached and every freed page is free at once.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from resident.resources.base import Resource
+from resident.resources.page_cache import PageCache
 
 SINK_PAGE = 0
 
@@ -28,14 +34,23 @@ class KVPool(Resource):
         self.page_size = page_size
         self._free = list(range(num_pages - 1, SINK_PAGE, -1))  # pop() hands out low pages first
         self.streams: dict[str, KVStream] = {}
+        self.cache = PageCache()
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Pages a stream can take: free ones and idle cached ones (evicted on taking)."""
+        return len(self._free) + len(self.cache.idle)
 
     @property
     def num_used(self) -> int:
-        return self.num_pages - 1 - len(self._free)
+        return self.num_pages - 1 - self.num_free
+
+    def _take(self, count: int) -> list[int]:
+        """`count` pages for a stream: free ones first, then the least recently used idle
+        cached ones, which are forgotten."""
+        pages = [self._free.pop() if self._free else self.cache.evict() for _ in range(count)]
+        self.cache.hold(pages)
+        return pages
 
     @property
     def capacity_tokens(self) -> int:
@@ -53,11 +68,25 @@ class KVPool(Resource):
         if stream is not None and stream.length + num_new <= len(stream.pages) * self.page_size:
             return None  # the decode step's usual case: its last page has room
         need = self.pages_needed(request_id, num_new)
-        if need > len(self._free):
-            return f"no free KV pages (needs {need}, {len(self._free)} free)"
+        if need > self.num_free:
+            return f"no free KV pages (needs {need}, {self.num_free} free)"
         stream = self.streams.setdefault(request_id, KVStream())
-        stream.pages.extend(self._free.pop() for _ in range(need))
+        stream.pages.extend(self._take(need))
         return None
+
+    def share(self, request_id: str, pages: list[int]) -> None:
+        """A new request's stream starts on cached pages (a prefix cache hit): full pages
+        whose KV it reads and never writes."""
+        self.cache.hold(pages)
+        self.streams[request_id] = KVStream(pages=list(pages),
+                                            length=len(pages) * self.page_size)
+
+    def cache_pages(self, request_id: str, keys: list[int], first: int) -> None:
+        """Caches the stream's full pages `first`.. under their block keys (`keys[j]` is page
+        j's): their KV is written (the step that wrote them is launched, stream order)."""
+        pages = self.streams[request_id].pages
+        for index in range(first, len(keys)):
+            self.cache.insert(keys[index], pages[index])
 
     def commit(self, request_id: str, num_new: int) -> None:
         self.streams[request_id].length += num_new
@@ -67,15 +96,15 @@ class KVPool(Resource):
         stream = self.streams.pop(request_id, None)
         if stream is None:
             return []
-        self._free.extend(reversed(stream.pages))
+        self._free.extend(reversed(self.cache.drop(stream.pages)))
         return stream.pages
 
     def restore(self, request_id: str, length: int) -> list[int] | str:
         """Gives a reloaded request fresh pages for `length` stored tokens, or a refusal."""
         need = self.pages_for(length)
-        if need > len(self._free):
-            return f"no free KV pages to reload (needs {need}, {len(self._free)} free)"
-        pages = [self._free.pop() for _ in range(need)]
+        if need > self.num_free:
+            return f"no free KV pages to reload (needs {need}, {self.num_free} free)"
+        pages = self._take(need)
         self.streams[request_id] = KVStream(pages=pages, length=length)
         return pages
 

@@ -246,11 +246,13 @@ class _Completion:
         return {"id": self.id, "object": self.format.chunk_object if chunk else self.format.object,
                 "created": self.created, "model": self.state.model_name, "choices": choices}
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> dict[str, Any]:
         prompt = len(self.parsed.prompt_ids)
         completion = sum(len(choice.token_ids) for choice in self.choices)
+        cached = max(choice.num_cached_tokens for choice in self.choices)
         return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     async def _outputs(self) -> AsyncIterator[tuple[Choice, list[RequestOutput]]]:
         """Each choice's outputs as they arrive (a choice and the outputs that came since it was

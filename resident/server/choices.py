@@ -46,6 +46,7 @@ class Choice:
         self.logprobs: list[TokenLogprobs] = []
         self.texts: list[str] = []  # the pieces' texts (incremental only)
         self.text_length = 0
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache restored
         self.final: RequestOutput | None = None  # the output that finished it (stop: made here)
 
     @property
@@ -56,6 +57,7 @@ class Choice:
         """Records one output of the core; the pieces it adds. Once a stop string is found
         the choice is done and the output's later tokens are dropped."""
         logprobs = output.logprobs or ()
+        self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
         pieces = []
         for i, token in enumerate(output.new_token_ids):
             last = output.finished and i == len(output.new_token_ids) - 1

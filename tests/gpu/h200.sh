@@ -45,6 +45,16 @@
 #   load-client  the gate's load client alone against the fake SSE server
 #             (resident.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), and unpaced
+#   prefix-engine  the prefix cache in the engine (tests/gpu/test_prefix_gpu.py: a second pass
+#             repeats the first bit for bit, hits, row check 0, everything returns)
+#   check-prefix  configs/gate/check-h200-0.8b-prefix.yaml (--sweep prefix: the cache off, on,
+#             on again against main with it off), tarred; main is the tree at
+#             .gate/worktrees/main-ea55939 when carried, else this tree (the cache off)
+#   check-prefix-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b-prefix.yaml)
+#   gate-prefix  configs/gate/h200-0.8b-prefix.yaml (on against off, a shared 1,024-token
+#             prefix + 256 own, c=16/64, until a verdict), tarred
+#   gate-prefix-none  configs/gate/h200-0.8b-prefix-none.yaml (the same without a shared
+#             prefix: the cache's cost), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -150,6 +160,19 @@ for part in "$@"; do
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
         --out "$OUT/gate-fused"
       tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
+    prefix-engine)
+      run prefix-engine 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider -p no:logging \
+        tests/gpu/test_prefix_gpu.py ;;
+    check-prefix | check-prefix-2b)
+      size=0.8b; [ "$part" = check-prefix-2b ] && size=2b
+      main=main=.; [ -d .gate/worktrees/main-ea55939 ] && main=main=path:.gate/worktrees/main-ea55939
+      run "$part" 570 python3 -m gate check --config "configs/gate/check-h200-$size-prefix.yaml" \
+        --arm "$main" --arm head=. --out "$OUT/$part"
+      tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
+    gate-prefix | gate-prefix-none)
+      run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
+        --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
+      tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     fused-kernels)
       run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
