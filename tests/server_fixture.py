@@ -154,6 +154,18 @@ async def metrics(url: str, headers: dict[str, str] | None = None) -> dict[str, 
     return parse_metrics(str(text))
 
 
+async def idle_metrics(url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """The metrics once no request runs or waits (an aborted one leaves after the step planned
+    ahead of its abort), or after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = await metrics(url)
+        idle = samples["resident_requests_running"] == 0 == samples["resident_requests_waiting"]
+        if idle or time.monotonic() > deadline:
+            return samples
+        await asyncio.sleep(0.1)
+
+
 def stop_across_tokens(texts: list[str]) -> tuple[str, str, int]:
     """For a completion whose tokens' texts (one a streamed event) are `texts`: a 2-character
     stop string that spans the boundary of two tokens' text and occurs nowhere before, the text

@@ -9,7 +9,6 @@ prompt's token count, and the greedy text, which must equal /v1/completions' for
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from server_fixture import (
     Server,
     free_port,
     get,
+    idle_metrics,
     metrics,
     post,
     run,
@@ -243,11 +243,7 @@ def test_a_client_that_hangs_up_aborts_every_choice(server):
                     return  # leaving closes the connection mid-stream
 
     run(hang_up())
-    for _ in range(100):
-        after = run(metrics(server.url))
-        if after["resident_requests_running"] == 0 and after["resident_requests_waiting"] == 0:
-            break
-        run(asyncio.sleep(0.1))
+    after = run(idle_metrics(server.url))
     assert after["resident_aborts_total"] - before["resident_aborts_total"] == 2
     assert after["resident_kv_pages_free"] == before["resident_kv_pages_free"]
 

@@ -18,7 +18,7 @@ from resident.model.weights import load_model
 from resident.provenance import source_digest
 
 from model_driver import greedy_alone
-from server_fixture import ROOT, Server, get, metrics, post, run, stream
+from server_fixture import ROOT, Server, get, idle_metrics, metrics, post, run, stream
 
 TINY = load_model_config("tiny")
 API_KEY = "test-key"
@@ -142,11 +142,7 @@ def test_disconnected_clients_leave_nothing_held(server):
                 for p in prompts(6, seed=4)))
 
     run(hang_up())
-    for _ in range(100):
-        after = run(metrics(server.url))
-        if after["resident_requests_running"] == 0 and after["resident_requests_waiting"] == 0:
-            break
-        run(asyncio.sleep(0.1))
+    after = run(idle_metrics(server.url))
     assert after["resident_aborts_total"] - before["resident_aborts_total"] == 6
     assert after["resident_kv_pages_free"] == before["resident_kv_pages_free"]
     assert after["resident_gdn_slots_free"] == before["resident_gdn_slots_free"]
