@@ -196,6 +196,7 @@ KNOB_MEANINGS = {
                    "all: wide) or cuBLAS",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto)",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
+    "sampler": "the batched draw's top-k/top-p filter; auto: flashinfer on CUDA if installed",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "seed": "the sampling seed of requests that bring none",
