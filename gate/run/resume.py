@@ -17,8 +17,10 @@ from gate.verdict.rule import MIN_EFFECT
 # what must match between a session's manifest and a run that resumes it, and the value of those
 # an older manifest lacks
 RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
-               "runs", "requests", "seed", "until_verdict", "min_effect", "interleave")
-RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT, "interleave": False}
+               "runs", "requests", "seed", "until_verdict", "min_effect", "interleave",
+               "sampling")
+RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT, "interleave": False,
+                   "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0}}
 
 
 def completed_rounds(records: list[RunRecord], arms: list[str], cells: tuple[int, ...],
