@@ -120,7 +120,8 @@ class CheckSession(Session):
         for load in launch.loads:
             started = time.monotonic()
             answers = await complete_all(server.url, self.prompts.texts, load.concurrency,
-                                         self.check.max_tokens, logprobs)
+                                         self.check.max_tokens, logprobs,
+                                         seeded=load.seeded)
             self.answers.setdefault(load.name, {})[arm.name] = answers
             self.console.log(f"{launch.name}: {arm.name} {load.name} c={load.concurrency}: "
                              f"{sum(a.ok for a in answers)}/{len(answers)} ok, "

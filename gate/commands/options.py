@@ -159,7 +159,7 @@ FormatOpt = Annotated[OutputFormat, typer.Option(
 CHECK = "Check"
 _CHECK_DEFAULTS = {field.name: field.default for field in dataclasses.fields(CheckConfig)}
 SweepOpt = Annotated[str | None, typer.Option(
-    metavar="SWEEP,...", help="Sweeps: greedy, concurrency, kv-pressure, rows."
+    metavar="SWEEP,...", help="Sweeps: greedy, concurrency, seeded, kv-pressure, rows."
     + default(",".join(_CHECK_DEFAULTS["sweeps"])), rich_help_panel=CHECK)]
 PromptsOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Prompts from the prompt file, the same for every arm."
