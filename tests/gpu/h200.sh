@@ -32,6 +32,14 @@
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
+#   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter against torch's, and a seeded
+#             request alone (eager, host-planned) against among 15 (graphs, resident slots)
+#   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
+#             0.7, top_p 0.9), c=64: compare the two sessions' output_throughput, tarred
+#   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
+#             c=64 sampled, resident planning off and auto, tarred
+#   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
+#             (main=. head=.: the old sampler of an earlier main draws other tokens), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -122,6 +130,23 @@ for part in "$@"; do
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
         --out "$OUT/gate-fused"
       tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
+    sampler)
+      run sampler 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py ;;
+    gate-sampled)
+      run gate-greedy 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
+        --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"
+      run gate-sampled 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
+        --out "$OUT/gate-sampled"
+      tar czf "$OUT/gate-sampled.tgz" -C "$OUT" gate-greedy gate-sampled \
+        && rm -rf "$OUT/gate-greedy" "$OUT/gate-sampled" ;;
+    phases-sampled)
+      run phases-sampled 400 python3 -m gate phases \
+        --config configs/gate/h200-0.8b-phases-sampled.yaml --out "$OUT/phases-sampled"
+      tar czf "$OUT/phases-sampled.tgz" -C "$OUT" phases-sampled && rm -rf "$OUT/phases-sampled" ;;
+    check-seeded)
+      run check-seeded 500 python3 -m gate check --config configs/gate/check-h200-0.8b.yaml \
+        --sweep seeded --arm main=. --arm head=. --out "$OUT/check-seeded"
+      tar czf "$OUT/check-seeded.tgz" -C "$OUT" check-seeded && rm -rf "$OUT/check-seeded" ;;
     fused-kernels)
       run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
