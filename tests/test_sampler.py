@@ -172,3 +172,22 @@ def test_a_poison_row_fails_alone():
 def test_sampling_params_refuse_values_out_of_range(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(max_tokens=1, **{field: value})
+
+
+def test_the_triton_race_draws_the_torch_references_tokens():
+    """kernels/gumbel_race.py (in the interpreter) against draw.race: the same noise bits, so
+    the same tokens, with filtered-out ids, a min-p floor, and a vocabulary over two chunks."""
+    from resident.engine.draw import race, row_keys, vocab_counters
+    from resident.kernels.gumbel_race import gumbel_race_triton
+
+    generator = torch.Generator().manual_seed(11)
+    for rows, vocab in ((5, 300), (3, 9000)):
+        scores = torch.randn(rows, vocab, generator=generator) * 2
+        scores[scores < -1.5] = float("-inf")
+        keys = row_keys(torch.randint(-2**62, 2**62, (rows,), generator=generator),
+                        torch.arange(rows) * 17)
+        floors = torch.tensor([float("-inf"), 0.5, 1.0, float("-inf"), 2.0])[:rows]
+        want = race(scores, keys, floors, vocab_counters(vocab, CPU))
+        got = gumbel_race_triton(scores, keys, floors)
+        assert got.tolist() == want.tolist()
+        assert all(scores[i, t] >= floors[i] for i, t in enumerate(got.tolist()))

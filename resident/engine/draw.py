@@ -16,6 +16,10 @@ whole batch; `flashinfer` (CUDA), FlashInfer's top-k mask and top-p renorm kerne
 sort. Both draw with the same noise, so on the same logits they give the same tokens up to float
 rounding at a cutoff.
 
+The race is the one pass that must be fast at a 248k vocabulary: on CUDA it is a Triton kernel
+(kernels/gumbel_race.py) that hashes the noise in registers; `race` here is its torch reference
+(CPU), the same bits.
+
 A row whose scaled logits are not finite (NaN logits, or a temperature so small that they
 overflow float32, such as 1e-40) is reported in `failed` and keeps its greedy token: its request
 fails alone, and its NaNs are zeroed before the filter, so no kernel meets them.
@@ -118,20 +122,33 @@ def filter_flashinfer(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
     return torch.log(probs)
 
 
+def race(filtered: torch.Tensor, keys: torch.Tensor, floors: torch.Tensor,
+         counters: torch.Tensor) -> torch.Tensor:
+    """[rows] int64: each row's argmax of filtered + Gumbel noise over the ids at or above its
+    floor (the reference of kernels/gumbel_race.py)."""
+    kept = filtered.masked_fill(filtered < floors[:, None], float("-inf"))
+    return (kept + gumbel_noise(keys, counters)).argmax(dim=-1)
+
+
 def draw(logits: torch.Tensor, params: RowParams, greedy: torch.Tensor,
-         counters: torch.Tensor, sampler: str = "torch") -> Drawn:
+         counters: torch.Tensor, sampler: str = "torch", fused: bool = False) -> Drawn:
     """logits: [rows, vocab]; greedy: their argmax ([rows], left as it is); counters:
-    vocab_counters. Each row's token: greedy at temperature <= 0, else drawn (module
-    docstring). Reads nothing back and allocates only temporaries: a CUDA graph can hold it."""
+    vocab_counters; fused: the race on the Triton kernel. Each row's token: greedy at
+    temperature <= 0, else drawn (module docstring). Reads nothing back and allocates only
+    temporaries: a CUDA graph can hold it."""
     scaled, failed = scale(logits, params)
     if sampler == "flashinfer":
         filtered = filter_flashinfer(scaled, params)
     else:
         filtered = scaled.masked_fill(scaled < filter_torch(scaled, params), float("-inf"))
     # min-p: drop what is under min_p times the top token's probability
-    floor = filtered.amax(dim=-1, keepdim=True) + torch.log(params.min_p)[:, None]
-    filtered = filtered.masked_fill(filtered < floor, float("-inf"))
-    noise = gumbel_noise(row_keys(params.seed, params.index), counters)
-    drawn = (filtered + noise).argmax(dim=-1)
+    floors = filtered.amax(dim=-1) + torch.log(params.min_p)
+    keys = row_keys(params.seed, params.index)
+    if fused:  # imported here: triton must not load before TRITON_INTERPRET is set
+        from resident.kernels.gumbel_race import gumbel_race_triton
+
+        drawn = gumbel_race_triton(filtered, keys, floors)
+    else:
+        drawn = race(filtered, keys, floors, counters)
     tokens = torch.where((params.temperature > 0) & ~failed, drawn, greedy)
     return Drawn(tokens, failed)

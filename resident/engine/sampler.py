@@ -68,6 +68,7 @@ class Sampler:
         slots, or None when decode steps are host-planned; max_rows: the most rows a step
         samples."""
         self.device, self.name, self.slots = device, name, slots
+        self.fused = device.type == "cuda"  # the race on its Triton kernel (draw.py)
         self._seeds = random.Random(seed)
         self._request_seeds: dict[str, int] = {}
         self._counters_gpu = vocab_counters(vocab_size, device)  # [vocab]
@@ -117,7 +118,7 @@ class Sampler:
 
     def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
         return draw(step.logits[:num_rows], self._columns.params(num_rows),
-                    self.greedy(step, num_rows), self._counters_gpu, self.name)
+                    self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused)
 
     def _draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
         """A decode bucket's draw over all its rows: by slot under resident slots (gather,
