@@ -118,7 +118,8 @@ def filter_flashinfer(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
     top_k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab),
                         torch.full_like(params.top_k, vocab)).to(torch.int32)
     masked = top_k_mask_logits(scaled, top_k)
-    probs = top_p_renorm_probs(torch.softmax(masked, dim=-1), params.top_p)
+    # the parameters are columns of one block (strided): FlashInfer reads them contiguous
+    probs = top_p_renorm_probs(torch.softmax(masked, dim=-1), params.top_p.contiguous())
     return torch.log(probs)
 
 
