@@ -269,9 +269,10 @@ class Engine:
         rows included) and queues the read-back of the `kept` rows' tokens, failures and
         logprobs; returns their [len(kept)] tokens on the device."""
         rows = [SampleRow(r.request_id, r.params, len(r.output_ids)) for r in sampling]
-        by_id = {row.request_id: row for row in rows}
-        whole = [(slot, by_id[rid]) for slot, rid in prepared.staged.whole_rows] \
-            if prepared.staged is not None else []
+        whole = []
+        if prepared.staged is not None and prepared.staged.whole_rows:
+            by_id = {row.request_id: row for row in rows}
+            whole = [(slot, by_id[rid]) for slot, rid in prepared.staged.whole_rows]
         step = StepLogits(logits, greedy)
         drawn = self.sampler.sample(step, rows, prepared.bucket, whole)
         tokens = drawn.tokens if drawn else self.sampler.greedy(step, len(rows))

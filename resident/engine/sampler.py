@@ -20,6 +20,7 @@ fails alone when the flags are read back with the tokens (TokenReadback.failed).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -130,7 +131,7 @@ class Sampler:
             self.slots.advance(bucket)
         return drawn
 
-    def capture(self, buckets: tuple[int, ...], outputs) -> None:
+    def capture(self, buckets: tuple[int, ...], outputs: Callable[[int], StepLogits]) -> None:
         """One draw graph per decode bucket over `outputs(bucket)`, the StepLogits its
         forward graph gives back (fixed addresses); the uploaded columns' padding rows are
         drawn too, and ignored."""
