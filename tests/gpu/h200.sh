@@ -33,7 +33,9 @@
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter against torch's, and a seeded
-#             request alone (eager, host-planned) against among 15 (graphs, resident slots)
+#             request alone (eager, host-planned) against among 15 (graphs, resident slots);
+#             then tests/gpu/time_draw.py: a captured draw's GPU time at the 0.8B vocabulary,
+#             each filter, at 1/16/64/256 rows, beside the argmax alone (sampler-time.log)
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
 #             0.7, top_p 0.9), c=64: compare the two sessions' output_throughput, tarred
 #   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
@@ -131,7 +133,8 @@ for part in "$@"; do
         --out "$OUT/gate-fused"
       tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
     sampler)
-      run sampler 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py ;;
+      run sampler 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py
+      run sampler-time 150 python3 tests/gpu/time_draw.py ;;
     gate-sampled)
       run gate-greedy 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
         --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"
