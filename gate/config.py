@@ -53,6 +53,10 @@ class GateConfig:
     gpu: str | None = None
     profile: bool = False  # one profile window per arm and cell after round 1's timed runs
     profile_steps: int = 100
+    # the workload's sampling, every request of every cell (0, 1, 0: greedy)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         if len(self.arms) < 1:
@@ -72,6 +76,12 @@ class GateConfig:
         if len(self.requests) not in (0, 1, len(self.concurrency)):
             raise ValueError(f"--requests {_ints(self.requests)}: give one number, or one per "
                              f"cell of --concurrency {_ints(self.concurrency)}")
+        if not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"--temperature must be >= 0 and finite, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
         if self.clients < 0:
             raise ValueError(f"--clients must be >= 0, got {self.clients}")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
@@ -92,6 +102,12 @@ class GateConfig:
     def design(self) -> Design:
         """How the session's rounds are judged (gate/verdict/rule.py)."""
         return Design(self.until_verdict, self.max_rounds or 0, self.min_effect)
+
+    @property
+    def sampling(self) -> dict[str, float | int]:
+        """The workload's sampling fields, as every request sends them and the manifest
+        records them."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
 
     @property
     def planned_rounds(self) -> int:
@@ -173,7 +189,9 @@ def option_fields(  # noqa: PLR0913 - one keyword an option
         out: str | None = None, startup_timeout: float | None = None,
         server_cpus: str | None = None, step_cores: str | None = None,
         api_core: str | None = None, client_cpus: str | None = None, gpu: str | None = None,
-        profile: bool | None = None, profile_steps: int | None = None) -> dict[str, Any]:
+        profile: bool | None = None, profile_steps: int | None = None,
+        temperature: float | None = None, top_p: float | None = None,
+        top_k: int | None = None) -> dict[str, Any]:
     """Gate options, named as on the command line and as the keys of a --config file, as the
     GateConfig fields they set; an option not given (None, or an empty list) sets none."""
     fields = {
@@ -186,7 +204,8 @@ def option_fields(  # noqa: PLR0913 - one keyword an option
         "interleave": interleave, "parallel_start": parallel_start, "seed": seed, "name": name,
         "out": out, "startup_timeout": startup_timeout, "server_cpus": server_cpus,
         "step_cores": step_cores, "api_core": api_core, "client_cpus": client_cpus, "gpu": gpu,
-        "profile": profile, "profile_steps": profile_steps,
+        "profile": profile, "profile_steps": profile_steps, "temperature": temperature,
+        "top_p": top_p, "top_k": top_k,
     }
     return {field: value for field, value in fields.items() if value is not None and value != []}
 

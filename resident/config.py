@@ -12,6 +12,7 @@ the engine core; an Engine is built from a resolved config.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ _CHOICES = {
     "fused_decode": ("auto", "off"),
     "pdl": ("auto", "off"),
     "prefix_cache": ("off", "on"),
+    "sampler": ("auto", "torch", "flashinfer"),
 }
 
 
@@ -99,6 +101,10 @@ class EngineConfig:
     prefix_cache: str = "off"
     prefix_snapshot_interval: int = 32
     prefix_snapshots: int = 64
+    # the batched draw's top-k/top-p filter (engine/draw.py): torch (one sort of the batch) or
+    # flashinfer (its mask and renorm kernels, no sort; CUDA); auto: flashinfer on CUDA where
+    # it is installed, else torch
+    sampler: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned
@@ -180,7 +186,7 @@ class EngineConfig:
     def is_resolved(self) -> bool:
         """Every auto knob filled (resolve): what an Engine is built from."""
         return "auto" not in (self.dtype, self.attention_backend, self.cuda_graphs,
-                              self.padded_prefill, self.compile) \
+                              self.padded_prefill, self.compile, self.sampler) \
             and min(self.max_model_len, self.num_kv_pages, self.num_state_slots) > 0
 
     def resolve(self, model: ModelConfig, device_type: str) -> EngineConfig:
@@ -212,6 +218,7 @@ class EngineConfig:
             prefill_buckets=self._token_buckets() if padded == "on" else (),
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
+            sampler=_resolve_sampler(self.sampler, device_type),
         )
 
     def _token_buckets(self) -> tuple[int, ...]:
@@ -262,6 +269,16 @@ def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> No
             or list(buckets) != sorted(set(buckets))):
         raise ValueError(f"knob {knob}: must be increasing positive ints, got "
                          f"{','.join(map(str, buckets)) or 'nothing'}")
+
+
+def _resolve_sampler(knob: str, device_type: str) -> str:
+    """auto: flashinfer on CUDA where it is installed, else torch."""
+    if knob == "flashinfer" and device_type != "cuda":
+        raise ValueError("knob sampler: flashinfer needs a CUDA device")
+    if knob != "auto":
+        return knob
+    found = device_type == "cuda" and importlib.util.find_spec("flashinfer") is not None
+    return "flashinfer" if found else "torch"
 
 
 def _resolve_graphs(knob: str, backend: str, device_type: str) -> str:

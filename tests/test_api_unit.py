@@ -121,6 +121,8 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "top_p": 1.5}, ["'top_p'", "1.5"]),
         ({"prompt": "x", "top_p": False}, ["'top_p'", "false"]),
         ({"prompt": "x", "top_k": -2}, ["'top_k'", "-2"]),
+        ({"prompt": "x", "min_p": 1.5}, ["'min_p'", "1.5"]),
+        ({"prompt": "x", "min_p": "low"}, ["'min_p'", "low"]),
         ({"prompt": "x", "top_k": 2.5}, ["'top_k'", "2.5"]),
         ({"prompt": "x", "seed": "7"}, ["'seed'", '"7"']),
         ({"prompt": "x", "seed": 1.0}, ["'seed'", "1.0"]),

@@ -133,26 +133,16 @@ def test_padded_prefill_gives_the_model_alone_tokens(workload, reference_model):
     assert engine.runner.num_padded_prefills == steps["prefill"] + steps["mixed"] > len(requests)
 
 
-def test_a_failed_draw_fails_its_request_alone(workload, monkeypatch):
-    """A sampling error in one row (here: any draw at temperature 0.5) finishes that request
-    with an error on the step it happened; the greedy requests in the same steps keep the
-    model-alone tokens, and its pages and slot come back."""
-    from resident.engine.sampler import Sampler
-
-    draw = Sampler._draw
-
-    def flaky(logits, params, generator):
-        if params.temperature == 0.5:
-            raise RuntimeError("device-side assert")
-        return draw(logits, params, generator)
-
-    monkeypatch.setattr(Sampler, "_draw", staticmethod(flaky))
+def test_a_poison_draw_fails_its_request_alone(workload):
+    """A request at temperature 1e-40 (its logits overflow float32 in the draw) finishes with
+    an error on its first draw; a sampled request and the greedy ones in the same steps finish
+    as usual, the greedy ones with the model-alone tokens, and its pages and slot come back."""
     requests, expected = workload
     engine = make_engine()
     free_pages, free_slots = engine.kv.num_free, engine.states.num_free
-    hot = SamplingParams(max_tokens=20, temperature=0.5, seed=1)
+    poison = SamplingParams(max_tokens=20, temperature=1e-40, seed=1)
     warm = SamplingParams(max_tokens=6, temperature=0.9, seed=2)
-    engine.add_request(EngineRequest("hot", prompts(1, seed=9)[0], hot))
+    engine.add_request(EngineRequest("poison", prompts(1, seed=9)[0], poison))
     engine.add_request(EngineRequest("warm", prompts(1, seed=8)[0], warm))
     outputs = {rid: [] for rid in requests}
     finished = {}
@@ -164,12 +154,60 @@ def test_a_failed_draw_fails_its_request_alone(workload, monkeypatch):
             outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 finished[out.request_id] = out
-    assert finished["hot"].finish_reason == "error" and outputs["hot"] == []
-    assert "sampling failed: RuntimeError" in finished["hot"].error
+    assert finished["poison"].finish_reason == "error" and outputs["poison"] == []
+    assert "sampling failed" in finished["poison"].error
     assert finished["warm"].finish_reason in ("length", "stop") and outputs["warm"]
     assert {rid: outputs[rid] for rid in requests} == expected
     assert engine.counters["failed_requests"] == 1
     assert (engine.kv.num_free, engine.states.num_free) == (free_pages, free_slots)
+
+
+def run_sampled(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]],
+                concurrency: int) -> dict[str, list[int]]:
+    """Each request's tokens, `concurrency` at a time, in arrival order."""
+    pending, outputs = list(requests.items()), {rid: [] for rid in requests}
+    running: set[str] = set()
+    while pending or running:
+        while pending and len(running) < concurrency:
+            rid, (prompt, params) = pending.pop(0)
+            engine.add_request(EngineRequest(rid, prompt, params))
+            running.add(rid)
+        for out in engine.step():
+            outputs[out.request_id] += out.new_token_ids
+            if out.finished:
+                running.discard(out.request_id)
+    return outputs
+
+
+@pytest.mark.parametrize("alone_planning, crowd_planning", [("off", "auto"), ("auto", "off")])
+def test_a_seeded_request_gives_the_same_tokens_alone_and_among_15(alone_planning,
+                                                                   crowd_planning):
+    """A seeded request alone, and then arriving third among 15 others (sampled, seeded or
+    not, and greedy) that come and go around it, on the other planning arm (its row by slot
+    on the device, or uploaded each step): the same tokens. Unseeded requests with one
+    prompt and the same parameters give different tokens."""
+    prompt = prompts(1, seed=5)[0]
+    me = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, top_k=50, seed=42,
+                        ignore_eos=True)
+    alone = make_engine(resident_planning=alone_planning)
+    mine = run_sampled(alone, {"me": (prompt, me)}, 1)["me"]
+    assert len(mine) == 16
+    crowd = make_engine(resident_planning=crowd_planning, max_num_seqs=8,
+                        decode_buckets=(1, 2, 4, 8))
+    assert {alone.planning.mode, crowd.planning.mode} == {"off", "resident"}
+    others = {f"o{i}": (p, SamplingParams(max_tokens=3 + i % 7, temperature=(i % 3) * 0.6,
+                                          top_p=0.8, seed=i if i % 2 else None,
+                                          ignore_eos=True))
+              for i, p in enumerate(prompts(15, seed=11))}
+    order = list(others.items())
+    requests = dict(order[:2] + [("me", (prompt, me))] + order[2:])
+    outputs = run_sampled(crowd, requests, concurrency=6)
+    assert outputs["me"] == mine
+    resident = alone if alone.planning.mode == "resident" else crowd
+    assert resident.sampler.slots.rows_written >= 1
+    unseeded = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
+    free = run_sampled(make_engine(), {f"u{i}": (prompt, unseeded) for i in range(4)}, 4)
+    assert len({tuple(tokens) for tokens in free.values()}) == 4
 
 
 def test_what_the_core_sends_unpickles_without_torch_or_numpy():

@@ -213,10 +213,11 @@ def test_list_settings_come_as_lists_or_text():
 def test_launches_group_the_sweeps_by_knobs():
     launches = {launch.name: launch for launch in plan_launches(CheckConfig())}
     assert list(launches) == ["plain", "kv-pressure", "slot-pressure"]
-    assert [load.name for load in launches["plain"].loads] == ["greedy", "concurrency"]
+    assert [(load.name, load.seeded) for load in launches["plain"].loads] == [
+        ("greedy", False), ("concurrency", False), ("seeded", True)]
     assert launches["kv-pressure"].knobs == {"num_kv_pages": "64", "row_check": "on"}
     assert [launch.yardstick for launch in launches.values()] == [True, True, True]
-    assert [load.varied for load in launches["plain"].loads] == [False, True]
+    assert [load.varied for load in launches["plain"].loads] == [False, True, False]
     assert launches["plain"].loads[1].caps(64, 5) == (64, 48, 32, 16, 64)
     only_rows = plan_launches(CheckConfig(sweeps=("rows",)))
     assert [(launch.name, launch.yardstick) for launch in only_rows] == [
@@ -310,8 +311,8 @@ def test_the_cpu_config_passes_for_this_tree_against_itself(cpu_check):
     report = json.loads(result.stdout)
     assert report == json.loads((out / CHECK_JSON).read_text())
     assert report["verdict"] == "pass"
-    assert list(report["sweeps"]) == ["greedy", "concurrency", "kv-pressure", "rows"]
-    for name in ("greedy", "concurrency", "kv-pressure"):
+    assert list(report["sweeps"]) == ["greedy", "concurrency", "seeded", "kv-pressure", "rows"]
+    for name in ("greedy", "concurrency", "seeded", "kv-pressure"):
         assert report["sweeps"][name]["agreement"] == {"head": {"same": 32, "total": 32},
                                                        "main-aa": {"same": 32, "total": 32}}
     assert all(count > 0 for count in report["sweeps"]["kv-pressure"]["offloads"].values())
@@ -336,6 +337,7 @@ def test_the_cpu_check_writes_its_tables_manifest_answers_and_logs(cpu_check):
     assert "**Verdict: pass** (exit code 0" in text and "## The rule" in text
     assert "| greedy | c=1 | 32/32 | 32/32 | 0 | pass |" in text
     assert "| concurrency | c=8, max_tokens varied | 32/32 | 32/32 | 0 | pass |" in text
+    assert "| seeded | c=8 | 32/32 | 32/32 | 0 | pass |" in text
     assert "| slot-pressure | c=32, decode_buckets=1,2,4,8, " in text
     assert text.count("| ok |") == 6 and "0 mismatches over" in text
     assert "## Servers that failed" not in text
@@ -345,7 +347,8 @@ def test_the_cpu_check_writes_its_tables_manifest_answers_and_logs(cpu_check):
     for arm in manifest["arms"]:
         assert arm["debug_config"]["resident_package_path"] == str(ROOT / "resident")
     lines = (out / ANSWERS_JSONL).read_text().splitlines()
-    assert len(lines) == 32 * (3 + 3 + 3 + 3)  # greedy, concurrency, kv-, slot-pressure
+    # greedy, concurrency, seeded, kv-pressure, slot-pressure
+    assert len(lines) == 32 * (3 + 3 + 3 + 3 + 3)
     assert all(json.loads(line)["ok"] for line in lines)
     launched = [(a, launch) for launch in ("plain", "kv-pressure", "slot-pressure")
                 for a in ("main", "main-aa", "head")]

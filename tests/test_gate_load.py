@@ -57,6 +57,17 @@ def test_client_processes_stream_every_token_and_one_wall_time(server):
     assert metrics.output_throughput == pytest.approx(21 * 6 / metrics.duration, rel=1e-3)
 
 
+def test_a_sampled_run_sends_its_sampling(server):
+    """temperature, top_p and top_k reach the server: a sampled run streams every token, and a
+    temperature the server refuses fails every request with its 400."""
+    spec = LoadSpec(concurrency=4, num_requests=8, prompt_len=16, output_len=5, seed=2,
+                    temperature=0.7, top_p=0.9, top_k=20)
+    result = run(run_load(server.url, spec))
+    assert (result.metrics.completed, result.metrics.failed) == (8, 0)
+    refused = run(run_load(server.url, dataclasses.replace(spec, temperature=-1.0)))
+    assert refused.metrics.failed == 8 and "'temperature'" in refused.errors[0]
+
+
 def test_client_processes_that_cannot_connect_fail_their_requests():
     spec = LoadSpec(concurrency=4, num_requests=6, prompt_len=8, output_len=4, num_clients=2,
                     timeout_s=30)

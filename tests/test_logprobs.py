@@ -13,7 +13,7 @@ import torch
 
 from resident.config import EngineConfig
 from resident.engine.engine import build_engine
-from resident.engine.sampler import Sampler
+from resident.engine.sampler import Sampler, SampleRow
 from resident.engine.types import EngineRequest, SamplingParams, TokenLogprobs
 from resident.model.config import load_model_config
 from resident.server.responses import completion_logprobs
@@ -102,9 +102,9 @@ def test_a_sampled_token_gets_its_own_logprob_from_the_raw_logits(engine):
 def test_no_row_asking_means_nothing_computed_or_read_back():
     logits = torch.randn(3, 16, dtype=torch.float64)
     tokens = logits.argmax(dim=-1)
-    rows = [(f"r{i}", SamplingParams(max_tokens=1)) for i in range(3)]
+    rows = [SampleRow(f"r{i}", SamplingParams(max_tokens=1), 0) for i in range(3)]
     assert Sampler.logprobs(logits, tokens, rows) is None
-    asked = rows[:1] + [("r1", SamplingParams(max_tokens=1, logprobs=2))] + rows[2:]
+    asked = rows[:1] + [SampleRow("r1", SamplingParams(max_tokens=1, logprobs=2), 0)] + rows[2:]
     step = Sampler.logprobs(logits, tokens, asked)
     assert step.rows == (1,) and step.counts == (2,)
     assert step.values.shape == (1, 3) and step.ids.shape == (1, 2)

@@ -1,31 +1,193 @@
-"""The sampler with a decode graph's argmax: greedy rows take it as computed, sampled rows draw
-over the logits, and the graph's own output is never written."""
+"""The batched sampler (engine/draw.py, engine/sampler.py) on CPU: greedy rows take a decode
+graph's argmax, the draw's token distribution is the reference per-row loop's (chi-square), a
+seed's tokens do not depend on the row's batch, and a poison row fails alone."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from resident.engine.sampler import Sampler
+from resident.engine.draw import Drawn
+from resident.engine.sampler import Sampler, SampleRow, StepLogits
 from resident.engine.types import SamplingParams
 
+CPU = torch.device("cpu")
+VOCAB = 8
 GREEDY = SamplingParams(max_tokens=4)
 HOT = SamplingParams(max_tokens=4, temperature=5.0, seed=1)
+# the 0.999 quantile of chi-square by degrees of freedom: a right sampler fails 1 in 1000
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
 
 
-def test_greedy_rows_take_the_graphs_argmax():
+def make_sampler(vocab: int = VOCAB, max_rows: int = 64) -> Sampler:
+    return Sampler(CPU, 0, vocab, max_rows)
+
+
+def sample(sampler: Sampler, logits: torch.Tensor, rows: list[SampleRow],
+           greedy: torch.Tensor | None = None) -> Drawn:
+    for row in rows:
+        sampler.add(row.request_id, row.params)
+    return sampler.sample(StepLogits(logits, greedy), rows)
+
+
+def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The per-row loop the batched draw replaced (one row: top-k, a full sort for top-p, a
+    softmax), with min-p: the probabilities it draws from."""
+    scaled = logits.double() / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(scaled, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        drop = (probs.cumsum(dim=-1) - probs) >= params.top_p
+        scaled = scaled.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(scaled, dim=-1)
+    kept = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    return kept / kept.sum()
+
+
+def reference_counts(logits: torch.Tensor, params: SamplingParams, draws: int) -> torch.Tensor:
+    """The reference loop's own draws: an exponential race per draw, from a torch generator."""
+    probs = reference_probs(logits, params)
+    generator = torch.Generator().manual_seed(1234)
+    tokens = [int((probs / torch.empty_like(probs).exponential_(generator=generator)).argmax())
+              for _ in range(draws)]
+    return torch.bincount(torch.tensor(tokens), minlength=logits.shape[-1]).double()
+
+
+def batched_counts(logits: torch.Tensor, params: SamplingParams, draws: int) -> torch.Tensor:
+    """The batched draw's: `draws` rows of one request, token indices 0..draws-1."""
+    rows = [SampleRow("r", params, index) for index in range(draws)]
+    sampler = make_sampler(max_rows=draws)
+    drawn = sample(sampler, logits.expand(draws, -1).contiguous(), rows)
+    assert not drawn.failed.any()
+    return torch.bincount(drawn.tokens, minlength=logits.shape[-1]).double()
+
+
+def two_sample_chi2(first: torch.Tensor, second: torch.Tensor) -> tuple[float, int]:
+    """The two-sample chi-square statistic of equal-sized count vectors and its degrees of
+    freedom (categories either saw, less one)."""
+    seen = (first + second) > 0
+    first, second = first[seen], second[seen]
+    statistic = ((first - second) ** 2 / (first + second)).sum().item()
+    return statistic, int(seen.sum()) - 1
+
+
+LOGITS = torch.tensor([2.0, 1.5, 1.2, 0.7, 0.3, 0.0, -0.5, -1.0])
+CASES = [
+    SamplingParams(max_tokens=1, temperature=0.7, top_p=0.9, seed=3),
+    SamplingParams(max_tokens=1, temperature=1.3, top_k=5, seed=4),
+    SamplingParams(max_tokens=1, temperature=1.0, min_p=0.2, seed=5),
+    SamplingParams(max_tokens=1, temperature=0.5, top_k=6, top_p=0.8, seed=6),
+]
+
+
+@pytest.mark.parametrize("params", CASES, ids=["t0.7-p0.9", "t1.3-k5", "t1-minp0.2",
+                                               "t0.5-k6-p0.8"])
+def test_the_batched_draw_matches_the_reference_loop(params):
+    """8000 draws of each against 8000 of the reference loop: the chi-square statistic stays
+    under its 0.999 quantile; against a loop at another temperature or top-p it does not (the
+    test can tell a wrong sampler)."""
+    draws = 8000
+    batched = batched_counts(LOGITS, params, draws)
+    statistic, dof = two_sample_chi2(batched, reference_counts(LOGITS, params, draws))
+    assert statistic < CHI2_999[dof], (statistic, dof, batched.tolist())
+    for wrong in (params.__class__(**{**params.__dict__, "temperature": 1.6 * params.temperature}),
+                  params.__class__(**{**params.__dict__, "top_p": 0.6 * params.top_p})):
+        statistic, dof = two_sample_chi2(batched, reference_counts(LOGITS, wrong, draws))
+        assert statistic > CHI2_999.get(dof, 24.32), (wrong, statistic)
+
+
+def test_greedy_rows_take_the_graphs_argmax_and_no_draw_runs():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     greedy = logits.argmax(dim=-1)
-    tokens = Sampler(torch.device("cpu"), 0).sample(logits, [("a", GREEDY), ("b", GREEDY)],
-                                                     greedy)
-    assert tokens.tolist() == greedy[:2].tolist()
+    sampler = make_sampler(50)
+    rows = [SampleRow("a", GREEDY, 0), SampleRow("b", GREEDY, 0)]
+    assert sample(sampler, logits, rows, greedy) is None
+    assert sampler.greedy(StepLogits(logits, greedy), 2).tolist() == greedy[:2].tolist()
 
 
 def test_a_sampled_row_draws_and_leaves_the_graphs_output_alone():
     logits = torch.zeros(2, 1000)  # flat: a draw at temperature 5 almost never gives token 0
     greedy = logits.argmax(dim=-1)
     before = greedy.clone()
-    sampler = Sampler(torch.device("cpu"), 0)
-    sampler.add("hot", HOT)
-    tokens = sampler.sample(logits, [("cold", GREEDY), ("hot", HOT)], greedy)
-    assert tokens[0] == 0 and tokens[1] != 0
+    drawn = sample(make_sampler(1000), logits, [SampleRow("cold", GREEDY, 0),
+                                                 SampleRow("hot", HOT, 0)], greedy)
+    assert drawn.tokens[0] == 0 and drawn.tokens[1] != 0
     assert torch.equal(greedy, before), "the sampler wrote into the graph's argmax"
+
+
+def test_a_seed_draws_the_same_tokens_in_any_row_of_any_batch():
+    """Row 'me' (seed 42) alone, then at row 5 of 16 beside other requests' rows, at token
+    indices 0..29: the same tokens. Its noise is keyed by (seed, index) only."""
+    vocab = 300
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(30, vocab, generator=generator)
+    me = SamplingParams(max_tokens=30, temperature=1.0, top_p=0.95, seed=42)
+    alone = [int(sample(make_sampler(vocab), logits[i:i + 1], [SampleRow("me", me, i)])
+                 .tokens[0]) for i in range(30)]
+    crowded = []
+    for index in range(30):
+        others = [SampleRow(f"o{j}", SamplingParams(max_tokens=30, temperature=0.9,
+                                                    top_k=j + 1), index) for j in range(15)]
+        rows = others[:5] + [SampleRow("me", me, index)] + others[5:]
+        batch = torch.randn(16, vocab, generator=generator)
+        batch[5] = logits[index]
+        crowded.append(int(sample(make_sampler(vocab), batch, rows).tokens[5]))
+    assert alone == crowded
+    assert len(set(alone)) > 10, "a draw that ignores the token index repeats itself"
+
+
+def test_unseeded_requests_differ():
+    """Requests without a seed get distinct ones from the engine's: the same logits and
+    index give different tokens."""
+    logits = torch.zeros(8, 1000)
+    params = SamplingParams(max_tokens=1, temperature=1.0)
+    rows = [SampleRow(f"u{i}", params, 0) for i in range(8)]
+    assert len(set(sample(make_sampler(1000), logits, rows).tokens.tolist())) > 4
+
+
+def test_a_poison_row_fails_alone():
+    """A row of NaN logits and a row at temperature 1e-40 (its logits overflow float32) are
+    flagged and keep their greedy token; the rows beside them draw what they draw alone."""
+    vocab = 64
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3))
+    logits[1] = float("nan")
+    rows = [SampleRow("a", SamplingParams(max_tokens=1, temperature=0.8, seed=1), 0),
+            SampleRow("nan", SamplingParams(max_tokens=1, temperature=0.8, seed=2), 0),
+            SampleRow("tiny", SamplingParams(max_tokens=1, temperature=1e-40, seed=3), 0),
+            SampleRow("b", SamplingParams(max_tokens=1, temperature=1.2, top_k=9, seed=4), 0)]
+    drawn = sample(make_sampler(vocab), logits, rows)
+    assert drawn.failed.tolist() == [False, True, True, False]
+    assert 0 <= int(drawn.tokens[1]) < vocab and int(drawn.tokens[2]) == int(logits[2].argmax())
+    for row in (0, 3):
+        alone = sample(make_sampler(vocab), logits[row:row + 1], [rows[row]])
+        assert int(alone.tokens[0]) == int(drawn.tokens[row])
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -0.1), ("temperature", float("nan")),
+                                          ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+                                          ("min_p", 1.5), ("min_p", -0.1)])
+def test_sampling_params_refuse_values_out_of_range(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(max_tokens=1, **{field: value})
+
+
+def test_the_triton_race_draws_the_torch_references_tokens():
+    """kernels/gumbel_race.py (in the interpreter) against draw.race: the same noise bits, so
+    the same tokens, with filtered-out ids, a min-p floor, and a vocabulary over two chunks."""
+    from resident.engine.draw import race, row_keys, vocab_counters
+    from resident.kernels.gumbel_race import gumbel_race_triton
+
+    generator = torch.Generator().manual_seed(11)
+    for rows, vocab in ((5, 300), (3, 9000)):
+        scores = torch.randn(rows, vocab, generator=generator) * 2
+        scores[scores < -1.5] = float("-inf")
+        keys = row_keys(torch.randint(-2**62, 2**62, (rows,), generator=generator),
+                        torch.arange(rows) * 17)
+        floors = torch.tensor([float("-inf"), 0.5, 1.0, float("-inf"), 2.0])[:rows]
+        want = race(scores, keys, floors, vocab_counters(vocab, CPU))
+        got = gumbel_race_triton(scores, keys, floors)
+        assert got.tolist() == want.tolist()
+        assert all(scores[i, t] >= floors[i] for i, t in enumerate(got.tolist()))

@@ -10,7 +10,9 @@ A check YAML (configs/gate/check-*.yaml) holds the arm and placement keys `run` 
 Each sweep's knobs are its own and go to every arm alike (after the arm's own `--set` knobs), so
 the sweeps group into launches, one server per arm and knob set, in this order:
 
-- `plain` (no knobs): greedy at c=1, then concurrency at c=`concurrency`;
+- `plain` (no knobs): greedy at c=1, then concurrency at c=`concurrency`, then seeded at
+  c=`concurrency` (each prompt sampled, SEEDED_SAMPLING, with its index as its seed: the
+  same seed must give the same bytes whatever else the server batches with it);
 - `kv-pressure` (`kv_pressure` knobs, row_check=on): the prompts at c=`concurrency`; it serves
   the kv-pressure sweep and the rows sweep's KV-pressure reading;
 - `slot-pressure` (`slot_pressure` knobs, row_check=on): the prompts at c=`slot_concurrency`,
@@ -38,10 +40,12 @@ import yaml
 
 from gate.run.arms import split_knobs
 
-SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows", "prefix")
-DEFAULT_SWEEPS = ("greedy", "concurrency", "kv-pressure", "rows")  # prefix: asked by name
+SWEEPS = ("greedy", "concurrency", "seeded", "kv-pressure", "rows", "prefix")
+DEFAULT_SWEEPS = ("greedy", "concurrency", "seeded", "kv-pressure", "rows")  # prefix: by name
 PREFIX_LOADS = ("prefix-off", "prefix-first", "prefix-again")  # the prefix sweep's loads
 PREFIX_KNOBS = {"prefix_cache": "on", "row_check": "on"}  # the heads' under prefix-on
+# the seeded sweep's sampling; each prompt's seed is its index
+SEEDED_SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 PROMPT_FILE = "configs/prompts/public-domain.yaml"
 MAX_LOGPROBS = 20  # the most resident's API gives (vLLM's default limit)
 
@@ -174,6 +178,7 @@ class Load:
 
     name: str
     concurrency: int
+    seeded: bool = False  # SEEDED_SAMPLING with a seed a prompt; else greedy
     preamble: bool = False  # the prompts opened by a shared preamble (PromptSet.with_preamble)
     # prompt i capped at max_tokens - (i % 4) * max_tokens // 4, so rows leave a batch out of
     # order even without EOS (equal caps run them in lockstep)
@@ -201,8 +206,9 @@ def plan_launches(check: CheckConfig) -> list[Launch]:
     """The launches the chosen sweeps need, in the order they run."""
     sweeps = set(check.sweeps)
     launches = []
-    plain = [Load(name, c, varied=name == "concurrency")
-             for name, c in (("greedy", 1), ("concurrency", check.concurrency)) if name in sweeps]
+    plain = [Load(name, c, seeded=name == "seeded", varied=name == "concurrency")
+             for name, c in (("greedy", 1), ("concurrency", check.concurrency),
+                             ("seeded", check.concurrency)) if name in sweeps]
     if plain:
         launches.append(Launch("plain", {}, tuple(plain), yardstick=True))
     # every load's tokens are judged against the baseline's under the same pressure, the

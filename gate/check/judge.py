@@ -1,12 +1,12 @@
 """The check's verdict: each sweep judged from the servers' answers and row-check readings, by the
 rule `verdict_rule` states (check.md prints it).
 
-Token sweeps (greedy, concurrency, kv-pressure) compare every arm's tokens with the baseline's,
-prompt by prompt; the yardstick, a second server of the baseline, measures how far two servers of
-the same code already disagree. The rows sweep reads each server's /debug/rowcheck under slot
-and KV pressure. The prefix sweep is three token loads (cache off, on first pass, on again)
-judged alike, with each head's row check and prefix cache hits under prefix-on. Everything here
-is pure: the session gathers, this judges.
+Token sweeps (greedy, concurrency, seeded, kv-pressure) compare every arm's tokens with the
+baseline's, prompt by prompt; the yardstick, a second server of the baseline, measures how far
+two servers of the same code already disagree. The rows sweep reads each server's
+/debug/rowcheck under slot and KV pressure. The prefix sweep is three token loads (cache off, on
+first pass, on again) judged alike, with each head's row check and prefix cache hits under
+prefix-on. Everything here is pure: the session gathers, this judges.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "out of order), and every server stays up to the end of its loads: one that failed to "
         "start, died, or whose engine core died (/health not 200) fails the check, named "
         "under *Servers that failed*.",
-        f"2. greedy, concurrency, kv-pressure: each arm's tokens equal {base}'s on at least as "
-        f"many prompts as the yardstick's ({base} against a second {base} server) do, or every "
-        "prompt where they differ is a near-tie: at the first divergent token, each arm that "
-        "reports logprobs there has both tokens among them with logprobs within "
+        f"2. greedy, concurrency, seeded, kv-pressure: each arm's tokens equal {base}'s on at "
+        f"least as many prompts as the yardstick's ({base} against a second {base} server) do, "
+        "or every prompt where they differ is a near-tie: at the first divergent token, each "
+        "arm that reports logprobs there has both tokens among them with logprobs within "
         f"{check.near_tie:g} nats of each other, and at least one arm reports them.",
         "3. kv-pressure: every server offloaded at least once (a pool that never filled tested "
         "nothing).",

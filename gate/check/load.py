@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from gate.check.config import SEEDED_SAMPLING
+
 FINISHED = ("stop", "length")  # the finish reasons of a request that went right
 TOKEN_ID = "token_id:"  # how return_tokens_as_token_ids names a token
 
@@ -35,8 +37,12 @@ class Answer:
                 "finish_reason": self.finish_reason, "error": self.error}
 
 
-def _body(prompt: str, max_tokens: int, logprobs: int | None) -> dict[str, Any]:
+def _body(prompt: str, max_tokens: int, logprobs: int | None,
+          seed: int | None = None) -> dict[str, Any]:
+    """Greedy, or with a seed SEEDED_SAMPLING and that seed."""
     body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if seed is not None:
+        body |= {**SEEDED_SAMPLING, "seed": seed}
     if logprobs is not None:
         body |= {"logprobs": logprobs, "return_tokens_as_token_ids": True}
     return body
@@ -85,19 +91,21 @@ async def _complete(session: aiohttp.ClientSession, url: str, body: dict[str, An
 
 async def complete_all(url: str, prompts: tuple[str, ...], concurrency: int,
                        max_tokens: tuple[int, ...], logprobs: int | None,
-                       timeout_s: float = 1800.0) -> list[Answer]:
+                       timeout_s: float = 1800.0, seeded: bool = False) -> list[Answer]:
     """Every prompt once (prompt i capped at max_tokens[i]), at most `concurrency` in flight,
-    answers in prompt order."""
+    answers in prompt order; seeded: sampled (SEEDED_SAMPLING), each prompt's index its seed."""
     gate = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout,
                                      connector=aiohttp.TCPConnector(limit=concurrency + 2)) as s:
-        async def one(prompt: str, cap: int) -> Answer:
+        async def one(index: int, prompt: str, cap: int) -> Answer:
+            body = _body(prompt, cap, logprobs, index if seeded else None)
             async with gate:
-                return await _complete(s, url, _body(prompt, cap, logprobs))
+                return await _complete(s, url, body)
 
-        return list(await asyncio.gather(*(one(prompt, cap) for prompt, cap in
-                                           zip(prompts, max_tokens, strict=True))))
+        return list(await asyncio.gather(*(
+            one(i, prompt, cap)
+            for i, (prompt, cap) in enumerate(zip(prompts, max_tokens, strict=True)))))
 
 
 async def gives_logprobs(url: str) -> bool:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gate.check.config import SEEDED_SAMPLING
 from gate.check.judge import margin
 from gate.check.load import Answer
 from gate.manifest import Manifest
@@ -17,7 +18,7 @@ from gate.report.output import OutputFormat, render
 from gate.report.timing import time_line
 
 CHECK_JSON, CHECK_MD, ANSWERS_JSONL = "check.json", "check.md", "answers.jsonl"
-TOKEN_SWEEPS = ("greedy", "concurrency", "kv-pressure")
+TOKEN_SWEEPS = ("greedy", "concurrency", "seeded", "kv-pressure")
 
 
 def _knobs_text(knobs: dict[str, str]) -> str:
@@ -156,6 +157,10 @@ def check_tables(report: dict[str, Any]) -> list[TableSpec]:
     return [table for table in tables if table is not None]
 
 
+def _sampling_text() -> str:
+    return ", ".join(f"{key} {value}" for key, value in SEEDED_SAMPLING.items())
+
+
 def _intro(report: dict[str, Any], manifest: Manifest) -> str:
     roles, check, prompts = report["roles"], report["check"], report["prompts"]
     arms = ", ".join(f"{a.name} (`{a.spec}`)" for a in manifest.arms
@@ -167,7 +172,8 @@ def _intro(report: dict[str, Any], manifest: Manifest) -> str:
         for name, launch in report["launches"].items())
     return (f"Model {manifest.model} on {manifest.device}. Arms {arms}; the "
             f"yardstick {roles['yardstick']} is a second server of {roles['baseline']}. "
-            f"{prompts['count']} prompts from `{prompts['path']}`, greedy (temperature 0), "
+            f"{prompts['count']} prompts from `{prompts['path']}`, greedy (temperature 0; the "
+            f"seeded sweep samples at {_sampling_text()}, each prompt's index its seed), "
             f"natural EOS, at most {check['max_tokens']} tokens each; top "
             f"{check['logprobs']} logprobs asked of servers that give them. One server per arm "
             f"and launch ({launches}); their logs are in logs/. Each divergence's top "

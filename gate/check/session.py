@@ -122,7 +122,8 @@ class CheckSession(Session):
             started = time.monotonic()
             texts = self.prompts.with_preamble() if load.preamble else self.prompts.texts
             answers = await complete_all(server.url, texts, load.concurrency,
-                                         load.caps(self.check.max_tokens, len(texts)), logprobs)
+                                         load.caps(self.check.max_tokens, len(texts)), logprobs,
+                                         seeded=load.seeded)
             self.answers.setdefault(load.name, {})[arm.name] = answers
             self.console.log(f"{launch.name}: {arm.name} {load.name} c={load.concurrency}: "
                              f"{sum(a.ok for a in answers)}/{len(answers)} ok, "

@@ -91,6 +91,15 @@ ClientsOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Load client processes a run, each driving its share of the slots; 0: "
     "one per 16 slots, at most one per client CPU." + config_default("clients"),
     rich_help_panel=CELLS)]
+TemperatureOpt = Annotated[float | None, typer.Option(
+    metavar="FLOAT", help="Every request's temperature (0: greedy)."
+    + config_default("temperature"), rich_help_panel=CELLS)]
+TopPOpt = Annotated[float | None, typer.Option(
+    metavar="FLOAT", help="Every request's top_p (1: off)." + config_default("top_p"),
+    rich_help_panel=CELLS)]
+TopKOpt = Annotated[int | None, typer.Option(
+    metavar="INT", help="Every request's top_k (0: off)." + config_default("top_k"),
+    rich_help_panel=CELLS)]
 SeedOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Prompt seed base." + config_default("seed"), rich_help_panel=CELLS)]
 
@@ -154,7 +163,7 @@ FormatOpt = Annotated[OutputFormat, typer.Option(
 CHECK = "Check"
 _CHECK_DEFAULTS = {field.name: field.default for field in dataclasses.fields(CheckConfig)}
 SweepOpt = Annotated[str | None, typer.Option(
-    metavar="SWEEP,...", help="Sweeps: greedy, concurrency, kv-pressure, rows."
+    metavar="SWEEP,...", help="Sweeps: greedy, concurrency, seeded, kv-pressure, rows."
     + default(",".join(_CHECK_DEFAULTS["sweeps"])), rich_help_panel=CHECK)]
 PromptsOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Prompts from the prompt file, the same for every arm."

@@ -22,6 +22,9 @@ def phases(
     concurrency: opt.ConcurrencyOpt = None,
     prompt_len: opt.PromptLenOpt = None,
     output_len: opt.OutputLenOpt = None,
+    temperature: opt.TemperatureOpt = None,
+    top_p: opt.TopPOpt = None,
+    top_k: opt.TopKOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
     clients: opt.ClientsOpt = None,
@@ -45,7 +48,8 @@ def phases(
     """
     given = option_fields(
         arm=arm, set=knobs, model=model, device=device, concurrency=concurrency,
-        prompt_len=prompt_len, output_len=output_len, requests=requests,
+        prompt_len=prompt_len, output_len=output_len,
+        temperature=temperature, top_p=top_p, top_k=top_k, requests=requests,
         requests_per_slot=requests_per_slot, clients=clients, seed=seed,
         startup_timeout=startup_timeout, server_cpus=server_cpus, step_cores=step_cores,
         api_core=api_core, client_cpus=client_cpus, gpu=gpu, name=name, out=out)

@@ -24,6 +24,9 @@ def run(
     prompt_len: opt.PromptLenOpt = None,
     shared_prefix_len: opt.SharedPrefixLenOpt = None,
     output_len: opt.OutputLenOpt = None,
+    temperature: opt.TemperatureOpt = None,
+    top_p: opt.TopPOpt = None,
+    top_k: opt.TopKOpt = None,
     rounds: opt.RoundsOpt = None,
     until_verdict: opt.UntilVerdictOpt = None,
     max_rounds: opt.MaxRoundsOpt = None,
@@ -60,7 +63,7 @@ def run(
     given = option_fields(
         arm=arm, set=knobs, aa=aa, model=model, device=device, concurrency=concurrency,
         prompt_len=prompt_len, shared_prefix_len=shared_prefix_len, output_len=output_len,
-        rounds=rounds,
+        temperature=temperature, top_p=top_p, top_k=top_k, rounds=rounds,
         until_verdict=until_verdict, max_rounds=max_rounds, min_effect=min_effect,
         interleave=interleave, parallel_start=parallel_start, runs=runs, requests=requests,
         requests_per_slot=requests_per_slot, clients=clients, seed=seed, profile=profile,

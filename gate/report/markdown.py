@@ -131,8 +131,21 @@ def header_line(manifest: Manifest) -> str:
             f"prompt {known(manifest.prompt_len)} tokens"
             + (f" after one shared {manifest.shared_prefix_len}-token prefix"
                if manifest.shared_prefix_len else "") + ", "
-            f"output {known(manifest.output_len)} tokens; cells {cells}; "
+            f"output {known(manifest.output_len)} tokens, {sampling_text(manifest.sampling)}; "
+            f"cells {cells}; "
             f"{rounds} x {known(manifest.runs)} runs{servers}.")
+
+
+def sampling_text(sampling: dict | None) -> str:
+    """`greedy`, or the workload's temperature and the filters it set."""
+    if not sampling or not sampling.get("temperature"):
+        return "greedy"
+    parts = [f"temperature {sampling['temperature']}"]
+    if sampling.get("top_p", 1) < 1:
+        parts.append(f"top_p {sampling['top_p']}")
+    if sampling.get("top_k"):
+        parts.append(f"top_k {sampling['top_k']}")
+    return " ".join(parts)
 
 
 def arms_line(manifest: Manifest) -> str:

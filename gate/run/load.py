@@ -4,11 +4,12 @@ Prompts are random token ids below the server's vocabulary, seeded, so no prefix
 two arms given one seed see the same prompts; with `shared_prefix_len` every prompt of a run
 (warm-up too) opens with one shared prefix of that many tokens, seeded alike, then its own
 `prompt_len`, so a cell measures what a prefix cache buys. Every request asks for exactly
-`output_len` tokens (ignore_eos). Warm-up requests run first at the same concurrency and are
-left out. A run's numbers are a ServeMetrics, named as `vllm bench serve --save-result` names
-them: output_throughput (output tok/s) = output tokens of the measured requests over the
-measured wall time; TTFT, TPOT, ITL and E2EL as ServeMetrics says. Failed requests are counted
-and kept out of the distributions.
+`output_len` tokens (ignore_eos), sampled as the spec says (greedy by default; sampled requests
+bring no seed). Warm-up requests run first at the same concurrency and are left out. A run's
+numbers are a ServeMetrics, named as `vllm bench serve --save-result` names them:
+output_throughput (output tok/s) = output tokens of the measured requests over the measured wall
+time; TTFT, TPOT, ITL and E2EL as ServeMetrics says. Failed requests are counted and kept out of
+the distributions.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class LoadSpec:
     api_key: str | None = None
     timeout_s: float = 3600.0
     num_clients: int = 1  # processes the measured requests' slots are split over
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size",
@@ -93,7 +97,11 @@ def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
 async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
                prompt: list[int]) -> RequestResult:
     body = {"prompt": prompt, "max_tokens": spec.output_len, "ignore_eos": True,
-            "temperature": 0, "stream": True}
+            "temperature": spec.temperature, "stream": True}
+    if spec.top_p < 1:
+        body["top_p"] = spec.top_p
+    if spec.top_k:
+        body["top_k"] = spec.top_k
     if spec.model:
         body["model"] = spec.model
     start = time.perf_counter()

@@ -27,7 +27,8 @@ async def warmed_load(server: Server, config: GateConfig, concurrency: int, voca
                     shared_prefix_len=config.shared_prefix_len,
                     vocab_size=vocab, seed=config.seed * 1000 + round_index,
                     num_warmup=concurrency,
-                    num_clients=config.clients_for(concurrency, num_client_cpus))
+                    num_clients=config.clients_for(concurrency, num_client_cpus),
+                    **config.sampling)
     await warm_up(server.url, spec)
     return dataclasses.replace(spec, num_warmup=0)
 

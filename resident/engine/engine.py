@@ -43,7 +43,14 @@ from resident.engine.report import engine_info, engine_stats, rowcheck_counts
 from resident.engine.request import Request, Status
 from resident.engine.resident_planning import ResidentPlanning
 from resident.engine.runner import StepRunner
-from resident.engine.sampler import Sampler, TokenReadback
+from resident.engine.sampler import (
+    FAILED_DRAW,
+    Sampler,
+    SampleRow,
+    StepLogits,
+    TokenReadback,
+)
+from resident.engine.sampling_state import SamplingSlots
 from resident.engine.scheduler import Scheduler, StepPlan
 from resident.engine.startup import StartupTimes
 from resident.engine.swap import StateSwapper
@@ -115,6 +122,7 @@ class Engine:
         self.planning = self._build_planning()
         self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
                                  self.kernels, self.phases, config.cuda_graphs == "on")
+        self.sampler = self._build_sampler()
         self.startup.lap("buffers")
         if device.type == "cuda":
             from resident.backends.gdn_prefill import tune_chunked_delta_rule
@@ -124,13 +132,15 @@ class Engine:
             self.startup.lap("fla tuning")
         if config.cuda_graphs == "on" or config.compile == "on":
             self.runner.prepare_all(config.decode_buckets, self.startup.lap)
+        if self.runner.graphs is not None:
+            self.sampler.capture(config.decode_buckets, self.runner.graphs.output)
+            self.startup.lap("sampler graphs")
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
         self.prefixes = PrefixCache(config, self.cache, self.kv, self.states) \
             if config.prefix_cache == "on" else NoPrefixCache()
         self.scheduler = Scheduler(config, self.kv, self.states, self.positions, self.swapper,
                                    self.prefixes)
-        self.sampler = Sampler(device, config.seed)
         self.readback = TokenReadback(device, config.max_step_rows)
         self.requests: dict[str, Request] = {}
         # plan_ahead: the next step, scheduled (and, for decode, prepared) while this one ran,
@@ -157,6 +167,14 @@ class Engine:
         log.info(reason)
         return ResidentPlanning(planner, self.inputs, self.kernels, self.phases, row_check,
                                 reason)
+
+    def _build_sampler(self) -> Sampler:
+        """Under resident planning the draw's parameters live by slot (sampling_state.py)."""
+        config, planner = self.config, getattr(self.planning, "planner", None)
+        slots = None if planner is None else SamplingSlots(
+            planner.num_rows, config.max_decode_rows, planner.slot_ids_gpu, self.device)
+        return Sampler(self.device, config.seed, self.model_config.vocab_size,
+                       config.max_step_rows, config.sampler, slots)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -225,14 +243,8 @@ class Engine:
         sampling = [row.request for row in plan.rows if row.samples]
         kept = [i for i, r in enumerate(sampling) if not r.finish_reason]
         live = [sampling[i] for i in kept]
-        if len(live) < len(sampling):
-            logits, greedy = logits[kept], None
-        failed: dict[str, str] = {}
         if live:
-            rows = [(r.request_id, r.params) for r in live]
-            tokens_gpu = self.sampler.sample(logits, rows, greedy)
-            failed = self.sampler.failures
-            self.readback.start(tokens_gpu, self.sampler.logprobs(logits, tokens_gpu, rows))
+            tokens_gpu = self._sample(prepared, logits, greedy, sampling, kept)
         self.phases.lap("sampler")
         self._commit(prepared, live)
         if self.config.plan_ahead != "off":
@@ -246,12 +258,36 @@ class Engine:
         tokens = self.phases.event_sync(self.readback.wait) if live else []
         self.phases.lap("sample_sync")
         logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
+        failed = {live[row].request_id: FAILED_DRAW for row in self.readback.failed()} \
+            if live else {}
         outputs = [self._emit(request, token, token_logprobs, failed.get(request.request_id))
                    for request, token, token_logprobs in zip(live, tokens, logprobs, strict=True)]
         self.phases.lap("outputs")
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
             self._launch_ahead(None)
         return outputs
+
+    def _sample(self, prepared: PreparedStep, logits: torch.Tensor,
+                greedy: torch.Tensor | None, sampling: list[Request],
+                kept: list[int]) -> torch.Tensor:
+        """Draws every sampling row (a decode step's draw covers its bucket by slot, finished
+        rows included) and queues the read-back of the `kept` rows' tokens, failures and
+        logprobs; returns their [len(kept)] tokens on the device."""
+        rows = [SampleRow(r.request_id, r.params, len(r.output_ids)) for r in sampling]
+        whole = []
+        if prepared.staged is not None and prepared.staged.whole_rows:
+            by_id = {row.request_id: row for row in rows}
+            whole = [(slot, by_id[rid]) for slot, rid in prepared.staged.whole_rows]
+        step = StepLogits(logits, greedy)
+        drawn = self.sampler.sample(step, rows, prepared.bucket, whole)
+        tokens = drawn.tokens if drawn else self.sampler.greedy(step, len(rows))
+        failed = drawn.failed if drawn else None
+        if len(kept) < len(rows):
+            tokens, logits = tokens[kept], logits[kept]
+            failed = None if failed is None else failed[kept]
+            rows = [rows[i] for i in kept]
+        self.readback.start(tokens, self.sampler.logprobs(logits, tokens, rows), failed)
+        return tokens
 
     def _launch_ahead(self, sampled: SampledTokens | None) -> None:
         """Launches the prepared next step inside this one (its phases are its own)."""

@@ -59,6 +59,10 @@ class StepGraphs:
     def has(self, bucket: int) -> bool:
         return bucket in self._graphs
 
+    def output(self, bucket: int) -> Any:
+        """The bucket's outputs (fixed addresses), what each replay rewrites."""
+        return self._outputs[bucket]
+
     def replay(self, bucket: int) -> Any:
         """The bucket's outputs (its logits), valid until the next replay of any bucket of
         this kind."""

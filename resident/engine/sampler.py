@@ -1,24 +1,37 @@
-"""Sampler: greedy at temperature 0; otherwise temperature, top-k and top-p, drawn from a
-per-request generator seeded from the request's seed (or the engine's), so the same seed over the
-same logits gives the same tokens. Rows whose request asked for logprobs also get the sampled
-token's log-probability and the top k, from the raw logits' log-softmax, read back with the
-tokens; a step where no row asked computes and copies nothing more.
+"""Sampler: a step's tokens from its logits, all rows in one batched draw on the device
+(draw.py): greedy at temperature 0, otherwise temperature, top-k, top-p and min-p, with noise
+keyed by the request's seed (its own, or one the sampler gives it from the engine's seed) and
+the token's index in its output, so a seed gives the same tokens whatever else is in the step.
+Rows whose request asked for logprobs also get the sampled token's log-probability and the top
+k, from the raw logits' log-softmax, read back with the tokens; a step where no row asked
+computes and copies nothing more. A step with no sampled row (all greedy) draws nothing: its
+tokens are the argmax, a decode graph's own (`StepLogits.greedy`).
 
-A draw is an exponential race (argmax of probs / Exp(1), a softmax sample) rather than
-torch.multinomial, which raises on probabilities that are NaN or sum to 0 (a temperature that
-rounds to zero in float32) and, on CUDA, kills the device's context with them: a race over such
-probabilities still picks a token, so one request's parameters cannot take the engine down. Any
-other error in one row's draw fails that request alone (`failures`)."""
+The draw's per-row parameters sit at fixed addresses (sampling_state.py). A decode step under
+resident planning gathers them by slot from `SamplingSlots` (written only for rows the planner
+writes whole) and advances each row's token index on the device; any other step uploads its
+rows' parameters. Under `cuda_graphs` each decode bucket's draw (gather, draw, advance) is a
+captured graph over its forward graph's logits, replayed after it when a row samples.
+
+A row whose logits are not finite after its temperature (NaN logits; a temperature that
+overflows float32, 1e-40) keeps its greedy token and is flagged on the device; its request
+fails alone when the flags are read back with the tokens (TokenReadback.failed)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from resident.engine.draw import Drawn, draw, vocab_counters
+from resident.engine.graphs import StepGraphs
+from resident.engine.sampling_state import HostColumns, ParamColumns, RowValues, SamplingSlots
 from resident.engine.types import MAX_LOGPROBS, SamplingParams, TokenLogprobs
+
+FAILED_DRAW = "sampling failed: the logits are not finite at this temperature"
 
 
 class StepLogits(NamedTuple):
@@ -28,6 +41,15 @@ class StepLogits(NamedTuple):
 
     logits: torch.Tensor
     greedy: torch.Tensor | None = None
+
+
+class SampleRow(NamedTuple):
+    """One sampling row of a step: its request, and the index its token takes in the
+    request's output (the draw's counter)."""
+
+    request_id: str
+    params: SamplingParams
+    index: int
 
 
 @dataclass(frozen=True)
@@ -41,52 +63,93 @@ class StepLogprobs:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, seed: int, vocab_size: int, max_rows: int,
+                 name: str = "torch", slots: SamplingSlots | None = None) -> None:
+        """name: the draw's filter (draw.SAMPLERS); slots: the resident planner's sampling
+        slots, or None when decode steps are host-planned; max_rows: the most rows a step
+        samples."""
+        self.device, self.name, self.slots = device, name, slots
+        self.fused = device.type == "cuda"  # the race on its Triton kernel (draw.py)
         self._seeds = random.Random(seed)
-        self._generators: dict[str, torch.Generator] = {}
-        self.failures: dict[str, str] = {}
+        self._request_seeds: dict[str, int] = {}
+        self._counters_gpu = vocab_counters(vocab_size, device)  # [vocab]
+        self._columns = ParamColumns(max_rows, device)
+        self._staging = HostColumns(max_rows, device)
+        self._graphs = StepGraphs("sampler") if device.type == "cuda" else None
 
     def add(self, request_id: str, params: SamplingParams) -> None:
-        if params.temperature > 0:
-            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-            self._generators[request_id] = torch.Generator(self.device).manual_seed(seed)
+        self._request_seeds[request_id] = (params.seed if params.seed is not None
+                                           else self._seeds.getrandbits(63))
 
     def drop(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+        self._request_seeds.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, rows: list[tuple[str, SamplingParams]],
-               greedy: torch.Tensor | None = None) -> torch.Tensor:
-        """logits: [>= len(rows), V]; greedy: their argmax if the step computed it ([>= len(rows)],
-        left as it is). Returns [len(rows)] tokens on the logits' device, not yet read back (the
-        caller's one host sync per step). A row whose draw failed keeps its greedy token and is
-        named in `failures` (request id -> why) until the next call."""
-        self.failures: dict[str, str] = {}
-        drawn = any(params.temperature > 0 for _, params in rows)
-        if greedy is None:
-            tokens = logits[:len(rows)].argmax(dim=-1)
+    def values(self, row: SampleRow) -> RowValues:
+        return RowValues(row.params, self._request_seeds.get(row.request_id, 0), row.index)
+
+    def sample(self, step: StepLogits, rows: list[SampleRow], decode_bucket: int = 0,
+               whole: list[tuple[int, SampleRow]] = ()) -> Drawn | None:
+        """step.logits: [>= len(rows), vocab], row i's for rows[i]. Returns the [len(rows)]
+        tokens and failures on the logits' device, not yet read back (the caller's one host
+        sync per step); None when no row samples (the tokens are the greedy ones, `greedy`).
+        decode_bucket: the bucket of a decode step whose logits are its forward's own (0
+        otherwise); under resident slots its rows come by slot, after `whole` (slot, row)
+        are written."""
+        resident = self.slots is not None and decode_bucket > 0
+        if resident and whole:  # even in a greedy step: a later draw gathers these slots
+            self.slots.write([slot for slot, _ in whole], [self.values(row) for _, row in whole])
+        if not any(row.params.temperature > 0 for row in rows):
+            return None
+        if not resident:
+            self._staging.put([self.values(row) for row in rows])
+            self._staging.upload(self._columns, len(rows))
+        if decode_bucket and self._graphs is not None and self._graphs.has(decode_bucket):
+            drawn = self._graphs.replay(decode_bucket)
+        elif decode_bucket:
+            drawn = self._draw_decode(step, decode_bucket)
         else:
-            tokens = greedy[:len(rows)].clone() if drawn else greedy[:len(rows)]
-        if not drawn:
-            return tokens
-        for index, (request_id, params) in enumerate(rows):
-            if params.temperature > 0:
-                try:
-                    tokens[index] = self._draw(logits[index], params,
-                                               self._generators[request_id])
-                except Exception as error:  # noqa: BLE001 - this row's failure, not the step's
-                    self.failures[request_id] = f"sampling failed: {type(error).__name__}"
-        return tokens
+            drawn = self._draw(step, len(rows))
+        return Drawn(drawn.tokens[:len(rows)], drawn.failed[:len(rows)])
+
+    def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
+        """[num_rows] argmax tokens: the decode graph's own, or computed now."""
+        if step.greedy is not None:
+            return step.greedy[:num_rows]
+        return step.logits[:num_rows].argmax(dim=-1)
+
+    def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
+        return draw(step.logits[:num_rows], self._columns.params(num_rows),
+                    self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused)
+
+    def _draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
+        """A decode bucket's draw over all its rows: by slot under resident slots (gather,
+        draw, advance), else from the uploaded columns. Device ops only: it is captured."""
+        if self.slots is not None:
+            self.slots.gather(self._columns, bucket)
+        drawn = self._draw(step, bucket)
+        if self.slots is not None:
+            self.slots.advance(bucket)
+        return drawn
+
+    def capture(self, buckets: tuple[int, ...], outputs: Callable[[int], StepLogits]) -> None:
+        """One draw graph per decode bucket over `outputs(bucket)`, the StepLogits its
+        forward graph gives back (fixed addresses); the uploaded columns' padding rows are
+        drawn too, and ignored."""
+        if self._graphs is None:
+            return
+        self._graphs.capture(buckets, lambda bucket: None,
+                             lambda bucket: self._draw_decode(outputs(bucket), bucket),
+                             lambda bucket: f"the {self.name} draw of {bucket} rows")
 
     @staticmethod
     def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
-                 rows: list[tuple[str, SamplingParams]]) -> StepLogprobs | None:
+                 rows: list[SampleRow]) -> StepLogprobs | None:
         """The log-probabilities of the rows that asked for them (None when none did): each
         row's sampled token's and its top k, on the device, not yet read back."""
-        asked = [index for index, (_, params) in enumerate(rows) if params.logprobs is not None]
+        asked = [index for index, row in enumerate(rows) if row.params.logprobs is not None]
         if not asked:
             return None
-        counts = tuple(rows[index][1].logprobs for index in asked)
+        counts = tuple(rows[index].params.logprobs for index in asked)
         # a list index is copied to the device; when every row asked, a slice needs no copy
         select = slice(0, len(rows)) if len(asked) == len(rows) else asked
         # fp32 at least: bf16 logits would round the log-softmax to 2-3 digits
@@ -97,29 +160,14 @@ class Sampler:
         values = torch.cat([sampled, top_values], dim=1).to(torch.float64)
         return StepLogprobs(tuple(asked), counts, values, top_ids)
 
-    @staticmethod
-    def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
-        scaled = logits.float() / params.temperature
-        if 0 < params.top_k < scaled.shape[-1]:
-            kth = torch.topk(scaled, params.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if params.top_p < 1.0:
-            sorted_logits, order = torch.sort(scaled, descending=True)
-            cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-            # drop a token once the tokens before it already reach top_p; the top one stays
-            drop = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
-            scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
-        probs = torch.softmax(scaled, dim=-1)
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        return (probs / race).argmax()
-
 
 class TokenReadback:
     """A step's sampled tokens, copied to pinned host memory behind an event: `start` queues
     the copy, `mark` moves the event past what the stream took since (the next step's uploads,
     when that step launches before the read-back, so that waiting also frees their host
     sources), `wait` blocks until then and returns the tokens. On CPU the copy is done at once.
-    The logprobs some rows asked for ride the same copy and event (`logprobs` after `wait`)."""
+    The logprobs some rows asked for, and a drawing step's failure flags, ride the same event
+    (`logprobs` and `failed` after `wait`)."""
 
     def __init__(self, device: torch.device, max_rows: int) -> None:
         cuda = device.type == "cuda"
@@ -130,13 +178,20 @@ class TokenReadback:
                                         pin_memory=cuda)
         self._ids_host = torch.zeros(max_rows * MAX_LOGPROBS, dtype=torch.int64,
                                      pin_memory=cuda)
+        self._failed_host = torch.zeros(max_rows, dtype=torch.bool, pin_memory=cuda)
         self._event = torch.cuda.Event() if cuda else None
         self._count = 0
         self._logprobs: StepLogprobs | None = None
+        self._drew = False
 
-    def start(self, tokens: torch.Tensor, logprobs: StepLogprobs | None = None) -> None:
+    def start(self, tokens: torch.Tensor, logprobs: StepLogprobs | None = None,
+              failed: torch.Tensor | None = None) -> None:
+        """tokens: [rows]; failed: [rows] bool, the draw's failures (None: nothing drawn)."""
         self._count = tokens.shape[0]
         self._host[:self._count].copy_(tokens, non_blocking=True)
+        self._drew = failed is not None
+        if failed is not None:
+            self._failed_host[:self._count].copy_(failed, non_blocking=True)
         self._logprobs = logprobs
         if logprobs is not None:
             self._values_view(logprobs).copy_(logprobs.values, non_blocking=True)
@@ -159,6 +214,12 @@ class TokenReadback:
         if self._event is not None:
             self._event.synchronize()
         return self._host[:self._count].tolist()
+
+    def failed(self) -> list[int]:
+        """After `wait`: the rows whose draw failed."""
+        if not self._drew:
+            return []
+        return self._failed_host[:self._count].nonzero().flatten().tolist()
 
     def logprobs(self) -> list[TokenLogprobs | None] | None:
         """After `wait`: the logprobs of each row of the step `start` was given (None for a row

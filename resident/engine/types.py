@@ -16,20 +16,31 @@ MAX_LOGPROBS = 20  # the most top logprobs a token may ask for (vLLM's default l
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 are off. logprobs:
-    None for none; k for each generated token's log-probability and the k most likely tokens'
-    (from the model's raw logits, before temperature, top-k and top-p)."""
+    """Per-request sampling. temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 are off
+    (min_p drops tokens under min_p times the top token's probability). seed: the same seed
+    over the same logits gives the same tokens, whatever else runs beside (None: the engine
+    gives one). logprobs: None for none; k for each generated token's log-probability and the
+    k most likely tokens' (from the model's raw logits, before temperature and the filters)."""
 
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be None or 0..{MAX_LOGPROBS}, got {self.logprobs}")
 

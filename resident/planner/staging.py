@@ -37,6 +37,7 @@ class StagedStep:
     slot_ids_gpu: torch.Tensor  # [bucket]
     cells_gpu: torch.Tensor  # [capacity, 3]
     width: int  # block-table columns the step's rows use (bounds a torch reference's reads)
+    whole_rows: tuple[tuple[int, str], ...] = ()  # (slot, request id) of the rows written whole
 
     @property
     def bucket(self) -> int:
@@ -128,7 +129,8 @@ class RowStager:
         self.staging_gpu.copy_(ring.staging_cpu, non_blocking=True)
         self.counters["rows_written_whole"] += len(whole)
         self.counters["cells_staged"] += len(cells)
-        return StagedStep(self._slot_views[len(plan.slot_ids)], self.cells_gpu, width)
+        return StagedStep(self._slot_views[len(plan.slot_ids)], self.cells_gpu, width,
+                          tuple(whole))
 
     def advance(self, plan: ResidentPlan) -> None:
         """The step ran: the mirror's stored lengths advance as the step's last op did on the

@@ -202,6 +202,9 @@ def _sampling(body: dict[str, Any], vocab_size: int, max_tokens: int,
     top_p = _number_field(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise bad_request(f"'top_p' must be in (0, 1], got {show(body['top_p'])}")
+    min_p = _number_field(body, "min_p", 0.0)
+    if not 0 <= min_p <= 1:
+        raise bad_request(f"'min_p' must be in [0, 1], got {show(body['min_p'])}")
     top_k = int_field(body, "top_k", 0)
     if top_k < -1:
         raise bad_request(f"'top_k' must be >= 0 (or -1 for off), got {top_k}")
@@ -220,6 +223,7 @@ def _sampling(body: dict[str, Any], vocab_size: int, max_tokens: int,
         top_p=top_p,
         # -1 is off as in vLLM; k >= vocab_size keeps every token, which is off too.
         top_k=0 if top_k == -1 or top_k >= vocab_size else top_k,
+        min_p=min_p,
         seed=seed,
         ignore_eos=bool_field(body, "ignore_eos", False),
         stop_token_ids=tuple(token_ids_in_vocab(stop_ids or [], "stop_token_ids", vocab_size)),

@@ -55,6 +55,16 @@
 #             prefix + 256 own, c=16/64, until a verdict), tarred
 #   gate-prefix-none  configs/gate/h200-0.8b-prefix-none.yaml (the same without a shared
 #             prefix: the cache's cost), tarred
+#   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter against torch's, and a seeded
+#             request alone (eager, host-planned) against among 15 (graphs, resident slots);
+#             then tests/gpu/time_draw.py: a captured draw's GPU time at the 0.8B vocabulary,
+#             each filter, at 1/16/64/256 rows, beside the argmax alone (sampler-time.log)
+#   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
+#             0.7, top_p 0.9), c=64: compare the two sessions' output_throughput, tarred
+#   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
+#             c=64 sampled, resident planning off and auto, tarred
+#   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
+#             (main=. head=.: the old sampler of an earlier main draws other tokens), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -173,6 +183,24 @@ for part in "$@"; do
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
+    sampler)
+      run sampler 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py
+      run sampler-time 150 python3 tests/gpu/time_draw.py ;;
+    gate-sampled)
+      run gate-greedy 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
+        --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"
+      run gate-sampled 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
+        --out "$OUT/gate-sampled"
+      tar czf "$OUT/gate-sampled.tgz" -C "$OUT" gate-greedy gate-sampled \
+        && rm -rf "$OUT/gate-greedy" "$OUT/gate-sampled" ;;
+    phases-sampled)
+      run phases-sampled 400 python3 -m gate phases \
+        --config configs/gate/h200-0.8b-phases-sampled.yaml --out "$OUT/phases-sampled"
+      tar czf "$OUT/phases-sampled.tgz" -C "$OUT" phases-sampled && rm -rf "$OUT/phases-sampled" ;;
+    check-seeded)
+      run check-seeded 500 python3 -m gate check --config configs/gate/check-h200-0.8b.yaml \
+        --sweep seeded --arm main=. --arm head=. --out "$OUT/check-seeded"
+      tar czf "$OUT/check-seeded.tgz" -C "$OUT" check-seeded && rm -rf "$OUT/check-seeded" ;;
     fused-kernels)
       run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \

@@ -1,0 +1,155 @@
+"""The batched draw: every sampling row of a step in one pass over [rows, vocab] logits, from
+per-row parameter tensors, with no host sync and no per-row launch.
+
+A row's temperature divides its logits (a row at temperature 0 takes its greedy token); top-k,
+top-p and min-p set the dropped tokens to -inf (the filter); the token is the argmax of the
+filtered logits plus Gumbel noise, which draws from their softmax (the Gumbel-max trick: the
+same race as argmax(probs / Exp(1)), in log space, with no softmax).
+
+The noise is counter-based: each element's uniform is a 32-bit integer hash of (the request's
+seed, the token's index in its request's output, the vocabulary id), computed with torch integer
+ops on the device. A request's draws therefore depend on nothing else in its step (its row, its
+neighbours, its bucket), so a seed gives the same tokens in any batch, on either planning arm.
+
+Two filters, chosen by name (knob `sampler`): `torch`, exact on CPU and CUDA from one sort of the
+whole batch; `flashinfer` (CUDA), FlashInfer's top-k mask and top-p renorm kernels, which need no
+sort. Both draw with the same noise, so on the same logits they give the same tokens up to float
+rounding at a cutoff.
+
+The race is the one pass that must be fast at a 248k vocabulary: on CUDA it is a Triton kernel
+(kernels/gumbel_race.py) that hashes the noise in registers; `race` here is its torch reference
+(CPU), the same bits.
+
+A row whose scaled logits are not finite (NaN logits, or a temperature so small that they
+overflow float32, such as 1e-40) is reported in `failed` and keeps its greedy token: its request
+fails alone, and its NaNs are zeroed before the filter, so no kernel meets them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN32 = 0x9E3779B9  # spreads consecutive counters over the 32-bit ring
+SAMPLERS = ("torch", "flashinfer")
+
+
+class RowParams(NamedTuple):
+    """A step's per-row sampling parameters on the device, [rows] each."""
+
+    temperature: torch.Tensor  # float32; <= 0: greedy
+    top_k: torch.Tensor  # int64; 0: off
+    top_p: torch.Tensor  # float32; 1: off
+    min_p: torch.Tensor  # float32; 0: off
+    seed: torch.Tensor  # int64: the request's 64-bit seed (two's complement)
+    index: torch.Tensor  # int64: the index of the token drawn in its request's output
+
+
+class Drawn(NamedTuple):
+    tokens: torch.Tensor  # [rows] int64
+    failed: torch.Tensor  # [rows] bool: a sampled row whose logits were not finite
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer on int64 tensors holding values in [0, 2**32): products
+    wrap in int64 and are masked back to their low 32 bits, which wrapping leaves exact."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & MASK32
+    return x ^ (x >> 16)
+
+
+def vocab_counters(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[vocab] int64: each vocabulary id's counter, made once per sampler."""
+    return (torch.arange(vocab_size, dtype=torch.int64, device=device) * GOLDEN32) & MASK32
+
+
+def row_keys(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[rows] int64 in [0, 2**32): one key per (seed, token index)."""
+    low, high = seed & MASK32, (seed >> 32) & MASK32
+    key = mix32((index * GOLDEN32) & MASK32)
+    key = mix32((key + high) & MASK32)
+    return mix32((key ^ low) & MASK32)
+
+
+def gumbel_noise(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] float32 Gumbel(0, 1) noise from each row's key and each id's counter."""
+    bits = mix32((keys[:, None] + counters[None, :]) & MASK32)
+    uniform = ((bits >> 8).to(torch.float32) + 0.5) * 2.0**-24  # in (0, 1), never 0 or 1
+    return -torch.log(-torch.log(uniform))
+
+
+def scale(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 logits / temperature ([rows, vocab]; greedy rows divided by 1) and each sampled
+    row's failure (its scaled logits not finite); a failed row's logits are zeroed."""
+    sampled = params.temperature > 0
+    divisor = torch.where(sampled, params.temperature, torch.ones_like(params.temperature))
+    scaled = logits.float() / divisor[:, None]
+    failed = sampled & ~torch.isfinite(scaled.amax(dim=-1))
+    return scaled.masked_fill(failed[:, None], 0.0), failed
+
+
+def filter_torch(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
+    """Top-k then top-p over one descending sort of the batch: each row's cutoff is the
+    smallest logit both keep; top-p keeps a token while the top-k survivors before it sum
+    below top_p (so the top token always stays). Returns the cutoff, [rows, 1]."""
+    vocab = scaled.shape[-1]
+    ordered, _ = scaled.sort(dim=-1, descending=True)
+    keep_k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab),
+                         torch.full_like(params.top_k, vocab))  # [rows]
+    ranks = torch.arange(vocab, device=scaled.device)
+    survivors = ordered.masked_fill(ranks[None, :] >= keep_k[:, None], float("-inf"))
+    probs = torch.softmax(survivors, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above each
+    keep_p = (before < params.top_p[:, None]).sum(dim=-1).clamp(min=1)  # [rows]
+    kept = torch.minimum(keep_k, keep_p)
+    return ordered.gather(1, (kept - 1)[:, None])
+
+
+def filter_flashinfer(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
+    """The same filter on FlashInfer's kernels, without a sort: its top-k mask, then its top-p
+    renorm of their softmax. Returns the filtered log-probabilities (-inf where dropped)."""
+    from flashinfer.sampling import top_k_mask_logits, top_p_renorm_probs
+
+    vocab = scaled.shape[-1]
+    top_k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab),
+                        torch.full_like(params.top_k, vocab)).to(torch.int32)
+    masked = top_k_mask_logits(scaled, top_k)
+    # the parameters are columns of one block (strided): FlashInfer reads them contiguous
+    probs = top_p_renorm_probs(torch.softmax(masked, dim=-1), params.top_p.contiguous())
+    return torch.log(probs)
+
+
+def race(filtered: torch.Tensor, keys: torch.Tensor, floors: torch.Tensor,
+         counters: torch.Tensor) -> torch.Tensor:
+    """[rows] int64: each row's argmax of filtered + Gumbel noise over the ids at or above its
+    floor (the reference of kernels/gumbel_race.py)."""
+    kept = filtered.masked_fill(filtered < floors[:, None], float("-inf"))
+    return (kept + gumbel_noise(keys, counters)).argmax(dim=-1)
+
+
+def draw(logits: torch.Tensor, params: RowParams, greedy: torch.Tensor,
+         counters: torch.Tensor, sampler: str = "torch", fused: bool = False) -> Drawn:
+    """logits: [rows, vocab]; greedy: their argmax ([rows], left as it is); counters:
+    vocab_counters; fused: the race on the Triton kernel. Each row's token: greedy at
+    temperature <= 0, else drawn (module docstring). Reads nothing back and allocates only
+    temporaries: a CUDA graph can hold it."""
+    scaled, failed = scale(logits, params)
+    if sampler == "flashinfer":
+        filtered = filter_flashinfer(scaled, params)
+    else:
+        filtered = scaled.masked_fill(scaled < filter_torch(scaled, params), float("-inf"))
+    # min-p: drop what is under min_p times the top token's probability
+    floors = filtered.amax(dim=-1) + torch.log(params.min_p)
+    keys = row_keys(params.seed, params.index)
+    if fused:  # imported here: triton must not load before TRITON_INTERPRET is set
+        from resident.kernels.gumbel_race import gumbel_race_triton
+
+        drawn = gumbel_race_triton(filtered, keys, floors)
+    else:
+        drawn = race(filtered, keys, floors, counters)
+    tokens = torch.where((params.temperature > 0) & ~failed, drawn, greedy)
+    return Drawn(tokens, failed)

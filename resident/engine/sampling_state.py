@@ -1,0 +1,114 @@
+"""Where the draw's per-row parameters live on the device (draw.py: RowParams).
+
+- `ParamColumns`: a step's rows' parameters at fixed addresses, [max_rows, 3] float32
+  (temperature, top_p, min_p) and [max_rows, 3] int64 (top_k, seed, index): what a draw, and a
+  captured draw graph, read.
+- `HostColumns`: their pinned host staging; the host-planned arm, and every varlen step, stage
+  each step's rows there and upload them (two H2D copies a step).
+- `SamplingSlots` (resident planning): the same columns for every slot of the resident planner's
+  store. A request's row is written only when the planner writes its row whole (new, displaced,
+  or stale after a host-planned step); a decode step gathers its rows by slot into the step's
+  columns and advances their token index on the device, inside the draw's graph, so a captured
+  resident step uploads no sampling parameters.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from resident.engine.draw import RowParams
+from resident.engine.types import SamplingParams
+
+INDEX_COL = 2  # the token index's column among the int64 ones
+
+
+class RowValues(NamedTuple):
+    """One row's parameters as the host knows them."""
+
+    params: SamplingParams
+    seed: int  # the request's seed (its own, or the one the sampler gave it)
+    index: int  # the index of the token drawn in its request's output
+
+
+def seed_bits(seed: int) -> int:
+    """A seed in [-2**63, 2**64) as the int64 with its low 64 bits."""
+    seed %= 2**64
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
+class ParamColumns:
+    def __init__(self, num_rows: int, device: torch.device) -> None:
+        self.floats_gpu = torch.zeros(num_rows, 3, dtype=torch.float32, device=device)
+        self.ints_gpu = torch.zeros(num_rows, 3, dtype=torch.int64, device=device)
+
+    def params(self, num_rows: int) -> RowParams:
+        """The first num_rows rows' parameters, as views."""
+        floats, ints = self.floats_gpu[:num_rows], self.ints_gpu[:num_rows]
+        return RowParams(temperature=floats[:, 0], top_k=ints[:, 0], top_p=floats[:, 1],
+                         min_p=floats[:, 2], seed=ints[:, 1], index=ints[:, INDEX_COL])
+
+
+class HostColumns:
+    """Pinned (on CUDA) host rows of ParamColumns' layout, written one row at a time."""
+
+    def __init__(self, num_rows: int, device: torch.device) -> None:
+        pin = device.type == "cuda"
+        self.floats_cpu = torch.zeros(num_rows, 3, dtype=torch.float32, pin_memory=pin)
+        self.ints_cpu = torch.zeros(num_rows, 3, dtype=torch.int64, pin_memory=pin)
+
+    def put(self, rows: list[RowValues]) -> None:
+        if len(rows) > self.floats_cpu.shape[0]:
+            raise ValueError(f"{len(rows)} sampling rows exceed the staging's "
+                             f"{self.floats_cpu.shape[0]}")
+        floats, ints = self.floats_cpu.numpy(), self.ints_cpu.numpy()
+        for row, (params, seed, index) in enumerate(rows):
+            floats[row] = (params.temperature, params.top_p, params.min_p)
+            ints[row] = (params.top_k, seed_bits(seed), index)
+
+    def upload(self, columns: ParamColumns, num_rows: int) -> None:
+        columns.floats_gpu[:num_rows].copy_(self.floats_cpu[:num_rows], non_blocking=True)
+        columns.ints_gpu[:num_rows].copy_(self.ints_cpu[:num_rows], non_blocking=True)
+
+
+class SamplingSlots:
+    def __init__(self, num_slots: int, max_rows: int, slot_ids_gpu: torch.Tensor,
+                 device: torch.device) -> None:
+        """slot_ids_gpu: the resident planner's [>= bucket] slot ids of a step's rows, at a
+        fixed address (its flush writes them)."""
+        self.table = ParamColumns(num_slots, device)  # [num_slots, 3] each
+        self.slot_ids_gpu = slot_ids_gpu
+        # whole-row writes: slots then values, staged and sent in stream order before the draw
+        self._staging = HostColumns(max_rows, device)
+        self._staged = ParamColumns(max_rows, device)
+        self._slots_cpu = torch.zeros(max_rows, dtype=torch.int64,
+                                      pin_memory=device.type == "cuda")
+        self._slots_gpu = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self._ones_gpu = torch.ones(max_rows, dtype=torch.int64, device=device)
+        self.rows_written = 0
+
+    def write(self, slots: list[int], rows: list[RowValues]) -> None:
+        """Writes rows whole into their slots (three H2D copies and two scatters). The staging
+        is reused by the next step's write only after this step's tokens are read back."""
+        count = len(rows)
+        self._staging.put(rows)
+        self._slots_cpu.numpy()[:count] = slots
+        self._slots_gpu[:count].copy_(self._slots_cpu[:count], non_blocking=True)
+        self._staging.upload(self._staged, count)
+        slot_ids = self._slots_gpu[:count]
+        self.table.floats_gpu.index_copy_(0, slot_ids, self._staged.floats_gpu[:count])
+        self.table.ints_gpu.index_copy_(0, slot_ids, self._staged.ints_gpu[:count])
+        self.rows_written += count
+
+    def gather(self, columns: ParamColumns, bucket: int) -> None:
+        """The bucket's rows' parameters, by slot, into the step's columns (device only)."""
+        slot_ids = self.slot_ids_gpu[:bucket]
+        torch.index_select(self.table.floats_gpu, 0, slot_ids, out=columns.floats_gpu[:bucket])
+        torch.index_select(self.table.ints_gpu, 0, slot_ids, out=columns.ints_gpu[:bucket])
+
+    def advance(self, bucket: int) -> None:
+        """One token more on each of the bucket's rows (the sink's padding rows advance too;
+        nothing reads the sink's)."""
+        self.table.ints_gpu[:, INDEX_COL].index_add_(0, self.slot_ids_gpu[:bucket],
+                                                     self._ones_gpu[:bucket])

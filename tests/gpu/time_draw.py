@@ -1,0 +1,58 @@
+"""GPU time of one batched draw (engine/draw.py) at the 0.8B vocabulary, each filter, captured
+as a CUDA graph as the engine replays it, beside the greedy argmax alone: what sampling adds to a
+decode step. Prints one line per (rows, sampler):  python3 tests/gpu/time_draw.py"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from resident.engine.draw import RowParams, draw, vocab_counters
+
+VOCAB = 248_320
+REPLAYS = 50
+
+
+def _graph_ms(fn) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / REPLAYS
+
+
+def main() -> None:
+    device = torch.device("cuda")
+    counters = vocab_counters(VOCAB, device)
+    samplers = ["torch"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
+    for rows in (1, 16, 64, 256):
+        logits = torch.randn(rows, VOCAB, device=device, dtype=torch.bfloat16) * 3
+        params = RowParams(torch.full((rows,), 0.7, device=device),
+                           torch.zeros(rows, dtype=torch.int64, device=device),
+                           torch.full((rows,), 0.9, device=device),
+                           torch.zeros(rows, device=device),
+                           torch.arange(rows, dtype=torch.int64, device=device),
+                           torch.zeros(rows, dtype=torch.int64, device=device))
+        greedy_ms = _graph_ms(lambda logits=logits: logits.argmax(dim=-1))
+        for sampler in samplers:
+            greedy = logits.argmax(dim=-1)
+            ms = _graph_ms(lambda logits=logits, params=params, greedy=greedy, sampler=sampler:
+                           draw(logits, params, greedy, counters, sampler))
+            print(f"rows {rows:4d} {sampler:10s} draw {ms * 1e3:8.1f} us "
+                  f"(argmax alone {greedy_ms * 1e3:6.1f} us)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
