@@ -1,8 +1,8 @@
 """The package's import graph runs one way: kernels at the bottom, then the model and the
 resources, the backends and the planner, the engine, the server, and the tools and CLI on top;
 the gate stands apart (it measures other trees' engines over HTTP and imports only the knob
-parsing, the profile reading, the version and the CLI flags it shares), and its own packages
-run one way too (GATE_LAYERS), with no cycle. Function-level imports count."""
+parsing, the profile reading, the version, the CLI flags and the table rendering it shares), and
+its own packages run one way too (GATE_LAYERS), with no cycle. Function-level imports count."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LAYERS = [
     ("resident.tools", "resident.cli", "resident.__main__"),
 ]
 GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance",
-                   "resident.cli_flags")
+                   "resident.cli_flags", "resident.render")
 
 
 def _layer(module: str) -> int:
@@ -69,7 +69,7 @@ GATE_LAYERS = [
     ("gate.config",),
     ("gate.report", "gate.run"),
     ("gate.check",),
-    ("gate.commands", "gate.cli", "gate.__main__"),
+    ("gate.commands", "gate.cli", "gate.__main__", "gate.tools"),
 ]
 # pairs within one layer that must not meet
 GATE_APART = [("gate.report", "gate.run"), ("gate.run", "gate.report")]

@@ -40,10 +40,10 @@
 #             n=4 identical, stream equal to the answer, a stop string across tokens, 16 x n=4
 #             sampled streams to the end; the log prints their tok/s)
 #   api-profile  the API processes' CPU µs per streamed token, 0.8B served at c=64 and c=256
-#             with one API process, and c=256 with two (resident.tools.api_profile; issue 35
+#             with one API process, and c=256 with two (gate.tools.api_profile; issue 35
 #             asks <= 15 µs a token and no process above 0.7 of a core)
 #   load-client  the gate's load client alone against the fake SSE server
-#             (resident.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
+#             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), and unpaced
 #   prefix-engine  the prefix cache in the engine (tests/gpu/test_prefix_gpu.py: a second pass
 #             repeats the first bit for bit, hits, row check 0, everything returns)
@@ -145,18 +145,18 @@ for part in "$@"; do
           --burst 64 --set prefill_token_budget=$budget --json "$OUT/budget-$budget.json"
       done ;;
     api-profile)
-      run api-profile-c64 400 python3 -m resident.tools.api_profile --model qwen3.5-0.8b \
+      run api-profile-c64 400 python3 -m gate.tools.api_profile --model qwen3.5-0.8b \
         --device cuda --concurrency 64 --requests 256 --output-len 256 --format json
-      run api-profile-c256 400 python3 -m resident.tools.api_profile --model qwen3.5-0.8b \
+      run api-profile-c256 400 python3 -m gate.tools.api_profile --model qwen3.5-0.8b \
         --device cuda --concurrency 256 --requests 1024 --output-len 256 --format json
-      run api-profile-c256-x2 400 python3 -m resident.tools.api_profile \
+      run api-profile-c256-x2 400 python3 -m gate.tools.api_profile \
         --model qwen3.5-0.8b --device cuda --concurrency 256 --requests 1024 \
         --output-len 256 --api-processes 2 --format json ;;
     load-client)
-      run load-client-4x 200 python3 -m resident.tools.load_client_bench --concurrency 256 \
+      run load-client-4x 200 python3 -m gate.tools.load_client_bench --concurrency 256 \
         --clients 4 --server-processes 8 --requests 2048 --output-len 256 --times 4 \
         --format json
-      run load-client-unpaced 200 python3 -m resident.tools.load_client_bench \
+      run load-client-unpaced 200 python3 -m gate.tools.load_client_bench \
         --concurrency 256 --clients 4 --server-processes 8 --requests 2048 --output-len 256 \
         --times 0 --format json ;;
     parity-fused)

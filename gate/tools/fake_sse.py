@@ -1,7 +1,7 @@
 """A fake fast completions server: streams canned SSE events, nothing generated, so a load
 client can be measured alone (load_client_bench.py drives the gate's client against it).
 
-    python -m resident.tools.fake_sse [--port 8000] [--rate 0] [--processes 1]
+    python -m gate.tools.fake_sse [--port 8000] [--rate 0] [--processes 1]
 
 `POST /v1/completions` with `"stream": true` answers `max_tokens` events shaped as the API's
 (api._Completion._token_event: the envelope, one choice with a token's text and id), then

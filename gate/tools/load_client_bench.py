@@ -1,7 +1,7 @@
 """How fast the gate's load client streams on its own: against fake_sse.py's canned events, so
 nothing but the client (and the fake server, on processes of its own) sets the pace.
 
-    python -m resident.tools.load_client_bench [--concurrency 256] [--clients 4]
+    python -m gate.tools.load_client_bench [--concurrency 256] [--clients 4]
         [--server-processes 4] [--requests 1024] [--output-len 256] [--target 45000] [--times 4]
 
 Runs gate/run/load.py's `run_load` (the gate's client: its processes, its per-token
@@ -28,8 +28,8 @@ from typing import Any
 import aiohttp
 
 from gate.run.load import LoadSpec, run_load
+from gate.tools import fake_sse
 from resident.render import OutputFormat, render
-from resident.tools import fake_sse
 
 READY_TIMEOUT_S = 30.0
 

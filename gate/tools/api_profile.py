@@ -1,6 +1,6 @@
 """Where the API process's CPU goes per streamed token (the tiny model on the CPU by default).
 
-    python -m resident.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
+    python -m gate.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
         [--requests 128] [--output-len 128] [--api-processes 1] [--py-spy stacks.txt]
         [--top 25] [--set knob=value ...]
 
