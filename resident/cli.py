@@ -221,7 +221,8 @@ KNOB_MEANINGS = {
     "prefix_snapshot_interval": "KV pages between GDN state snapshots of a prompt "
                                 "(prefix_cache); prefill chunks end there",
     "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
-    "sampler": "the batched draw's top-k/top-p filter; auto: flashinfer on CUDA if installed",
+    "sampler": "the batched draw's top-k/top-p filter; auto: torch (flashinfer not yet "
+               "validated on a GPU)",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "seed": "the sampling seed of requests that bring none",

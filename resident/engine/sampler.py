@@ -19,6 +19,7 @@ fails alone when the flags are read back with the tokens (TokenReadback.failed).
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from resident.engine.draw import Drawn, draw, vocab_counters
 from resident.engine.graphs import StepGraphs
 from resident.engine.sampling_state import HostColumns, ParamColumns, RowValues, SamplingSlots
 from resident.engine.types import MAX_LOGPROBS, SamplingParams, TokenLogprobs
+
+log = logging.getLogger("resident.engine")
 
 FAILED_DRAW = "sampling failed: the logits are not finite at this temperature"
 
@@ -134,12 +137,18 @@ class Sampler:
     def capture(self, buckets: tuple[int, ...], outputs: Callable[[int], StepLogits]) -> None:
         """One draw graph per decode bucket over `outputs(bucket)`, the StepLogits its
         forward graph gives back (fixed addresses); the uploaded columns' padding rows are
-        drawn too, and ignored."""
+        drawn too, and ignored. A capture that fails (a filter that syncs or reads back) is
+        logged and the draws run eagerly: sampled steps get slower, the server still starts."""
         if self._graphs is None:
             return
-        self._graphs.capture(buckets, lambda bucket: None,
-                             lambda bucket: self._draw_decode(outputs(bucket), bucket),
-                             lambda bucket: f"the {self.name} draw of {bucket} rows")
+        try:
+            self._graphs.capture(buckets, lambda bucket: None,
+                                 lambda bucket: self._draw_decode(outputs(bucket), bucket),
+                                 lambda bucket: f"the {self.name} draw of {bucket} rows")
+        except Exception:  # noqa: BLE001 - a draw that cannot be held in a graph still draws
+            log.exception("the %s draw could not be captured: sampled decode steps draw "
+                          "eagerly", self.name)
+            self._graphs = None
 
     @staticmethod
     def logprobs(logits: torch.Tensor, tokens: torch.Tensor,

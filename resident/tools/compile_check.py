@@ -36,6 +36,7 @@ from resident.kernels import (
     gdn_decode,
     gdn_layer_decode,
     gemv,
+    gumbel_race,
     kv_write,
     varlen_attention,
 )
@@ -118,6 +119,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _fused_decode_variants(config)
+    variants.append(_gumbel_race_variant())
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
     variants.append(_varlen_attention_variant(config))
@@ -127,6 +129,14 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "stride_value": "i64", "stride_page": "i64", "stride_kv": "i64", "stride_slot": "i64"},
         {"PAGE": 16, "WIDTH": kv_width, "BLOCK": triton.next_power_of_2(kv_width)}))
     return variants
+
+
+def _gumbel_race_variant() -> Variant:
+    """The sampler's race over float32 filtered logits, at its widest chunk."""
+    types = {"scores": "*fp32", "stride": "i64", "keys": "*i64", "floors": "*fp32",
+             "best_values": "*fp32", "best_ids": "*i64", "vocab": "i32", "num_chunks": "i32"}
+    return Variant("sampler gumbel race", gumbel_race._race_kernel, types,
+                   {"CHUNK": gumbel_race.MAX_CHUNK, "BLOCK": gumbel_race.MAX_BLOCK})
 
 
 def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
