@@ -6,6 +6,7 @@ import pytest
 
 from resident.config import (
     EngineConfig,
+    _resolve_sampler,
     build_engine_config,
     env_name,
     model_yaml_knobs,
@@ -160,3 +161,15 @@ def test_step_thread_cores(knobs, allowed, cores):
 ])
 def test_torch_threads_leave_the_api_process_a_cpu(api_core, device, allowed, threads):
     assert torch_threads(EngineConfig(api_core=api_core), device, allowed) == threads
+
+
+@pytest.mark.parametrize("knob, device_type, resolved", [
+    ("auto", "cuda", "torch"), ("auto", "cpu", "torch"), ("torch", "cuda", "torch")])
+def test_the_sampler_knob_resolves_to_the_torch_filter_unless_flashinfer_is_asked(
+        knob, device_type, resolved):
+    assert _resolve_sampler(knob, device_type) == resolved
+
+
+def test_the_flashinfer_sampler_needs_cuda():
+    with pytest.raises(ValueError, match="knob sampler: flashinfer needs a CUDA device"):
+        _resolve_sampler("flashinfer", "cpu")
