@@ -104,6 +104,26 @@ def run_engine(engine, requests: dict[str, tuple[list[int], int]], max_steps: in
     raise AssertionError("engine did not finish")
 
 
+def run_sampled(engine, requests: dict, concurrency: int) -> dict[str, list[int]]:
+    """Each request's tokens (requests: id -> (prompt, SamplingParams)), `concurrency` in the
+    engine at a time, in arrival order; a request that fails fails the test."""
+    from resident.engine.types import EngineRequest
+
+    pending, outputs = list(requests.items()), {rid: [] for rid in requests}
+    running: set[str] = set()
+    while pending or running:
+        while pending and len(running) < concurrency:
+            rid, (prompt, params) = pending.pop(0)
+            engine.add_request(EngineRequest(rid, prompt, params))
+            running.add(rid)
+        for out in engine.step():
+            outputs[out.request_id] += out.new_token_ids
+            assert out.error is None, out.error
+            if out.finished:
+                running.discard(out.request_id)
+    return outputs
+
+
 def save_tiny_checkpoint(directory: Path) -> str:
     """Writes tiny's random weights into `directory` as a transformers-style checkpoint
     (model.safetensors, config.json); returns their fingerprint."""

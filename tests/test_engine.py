@@ -13,7 +13,7 @@ from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 
-from model_driver import greedy_alone
+from model_driver import greedy_alone, run_sampled
 from model_driver import run_engine as run
 
 TINY = load_model_config("tiny")
@@ -160,23 +160,6 @@ def test_a_poison_draw_fails_its_request_alone(workload):
     assert {rid: outputs[rid] for rid in requests} == expected
     assert engine.counters["failed_requests"] == 1
     assert (engine.kv.num_free, engine.states.num_free) == (free_pages, free_slots)
-
-
-def run_sampled(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]],
-                concurrency: int) -> dict[str, list[int]]:
-    """Each request's tokens, `concurrency` at a time, in arrival order."""
-    pending, outputs = list(requests.items()), {rid: [] for rid in requests}
-    running: set[str] = set()
-    while pending or running:
-        while pending and len(running) < concurrency:
-            rid, (prompt, params) = pending.pop(0)
-            engine.add_request(EngineRequest(rid, prompt, params))
-            running.add(rid)
-        for out in engine.step():
-            outputs[out.request_id] += out.new_token_ids
-            if out.finished:
-                running.discard(out.request_id)
-    return outputs
 
 
 @pytest.mark.parametrize("alone_planning, crowd_planning", [("off", "auto"), ("auto", "off")])

@@ -12,8 +12,10 @@ import torch
 from resident.config import EngineConfig
 from resident.engine.draw import RowParams, draw, vocab_counters
 from resident.engine.engine import build_engine
-from resident.engine.types import EngineRequest, SamplingParams
+from resident.engine.types import SamplingParams
 from resident.model.config import load_model_config
+
+from model_driver import run_sampled
 
 pytestmark = pytest.mark.gpu
 DEVICE = torch.device("cuda")
@@ -47,21 +49,6 @@ def test_the_flashinfer_filter_draws_the_torch_filters_tokens():
     assert not torch_drawn.failed.any() and not flash_drawn.failed.any()
 
 
-def _run(engine, requests, concurrency):
-    pending, outputs, running = list(requests.items()), {rid: [] for rid in requests}, set()
-    while pending or running:
-        while pending and len(running) < concurrency:
-            rid, (prompt, params) = pending.pop(0)
-            engine.add_request(EngineRequest(rid, prompt, params))
-            running.add(rid)
-        for out in engine.step():
-            outputs[out.request_id] += out.new_token_ids
-            assert out.error is None, out.error
-            if out.finished:
-                running.discard(out.request_id)
-    return outputs
-
-
 def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs():
     model = load_model_config("tiny")
     generator = torch.Generator().manual_seed(3)
@@ -70,7 +57,7 @@ def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs():
     me = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=42, ignore_eos=True)
     alone = build_engine(model, EngineConfig(dtype="float32", cuda_graphs="off",
                                              resident_planning="off", compile="off"), "cuda")
-    mine = _run(alone, {"me": (prompts[0], me)}, 1)["me"]
+    mine = run_sampled(alone, {"me": (prompts[0], me)}, 1)["me"]
     crowd = build_engine(model, EngineConfig(dtype="float32", cuda_graphs="on", compile="off",
                                              decode_buckets=(1, 2, 4, 8, 16)), "cuda")
     assert crowd.planning.mode == "resident"
@@ -79,5 +66,5 @@ def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs():
               for i, p in enumerate(prompts[1:])}
     order = list(others.items())
     requests = dict(order[:3] + [("me", (prompts[0], me))] + order[3:])
-    assert _run(crowd, requests, 16)["me"] == mine
+    assert run_sampled(crowd, requests, 16)["me"] == mine
     assert crowd.sampler.slots.rows_written >= 16

@@ -9,28 +9,9 @@ import importlib.util
 import torch
 
 from resident.engine.draw import RowParams, draw, vocab_counters
+from resident.tools.bench_attention import graph_time_us
 
 VOCAB = 248_320
-REPLAYS = 50
-
-
-def _graph_ms(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / REPLAYS
 
 
 def main() -> None:
@@ -45,13 +26,15 @@ def main() -> None:
                            torch.zeros(rows, device=device),
                            torch.arange(rows, dtype=torch.int64, device=device),
                            torch.zeros(rows, dtype=torch.int64, device=device))
-        greedy_ms = _graph_ms(lambda logits=logits: logits.argmax(dim=-1))
+        greedy_us = graph_time_us(lambda logits=logits: logits.argmax(dim=-1))
         for sampler in samplers:
             greedy = logits.argmax(dim=-1)
-            ms = _graph_ms(lambda logits=logits, params=params, greedy=greedy, sampler=sampler:
-                           draw(logits, params, greedy, counters, sampler))
-            print(f"rows {rows:4d} {sampler:10s} draw {ms * 1e3:8.1f} us "
-                  f"(argmax alone {greedy_ms * 1e3:6.1f} us)", flush=True)
+            # fused: the race on its Triton kernel, as the engine draws on CUDA
+            us = graph_time_us(lambda logits=logits, params=params, greedy=greedy,
+                               sampler=sampler: draw(logits, params, greedy, counters, sampler,
+                                                     fused=True))
+            print(f"rows {rows:4d} {sampler:10s} draw {us:8.1f} us "
+                  f"(argmax alone {greedy_us:6.1f} us)", flush=True)
 
 
 if __name__ == "__main__":
