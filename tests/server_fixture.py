@@ -38,7 +38,9 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("RESIDENT_")}
-        child_env.update(PYTHONPATH=str(ROOT), **(env or {}))
+        # this tree first, then what the caller's path adds (the GPU host's wheels in /tmp/site)
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        child_env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *inherited]), **(env or {}))
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"resident-{self.port}.log"
         self._log = self.log_path.open("w")
         self.process = subprocess.Popen(

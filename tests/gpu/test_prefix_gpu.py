@@ -64,3 +64,54 @@ def test_a_second_pass_repeats_the_first_and_everything_returns():
     assert counts["steps"] > 0 and counts["mismatches"] == 0
     assert (engine.kv.num_free, engine.states.num_free) == (free_pages, free_slots)
     assert not engine.kv.cache.refs
+
+
+def _first_token_logprobs(engine: Engine, prompts: dict) -> dict[str, dict[int, float]]:
+    """Each prompt's first token's top-20 log-probabilities, one prompt at a time."""
+    from resident.engine.types import EngineRequest, SamplingParams
+
+    top: dict[str, dict[int, float]] = {}
+    for rid, (prompt, _) in prompts.items():
+        params = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=20)
+        assert engine.add_request(EngineRequest(rid, prompt, params)) is None
+        while engine.has_work():
+            for out in engine.step():
+                if out.logprobs:
+                    top[rid] = dict(out.logprobs[0].top)
+    return top
+
+
+def _distance(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) -> float:
+    """The mean over prompts of the largest |log-probability difference| over a's top-20 (a
+    token b does not rank there counts at b's 20th: a lower bound of its difference)."""
+    return sum(max(abs(lp - b[rid].get(tok, min(b[rid].values()))) for tok, lp in a[rid].items())
+               for rid in a) / len(a)
+
+
+def test_a_hit_gives_a_fresh_prefills_logits_to_bf16_rounding():
+    """Teacher-forced, so a near-tied token cannot hide the comparison: the first token's top-20
+    after a hit against the cache off, beside the yardstick (the cache off, the prompt in other
+    prefill chunks: rounding alone) and a planted bug (the snapshots' recurrent states zeroed
+    before the hits), which must score far lower for the measure to mean anything."""
+    prompts = _prompts()
+    engine = _engine()
+    off = _first_token_logprobs(engine, prompts)
+    del engine
+    engine = _engine(prefill_token_budget=256)  # chunks end at 256 and 512: a hit's boundary
+    rechunked = _first_token_logprobs(engine, prompts)
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    engine = _engine(prefix_cache="on", prefix_snapshot_interval=SHARED // 16)
+    hits = _first_token_logprobs(engine, prompts)
+    engine.prefixes.recurrent.zero_()
+    planted = _first_token_logprobs(engine, {f"{rid}+": p for rid, p in prompts.items()})
+    planted = {rid[:-1]: top for rid, top in planted.items()}
+    cached = {rid: p for rid, p in prompts.items() if rid != "p0"}  # p0 filled the cache
+    scores = {name: _distance({rid: off[rid] for rid in cached}, side)
+              for name, side in (("hit", hits), ("rechunked", rechunked), ("planted", planted))}
+    print("first token's top-20 against the cache off, mean largest |logprob difference|: "
+          + ", ".join(f"{name} {score:.4f}" for name, score in scores.items()))
+    assert engine.stats()["prefix_hits"] >= 2 * NUM_PROMPTS - 1
+    assert scores["hit"] <= 2 * scores["rechunked"] + 0.01
+    assert scores["planted"] > 4 * scores["rechunked"] and scores["planted"] > 2 * scores["hit"]
