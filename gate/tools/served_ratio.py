@@ -347,19 +347,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.startup_timeout <= 0:
         parser.error(f"--startup-timeout must be > 0, got {args.startup_timeout}")
     setup = _setup(args, parser)
-    if setup.placement.client_cpus:  # as the gate pins itself: the load client's CPUs
-        os.sched_setaffinity(0, setup.placement.client_cpus)
     spec = LoadSpec(args.concurrency,
                     args.requests or max(8, REQUESTS_PER_SLOT * args.concurrency),
                     args.prompt_len, args.output_len, seed=args.seed,
                     num_warmup=args.concurrency,
                     num_clients=clients_for(args.concurrency,
                                             len(setup.placement.client_cpus), args.clients))
+    allowed = os.sched_getaffinity(0)
+    if setup.placement.client_cpus:  # as the gate pins itself: the load client's CPUs
+        os.sched_setaffinity(0, setup.placement.client_cpus)
     try:
         sections, holds = measure(setup, spec)
     except (ServerFailed, HalfFailed) as err:
         print(f"served_ratio: {err}\n{err.log_tail}", file=sys.stderr)
         return 1
+    finally:
+        os.sched_setaffinity(0, allowed)
     render(sections, OutputFormat(args.format))
     return 0 if holds else 1
 
