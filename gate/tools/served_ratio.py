@@ -119,13 +119,15 @@ class HalfFailed(RuntimeError):
 @dataclass(frozen=True)
 class Setup:
     """Where and what both halves run: the arm (this tree, the user's knobs), how its
-    processes launch, the knobs they get (pinning ones first) and the placement."""
+    processes launch, the knobs they get (pinning ones first), the placement, where their logs
+    go and a scratch directory (the prompts, the in-process answer, the Inductor cache)."""
 
     arm: Arm
     launch: LaunchSpec
     knobs: dict[str, str]
     placement: Placement
     logs: Path
+    work: Path
 
 
 async def served_half(setup: Setup, spec: LoadSpec) -> tuple[Half, LoadSpec, dict, RunRecord]:
@@ -148,10 +150,10 @@ async def served_half(setup: Setup, spec: LoadSpec) -> tuple[Half, LoadSpec, dic
     return Half(record.metrics, record.steps, record.step_ms), spec, debug, record
 
 
-def in_process_half(setup: Setup, spec: LoadSpec, work: Path) -> tuple[Half, dict]:
+def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
     """The in-process half (resident.tools.closed_loop, in the server's environment and
     CPUs, on `spec`'s warm-up and measured prompts): (its measurement, its engine.info())."""
-    prompts, answer = work / "prompts.json", work / "in_process.json"
+    prompts, answer = setup.work / "prompts.json", setup.work / "in_process.json"
     prompts.write_text(json.dumps({"warmup": warmup_prompts(spec),
                                    "measured": measured_prompts(spec)}))
     launch = setup.launch
@@ -161,11 +163,16 @@ def in_process_half(setup: Setup, spec: LoadSpec, work: Path) -> tuple[Half, dic
     command += [arg for knob, value in setup.knobs.items() for arg in ("--set", f"{knob}={value}")]
     env, _ = launch_environment(setup.arm, launch)
     log_path = setup.logs / "in_process.log"
-    with log_path.open("w") as log:
-        code = subprocess.run(command, env=env, cwd=setup.arm.tree, stdout=log,
-                              stderr=subprocess.STDOUT,
-                              preexec_fn=pinned_child(set(launch.cpus), os.getpid()),
-                              timeout=launch.startup_timeout_s + spec.timeout_s).returncode
+    limit_s = launch.startup_timeout_s + spec.timeout_s
+    try:
+        with log_path.open("w") as log:
+            code = subprocess.run(command, env=env, cwd=setup.arm.tree, stdout=log,
+                                  stderr=subprocess.STDOUT,
+                                  preexec_fn=pinned_child(set(launch.cpus), os.getpid()),
+                                  timeout=limit_s).returncode
+    except subprocess.TimeoutExpired:  # run() has killed it
+        raise HalfFailed(f"in process: not done in {limit_s:g} s",
+                         log_path.read_text()[-4000:]) from None
     if code:
         raise HalfFailed(f"in process: exited {code}", log_path.read_text()[-4000:])
     data = json.loads(answer.read_text())
@@ -260,8 +267,7 @@ def measure(setup: Setup, spec: LoadSpec) -> tuple[dict[str, Any], bool]:
     (the sections to render, whether the comparison holds: no failed request, the same
     engine)."""
     served, spec, debug, record = asyncio.run(served_half(setup, spec))
-    with tempfile.TemporaryDirectory(prefix="served-ratio-") as work:
-        in_process, info = in_process_half(setup, spec, Path(work))
+    in_process, info = in_process_half(setup, spec)
     differ = engine_differences(debug, info)
     summary = {
         "model": setup.launch.model, "device": setup.launch.device,
@@ -313,8 +319,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Setup:
-    """The halves' setup from checked options (a bad one is a parser error naming it)."""
+def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser, work: Path) -> Setup:
+    """The halves' setup from checked options (a bad one is a parser error naming it), with
+    `work` for scratch."""
     try:
         knobs = parse_set_options(args.knobs)
         model = load_model_config(args.model)
@@ -327,12 +334,13 @@ def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Setup:
         parser.error(str(err))
     logs = args.logs or Path(tempfile.mkdtemp(prefix="served-ratio-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
-    inductor = logs / "inductor"  # one cache for both halves, as a gate round's arms share one
-    inductor.mkdir(exist_ok=True)
+    inductor = work / "inductor"  # one cache for both halves, as a gate round's arms share one
+    inductor.mkdir()
     launch = LaunchSpec(args.model, args.device, placement.server_cpus, inductor.resolve(),
                         triton_cache(TREE), placement.gpu, args.startup_timeout,
                         server_pycache(TREE / PYCACHE))
-    return Setup(arm, launch, {**placement.server_knobs(), **arm.knobs}, placement, logs)
+    return Setup(arm, launch, {**placement.server_knobs(), **arm.knobs}, placement,
+                 logs.resolve(), work)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
     if args.startup_timeout <= 0:
         parser.error(f"--startup-timeout must be > 0, got {args.startup_timeout}")
-    setup = _setup(args, parser)
+    with tempfile.TemporaryDirectory(prefix="served-ratio-") as work:
+        return _run(_setup(args, parser, Path(work)), args)
+
+
+def _run(setup: Setup, args: argparse.Namespace) -> int:
+    """Both halves of the load the options describe; renders them; the exit code."""
     spec = LoadSpec(args.concurrency,
                     args.requests or max(8, REQUESTS_PER_SLOT * args.concurrency),
                     args.prompt_len, args.output_len, seed=args.seed,
