@@ -78,10 +78,10 @@ TREE = Path(__file__).resolve().parents[2]  # the tree whose engine both halves 
 ARM = "served"
 STARTUP_TIMEOUT_S = 900.0  # a CUDA engine compiles and captures its graphs first
 REQUESTS_PER_SLOT = 4  # the gate's default requests a run
-# what must match between the served engine's /debug/config and the in-process engine.info()
-SAME_ENGINE = ("knobs", "weights_fingerprint", "planning_mode", "source_digest",
-               "attention_backend", "cuda_graphs", "prefill_graphs", "host_plan_free",
-               "dtype", "torch_num_threads")
+# what must match between the served engine's /debug/config and the in-process engine.info(),
+# beside every knob
+SAME_ENGINE = ("weights_fingerprint", "planning_mode", "source_digest", "attention_backend",
+               "cuda_graphs", "prefill_graphs", "host_plan_free", "dtype", "torch_num_threads")
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,26 @@ class Half:
     step_ms: dict[str, float]
     errors: tuple[str, ...] = ()
 
+    @property
+    def busy_s(self) -> float:
+        """Seconds inside the engine's steps over the measured requests."""
+        return sum(self.steps[kind] * ms for kind, ms in self.step_ms.items()) / 1e3
+
     def factors(self) -> dict[str, float | None]:
         """tokens a step x steps a second of step time x the wall's share inside steps =
         output tok/s (None where a half ran no step)."""
         tokens, num_steps = self.metrics.total_output_tokens, sum(self.steps.values())
-        busy_s = sum(self.steps[kind] * ms for kind, ms in self.step_ms.items()) / 1e3
-        if not num_steps or not busy_s or not self.metrics.duration:
+        if not num_steps or not self.busy_s or not self.metrics.duration:
             return dict.fromkeys(FACTORS)
-        return {"tokens_a_step": tokens / num_steps, "steps_a_busy_second": num_steps / busy_s,
-                "busy_share": busy_s / self.metrics.duration}
+        return {"tokens_a_step": tokens / num_steps,
+                "steps_a_busy_second": num_steps / self.busy_s,
+                "busy_share": self.busy_s / self.metrics.duration}
+
+    def outside_ms_a_step(self) -> float | None:
+        """The wall outside the engine's steps, ms a step: the core loop's intake and
+        outputs and its idle waits (served), the loop's bookkeeping (in process)."""
+        num_steps = sum(self.steps.values())
+        return (self.metrics.duration - self.busy_s) * 1e3 / num_steps if num_steps else None
 
 
 FACTORS = ("tokens_a_step", "steps_a_busy_second", "busy_share")
@@ -190,14 +201,14 @@ def _steps(stats: dict) -> EngineSteps:
 
 def engine_differences(served: dict, in_process: dict) -> dict[str, dict[str, Any]]:
     """What differs between the served engine (/debug/config) and the in-process one
-    (engine.info()), of SAME_ENGINE: a knob by its name, the rest by theirs."""
+    (engine.info()): its knobs, each by its name, and SAME_ENGINE by theirs."""
     differ: dict[str, dict[str, Any]] = {}
     knobs_served, knobs_in = served.get("knobs") or {}, in_process.get("knobs") or {}
     for knob in sorted(set(knobs_served) | set(knobs_in)):
         if knobs_served.get(knob) != knobs_in.get(knob):
             differ[f"knob {knob}"] = {"served": knobs_served.get(knob),
                                       "in_process": knobs_in.get(knob)}
-    for key in SAME_ENGINE[1:]:
+    for key in SAME_ENGINE:
         if json.dumps(served.get(key), default=str) != json.dumps(in_process.get(key),
                                                                    default=str):
             differ[key] = {"served": served.get(key), "in_process": in_process.get(key)}
@@ -227,8 +238,11 @@ def comparison(in_process: Half, served: Half) -> list[dict[str, Any]]:
         rows.append((f"{kind} steps", in_process.steps.get(kind, 0), served.steps.get(kind, 0)))
         rows.append((f"{kind} ms a step", in_process.step_ms.get(kind),
                      served.step_ms.get(kind)))
-    ours, theirs = in_process.factors(), served.factors()
-    rows += [(factor.replace("_", " "), ours[factor], theirs[factor]) for factor in FACTORS]
+    in_factors, served_factors = in_process.factors(), served.factors()
+    rows += [(factor.replace("_", " "), in_factors[factor], served_factors[factor])
+             for factor in FACTORS]
+    rows.append(("ms outside steps a step", in_process.outside_ms_a_step(),
+                 served.outside_ms_a_step()))
     return [{"what": label, "in_process": _round(a, 4), "served": _round(b, 4),
              "served_over_in_process": _ratio(b, a)} for label, a, b in rows]
 
@@ -237,8 +251,8 @@ def gap(in_process: Half, served: Half) -> dict[str, Any]:
     """The tok/s ratio and its three factors' ratios (they multiply to it), the factor that
     loses most, and the TTFT the served path adds."""
     ratio = _ratio(served.metrics.output_throughput, in_process.metrics.output_throughput)
-    ours, theirs = in_process.factors(), served.factors()
-    ratios = {factor: _ratio(theirs[factor], ours[factor]) for factor in FACTORS}
+    in_factors, served_factors = in_process.factors(), served.factors()
+    ratios = {factor: _ratio(served_factors[factor], in_factors[factor]) for factor in FACTORS}
     known = {factor: r for factor, r in ratios.items() if r is not None}
     losing = min(known, key=known.get) if known and min(known.values()) < 1 else "none"
     ttft = (None if None in (served.metrics.median_ttft_ms, in_process.metrics.median_ttft_ms)
