@@ -158,7 +158,8 @@ async def served_half(setup: Setup, spec: LoadSpec) -> tuple[Half, LoadSpec, dic
         server.stop()
     if not record.ok or record.metrics is None:
         raise HalfFailed(f"served: {record.error}", record.log_tail or "")
-    return Half(record.metrics, record.steps, record.step_ms), spec, debug, record
+    errors = (record.error,) if record.error else ()
+    return Half(record.metrics, record.steps, record.step_ms, errors), spec, debug, record
 
 
 def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
