@@ -94,3 +94,12 @@ def test_the_closed_loop_names_a_bad_prompts_file(tmp_path, capsys):
         closed_loop.main(["tiny", "--prompts", str(prompts), "--json", str(tmp_path / "o")])
     assert exit_info.value.code == 2
     assert f"--prompts {prompts}" in capsys.readouterr().err
+
+
+def test_a_half_that_cannot_run_is_reported_without_a_table(tmp_path, capsys):
+    """A server not ready in time: one line naming the half and why, the log's end, exit 1."""
+    code = served_ratio.main(["--startup-timeout", "0.3", "--logs", str(tmp_path),
+                              "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.startswith("served_ratio: served: not ready within 0 s")
