@@ -18,6 +18,14 @@ from gate.verdict.rule import MIN_EFFECT, Design
 SLOTS_PER_CLIENT = 16
 
 
+def clients_for(concurrency: int, num_client_cpus: int, clients: int = 0) -> int:
+    """Load client processes at `concurrency`: `clients` (--clients), or for 0 one per
+    SLOTS_PER_CLIENT slots, at most one per client CPU (a Python client streams ~15k tokens a
+    second on one core of a 2-core host); never more than the slots."""
+    wanted = clients or min(num_client_cpus, concurrency // SLOTS_PER_CLIENT)
+    return max(1, min(concurrency, wanted))
+
+
 @dataclass(frozen=True)
 class GateConfig:
     arms: tuple[str, ...] = ()  # NAME=SPEC, the first is the baseline
@@ -123,11 +131,8 @@ class GateConfig:
         return max(8, self.requests_per_slot * concurrency)
 
     def clients_for(self, concurrency: int, num_client_cpus: int) -> int:
-        """Load client processes at `concurrency`: --clients, or one per SLOTS_PER_CLIENT
-        slots, at most one per client CPU (a Python client streams ~15k tokens a second on
-        one core of a 2-core host); never more than the slots."""
-        wanted = self.clients or min(num_client_cpus, concurrency // SLOTS_PER_CLIENT)
-        return max(1, min(concurrency, wanted))
+        """Load client processes at `concurrency` (the module's clients_for)."""
+        return clients_for(concurrency, num_client_cpus, self.clients)
 
     @classmethod
     def from_options(cls, config_file: Path | None, given: dict[str, Any]) -> GateConfig:

@@ -47,7 +47,7 @@ class RunRecord:
     concurrency: int
     run: int
     ok: bool
-    error: str | None = None
+    error: str | None = None  # why it failed, or why its failed requests did (the first five)
     metrics: ServeMetrics | None = None
     steps: dict[str, int] = field(default_factory=dict)  # server steps by kind over the run
     # the server's mean wall ms inside a step of each kind over the run (resident's /metrics)

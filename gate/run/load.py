@@ -94,6 +94,17 @@ def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
             for _ in range(count)]
 
 
+def warmup_prompts(spec: LoadSpec) -> list[list[int]]:
+    """The prompts of a run's warm-up requests (salt 1): `spec.num_warmup` of them."""
+    return make_prompts(spec, spec.num_warmup, salt=1)
+
+
+def measured_prompts(spec: LoadSpec) -> list[list[int]]:
+    """The prompts of a run's measured requests (salt 2), in the order one client sends them:
+    what an in-process run of the same load (gate/tools/served_ratio.py) gives the engine."""
+    return make_prompts(spec, spec.num_requests, salt=2)
+
+
 async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
                prompt: list[int]) -> RequestResult:
     body = {"prompt": prompt, "max_tokens": spec.output_len, "ignore_eos": True,
@@ -168,7 +179,7 @@ def _client(spec: LoadSpec) -> aiohttp.ClientSession:
 
 async def _warm(session: aiohttp.ClientSession, url: str, spec: LoadSpec) -> None:
     """spec.num_warmup requests on prompts of their own (salt 1), none of them measured."""
-    await _drive(session, url, spec, make_prompts(spec, spec.num_warmup, salt=1))
+    await _drive(session, url, spec, warmup_prompts(spec))
 
 
 async def warm_up(url: str, spec: LoadSpec) -> None:
@@ -186,7 +197,7 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
     host), so at tens of thousands of tokens a second a single client, not the server, would
     set the pace; the processes start together (a barrier) and the run's wall time spans the
     first start to the last finish."""
-    prompts = make_prompts(spec, spec.num_requests, 2)
+    prompts = measured_prompts(spec)
     async with _client(spec) as session:
         if spec.num_warmup:
             await _warm(session, url, spec)

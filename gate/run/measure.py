@@ -67,7 +67,8 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
     return RunRecord(
         round=place.round, arm=place.arm, position=place.position,
         concurrency=spec.concurrency, run=place.run, ok=ok,
-        error=None if ok else "; ".join(result.errors) or "server died",
+        # a run's failure, or the first errors of the requests that failed in a run that ran
+        error="; ".join(result.errors) or (None if ok else "server died"),
         metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
         api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=client_cpu_s,
         num_clients=spec.num_clients,

@@ -14,11 +14,12 @@ CPU lists use `resident.config.parse_cpu_list`'s syntax: "0-3,8".
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gate.run.topology import CpuInfo, format_cpu_list
+from gate.run.topology import CpuInfo, format_cpu_list, read_topology
 from resident.config import parse_cpu_list
 
 MIN_SPLIT_CPUS = 4
@@ -267,3 +268,15 @@ def resolve_placement(default: Placement, overrides: PlacementOverrides) -> Plac
     if shared and not default.overlap:
         notes.append(f"server and client masks share CPUs {format_cpu_list(shared)}")
     return Placement(server, step, api, client, gpu, bool(shared), tuple(notes))
+
+
+def host_placement(device: str, server_cpus: str | None = None, step_cores: str | None = None,
+                   api_core: str | None = None, client_cpus: str | None = None,
+                   gpu: str | None = None) -> Placement:
+    """This host's placement (default_placement of its topology, GPU 0 on `cuda`) with the
+    user's options (CPU lists and a GPU index as given, None or "" for the default) applied
+    and checked. Raises ValueError naming a bad option."""
+    default = default_placement(read_topology(), 0 if device == "cuda" else None)
+    overrides = parse_placement(server_cpus, step_cores, api_core, client_cpus, gpu,
+                                set(os.sched_getaffinity(0)))
+    return resolve_placement(default, overrides)

@@ -185,11 +185,7 @@ class Round:
         models = await live.server.wait_ready()
         live.ready = True
         live.planner_off = await self.session.check_identity(live.arm, live.server)
-        vocab = int(models["data"][0].get("vocab_size", 0) or 0) if "data" in models else 0
-        if vocab < 1:
-            raise ServerFailed(f"{live.arm.name}: /v1/models gives no vocab_size",
-                               live.server.log_tail())
-        live.vocab = vocab
+        live.vocab = live.server.vocab_of(models)
         return 0
 
     async def _warm(self, live: LiveServer, concurrency: int) -> int:

@@ -68,19 +68,8 @@ class Server:
         self.arm, self.launch, self.log_path = arm, launch, log_path
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
-        env, self.removed_env = clean_environment()
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
-        env["TRITON_CACHE_DIR"] = str(launch.triton_cache)
-        if launch.pycache is not None:
-            env[PREFIX_VARIABLE] = str(launch.pycache)
-            env.pop(NO_WRITE_VARIABLE, None)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
-        if launch.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(launch.gpu)
+        env, self.removed_env = launch_environment(arm, launch)
         if arm.kind == "resident":
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
             command = [sys.executable, "-m", "resident", "serve", launch.model,
                        "--device", launch.device, "--host", HOST, "--port", str(self.port)]
             command += [arg for knob, value in knobs.items() for arg in
@@ -92,7 +81,7 @@ class Server:
         self._log = log_path.open("w")
         self.process = subprocess.Popen(
             command, env=env, stdout=self._log, stderr=subprocess.STDOUT, cwd=arm.tree,
-            start_new_session=True, preexec_fn=_child_setup(set(launch.cpus), os.getpid()),
+            start_new_session=True, preexec_fn=pinned_child(set(launch.cpus), os.getpid()),
         )
         self._launched = time.monotonic()
         self.launched_at = time.time()  # the epoch, to tell servers that started together
@@ -131,6 +120,15 @@ class Server:
                 if path == "/health":
                     self.health_s = round(time.monotonic() - self._launched, 3)
         return answer
+
+    def vocab_of(self, models: dict) -> int:
+        """The vocabulary size in the server's /v1/models answer (wait_ready's); ServerFailed
+        when it gives none: the load's prompts are drawn below it."""
+        vocab = int(models["data"][0].get("vocab_size", 0) or 0) if models.get("data") else 0
+        if vocab < 1:
+            raise ServerFailed(f"{self.arm.name}: /v1/models gives no vocab_size",
+                               self.log_tail())
+        return vocab
 
     async def get_json(self, path: str) -> dict | None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -188,10 +186,32 @@ def end_with_parent(parent_pid: int, sig: int) -> None:
         os._exit(1)
 
 
-def _child_setup(cpus: set[int], gate_pid: int):
-    """What the server's process does before exec: SIGTERM when the gate dies (its own session
-    would otherwise outlive a SIGKILLed gate, holding the GPU and the port), exit at once if the
-    gate is already gone, and pin to `cpus`."""
+def launch_environment(arm: Arm, launch: LaunchSpec) -> tuple[dict[str, str], list[str]]:
+    """(the environment an arm's process runs in, the RESIDENT_* names removed from ours): the
+    launch's compile caches, bytecode cache and GPU, unbuffered output, and for a resident arm
+    its tree first on PYTHONPATH. The server gets it, and gate/tools/served_ratio.py's
+    in-process run of the same engine."""
+    env, removed = clean_environment()
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
+    env["TRITON_CACHE_DIR"] = str(launch.triton_cache)
+    if launch.pycache is not None:
+        env[PREFIX_VARIABLE] = str(launch.pycache)
+        env.pop(NO_WRITE_VARIABLE, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
+    if launch.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(launch.gpu)
+    if arm.kind == "resident":
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
+    return env, removed
+
+
+def pinned_child(cpus: set[int], gate_pid: int):
+    """What an arm's process (its server, or served_ratio's in-process run) does before exec:
+    SIGTERM when the gate dies (its own session would otherwise outlive a SIGKILLed gate,
+    holding the GPU and the port), exit at once if the gate is already gone, and pin to
+    `cpus`."""
     def setup() -> None:
         end_with_parent(gate_pid, signal.SIGTERM)
         if cpus:

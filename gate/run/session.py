@@ -30,13 +30,12 @@ from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.run.bytecode import server_pycache
 from gate.run.host import gather_versions, host_info
 from gate.run.measure import check_package, check_source
-from gate.run.placement import Placement, default_placement, parse_placement, resolve_placement
+from gate.run.placement import Placement, host_placement
 from gate.run.profiling import profile_tool
 from gate.run.progress import SessionLog
 from gate.run.resume import first_fingerprint, resume_manifest
 from gate.run.rounds import Round
 from gate.run.server import LaunchSpec, Server, clean_environment
-from gate.run.topology import read_topology
 from gate.verdict.rule import FIRST_LOOK
 from gate.verdict.stats import runs_frame, undecided
 
@@ -99,13 +98,8 @@ class Session:
 
     def _placement(self) -> Placement:
         config = self.config
-        gpu = int(config.gpu) if config.gpu not in (None, "") else (
-            0 if config.device == "cuda" else None)
-        default = default_placement(read_topology(), gpu)
-        overrides = parse_placement(config.server_cpus, config.step_cores, config.api_core,
-                                    config.client_cpus, config.gpu,
-                                    set(os.sched_getaffinity(0)))
-        return resolve_placement(default, overrides)
+        return host_placement(config.device, config.server_cpus, config.step_cores,
+                              config.api_core, config.client_cpus, config.gpu)
 
     def _base_manifest(self, removed_env: list[str]) -> Manifest:
         config = self.config

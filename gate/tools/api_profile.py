@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -95,7 +96,8 @@ async def measure(url: str, pids: list[int], spec: LoadSpec,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1.0)  # py-spy attaches (--nonblocking: it never stops the process)
     before = [cpu_seconds(p) for p in pids]
-    result = await run_load(url, spec)
+    # warmed above: run_load would warm again inside the window, its CPU on measured tokens
+    result = await run_load(url, dataclasses.replace(spec, num_warmup=0))
     each_s = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
     api_s = sum(each_s)
     if sampler is not None:

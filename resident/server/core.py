@@ -64,7 +64,7 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
         requests.connect(addr)
     outputs = OutputRouter(context, output_addrs, HEARTBEAT_S)
     try:
-        engine = _build_engine(model_config, config, device, StartupTimes())
+        engine = build_core_engine(model_config, config, device, StartupTimes())
         log.info("%s", engine.startup.line())
         outputs.broadcast(Ready(engine.info()))
         _serve(engine, requests, outputs, parent=parent)
@@ -77,8 +77,11 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
         context.term()
 
 
-def _build_engine(model_config: ModelConfig, config: EngineConfig, device_name: str,
-                  startup: StartupTimes):
+def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_name: str,
+                      startup: StartupTimes):
+    """The engine as the engine core builds it: pinned to its step cores, its torch threads
+    set, the heap frozen once built, the knobs and planning mode logged. Also what the
+    in-process half of gate/tools/served_ratio.py runs (resident/tools/closed_loop.py)."""
     import torch
 
     if config.compile == "on":  # torch.compile's ~1.5-4 s of imports, timed as such

@@ -45,6 +45,11 @@
 #   load-client  the gate's load client alone against the fake SSE server
 #             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), and unpaced
+#   served-ratio  issue 35's served-equivalent ratio (gate.tools.served_ratio), 0.8B, 512 in
+#             and 256 out, at each c of $SERVED_RATIO_CONC (default "64 256"; one a call if
+#             the call's 600 s cannot hold both: ~5 min each), ~60 s of load a half: 5,632
+#             requests at c=64, 9,216 at c=256; served-ratio-c<c>.log holds the JSON, the
+#             logs of both halves are under served-ratio-c<c>/
 #   prefix-engine  the prefix cache in the engine (tests/gpu/test_prefix_gpu.py: a second pass
 #             repeats the first bit for bit, hits, row check 0, everything returns)
 #   check-prefix  configs/gate/check-h200-0.8b-prefix.yaml (--sweep prefix: the cache off, on,
@@ -232,6 +237,14 @@ for part in "$@"; do
       tar czf "$OUT/modes.tgz" -C "$OUT" modes && rm -rf "$OUT/modes" ;;
     chat)
       run chat 500 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_chat_gpu.py ;;
+    served-ratio)
+      for c in ${SERVED_RATIO_CONC:-64 256}; do
+        case $c in 64) requests=5632 ;; 256) requests=9216 ;; *) requests=$((36 * c)) ;; esac
+        run "served-ratio-c$c" 560 python3 -m gate.tools.served_ratio --model qwen3.5-0.8b \
+          --device cuda --concurrency "$c" --prompt-len 512 --output-len 256 \
+          --requests "$requests" --logs "$OUT/served-ratio-c$c" --format json
+        grep -E '"(in_process_tok_s|served_tok_s|ratio|largest_loss)"' "$OUT/served-ratio-c$c.log"
+      done ;;
     *) echo "unknown part $part" ;;
   esac
 done
