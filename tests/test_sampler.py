@@ -32,16 +32,17 @@ def sample(sampler: Sampler, logits: torch.Tensor, rows: list[SampleRow],
 
 def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The per-row loop the batched draw replaced (one row: top-k, a full sort for top-p, a
-    softmax), with min-p: the probabilities it draws from."""
+    softmax), with min-p, the filters joint (draw.py): the probabilities it draws from."""
     scaled = logits.double() / params.temperature
+    kept = torch.ones_like(scaled, dtype=torch.bool)
     if 0 < params.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        kept &= scaled >= torch.topk(scaled, params.top_k).values[-1]
     if params.top_p < 1.0:
         ordered, order = torch.sort(scaled, descending=True)
         probs = torch.softmax(ordered, dim=-1)
-        drop = (probs.cumsum(dim=-1) - probs) >= params.top_p
-        scaled = scaled.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
+        inside = (probs.cumsum(dim=-1) - probs) < params.top_p
+        kept &= torch.zeros_like(kept).scatter(0, order, inside)
+    scaled = scaled.masked_fill(~kept, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     kept = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
     return kept / kept.sum()
@@ -191,3 +192,42 @@ def test_the_triton_race_draws_the_torch_references_tokens():
         got = gumbel_race_triton(scores, keys, floors)
         assert got.tolist() == want.tolist()
         assert all(scores[i, t] >= floors[i] for i, t in enumerate(got.tolist()))
+
+
+def test_the_triton_rejection_race_draws_the_torch_filters_tokens():
+    """kernels/nucleus_race.py (in the interpreter) against the torch filter and race: the same
+    noise, so the same tokens, over rows of every filter (tight top-p on flat logits takes
+    several rounds), a vocabulary over two chunks, -inf logits, strided parameter columns and
+    greedy rows; a NaN row and a 1e-40 temperature fail alone and keep their greedy tokens."""
+    from resident.engine.draw import RowParams, draw, vocab_counters
+    from resident.engine.sampling_state import ParamColumns
+
+    generator = torch.Generator().manual_seed(7)
+    settings = [(0.7, 0, 0.9, 0.0), (1.3, 5, 1.0, 0.0), (1.0, 0, 1.0, 0.2), (0.5, 6, 0.8, 0.0),
+                (0.0, 0, 1.0, 0.0), (2.0, 40, 0.05, 0.0), (1.0, 0, 0.99, 0.05),
+                (5.0, 0, 0.02, 0.0)]
+    for vocab in (300, 9000):
+        columns = ParamColumns(len(settings), CPU)
+        for row, (temperature, top_k, top_p, min_p) in enumerate(settings):
+            columns.floats_gpu[row] = torch.tensor([temperature, top_p, min_p])
+            columns.ints_gpu[row, :2] = torch.tensor([top_k, (-1) ** row * (row + 1) << 40])
+        params = columns.params(len(settings))
+        counters = vocab_counters(vocab, CPU)
+        for draw_index in range(3):
+            columns.ints_gpu[:, 2] = draw_index * 11 + torch.arange(len(settings))
+            logits = torch.randn(len(settings), vocab, generator=generator) * 2
+            logits[logits < -2.5] = float("-inf")
+            greedy = logits.argmax(dim=-1)
+            want = draw(logits, params, greedy, counters, "torch", fused=True)
+            got = draw(logits, params, greedy, counters, "triton")
+            assert got.tokens.tolist() == want.tokens.tolist()
+            assert not got.failed.any()
+    poison = torch.randn(3, 300, generator=generator)
+    poison[0, 17] = float("nan")
+    poison_params = RowParams(torch.tensor([1.0, 1e-40, 0.8]), torch.zeros(3, dtype=torch.int64),
+                              torch.ones(3), torch.zeros(3), torch.arange(3), torch.zeros(3,
+                              dtype=torch.int64))
+    greedy = torch.tensor([5, 6, 7])
+    got = draw(poison, poison_params, greedy, vocab_counters(300, CPU), "triton")
+    assert got.failed.tolist() == [True, True, False]
+    assert got.tokens[:2].tolist() == [5, 6]

@@ -6,14 +6,22 @@ top-p and min-p set the dropped tokens to -inf (the filter); the token is the ar
 filtered logits plus Gumbel noise, which draws from their softmax (the Gumbel-max trick: the
 same race as argmax(probs / Exp(1)), in log space, with no softmax).
 
+The filters are joint: a token stays when it is among the top k, inside the top-p nucleus of the
+whole distribution (the mass ranked above it is under top_p) and within min_p of the top
+token's probability. Each keeps an upper set of the row, so together they keep the smallest of
+the three (FlashInfer's `joint` order; vLLM and Hugging Face apply top-p to the top-k survivors
+renormalised, which keeps fewer tokens when both are set). The joint order is what lets the
+`triton` sampler draw without a filter pass (kernels/nucleus_race.py).
+
 The noise is counter-based: each element's uniform is a 32-bit integer hash of (the request's
 seed, the token's index in its request's output, the vocabulary id), computed with torch integer
 ops on the device. A request's draws therefore depend on nothing else in its step (its row, its
 neighbours, its bucket), so a seed gives the same tokens in any batch, on either planning arm.
 
-Two filters, chosen by name (knob `sampler`): `torch`, exact on CPU and CUDA from one sort of the
-whole batch; `flashinfer` (CUDA), FlashInfer's top-k mask and top-p renorm kernels, which need no
-sort. Both draw with the same noise, so on the same logits they give the same tokens up to float
+Three samplers, chosen by name (knob `sampler`): `torch`, exact on CPU and CUDA from one sort of
+the whole batch; `flashinfer` (CUDA), FlashInfer's top-p renorm and top-k mask kernels, which
+need no sort; `triton` (CUDA), a rejection race with no filter pass (kernels/nucleus_race.py).
+All draw with the same noise, so on the same logits they give the same tokens up to float
 rounding at a cutoff.
 
 The race is the one pass that must be fast at a 248k vocabulary: on CUDA it is a Triton kernel
@@ -33,7 +41,7 @@ import torch
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9  # spreads consecutive counters over the 32-bit ring
-SAMPLERS = ("torch", "flashinfer")
+SAMPLERS = ("torch", "flashinfer", "triton")
 
 
 class RowParams(NamedTuple):
@@ -93,16 +101,14 @@ def scale(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch.
 
 
 def filter_torch(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
-    """Top-k then top-p over one descending sort of the batch: each row's cutoff is the
-    smallest logit both keep; top-p keeps a token while the top-k survivors before it sum
-    below top_p (so the top token always stays). Returns the cutoff, [rows, 1]."""
+    """Top-k and top-p, jointly, over one descending sort of the batch: each row's cutoff is the
+    smallest logit both keep; top-p keeps a token while the tokens ranked before it sum below
+    top_p (so the top token always stays). Returns the cutoff, [rows, 1]."""
     vocab = scaled.shape[-1]
     ordered, _ = scaled.sort(dim=-1, descending=True)
     keep_k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab),
                          torch.full_like(params.top_k, vocab))  # [rows]
-    ranks = torch.arange(vocab, device=scaled.device)
-    survivors = ordered.masked_fill(ranks[None, :] >= keep_k[:, None], float("-inf"))
-    probs = torch.softmax(survivors, dim=-1)
+    probs = torch.softmax(ordered, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above each
     keep_p = (before < params.top_p[:, None]).sum(dim=-1).clamp(min=1)  # [rows]
     kept = torch.minimum(keep_k, keep_p)
@@ -110,17 +116,17 @@ def filter_torch(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
 
 
 def filter_flashinfer(scaled: torch.Tensor, params: RowParams) -> torch.Tensor:
-    """The same filter on FlashInfer's kernels, without a sort: its top-k mask, then its top-p
-    renorm of their softmax. Returns the filtered log-probabilities (-inf where dropped)."""
+    """The same filter on FlashInfer's kernels, without a sort: its top-p renorm of the softmax,
+    then its top-k mask of their logs. Returns the filtered log-probabilities (-inf where
+    dropped)."""
     from flashinfer.sampling import top_k_mask_logits, top_p_renorm_probs
 
     vocab = scaled.shape[-1]
     top_k = torch.where(params.top_k > 0, params.top_k.clamp(max=vocab),
                         torch.full_like(params.top_k, vocab)).to(torch.int32)
-    masked = top_k_mask_logits(scaled, top_k)
     # the parameters are columns of one block (strided): FlashInfer reads them contiguous
-    probs = top_p_renorm_probs(torch.softmax(masked, dim=-1), params.top_p.contiguous())
-    return torch.log(probs)
+    probs = top_p_renorm_probs(torch.softmax(scaled, dim=-1), params.top_p.contiguous())
+    return top_k_mask_logits(torch.log(probs), top_k)
 
 
 def race(filtered: torch.Tensor, keys: torch.Tensor, floors: torch.Tensor,
@@ -137,6 +143,10 @@ def draw(logits: torch.Tensor, params: RowParams, greedy: torch.Tensor,
     vocab_counters; fused: the race on the Triton kernel. Each row's token: greedy at
     temperature <= 0, else drawn (module docstring). Reads nothing back and allocates only
     temporaries: a CUDA graph can hold it."""
+    if sampler == "triton":  # imported here: triton must not load before TRITON_INTERPRET is set
+        from resident.kernels.nucleus_race import nucleus_race
+
+        return Drawn(*nucleus_race(logits, *params, greedy))
     scaled, failed = scale(logits, params)
     if sampler == "flashinfer":
         filtered = filter_flashinfer(scaled, params)

@@ -1,0 +1,338 @@
+"""The batched draw as a rejection race on Triton kernels: temperature, top-k, top-p and min-p
+by row, with no filter pass, no sort and no host sync.
+
+Every filter of engine/draw.py keeps an upper set of a row's scaled logits y = x / T: top-k the
+k largest, top-p the largest whose mass ranked above stays under p, min-p those within
+log(min_p) of the largest; together they keep the intersection (draw.py: joint). So the
+Gumbel race over the kept set (argmax of y + noise over it) needs no cutoff: race over the whole
+row, and if the winner w is kept (judged from the count and mass of y > y_w, one pass), it is the
+kept set's winner, since the kept set is inside what it beat; if not, every kept token lies
+above y_w, so race again over y > y_w. A round is one pass over the rows still racing, and a
+winner is kept with probability about top_p or more, so most rows finish in the first. A graph
+holds ROUNDS rounds: a finished row's programs return at once, and a row still racing after
+them takes its last winner (above every rejected one: a near miss, rarer than 1 in 10**6 rows
+at top_p 0.9).
+
+The noise is draw.py's, hashed in registers (kernels/gumbel_race.py), so on the same logits this
+draws the torch filter's tokens up to float rounding at a cutoff. A row whose scaled logits have
+a NaN or +inf, or are all -inf, fails (draw.Drawn.failed) and keeps its greedy token.
+
+Kernels: a first pass (row max, sum of exp, the race over all ids), ROUNDS rounds, a last
+[rows] kernel that picks each row's token. A row is split into chunks (grid rows x chunks); each
+program of a round first reduces its row's partials of the pass before (every program of the row
+the same way, so all agree without a barrier), and program 0 of the row records the decision.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _mix32
+
+ROUNDS = 6
+PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
+
+
+@triton.jit
+def _row_key(seeds, indices, row, ints_stride):
+    """draw.row_keys for one row, in uint32 arithmetic."""
+    seed = tl.load(seeds + row * ints_stride)
+    low = (seed & 0xFFFFFFFF).to(tl.uint32)
+    high = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    key = _mix32(tl.load(indices + row * ints_stride).to(tl.uint32) * 0x9E3779B9)
+    key = _mix32(key + high)
+    return _mix32(key ^ low)
+
+
+@triton.jit
+def _noisy(y, ids, key):
+    bits = _mix32(key + ids.to(tl.uint32) * 0x9E3779B9)  # draw.GOLDEN32
+    uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return y - tl.log(-tl.log(uniform))
+
+
+@triton.jit
+def _row_stats(part_a, part_b, bad, row, num_chunks, SPAN: tl.constexpr):
+    """The first pass's partials of a row -> (max, sum of exp(y - max), failed)."""
+    chunks = tl.arange(0, SPAN)
+    inside = chunks < num_chunks
+    maxes = tl.load(part_a + row * num_chunks + chunks, mask=inside, other=float("-inf"))
+    sums = tl.load(part_b + row * num_chunks + chunks, mask=inside, other=0.0)
+    top = tl.max(maxes, axis=0)
+    total = tl.sum(tl.where(maxes > float("-inf"), sums * tl.exp(maxes - top), 0.0), axis=0)
+    failed = (tl.sum(tl.load(bad + row * num_chunks + chunks, mask=inside, other=0), axis=0) > 0)
+    return top, total, failed | (top == float("-inf"))
+
+
+@triton.jit
+def _winner(score, ident, ywin, base, num_chunks, SPAN: tl.constexpr):
+    """A pass's race partials of a row (at `base`) -> (winning id, its y, its score)."""
+    chunks = tl.arange(0, SPAN)
+    scores = tl.load(score + base + chunks, mask=chunks < num_chunks, other=float("-inf"))
+    best = tl.argmax(scores, axis=0)
+    return tl.load(ident + base + best), tl.load(ywin + base + best), tl.max(scores, axis=0)
+
+
+@triton.jit
+def _sums(part_a, part_b, base, num_chunks, SPAN: tl.constexpr):
+    chunks = tl.arange(0, SPAN)
+    inside = chunks < num_chunks
+    return (tl.sum(tl.load(part_a + base + chunks, mask=inside, other=0.0), axis=0),
+            tl.sum(tl.load(part_b + base + chunks, mask=inside, other=0.0), axis=0))
+
+
+@triton.jit
+def _pivots(floor, top, PIVOTS: tl.constexpr):
+    """[PIVOTS] scaled logits evenly inside (floor, top): the thresholds a round also counts."""
+    return floor + (top - floor) * ((tl.arange(0, PIVOTS) + 1).to(tl.float32) / (PIVOTS + 1))
+
+
+@triton.jit
+def _kept(y, count, mass, top, total, top_ks, top_ps, min_ps, row, floats_stride, ints_stride):
+    """Whether a token of scaled logit y (a scalar or a block), with `count` tokens and `mass`
+    (sum of exp(y - top)) strictly above it, survives the row's top-k, top-p and min-p. A
+    threshold that would not survive is a floor: nothing at or under it survives either."""
+    top_k = tl.load(top_ks + row * ints_stride)
+    top_p = tl.load(top_ps + row * floats_stride)
+    min_p = tl.load(min_ps + row * floats_stride)
+    # where, not | and &: the interpreter cannot or a scalar's bool with a block's
+    by_k = tl.where(top_k > 0, count < top_k, True)
+    by_p = tl.where(top_p < 1.0, mass < top_p * total, True)
+    by_min_p = (y - top) >= tl.log(min_p)
+    return tl.where(by_k, tl.where(by_p, by_min_p, False), False)
+
+
+@triton.jit
+def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
+          CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, FIRST: tl.constexpr):
+    """One chunk's pass over y = x / temperature. FIRST: (max, sum of exp(y - max), any NaN or
+    +inf) and the race over every id; else (count, sum of exp(y - top)) of y > floor, the same
+    at each of _pivots(floor, top), and the race over y > floor. Both return the race's (score,
+    id)."""
+    stat_a = float("-inf") if FIRST else 0.0
+    stat_b = 0.0
+    bad = 0
+    pivots = _pivots(floor, top, PIVOTS)
+    pivot_counts = tl.zeros([PIVOTS], dtype=tl.float32)
+    pivot_masses = tl.zeros([PIVOTS], dtype=tl.float32)
+    best_score = float("-inf")
+    best_id = chunk * CHUNK
+    for start in tl.static_range(0, CHUNK, BLOCK):
+        ids = chunk * CHUNK + start + tl.arange(0, BLOCK)
+        inside = ids < vocab
+        x = tl.load(logits + row * stride + ids, mask=inside, other=float("-inf"))
+        y = x.to(tl.float32) / temperature
+        if FIRST:
+            bad += tl.sum(((y != y) | (y == float("inf"))).to(tl.int32), axis=0)
+            new_max = tl.maximum(stat_a, tl.max(y, axis=0))
+            live = new_max > float("-inf")
+            rescale = tl.where(live, tl.exp(stat_a - new_max), 0.0)
+            block_sum = tl.sum(tl.where(y > float("-inf"), tl.exp(y - new_max), 0.0), axis=0)
+            stat_b = stat_b * rescale + tl.where(live, block_sum, 0.0)
+            stat_a = new_max
+            racing = inside
+        else:
+            racing = inside & (y > floor)
+            weight = tl.where(racing, tl.exp(y - top), 0.0)
+            stat_a += tl.sum(racing.to(tl.float32), axis=0)
+            stat_b += tl.sum(weight, axis=0)
+            above = racing[:, None] & (y[:, None] > pivots[None, :])  # [BLOCK, PIVOTS]
+            pivot_counts += tl.sum(above.to(tl.float32), axis=0)
+            pivot_masses += tl.sum(tl.where(above, weight[:, None], 0.0), axis=0)
+        noisy = tl.where(racing, _noisy(y, ids, key), float("-inf"))
+        value = tl.max(noisy, axis=0)
+        better = value > best_score  # the first block wins ties, as torch.argmax's first index
+        best_id = tl.where(better, chunk * CHUNK + start + tl.argmax(noisy, axis=0), best_id)
+        best_score = tl.where(better, value, best_score)
+    return stat_a, stat_b, bad, pivot_counts, pivot_masses, best_score, best_id
+
+
+@triton.jit
+def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride, row,
+                temperature, at, stat_a, stat_b, pivot_counts, pivot_masses, best_score, best_id,
+                PIVOTS: tl.constexpr):
+    tl.store(part_a + at, stat_a)
+    tl.store(part_b + at, stat_b)
+    tl.store(pivot_a + at * PIVOTS + tl.arange(0, PIVOTS), pivot_counts)
+    tl.store(pivot_b + at * PIVOTS + tl.arange(0, PIVOTS), pivot_masses)
+    tl.store(score + at, best_score)
+    tl.store(ident + at, best_id)
+    tl.store(ywin + at, tl.load(logits + row * stride + best_id).to(tl.float32) / temperature)
+
+
+@triton.jit
+def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, ints_stride,
+                  part_a, part_b, pivot_a, pivot_b, bad, score, ident, ywin, vocab, num_chunks,
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    temperature = tl.load(temperatures + row * floats_stride)
+    if temperature > 0:
+        key = _row_key(seeds, indices, row, ints_stride)
+        row_max, row_sum, num_bad, pivot_counts, pivot_masses, best_score, best_id = _pass(
+            logits, stride, row, chunk, temperature, key, 0.0, 0.0, vocab, CHUNK, BLOCK, PIVOTS,
+            True)
+        at = row * num_chunks + chunk
+        tl.store(bad + at, num_bad)
+        _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride, row,
+                    temperature, at, row_max, row_sum, pivot_counts, pivot_masses, best_score,
+                    best_id, PIVOTS)
+
+
+@triton.jit
+def _floor(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, floors, judged, top, total,
+           top_ks, top_ps, min_ps, row, floats_stride, ints_stride, before, num_rows, num_chunks,
+           SPAN: tl.constexpr, PIVOTS: tl.constexpr):
+    """After pass `before` (its winner not the answer): the next pass's floor and the candidate
+    it judges (-1: none). The floor is pass `before`'s winner, or the highest of its pivots
+    that does not survive when that lies at or above the winner (which then lost too)."""
+    base = before * num_rows * num_chunks + row * num_chunks
+    winner_id, winner_y, _ = _winner(score, ident, ywin, base, num_chunks, SPAN)
+    floor = winner_y
+    candidate = winner_id
+    if before > 0:
+        chunks = tl.arange(0, SPAN)
+        at = (base + chunks)[:, None] * PIVOTS + tl.arange(0, PIVOTS)[None, :]
+        inside = (chunks < num_chunks)[:, None]
+        counts = tl.sum(tl.load(pivot_a + at, mask=inside, other=0.0), axis=0)
+        masses = tl.sum(tl.load(pivot_b + at, mask=inside, other=0.0), axis=0)
+        pivots = _pivots(tl.load(floors + before * num_rows + row), top, PIVOTS)
+        lost = _kept(pivots, counts, masses, top, total, top_ks, top_ps, min_ps, row,
+                     floats_stride, ints_stride) == 0
+        highest = tl.max(tl.where(lost, pivots, float("-inf")), axis=0)
+        floor = tl.where(highest >= winner_y, highest, winner_y)
+        candidate = tl.where(highest >= winner_y, -1, winner_id)
+    return floor, candidate
+
+
+@triton.jit
+def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
+                  floats_stride, ints_stride, part_a, part_b, pivot_a, pivot_b, bad, score, ident,
+                  ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
+                  PIVOTS: tl.constexpr):
+    """Round `step` (1..ROUNDS): judge the candidate pass step - 1 counted above (if it had
+    one); if it lost, the next floor (_floor) and a pass above it."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    temperature = tl.load(temperatures + row * floats_stride)
+    top, total, failed = _row_stats(part_a, part_b, bad, row, num_chunks, SPAN)
+    if (temperature > 0) & (failed == 0):
+        plane = num_rows * num_chunks
+        finished = 0
+        if step > 1:
+            finished = tl.load(done + (step - 1) * num_rows + row)
+            candidate = tl.load(judged + (step - 1) * num_rows + row)
+            if (finished == 0) & (candidate >= 0):
+                count, mass = _sums(part_a, part_b, (step - 1) * plane + row * num_chunks,
+                                    num_chunks, SPAN)
+                if _kept(tl.load(floors + (step - 1) * num_rows + row), count, mass, top, total,
+                         top_ks, top_ps, min_ps, row, floats_stride, ints_stride):
+                    finished = 1
+                    if chunk == 0:
+                        tl.store(chosen + row, candidate)
+        if chunk == 0:
+            tl.store(done + step * num_rows + row, finished)
+        if finished == 0:
+            floor, candidate = _floor(part_a, part_b, pivot_a, pivot_b, score, ident, ywin,
+                                      floors, judged, top, total, top_ks, top_ps, min_ps, row,
+                                      floats_stride, ints_stride, step - 1, num_rows,
+                                      num_chunks, SPAN, PIVOTS)
+            if chunk == 0:
+                tl.store(floors + step * num_rows + row, floor)
+                tl.store(judged + step * num_rows + row, candidate)
+            key = _row_key(seeds, indices, row, ints_stride)
+            count, mass, _, pivot_counts, pivot_masses, best_score, best_id = _pass(
+                logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
+                PIVOTS, False)
+            _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
+                        row, temperature, step * plane + row * num_chunks + chunk, count, mass,
+                        pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
+
+
+@triton.jit
+def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_stride, greedy,
+                 part_a, part_b, bad, score, ident, ywin, floors, judged, done, chosen, tokens,
+                 failures, num_rows, num_chunks, ROUNDS: tl.constexpr, SPAN: tl.constexpr):
+    """Each row's token: greedy (temperature <= 0 or failed), the accepted candidate, the last
+    pass's candidate when its counts keep it, else the last pass's winner (not judged)."""
+    row = tl.program_id(0)
+    temperature = tl.load(temperatures + row * floats_stride)
+    top, total, failed = _row_stats(part_a, part_b, bad, row, num_chunks, SPAN)
+    failed = failed & (temperature > 0)
+    token = tl.load(greedy + row)
+    if (temperature > 0) & (failed == 0):
+        if tl.load(done + ROUNDS * num_rows + row) != 0:
+            token = tl.load(chosen + row)
+        else:
+            last = ROUNDS * num_rows * num_chunks + row * num_chunks
+            candidate = tl.load(judged + ROUNDS * num_rows + row)
+            count, mass = _sums(part_a, part_b, last, num_chunks, SPAN)
+            kept = _kept(tl.load(floors + ROUNDS * num_rows + row), count, mass, top, total,
+                         top_ks, top_ps, min_ps, row, floats_stride, ints_stride)
+            winner_id, _, _ = _winner(score, ident, ywin, last, num_chunks, SPAN)
+            token = tl.where((candidate >= 0) & kept, candidate, winner_id)
+    tl.store(tokens + row, token)
+    tl.store(failures + row, failed)
+
+
+def _common_stride(*columns: torch.Tensor) -> int:
+    """The row stride the kernels read these [rows] parameters with (columns of one block, as
+    engine/sampling_state.py keeps them, or contiguous tensors)."""
+    strides = {column.stride(0) for column in columns}
+    if len(strides) != 1:
+        raise ValueError(f"sampling parameters of one dtype need one row stride, got {strides}")
+    return strides.pop()
+
+
+def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor,
+                 index: torch.Tensor, greedy: torch.Tensor,
+                 rounds: int = ROUNDS) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [rows, vocab] (a float dtype, unit stride along the vocabulary); per row
+    ([rows] each, draw.RowParams' dtypes and order; each dtype's with one row stride):
+    temperature (<= 0: greedy), top_k, top_p, min_p,
+    seed, index; greedy: [rows] int64, the rows' argmax. Returns ([rows] int64 tokens, [rows]
+    bool failed). Static grids, temporaries only: a CUDA graph can hold it."""
+    if logits.stride(1) != 1:
+        raise ValueError("logits must be contiguous along the vocabulary")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    num_rows, vocab = logits.shape
+    chunk = min(MAX_CHUNK, triton.next_power_of_2(vocab))
+    block = min(MAX_BLOCK, chunk)
+    num_chunks = triton.cdiv(vocab, chunk)
+    span = triton.next_power_of_2(num_chunks)
+    device = logits.device
+
+    def planes(dtype: torch.dtype) -> torch.Tensor:  # [rounds + 1, rows, chunks]: a pass each
+        return torch.empty(rounds + 1, num_rows, num_chunks, dtype=dtype, device=device)
+
+    part_a, part_b, score, ywin = (planes(torch.float32) for _ in range(4))
+    ident = planes(torch.int64)
+    pivot_a, pivot_b = (torch.empty(rounds + 1, num_rows, num_chunks, PIVOTS, device=device)
+                        for _ in range(2))
+    bad = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=device)
+    floors = torch.empty(rounds + 1, num_rows, dtype=torch.float32, device=device)
+    judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
+    done = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device)
+    chosen = torch.empty(num_rows, dtype=torch.int64, device=device)
+    tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
+    failed = torch.empty(num_rows, dtype=torch.bool, device=device)
+    strides = (_common_stride(temperature, top_p, min_p), _common_stride(top_k, seed, index))
+    limits = (temperature, top_k, top_p, min_p)
+    passes = (part_a, part_b, pivot_a, pivot_b, bad, score, ident, ywin)
+    state = (floors, judged, done, chosen)
+    grid = (num_rows, num_chunks)
+    _first_kernel[grid](logits, logits.stride(0), temperature, seed, index, *strides, *passes,
+                        vocab, num_chunks, CHUNK=chunk, BLOCK=block, PIVOTS=PIVOTS)
+    for step in range(1, rounds + 1):
+        _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
+                            *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
+                            BLOCK=block // 2, SPAN=span, PIVOTS=PIVOTS)
+    _pick_kernel[(num_rows,)](*limits, *strides, greedy, part_a, part_b, bad, score, ident, ywin,
+                              *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
+                              SPAN=span)
+    return tokens, failed
