@@ -119,12 +119,8 @@ class Half:
 FACTORS = ("tokens_a_step", "steps_a_busy_second", "busy_share")
 
 
-class HalfFailed(RuntimeError):
-    """A half could not be measured; carries its log's tail."""
-
-    def __init__(self, message: str, log_tail: str) -> None:
-        super().__init__(message)
-        self.log_tail = log_tail
+class HalfFailed(ServerFailed):
+    """A half could not be measured; carries its log's tail (as the gate's ServerFailed)."""
 
 
 @dataclass(frozen=True)
@@ -386,7 +382,7 @@ def _run(setup: Setup, args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, setup.placement.client_cpus)
     try:
         sections, holds = measure(setup, spec)
-    except (ServerFailed, HalfFailed) as err:
+    except ServerFailed as err:  # a HalfFailed too
         print(f"served_ratio: {err}\n{err.log_tail}", file=sys.stderr)
         return 1
     finally:

@@ -182,7 +182,7 @@ def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, i
 
 
 @triton.jit
-def _floor(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, floors, judged, top, total,
+def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
            top_ks, top_ps, min_ps, row, floats_stride, ints_stride, before, num_rows, num_chunks,
            SPAN: tl.constexpr, PIVOTS: tl.constexpr):
     """After pass `before` (its winner not the answer): the next pass's floor and the candidate
@@ -236,8 +236,8 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
         if chunk == 0:
             tl.store(done + step * num_rows + row, finished)
         if finished == 0:
-            floor, candidate = _floor(part_a, part_b, pivot_a, pivot_b, score, ident, ywin,
-                                      floors, judged, top, total, top_ks, top_ps, min_ps, row,
+            floor, candidate = _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
+                                      top_ks, top_ps, min_ps, row,
                                       floats_stride, ints_stride, step - 1, num_rows,
                                       num_chunks, SPAN, PIVOTS)
             if chunk == 0:
