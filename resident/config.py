@@ -382,3 +382,12 @@ def model_yaml_knobs(model: str) -> dict[str, Any]:
     if not isinstance(knobs, dict):
         raise ValueError(f"{path}: engine must be a mapping of knobs")
     return knobs
+
+
+def check_knobs_for_model(model: str, device: str, overrides: Mapping[str, str]) -> None:
+    """Resolves `overrides` over the model YAML's knobs for `model` on `device`, so a caller
+    that launches the engine elsewhere fails first with the engine's own ValueError."""
+    from resident.model.config import load_model_config
+
+    build_engine_config(model_yaml_knobs(model), None, overrides).resolve(
+        load_model_config(model), device)

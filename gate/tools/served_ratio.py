@@ -70,8 +70,7 @@ from gate.run.server import (
     pinned_child,
 )
 from gate.run.session import PYCACHE, WORKTREES, triton_cache
-from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
-from resident.model.config import load_model_config
+from resident.config import check_knobs_for_model, parse_set_options
 from resident.render import OutputFormat, render
 
 TREE = Path(__file__).resolve().parents[2]  # the tree whose engine both halves run
@@ -335,9 +334,7 @@ def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser, work: Path
     `work` for scratch."""
     try:
         knobs = parse_set_options(args.knobs)
-        model = load_model_config(args.model)
-        build_engine_config(model_yaml_knobs(args.model), None, knobs).resolve(model,
-                                                                              args.device)
+        check_knobs_for_model(args.model, args.device, knobs)
         placement = host_placement(args.device, args.server_cpus, None, None,
                                    args.client_cpus, args.gpu)
         arm = resolve_arm(ARM, ".", TREE, TREE / WORKTREES, dict(knobs))
