@@ -43,7 +43,7 @@ _CHOICES = {
     "fused_decode": ("auto", "off"),
     "pdl": ("auto", "off"),
     "prefix_cache": ("off", "on"),
-    "sampler": ("auto", "torch", "flashinfer"),
+    "sampler": ("auto", "torch", "flashinfer", "triton"),
 }
 
 
@@ -101,9 +101,10 @@ class EngineConfig:
     prefix_cache: str = "off"
     prefix_snapshot_interval: int = 32
     prefix_snapshots: int = 64
-    # the batched draw's top-k/top-p filter (engine/draw.py): torch (one sort of the batch) or
-    # flashinfer (its mask and renorm kernels, no sort; CUDA); auto: torch until FlashInfer's
-    # filter has passed the H200's sampler tests in a captured draw (tests/gpu/h200.sh sampler)
+    # the batched draw (engine/draw.py): torch (a filter by one sort of the batch), flashinfer
+    # (its mask and renorm kernels, no sort; CUDA) or triton (kernels/nucleus_race.py: a
+    # rejection race, no filter pass; CUDA); auto: torch until a faster one has passed the
+    # H200's sampler tests in a captured draw (tests/gpu/h200.sh sampler)
     sampler: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
@@ -272,9 +273,10 @@ def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> No
 
 
 def _resolve_sampler(knob: str, device_type: str) -> str:
-    """auto: torch (see EngineConfig.sampler); flashinfer only where asked, on CUDA, installed."""
-    if knob == "flashinfer" and device_type != "cuda":
-        raise ValueError("knob sampler: flashinfer needs a CUDA device")
+    """auto: torch (see EngineConfig.sampler); flashinfer (installed) and triton only where
+    asked, on CUDA."""
+    if knob in ("flashinfer", "triton") and device_type != "cuda":
+        raise ValueError(f"knob sampler: {knob} needs a CUDA device")
     if knob == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
         raise ValueError("knob sampler: flashinfer is not installed")
     return "torch" if knob == "auto" else knob

@@ -164,12 +164,14 @@ def test_torch_threads_leave_the_api_process_a_cpu(api_core, device, allowed, th
 
 
 @pytest.mark.parametrize("knob, device_type, resolved", [
-    ("auto", "cuda", "torch"), ("auto", "cpu", "torch"), ("torch", "cuda", "torch")])
+    ("auto", "cuda", "torch"), ("auto", "cpu", "torch"), ("torch", "cuda", "torch"),
+    ("triton", "cuda", "triton")])
 def test_the_sampler_knob_resolves_to_the_torch_filter_unless_flashinfer_is_asked(
         knob, device_type, resolved):
     assert _resolve_sampler(knob, device_type) == resolved
 
 
-def test_the_flashinfer_sampler_needs_cuda():
-    with pytest.raises(ValueError, match="knob sampler: flashinfer needs a CUDA device"):
-        _resolve_sampler("flashinfer", "cpu")
+@pytest.mark.parametrize("knob", ["flashinfer", "triton"])
+def test_the_kernel_samplers_need_cuda(knob):
+    with pytest.raises(ValueError, match=f"knob sampler: {knob} needs a CUDA device"):
+        _resolve_sampler(knob, "cpu")

@@ -138,9 +138,13 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
             weight = tl.where(racing, tl.exp(y - top), 0.0)
             stat_a += tl.sum(racing.to(tl.float32), axis=0)
             stat_b += tl.sum(weight, axis=0)
-            above = racing[:, None] & (y[:, None] > pivots[None, :])  # [BLOCK, PIVOTS]
-            pivot_counts += tl.sum(above.to(tl.float32), axis=0)
-            pivot_masses += tl.sum(tl.where(above, weight[:, None], 0.0), axis=0)
+            # a scalar pair a pivot, not a [BLOCK, PIVOTS] tile: Triton 3.6's layout pass
+            # miscompiles the tile here (an operand used before its definition)
+            for p in tl.static_range(PIVOTS):
+                at = tl.arange(0, PIVOTS) == p
+                above = racing & (y > tl.sum(tl.where(at, pivots, 0.0), axis=0))
+                pivot_counts += tl.where(at, tl.sum(above.to(tl.float32), axis=0), 0.0)
+                pivot_masses += tl.where(at, tl.sum(tl.where(above, weight, 0.0), axis=0), 0.0)
         noisy = tl.where(racing, _noisy(y, ids, key), float("-inf"))
         value = tl.max(noisy, axis=0)
         better = value > best_score  # the first block wins ties, as torch.argmax's first index

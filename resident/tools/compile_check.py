@@ -38,6 +38,7 @@ from resident.kernels import (
     gemv,
     gumbel_race,
     kv_write,
+    nucleus_race,
     varlen_attention,
 )
 from resident.model.config import ModelConfig, load_model_config
@@ -120,6 +121,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _fused_decode_variants(config)
     variants.append(_gumbel_race_variant())
+    variants += _nucleus_race_variants(config)
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
     variants.append(_varlen_attention_variant(config))
@@ -137,6 +139,34 @@ def _gumbel_race_variant() -> Variant:
              "best_values": "*fp32", "best_ids": "*i64", "vocab": "i32", "num_chunks": "i32"}
     return Variant("sampler gumbel race", gumbel_race._race_kernel, types,
                    {"CHUNK": gumbel_race.MAX_CHUNK, "BLOCK": gumbel_race.MAX_BLOCK})
+
+
+def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
+    """The `triton` sampler's passes (kernels/nucleus_race.py) at the model's vocabulary, bf16
+    logits, the parameters as float32 / int64 columns."""
+    chunk = min(gumbel_race.MAX_CHUNK, triton.next_power_of_2(config.vocab_size))
+    block = min(gumbel_race.MAX_BLOCK, chunk)
+    span = triton.next_power_of_2(triton.cdiv(config.vocab_size, chunk))
+    pivots = nucleus_race.PIVOTS
+    by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
+               "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
+               "greedy": "*i64", "ident": "*i64", "judged": "*i64", "chosen": "*i64",
+               "tokens": "*i64", "bad": "*i32", "done": "*i32", "failures": "*i1",
+               "stride": "i64", "floats_stride": "i64", "ints_stride": "i64"}
+
+    def types(kernel: triton.JITFunction, constexprs: dict[str, object]) -> dict[str, str]:
+        return {arg: by_name.get(arg, "i32" if arg in ("vocab", "num_chunks", "num_rows", "step")
+                                 else "*fp32")
+                for arg in kernel.arg_names if arg not in constexprs}
+
+    first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots}
+    round_ = {"CHUNK": chunk, "BLOCK": block // 2, "SPAN": span, "PIVOTS": pivots}
+    pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
+    return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
+                    constexprs)
+            for name, kernel, constexprs in (("first pass", nucleus_race._first_kernel, first),
+                                             ("round", nucleus_race._round_kernel, round_),
+                                             ("pick", nucleus_race._pick_kernel, pick))]
 
 
 def _fused_decode_variants(config: ModelConfig) -> list[Variant]:

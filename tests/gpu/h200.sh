@@ -60,8 +60,9 @@
 #             prefix + 256 own, c=16/64, until a verdict), tarred
 #   gate-prefix-none  configs/gate/h200-0.8b-prefix-none.yaml (the same without a shared
 #             prefix: the cache's cost), tarred
-#   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter against torch's, and a seeded
-#             request alone (eager, host-planned) against among 15 (graphs, resident slots);
+#   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
+#             torch's filter, and a seeded request alone (eager, host-planned) against among 15
+#             (graphs, resident slots), torch and triton;
 #             then tests/gpu/time_draw.py: a captured draw's GPU time at the 0.8B vocabulary,
 #             each filter, at 1/16/64/256 rows, beside the argmax alone (sampler-time.log)
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
@@ -189,12 +190,12 @@ for part in "$@"; do
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     sampler)
-      run sampler 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py
+      run sampler 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py
       run sampler-time 150 python3 tests/gpu/time_draw.py ;;
     gate-sampled)
-      run gate-greedy 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
+      run gate-greedy "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
         --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"
-      run gate-sampled 280 python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
+      run gate-sampled "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
         --out "$OUT/gate-sampled"
       tar czf "$OUT/gate-sampled.tgz" -C "$OUT" gate-greedy gate-sampled \
         && rm -rf "$OUT/gate-greedy" "$OUT/gate-sampled" ;;

@@ -17,7 +17,8 @@ VOCAB = 248_320
 def main() -> None:
     device = torch.device("cuda")
     counters = vocab_counters(VOCAB, device)
-    samplers = ["torch"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
+    samplers = ["torch", "triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer")
+                                      else [])
     for rows in (1, 16, 64, 256):
         logits = torch.randn(rows, VOCAB, device=device, dtype=torch.bfloat16) * 3
         params = RowParams(torch.full((rows,), 0.7, device=device),
@@ -29,7 +30,7 @@ def main() -> None:
         greedy_us = graph_time_us(lambda logits=logits: logits.argmax(dim=-1))
         for sampler in samplers:
             greedy = logits.argmax(dim=-1)
-            # fused: the race on its Triton kernel, as the engine draws on CUDA
+            # fused: the filters' race on its Triton kernel, as the engine draws on CUDA
             us = graph_time_us(lambda logits=logits, params=params, greedy=greedy,
                                sampler=sampler: draw(logits, params, greedy, counters, sampler,
                                                      fused=True))
