@@ -110,47 +110,57 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
     """One chunk's pass over y = x / temperature. FIRST: (max, sum of exp(y - max), any NaN or
     +inf) and the race over every id; else (count, sum of exp(y - top)) of y > floor, the same
     at each of _pivots(floor, top), and the race over y > floor. Both return the race's (score,
-    id)."""
-    stat_a = float("-inf") if FIRST else 0.0
-    stat_b = 0.0
-    bad = 0
-    pivots = _pivots(floor, top, PIVOTS)
-    pivot_counts = tl.zeros([PIVOTS], dtype=tl.float32)
-    pivot_masses = tl.zeros([PIVOTS], dtype=tl.float32)
-    best_score = float("-inf")
-    best_id = chunk * CHUNK
-    for start in tl.static_range(0, CHUNK, BLOCK):
-        ids = chunk * CHUNK + start + tl.arange(0, BLOCK)
+    id). Each lane keeps its own partials over the chunk's blocks and they are reduced once at
+    the end: a block reduction a block (two, and two a pivot) made the pass compute-bound."""
+    lanes = tl.arange(0, BLOCK)
+    lane_a = tl.full([BLOCK], float("-inf") if FIRST else 0.0, tl.float32)
+    lane_b = tl.zeros([BLOCK], dtype=tl.float32)
+    lane_bad = tl.zeros([BLOCK], dtype=tl.int32)
+    pivot_weights = tl.exp(_pivots(floor, top, PIVOTS) - top)
+    lane_counts = tl.zeros([BLOCK, PIVOTS], dtype=tl.float32)
+    lane_masses = tl.zeros([BLOCK, PIVOTS], dtype=tl.float32)
+    lane_score = tl.full([BLOCK], float("-inf"), tl.float32)
+    lane_id = tl.full([BLOCK], 0, tl.int64) + chunk * CHUNK
+    for start in range(0, CHUNK, BLOCK):
+        ids = chunk * CHUNK + start + lanes
         inside = ids < vocab
         x = tl.load(logits + row * stride + ids, mask=inside, other=float("-inf"))
         y = x.to(tl.float32) / temperature
         if FIRST:
-            bad += tl.sum(((y != y) | (y == float("inf"))).to(tl.int32), axis=0)
-            new_max = tl.maximum(stat_a, tl.max(y, axis=0))
+            lane_bad += ((y != y) | (y == float("inf"))).to(tl.int32)
+            new_max = tl.maximum(lane_a, y)
             live = new_max > float("-inf")
-            rescale = tl.where(live, tl.exp(stat_a - new_max), 0.0)
-            block_sum = tl.sum(tl.where(y > float("-inf"), tl.exp(y - new_max), 0.0), axis=0)
-            stat_b = stat_b * rescale + tl.where(live, block_sum, 0.0)
-            stat_a = new_max
+            rescale = tl.where(live, tl.exp(lane_a - new_max), 0.0)
+            lane_b = lane_b * rescale + tl.where(y > float("-inf"), tl.exp(y - new_max), 0.0)
+            lane_a = new_max
             racing = inside
         else:
             racing = inside & (y > floor)
             weight = tl.where(racing, tl.exp(y - top), 0.0)
-            stat_a += tl.sum(racing.to(tl.float32), axis=0)
-            stat_b += tl.sum(weight, axis=0)
-            # a scalar pair a pivot, not a [BLOCK, PIVOTS] tile: Triton 3.6's layout pass
-            # miscompiles the tile here (an operand used before its definition)
-            for p in tl.static_range(PIVOTS):
-                at = tl.arange(0, PIVOTS) == p
-                above = racing & (y > tl.sum(tl.where(at, pivots, 0.0), axis=0))
-                pivot_counts += tl.where(at, tl.sum(above.to(tl.float32), axis=0), 0.0)
-                pivot_masses += tl.where(at, tl.sum(tl.where(above, weight, 0.0), axis=0), 0.0)
+            lane_a += racing.to(tl.float32)
+            lane_b += weight
+            # in weights, not y: Triton 3.6's layout pass miscompiles y[:, None] here (an
+            # operand used before its definition). exp rounds ties together, so this can only
+            # undercount above a pivot: a pivot then looks kept, and the floor is not raised.
+            above = (weight[:, None] > pivot_weights[None, :]).to(tl.float32)
+            lane_counts += above
+            lane_masses += above * weight[:, None]
         noisy = tl.where(racing, _noisy(y, ids, key), float("-inf"))
-        value = tl.max(noisy, axis=0)
-        better = value > best_score  # the first block wins ties, as torch.argmax's first index
-        best_id = tl.where(better, chunk * CHUNK + start + tl.argmax(noisy, axis=0), best_id)
-        best_score = tl.where(better, value, best_score)
-    return stat_a, stat_b, bad, pivot_counts, pivot_masses, best_score, best_id
+        better = noisy > lane_score  # a lane's earlier block wins its ties
+        lane_id = tl.where(better, ids, lane_id)
+        lane_score = tl.where(better, noisy, lane_score)
+    best_score = tl.max(lane_score, axis=0)
+    # the smallest id among the best, as torch.argmax's first index
+    best_id = tl.min(tl.where(lane_score == best_score, lane_id, vocab + CHUNK), axis=0)
+    if FIRST:
+        stat_a = tl.max(lane_a, axis=0)
+        stat_b = tl.sum(tl.where(lane_a > float("-inf"), lane_b * tl.exp(lane_a - stat_a), 0.0),
+                        axis=0)
+    else:
+        stat_a = tl.sum(lane_a, axis=0)
+        stat_b = tl.sum(lane_b, axis=0)
+    return (stat_a, stat_b, tl.sum(lane_bad, axis=0), tl.sum(lane_counts, axis=0),
+            tl.sum(lane_masses, axis=0), best_score, best_id)
 
 
 @triton.jit
@@ -282,6 +292,15 @@ def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_strid
     tl.store(failures + row, failed)
 
 
+def launch_sizes(vocab: int) -> tuple[int, int, int, int]:
+    """(CHUNK, the first pass's BLOCK, a round's BLOCK, SPAN) for a vocabulary. A round's block
+    is a quarter of the first's: its [BLOCK, PIVOTS] lane partials would hold 215 registers a
+    thread at 512 (115 at 256) on sm_90."""
+    chunk = min(MAX_CHUNK, triton.next_power_of_2(vocab))
+    block = min(MAX_BLOCK, chunk)
+    return chunk, block, max(16, block // 4), triton.next_power_of_2(triton.cdiv(vocab, chunk))
+
+
 def _common_stride(*columns: torch.Tensor) -> int:
     """The row stride the kernels read these [rows] parameters with (columns of one block, as
     engine/sampling_state.py keeps them, or contiguous tensors)."""
@@ -305,10 +324,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     num_rows, vocab = logits.shape
-    chunk = min(MAX_CHUNK, triton.next_power_of_2(vocab))
-    block = min(MAX_BLOCK, chunk)
+    chunk, block, round_block, span = launch_sizes(vocab)
     num_chunks = triton.cdiv(vocab, chunk)
-    span = triton.next_power_of_2(num_chunks)
     device = logits.device
 
     def planes(dtype: torch.dtype) -> torch.Tensor:  # [rounds + 1, rows, chunks]: a pass each
@@ -335,7 +352,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
                             *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
-                            BLOCK=block // 2, SPAN=span, PIVOTS=PIVOTS)
+                            BLOCK=round_block, SPAN=span, PIVOTS=PIVOTS)
     _pick_kernel[(num_rows,)](*limits, *strides, greedy, part_a, part_b, bad, score, ident, ywin,
                               *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
                               SPAN=span)

@@ -144,9 +144,7 @@ def _gumbel_race_variant() -> Variant:
 def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     """The `triton` sampler's passes (kernels/nucleus_race.py) at the model's vocabulary, bf16
     logits, the parameters as float32 / int64 columns."""
-    chunk = min(gumbel_race.MAX_CHUNK, triton.next_power_of_2(config.vocab_size))
-    block = min(gumbel_race.MAX_BLOCK, chunk)
-    span = triton.next_power_of_2(triton.cdiv(config.vocab_size, chunk))
+    chunk, block, round_block, span = nucleus_race.launch_sizes(config.vocab_size)
     pivots = nucleus_race.PIVOTS
     by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
@@ -160,7 +158,7 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                 for arg in kernel.arg_names if arg not in constexprs}
 
     first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots}
-    round_ = {"CHUNK": chunk, "BLOCK": block // 2, "SPAN": span, "PIVOTS": pivots}
+    round_ = {"CHUNK": chunk, "BLOCK": round_block, "SPAN": span, "PIVOTS": pivots}
     pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
                     constexprs)

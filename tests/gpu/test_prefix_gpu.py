@@ -88,21 +88,24 @@ def _distance(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) ->
                for rid in a) / len(a)
 
 
-def test_a_hit_gives_a_fresh_prefills_logits_to_bf16_rounding():
+def test_a_hit_gives_a_fresh_prefills_logits_to_rounding():
     """Teacher-forced, so a near-tied token cannot hide the comparison: the first token's top-20
     after a hit against the cache off, beside the yardstick (the cache off, the prompt in other
     prefill chunks: rounding alone) and a planted bug (the snapshots' recurrent states zeroed
-    before the hits), which must score far lower for the measure to mean anything."""
+    before the hits), which must score far lower for the measure to mean anything. In float32:
+    in bf16 this random-weights model's rounding is about as large as what the planted bug does
+    (2026-12-04 on the H200: hit 0.078, rechunked 0.083, planted 0.185)."""
     prompts = _prompts()
-    engine = _engine()
+    engine = _engine(dtype="float32")
     off = _first_token_logprobs(engine, prompts)
     del engine
-    engine = _engine(prefill_token_budget=256)  # chunks end at 256 and 512: a hit's boundary
+    # chunks end at 256 and 512: a hit's boundary
+    engine = _engine(dtype="float32", prefill_token_budget=256)
     rechunked = _first_token_logprobs(engine, prompts)
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    engine = _engine(prefix_cache="on", prefix_snapshot_interval=SHARED // 16)
+    engine = _engine(dtype="float32", prefix_cache="on", prefix_snapshot_interval=SHARED // 16)
     hits = _first_token_logprobs(engine, prompts)
     engine.prefixes.recurrent.zero_()
     planted = _first_token_logprobs(engine, {f"{rid}+": p for rid, p in prompts.items()})
@@ -110,8 +113,9 @@ def test_a_hit_gives_a_fresh_prefills_logits_to_bf16_rounding():
     cached = {rid: p for rid, p in prompts.items() if rid != "p0"}  # p0 filled the cache
     scores = {name: _distance({rid: off[rid] for rid in cached}, side)
               for name, side in (("hit", hits), ("rechunked", rechunked), ("planted", planted))}
-    print("first token's top-20 against the cache off, mean largest |logprob difference|: "
-          + ", ".join(f"{name} {score:.4f}" for name, score in scores.items()))
+    print("float32, first token's top-20 against the cache off, mean largest |logprob "
+          "difference|: " + ", ".join(f"{name} {score:.6f}" for name, score in scores.items()))
     assert engine.stats()["prefix_hits"] >= 2 * NUM_PROMPTS - 1
-    assert scores["hit"] <= 2 * scores["rechunked"] + 0.01
-    assert scores["planted"] > 4 * scores["rechunked"] and scores["planted"] > 2 * scores["hit"]
+    assert scores["hit"] <= 2 * scores["rechunked"] + 1e-3
+    assert scores["planted"] > 4 * scores["rechunked"] + 1e-2
+    assert scores["planted"] > 4 * scores["hit"] + 1e-2
