@@ -64,7 +64,10 @@
 #             torch's filter, and a seeded request alone (eager, host-planned) against among 15
 #             (graphs, resident slots), torch and triton;
 #             then tests/gpu/time_draw.py: a captured draw's GPU time at the 0.8B vocabulary,
-#             each filter, at 1/16/64/256 rows, beside the argmax alone (sampler-time.log)
+#             each filter, at 1/16/64/256 rows, beside the argmax alone, and the race's
+#             kernels at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
+#             flashinfer" skips FlashInfer's minutes of JIT build on a fresh machine); SAMPLERS:
+#             time_draw's samplers (default torch triton flashinfer)
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
 #             0.7, top_p 0.9), c=64: compare the two sessions' output_throughput, tarred
 #   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
@@ -190,8 +193,10 @@ for part in "$@"; do
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     sampler)
-      run sampler 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py
-      run sampler-time 150 python3 tests/gpu/time_draw.py ;;
+      run sampler 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py \
+        ${SAMPLER_K:+-k "$SAMPLER_K"}
+      # shellcheck disable=SC2086  # SAMPLERS: a list of words
+      run sampler-time 150 python3 tests/gpu/time_draw.py ${SAMPLERS:-} ;;
     gate-sampled)
       run gate-greedy "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
         --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"

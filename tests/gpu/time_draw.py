@@ -1,10 +1,13 @@
 """GPU time of one batched draw (engine/draw.py) at the 0.8B vocabulary, each filter, captured
 as a CUDA graph as the engine replays it, beside the greedy argmax alone: what sampling adds to a
-decode step. Prints one line per (rows, sampler):  python3 tests/gpu/time_draw.py"""
+decode step. Prints one line per (rows, sampler), then the Triton race's kernels at 64 rows:
+    python3 tests/gpu/time_draw.py [SAMPLER ...]   (default: torch triton, and flashinfer if
+    installed; FlashInfer JIT-builds its sampling module on a fresh machine, minutes)"""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import torch
 
@@ -17,8 +20,8 @@ VOCAB = 248_320
 def main() -> None:
     device = torch.device("cuda")
     counters = vocab_counters(VOCAB, device)
-    samplers = ["torch", "triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer")
-                                      else [])
+    samplers = sys.argv[1:] or ["torch", "triton"] + (
+        ["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
     for rows in (1, 16, 64, 256):
         logits = torch.randn(rows, VOCAB, device=device, dtype=torch.bfloat16) * 3
         params = RowParams(torch.full((rows,), 0.7, device=device),
@@ -36,6 +39,25 @@ def main() -> None:
                                                      fused=True))
             print(f"rows {rows:4d} {sampler:10s} draw {us:8.1f} us "
                   f"(argmax alone {greedy_us:6.1f} us)", flush=True)
+            if sampler == "triton" and rows == 64:
+                print_kernels(lambda logits=logits, params=params, greedy=greedy: draw(
+                    logits, params, greedy, counters, "triton", fused=True))
+
+
+def print_kernels(run) -> None:
+    """Each kernel's GPU time in one call of `run` (eager launches, profiled over 20 calls)."""
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    calls = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    for event in sorted(prof.key_averages(), key=lambda e: -e.device_time_total):
+        if event.device_time_total > 0:
+            print(f"    {event.device_time_total / calls:8.1f} us  {event.count // calls:3d} x "
+                  f"{event.key[:70]}", flush=True)
 
 
 if __name__ == "__main__":
