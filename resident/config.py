@@ -129,6 +129,10 @@ class EngineConfig:
     # a client that stops reading fills them within seconds and send_stall_s can see it
     send_buffer_kib: int = 64
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
+    # ranks the model is split over (Megatron-style, docs/parallel.md): one engine-core process
+    # a rank, each on its own device (rank r on CUDA device r of the visible ones); must divide
+    # the model's attention, KV and GDN heads and its MLP intermediate size
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -136,7 +140,8 @@ class EngineConfig:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
-                     "send_buffer_kib", "prefix_snapshot_interval", "prefix_snapshots"):
+                     "send_buffer_kib", "prefix_snapshot_interval", "prefix_snapshots",
+                     "tensor_parallel"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",
@@ -199,6 +204,7 @@ class EngineConfig:
         if max_len > model.max_position_embeddings:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
+        check_tensor_parallel(self.tensor_parallel, model)
         dtype = _resolve_dtype(self.dtype, device_type)
         padded = self.padded_prefill
         if padded == "auto":
@@ -262,6 +268,21 @@ def _auto_kv_pages(config: EngineConfig, model: ModelConfig, dtype: str, device_
         raise ValueError(f"knob kv_cache_gib: {config.kv_cache_gib} GiB holds {pages} KV pages; "
                          f"needs at least 2 (page 0 is the sink)")
     return pages
+
+
+def check_tensor_parallel(ranks: int, model: ModelConfig) -> None:
+    """Every split dimension must divide by the ranks: each rank owns whole heads (a head's
+    query, key and value, and its gate, stay on one rank, so attention and the GDN recurrence
+    need no communication) and an equal share of the MLP's intermediate channels."""
+    sizes = {"num_attention_heads": model.num_attention_heads,
+             "num_key_value_heads": model.num_key_value_heads,
+             "linear_num_key_heads": model.linear_num_key_heads,
+             "linear_num_value_heads": model.linear_num_value_heads,
+             "intermediate_size": model.intermediate_size}
+    for name, size in sizes.items():
+        if size % ranks:
+            raise ValueError(f"knob tensor_parallel: {ranks} does not divide the model "
+                             f"{model.name!r}'s {name} ({size})")
 
 
 def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> None:

@@ -20,6 +20,7 @@ from resident.model.config import ModelConfig
 from resident.model.dense import DenseOps
 from resident.model.ops import ModelOps
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
+from resident.parallel.shard import RankShard
 
 # Tensors a Qwen3.5 checkpoint carries that a text-only server does not use.
 _IGNORED = re.compile(r"^(mtp\.|model\.visual\.|visual\.)")
@@ -48,14 +49,17 @@ def load_model(
     dtype: torch.dtype,
     ops: ModelOps | None = None,
     dense: DenseOps | None = None,
+    shard: RankShard | None = None,
 ) -> Qwen3_5ForCausalLM:
     """Builds the model on `device` without a throwaway init, fills every parameter, then
-    fuses the projections."""
+    fuses the projections. `shard`: a tensor-parallel rank's model, its slices of the whole
+    model's weights (parallel/shard.py)."""
+    shard = shard or RankShard()
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, ops, dense).to(dtype)
+        model = Qwen3_5ForCausalLM(shard.model_config(config), ops, dense).to(dtype)
     _materialise(model, torch.device(device))
     model.init_buffers()
-    params = dict(model.named_parameters())
+    params = {name: _Slot(param, shard, config) for name, param in model.named_parameters()}
     if config.weights == "random":
         _fill_random(params, config.seed)
     else:
@@ -77,6 +81,20 @@ def _materialise(model: torch.nn.Module, device: torch.device) -> None:
             if isinstance(meta, torch.nn.Parameter):
                 empty = torch.nn.Parameter(empty, requires_grad=meta.requires_grad)
             setattr(module, name, empty)
+
+
+class _Slot:
+    """A parameter to fill from the whole model's tensor of its name: its shape there, and the
+    copy of this rank's slice of it."""
+
+    def __init__(self, param: torch.nn.Parameter, shard: RankShard, config: ModelConfig) -> None:
+        self.param, self.shard, self.config = param, shard, config
+
+    def whole_shape(self, name: str) -> torch.Size:
+        return self.shard.full_shape(name, self.param.shape, self.config)
+
+    def fill(self, name: str, whole: torch.Tensor) -> None:
+        self.param.data.copy_(self.shard.take(name, whole, self.config))
 
 
 # -- random ---------------------------------------------------------------------------------
@@ -115,10 +133,13 @@ def _random_values(name: str, shape: torch.Size, generator: torch.Generator,
     return normal(shape[-1] ** -0.5)
 
 
-def _fill_random(params: dict[str, torch.nn.Parameter], seed: int) -> None:
-    for name, param in params.items():
-        generator = torch.Generator(device=param.device).manual_seed(_tensor_seed(seed, name))
-        param.data.copy_(_random_values(name, param.shape, generator, param.device))
+def _fill_random(params: dict[str, _Slot], seed: int) -> None:
+    """Each tensor drawn at the whole model's shape, whatever the rank's share: every rank
+    count serves the same weights."""
+    for name, slot in params.items():
+        device = slot.param.device
+        generator = torch.Generator(device=device).manual_seed(_tensor_seed(seed, name))
+        slot.fill(name, _random_values(name, slot.whole_shape(name), generator, device))
 
 
 # -- checkpoint -----------------------------------------------------------------------------
@@ -147,9 +168,7 @@ def _our_name(checkpoint_name: str) -> str | None:
     return "model." + checkpoint_name
 
 
-def _fill_from_checkpoint(
-    params: dict[str, torch.nn.Parameter], directory: Path, tied: bool
-) -> None:
+def _fill_from_checkpoint(params: dict[str, _Slot], directory: Path, tied: bool) -> None:
     loaded: set[str] = set()
     for path in _checkpoint_files(directory):
         with safe_open(str(path), framework="pt", device="cpu") as shard:
@@ -160,13 +179,14 @@ def _fill_from_checkpoint(
                 if name not in params:
                     raise WeightsError(f"{path.name}: unexpected tensor {checkpoint_name!r}")
                 tensor = shard.get_tensor(checkpoint_name)
-                param = params[name]
-                if tuple(tensor.shape) != tuple(param.shape):
+                slot = params[name]
+                expected = tuple(slot.whole_shape(name))
+                if tuple(tensor.shape) != expected:
                     raise WeightsError(
                         f"{path.name}: tensor {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
-                        f"the model expects {tuple(param.shape)}"
+                        f"the model expects {expected}"
                     )
-                param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
+                slot.fill(name, tensor.to(device=slot.param.device, dtype=slot.param.dtype))
                 loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing:
