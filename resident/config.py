@@ -281,8 +281,8 @@ def check_tensor_parallel(ranks: int, model: ModelConfig) -> None:
              "intermediate_size": model.intermediate_size}
     for name, size in sizes.items():
         if size % ranks:
-            raise ValueError(f"knob tensor_parallel: {ranks} does not divide the model "
-                             f"{model.name!r}'s {name} ({size})")
+            raise ValueError(f"knob tensor_parallel: {ranks} does not divide {name} ({size}) "
+                             f"of model {model.name!r}")
 
 
 def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> None:

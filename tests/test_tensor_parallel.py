@@ -5,9 +5,18 @@ does, fails clearly on a bad value and fails cleanly when a rank dies."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 
 from resident.config import EngineConfig
@@ -20,6 +29,7 @@ from resident.parallel.lockstep import step_digest
 from resident.parallel.shard import RankShard
 
 from model_driver import ModelDriver
+from server_fixture import Server, get, post, run
 
 TINY = load_model_config("tiny")
 CPU = torch.device("cpu")
@@ -129,3 +139,104 @@ def test_two_engine_ranks_serve_one_ranks_tokens_and_displace_alike():
     assert rank0["tokens"] == reference["tokens"]
     assert rank0["steps"] == rank1["steps"] == reference["steps"]
     assert rank0["displaced"] == rank1["displaced"] == reference["displaced"] > 0
+
+
+def _serve_pair_plans(release_after_commit: bool) -> list[tuple[set[str], list[str]]]:
+    """A SlotCache (4 slots) through 12 steps of 2 rows taking turns over 6 requests, one
+    finishing at step 5: each step's (slot holders, requests that took slots). The finished
+    request's release lands before the commit of the step that last read it, or after it."""
+    from resident.planner.slots import SlotCache
+
+    cache, turns, history = SlotCache(5), [f"r{i}" for i in range(6)], []
+    for step in range(12):
+        rows = [rid for rid in turns[2 * step % len(turns):][:2]]
+        plan = cache.plan(rows, 2)
+        finishing = step == 5 and rows[0]
+        if finishing and not release_after_commit:
+            cache.release(rows[0])
+        cache.committed(plan)
+        if finishing:
+            if release_after_commit:
+                cache.release(rows[0])
+            turns.remove(rows[0])
+        history.append((set(cache.holders()), list(plan.new_slots)))
+    return history
+
+
+def test_a_release_on_either_side_of_a_commit_displaces_the_same_requests():
+    """Ranks may see a finished request's release before or after the commit of the step that
+    last read its slot (their threads race); slot numbers may then differ, but which requests
+    hold slots and which take them must not, since every rank displaces by plan sequence and
+    take order. Both orders run every step."""
+    before, after = _serve_pair_plans(False), _serve_pair_plans(True)
+    assert before == after
+    assert any(taken for _, taken in before[6:])  # slots were displaced after the release
+
+
+def _complete(server: Server, prompt: str, **sampling) -> list[int]:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "logprobs": 1, **sampling}
+    status, data = run(post(server.url + "/v1/completions", body))
+    assert status == 200, data
+    choice = data["choices"][0]
+    return [choice["text"], choice["logprobs"]["token_logprobs"]]
+
+
+def test_a_served_tensor_parallel_2_answers_as_tensor_parallel_1():
+    """End to end through the HTTP server: rank 0 forwards each request to rank 1, both step
+    in lockstep, and the completions (greedy and seeded sampling, with logprobs) are one
+    rank's. The row check runs on both ranks and reports each."""
+    requests = [("hello world", {"temperature": 0}), ("the quick brown", {"temperature": 0}),
+                ("sampled", {"temperature": 1.0, "seed": 7})]
+    answers = []
+    for ranks in (1, 2):
+        server = Server("--set", "dtype=float64", "--set", f"tensor_parallel={ranks}",
+                        "--set", "row_check=on").wait_ready()
+        try:
+            answers.append([_complete(server, prompt, **sampling)
+                            for prompt, sampling in requests])
+            status, rowcheck = run(get(server.url + "/debug/rowcheck"))
+        finally:
+            server.stop()
+        assert status == 200
+    one, two = answers
+    for (text1, logprobs1), (text2, logprobs2) in zip(one, two, strict=True):
+        assert text1 == text2
+        assert logprobs1 == pytest.approx(logprobs2, abs=1e-9)
+    assert [rank["steps"] for rank in rowcheck["ranks"]] == [rowcheck["steps"]] * 2
+    assert rowcheck["steps"] > 0 and all(rank["mismatches"] == 0 for rank in rowcheck["ranks"])
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0", "knob tensor_parallel: must be >= 1, got 0"),
+    ("3", "knob tensor_parallel: 3 does not divide num_attention_heads (4) of model 'tiny'"),
+])
+def test_a_bad_tensor_parallel_is_refused_naming_it(value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineConfig(tensor_parallel=int(value)).resolve(TINY, "cpu")
+    cli = subprocess.run([sys.executable, "-m", "resident", "serve", "tiny", "--device", "cpu",
+                          "--set", f"tensor_parallel={value}"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert cli.returncode == 2
+    assert message in cli.stderr
+
+
+def test_a_dead_rank_fails_the_server_cleanly():
+    """SIGKILL rank 1 with a request in flight: the request ends with an error naming the
+    rank, and the server exits 1 at once (no hang)."""
+    server = Server("--set", "dtype=float64", "--set", "tensor_parallel=2").wait_ready()
+    try:
+        rank1 = int(re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)",
+                              server.log()).group(1))
+        body = {"model": "tiny", "prompt": "long", "max_tokens": 3000, "temperature": 0,
+                "ignore_eos": True}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(run, post(server.url + "/v1/completions", body))
+            time.sleep(1.0)
+            os.kill(rank1, signal.SIGKILL)
+            status, data = answer.result(timeout=30)
+        assert status != 200
+        assert server.process.wait(timeout=30) == 1
+    finally:
+        server.stop()
+    assert "tensor-parallel rank 1" in server.log()
+    assert "tensor-parallel rank 1" in json.dumps(data)
