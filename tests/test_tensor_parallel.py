@@ -100,12 +100,13 @@ def _engine_run(group: RankGroup, knobs: dict, prompts: dict[str, list[int]],
             tokens[output.request_id].extend(output.new_token_ids)
         holders = engine.slot_holders()
         steps.append((step_digest(engine.last_step_kind, outputs, holders), sorted(holders)))
-    return {"tokens": tokens, "steps": steps,
+    return {"tokens": tokens, "steps": steps, "fingerprint": engine.fingerprint,
             "displaced": engine.planning.planner.counters["displaced"]}
 
 
 def test_shards_cover_every_weight_once():
-    """The ranks' slices of each tensor put back together are the whole tensor."""
+    """The ranks' slices of each tensor are the whole tensor's, every element in one of them,
+    where `locate` (the fingerprint's inverse of `take`) says."""
     whole = load_model(TINY, CPU, torch.float64)
     parts = [load_model(TINY, CPU, torch.float64, shard=RankShard(r, 2)) for r in range(2)]
     shard = RankShard(0, 2)
@@ -116,6 +117,9 @@ def test_shards_cover_every_weight_once():
             assert torch.equal(half, expected), name
         if shard.full_shape(name, halves[0].shape, TINY) != halves[0].shape:
             assert not torch.equal(halves[0], halves[1]), name  # split, not copied
+        for flat in range(0, param.numel(), 7):
+            rank, local = shard.locate(name, param.shape, TINY, flat)
+            assert halves[rank].reshape(-1)[local] == param.reshape(-1)[flat], (name, flat)
 
 
 def test_two_ranks_give_one_ranks_logits_and_greedy_tokens():
@@ -137,6 +141,8 @@ def test_two_engine_ranks_serve_one_ranks_tokens_and_displace_alike():
     reference = _engine_run(single_rank(CPU), knobs, prompts, 6)
     rank0, rank1 = in_ranks(2, _engine_run, knobs, prompts, 6)
     assert rank0["tokens"] == reference["tokens"]
+    # the whole model's fingerprint on every rank: the gate sees one model at any rank count
+    assert rank0["fingerprint"] == rank1["fingerprint"] == reference["fingerprint"]
     assert rank0["steps"] == rank1["steps"] == reference["steps"]
     assert rank0["displaced"] == rank1["displaced"] == reference["displaced"] > 0
 

@@ -119,7 +119,9 @@ class Engine:
         if config.compile == "on":
             log.info("torch.compile on for the dense parts; Inductor cache %s",
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))
-        self.fingerprint = weights_fingerprint(self.model)
+        self.fingerprint = weights_fingerprint(
+            self.model, shard, model_config,
+            self.group.all_reduce if self.group.size > 1 else None)
         self.startup.lap("model")
         self.cache = ModelCache.allocate(rank_model, config.num_kv_pages, config.page_size,
                                          config.num_state_slots, self.dtype, device)

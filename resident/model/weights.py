@@ -197,16 +197,41 @@ def _fill_from_checkpoint(params: dict[str, _Slot], directory: Path, tied: bool)
 # -- fingerprint ----------------------------------------------------------------------------
 
 
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """16 hex digits over every parameter's name, shape, dtype and evenly spaced values."""
+def weights_fingerprint(model: torch.nn.Module, shard: RankShard | None = None,
+                        whole: ModelConfig | None = None, all_reduce=None) -> str:
+    """16 hex digits over every parameter's name, shape, dtype and evenly spaced values.
+    A tensor-parallel rank (`shard` of the `whole` model, its group's in-place `all_reduce`)
+    gives the whole model's fingerprint: the shapes are the whole tensors', and each sampled
+    element comes from the rank that holds it (the others add zero), so every rank count
+    serving the same weights fingerprints alike (the gate compares arms by it)."""
+    shard = shard or RankShard()
     digest = hashlib.sha256()
     samples = []
     for name, param in sorted(model.named_parameters()):
-        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype};".encode())
-        flat = param.detach().reshape(-1)
-        # exact integer spacing: float32 linspace overshoots the last index of large tensors
-        steps = torch.arange(_FINGERPRINT_SAMPLES, device=flat.device)
-        index = steps * (flat.numel() - 1) // (_FINGERPRINT_SAMPLES - 1)
-        samples.append(flat[index].double())
-    digest.update(torch.cat(samples).cpu().numpy().tobytes())
+        shape = shard.full_shape(name, param.shape, whole) if whole else param.shape
+        digest.update(f"{name}:{tuple(shape)}:{param.dtype};".encode())
+        samples.append(_samples(name, param, shape, shard, whole))
+    values = torch.cat(samples)
+    if all_reduce is not None:
+        all_reduce(values)
+    digest.update(values.cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _samples(name: str, param: torch.Tensor, shape: torch.Size, shard: RankShard,
+             whole: ModelConfig | None) -> torch.Tensor:
+    """The evenly spaced elements of the whole tensor this rank holds, zero where another
+    rank holds them."""
+    flat = param.detach().reshape(-1)
+    # exact integer spacing: float32 linspace overshoots the last index of large tensors
+    numel = shape.numel()
+    wanted = [step * (numel - 1) // (_FINGERPRINT_SAMPLES - 1)
+              for step in range(_FINGERPRINT_SAMPLES)]
+    if whole is None or shard.ranks == 1:
+        return flat[torch.tensor(wanted, device=flat.device)].double()
+    out = torch.zeros(_FINGERPRINT_SAMPLES, dtype=torch.float64, device=flat.device)
+    for i, index in enumerate(wanted):
+        rank, local = shard.locate(name, shape, whole, index)
+        if rank == shard.rank:
+            out[i] = flat[local].double()
+    return out

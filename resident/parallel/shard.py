@@ -103,6 +103,44 @@ class RankShard:
         return torch.cat(pieces, dim=rule.dim)
 
 
+    def locate(self, name: str, whole_shape: torch.Size, model: ModelConfig,
+               flat: int) -> tuple[int, int]:
+        """(the rank that holds element `flat` of the whole tensor, in row-major order; its
+        row-major index in that rank's slice): the inverse of `take`, for single elements.
+        Rank 0 answers for a replicated tensor's elements."""
+        rule = _rule(name, model)
+        if rule is None or self.ranks == 1:
+            return 0, flat
+        coords = list(_unravel(flat, whole_shape))
+        rows_per_unit = whole_shape[rule.dim] // sum(rule.units)
+        start, kept = 0, 0  # kept: the rank's rows of the segments before this one
+        for units in rule.units:
+            size, share = units * rows_per_unit, units // self.ranks * rows_per_unit
+            offset = coords[rule.dim] - start
+            if offset < size:
+                coords[rule.dim] = kept + offset % share
+                local = list(whole_shape)
+                local[rule.dim] //= self.ranks
+                return offset // share, _ravel(coords, local)
+            start, kept = start + size, kept + share
+        raise IndexError(f"{name}: element {flat} is outside {tuple(whole_shape)}")
+
+
+def _unravel(flat: int, shape: torch.Size) -> list[int]:
+    coords = []
+    for size in reversed(shape):
+        coords.append(flat % size)
+        flat //= size
+    return coords[::-1]
+
+
+def _ravel(coords: list[int], shape: list[int]) -> int:
+    flat = 0
+    for coord, size in zip(coords, shape, strict=True):
+        flat = flat * size + coord
+    return flat
+
+
 def _rule(name: str, model: ModelConfig) -> SplitRule | None:
     for suffix, rule in split_rules(model).items():
         if name.endswith(suffix):
