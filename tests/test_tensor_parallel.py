@@ -25,7 +25,7 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.model.weights import load_model
 from resident.parallel.group import RankGroup, free_port, init_group, single_rank
-from resident.parallel.lockstep import step_digest
+from resident.parallel.lockstep import Beat, Lockstep, LockstepError, step_digest
 from resident.parallel.shard import RankShard
 
 from model_driver import ModelDriver
@@ -167,6 +167,26 @@ def _serve_pair_plans(release_after_commit: bool) -> list[tuple[set[str], list[s
             turns.remove(rows[0])
         history.append((set(cache.holders()), list(plan.new_slots)))
     return history
+
+
+def _diverge(group: RankGroup) -> str | None:
+    """Both ranks step once, rank 1 to another digest; rank 1's error on the next beat."""
+    lockstep = Lockstep(group)
+    lockstep.stepped("0123456789abcdef" if group.is_leader else "fedcba9876543210")
+    if group.is_leader:
+        lockstep.send(Beat())
+        return None
+    try:
+        lockstep.receive()
+    except LockstepError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_rank_whose_step_differs_from_rank_0s_stops_with_a_clear_error():
+    _, error = in_ranks(2, _diverge)
+    assert error.startswith("tensor-parallel rank 1 left lockstep at step 1: rank 0 has step "
+                            "1 digest 0123456789abcdef, this rank fedcba9876543210")
 
 
 def test_a_release_on_either_side_of_a_commit_displaces_the_same_requests():
