@@ -246,23 +246,48 @@ def test_a_bad_tensor_parallel_is_refused_naming_it(value, message):
     assert message in cli.stderr
 
 
-def test_a_dead_rank_fails_the_server_cleanly():
+def _kill_rank_1(server: Server) -> None:
+    rank1 = re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", server.log())
+    os.kill(int(rank1.group(1)), signal.SIGKILL)
+
+
+def test_a_rank_dead_mid_request_fails_the_server_cleanly():
     """SIGKILL rank 1 with a request in flight: the request ends with an error naming the
     rank, and the server exits 1 at once (no hang)."""
     server = Server("--set", "dtype=float64", "--set", "tensor_parallel=2").wait_ready()
     try:
-        rank1 = int(re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)",
-                              server.log()).group(1))
         body = {"model": "tiny", "prompt": "long", "max_tokens": 3000, "temperature": 0,
                 "ignore_eos": True}
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(run, post(server.url + "/v1/completions", body))
             time.sleep(1.0)
-            os.kill(rank1, signal.SIGKILL)
+            _kill_rank_1(server)
             status, data = answer.result(timeout=30)
         assert status != 200
         assert server.process.wait(timeout=30) == 1
     finally:
         server.stop()
-    assert "tensor-parallel rank 1" in server.log()
     assert "tensor-parallel rank 1" in json.dumps(data)
+
+
+def test_a_rank_dead_while_idle_fails_the_server_cleanly():
+    server = Server("--set", "dtype=float64", "--set", "tensor_parallel=2").wait_ready()
+    try:
+        _kill_rank_1(server)
+        assert server.process.wait(timeout=30) == 1
+    finally:
+        server.stop()
+    assert re.search(r"the engine core failed: RankDied: tensor-parallel rank 1 \(pid \d+\) "
+                     r"exited with code -9", server.log())
+
+
+def test_a_tensor_parallel_arm_sees_its_gpus(tmp_path):
+    """The gate hands an arm of tensor_parallel=N the placement's GPU and the N-1 after it."""
+    from gate.run.arms import Arm
+    from gate.run.server import LaunchSpec, launch_environment
+
+    launch = LaunchSpec("qwen3.5-9b", "cuda", (0, 1), tmp_path, tmp_path, 2, 60.0)
+    visible = {name: launch_environment(Arm(name, ".", "resident", tmp_path, knobs=knobs),
+                                        launch)[0]["CUDA_VISIBLE_DEVICES"]
+               for name, knobs in (("tp1", {}), ("tp2", {"tensor_parallel": "2"}))}
+    assert visible == {"tp1": "2", "tp2": "2,3"}

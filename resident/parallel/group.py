@@ -57,6 +57,12 @@ class RankGroup:
         dist.gather_object(item, out, dst=0, group=self.control_group)
         return out
 
+    def abort(self) -> None:
+        """Fails every collective in flight or to come (a peer is dead): NCCL's would wait."""
+        from torch.distributed.distributed_c10d import _abort_process_group
+
+        _abort_process_group()
+
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

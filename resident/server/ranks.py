@@ -34,6 +34,7 @@ log = logging.getLogger("resident.ranks")
 STARTUP_POLL_S = 0.2
 EXIT_GRACE_S = 10.0
 DEATH_NOTICE_S = 2.0  # after a failed collective, how long a dead peer's exit may take to show
+WATCH_S = 0.5
 
 
 class RankDied(RuntimeError):
@@ -59,6 +60,20 @@ class Followers:
         self.processes = processes
         self.group = group
         self.lockstep = Lockstep(group)
+        self._stopping = threading.Event()
+        threading.Thread(target=self._watch, name="rank-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Aborts the group when a follower dies: gloo fails a collective whose peer closed
+        its sockets, but NCCL would wait for a dead peer until its timeout, with rank 0's step
+        blocked on the device; aborted, the collective raises and `step` names the rank."""
+        while not self._stopping.wait(WATCH_S):
+            if self.dead() is not None:
+                time.sleep(DEATH_NOTICE_S)  # rank 0's own check, or gloo, usually comes first
+                if not self._stopping.is_set():
+                    log.error("%s: aborting the rank group", self.dead())
+                    self.group.abort()
+                return
 
     def dead(self) -> str | None:
         """Why a follower is gone, or None while all run."""
@@ -93,6 +108,7 @@ class Followers:
 
     def stop(self) -> None:
         """The stop beat (best effort: a follower may be gone), then each exits or is killed."""
+        self._stopping.set()
         if self.dead() is None:
             try:
                 self.lockstep.send(Beat(stop=True))
