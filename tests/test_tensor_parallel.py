@@ -147,7 +147,7 @@ def test_two_engine_ranks_serve_one_ranks_tokens_and_displace_alike():
     assert rank0["displaced"] == rank1["displaced"] == reference["displaced"] > 0
 
 
-def _serve_pair_plans(release_after_commit: bool) -> list[tuple[set[str], list[str]]]:
+def _slot_history(release_after_commit: bool) -> list[tuple[set[str], list[str]]]:
     """A SlotCache (4 slots) through 12 steps of 2 rows taking turns over 6 requests, one
     finishing at step 5: each step's (slot holders, requests that took slots). The finished
     request's release lands before the commit of the step that last read it, or after it."""
@@ -155,11 +155,13 @@ def _serve_pair_plans(release_after_commit: bool) -> list[tuple[set[str], list[s
 
     cache, turns, history = SlotCache(5), [f"r{i}" for i in range(6)], []
     for step in range(12):
-        rows = [rid for rid in turns[2 * step % len(turns):][:2]]
+        rows = turns[2 * step % len(turns):][:2]
         plan = cache.plan(rows, 2)
         finishing = step == 5 and rows[0]
         if finishing and not release_after_commit:
+            slot = cache.slot_of(rows[0])
             cache.release(rows[0])
+            assert slot in cache.ledger()["cooling"]  # read by the uncommitted step
         cache.committed(plan)
         if finishing:
             if release_after_commit:
@@ -194,7 +196,7 @@ def test_a_release_on_either_side_of_a_commit_displaces_the_same_requests():
     last read its slot (their threads race); slot numbers may then differ, but which requests
     hold slots and which take them must not, since every rank displaces by plan sequence and
     take order. Both orders run every step."""
-    before, after = _serve_pair_plans(False), _serve_pair_plans(True)
+    before, after = _slot_history(False), _slot_history(True)
     assert before == after
     assert any(taken for _, taken in before[6:])  # slots were displaced after the release
 
