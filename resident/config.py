@@ -54,7 +54,7 @@ class EngineConfig:
     dtype: str = "auto"
     page_size: int = 16
     num_kv_pages: int = 0  # 0: 4096 on CPU; sized from kv_cache_gib on CUDA
-    kv_cache_gib: float = 16.0
+    kv_cache_gib: float = 16.0  # a device's; under tensor_parallel each rank's
     max_model_len: int = 0  # 0: min(max_position_embeddings, 32768)
     max_num_seqs: int = 256
     num_state_slots: int = 0  # 0: max_num_seqs plus the sink
@@ -260,10 +260,12 @@ def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: str) -> int:
 
 
 def _auto_kv_pages(config: EngineConfig, model: ModelConfig, dtype: str, device_type: str) -> int:
-    """CPU_KV_PAGES on CPU; on CUDA as many pages as kv_cache_gib holds."""
+    """CPU_KV_PAGES on CPU; on CUDA as many pages as kv_cache_gib holds on each device (a
+    tensor-parallel rank's page holds its share of the KV heads)."""
     if device_type == "cpu":
         return CPU_KV_PAGES
-    pages = int(config.kv_cache_gib * 2**30) // kv_bytes_per_page(model, config.page_size, dtype)
+    page_bytes = kv_bytes_per_page(model, config.page_size, dtype) // config.tensor_parallel
+    pages = int(config.kv_cache_gib * 2**30) // page_bytes
     if pages < 2:
         raise ValueError(f"knob kv_cache_gib: {config.kv_cache_gib} GiB holds {pages} KV pages; "
                          f"needs at least 2 (page 0 is the sink)")
