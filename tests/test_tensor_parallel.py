@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -40,10 +41,13 @@ def _rank_main(fn, rank: int, ranks: int, port: int, queue, args) -> None:
     torch.set_num_threads(1)  # two ranks share the 2 CPUs
     try:
         group = init_group(rank, ranks, port, "cpu", timeout_s=RANK_TIMEOUT_S)
-        queue.put((rank, fn(group, *args)))
+        result = fn(group, *args)
         group.close()
     except BaseException:  # noqa: BLE001 - the test must see why a rank failed
-        queue.put((rank, RuntimeError(traceback.format_exc())))
+        result = RuntimeError(traceback.format_exc())
+    # plain pickle: the queue's own would pass tensors as shared memory, by a descriptor this
+    # process must outlive the parent's read to hand over
+    queue.put(pickle.dumps((rank, result)))
 
 
 def in_ranks(ranks: int, fn, *args) -> list:
@@ -54,7 +58,7 @@ def in_ranks(ranks: int, fn, *args) -> list:
                  for rank in range(ranks)]
     for process in processes:
         process.start()
-    results = dict(queue.get(timeout=RANK_TIMEOUT_S) for _ in processes)
+    results = dict(pickle.loads(queue.get(timeout=RANK_TIMEOUT_S)) for _ in processes)
     for process in processes:
         process.join(timeout=10)
     failed = [r for r in results.values() if isinstance(r, Exception)]
@@ -145,6 +149,19 @@ def test_two_engine_ranks_serve_one_ranks_tokens_and_displace_alike():
     assert rank0["fingerprint"] == rank1["fingerprint"] == reference["fingerprint"]
     assert rank0["steps"] == rank1["steps"] == reference["steps"]
     assert rank0["displaced"] == rank1["displaced"] == reference["displaced"] > 0
+
+
+def test_two_ranks_on_the_triton_decode_kernels_serve_one_ranks_tokens():
+    """The decode kernels a GPU runs (interpreted here) at a rank's head counts: the fused
+    GDN layer and attention prologue, and the skinny GEMM with its prologues, whose
+    row-parallel outputs (split-K partials) are all-reduced."""
+    knobs = {"dtype": "float64", "attention_backend": "triton", "decode_buckets": (1, 2),
+             "max_num_seqs": 2, "decode_gemm": "fused"}
+    prompts = _prompts(2, seed=9)
+    reference = _engine_run(single_rank(CPU), knobs, prompts, 4)
+    rank0, rank1 = in_ranks(2, _engine_run, knobs, prompts, 4)
+    assert rank0["tokens"] == reference["tokens"]
+    assert rank0["steps"] == rank1["steps"] == reference["steps"]
 
 
 def _slot_history(release_after_commit: bool) -> list[tuple[set[str], list[str]]]:
