@@ -227,7 +227,7 @@ def _answer_with_ranks(engine, followers: Followers, queries: list[StatsQuery],
     """Stats whose row check covers every rank: rank 0's counts as before, and each rank's
     under `ranks` (the followers send theirs after the beat that asked)."""
     stats = engine.stats()
-    stats["rowcheck"]["ranks"] = followers.group.gather(engine.rowcheck_counts())
+    stats["rowcheck"]["ranks"] = followers.gather_rowcheck(engine.rowcheck_counts())
     for query in queries:
         outputs.send(query.api_index, StatsReply(query.nonce, stats))
 

@@ -15,6 +15,7 @@ core reports as Fatal, so the server fails with that line, never hangs. A follow
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -85,26 +86,36 @@ class Followers:
     def beat(self, inputs: list[tuple[str, Any]], step: bool, gather_rowcheck: bool = False,
              stop: bool = False) -> None:
         self.check()
-        self.lockstep.send(Beat(inputs, step, stop=stop, gather_rowcheck=gather_rowcheck))
+        with self._blaming():
+            self.lockstep.send(Beat(inputs, step, stop=stop, gather_rowcheck=gather_rowcheck))
 
     def step(self, engine) -> list:
         """engine.step(); a collective that fails because a follower died says which."""
-        try:
+        with self._blaming():
             outputs = engine.step()
-        except Exception as error:
-            self._blame(error)
-            raise
         self.lockstep.stepped(step_digest(engine.last_step_kind, outputs,
                                           engine.slot_holders()))
         return outputs
 
-    def _blame(self, error: Exception) -> None:
-        deadline = time.monotonic() + DEATH_NOTICE_S
-        while time.monotonic() < deadline:
-            reason = self.dead()
-            if reason is not None:
-                raise RankDied(f"{reason}; rank 0's step failed: {error}") from error
-            time.sleep(0.05)
+    def gather_rowcheck(self, counts: dict) -> list[dict]:
+        """Every rank's row-check counts, rank 0's `counts` first."""
+        with self._blaming():
+            return self.group.gather(counts)
+
+    @contextlib.contextmanager
+    def _blaming(self):
+        """A collective that fails because a follower died raises RankDied naming it (the
+        failure can show before the exit does: waits up to DEATH_NOTICE_S for it)."""
+        try:
+            yield
+        except Exception as error:
+            deadline = time.monotonic() + DEATH_NOTICE_S
+            while time.monotonic() < deadline:
+                reason = self.dead()
+                if reason is not None:
+                    raise RankDied(f"{reason}; rank 0 failed: {error}") from error
+                time.sleep(0.05)
+            raise
 
     def stop(self) -> None:
         """The stop beat (best effort: a follower may be gone), then each exits or is killed."""
