@@ -310,3 +310,12 @@ def test_a_tensor_parallel_arm_sees_its_gpus(tmp_path):
                                         launch)[0]["CUDA_VISIBLE_DEVICES"]
                for name, knobs in (("tp1", {}), ("tp2", {"tensor_parallel": "2"}))}
     assert visible == {"tp1": "2", "tp2": "2,3"}
+
+
+def test_each_rank_pins_its_own_share_of_the_step_cores():
+    from resident.server.core import rank_cores, step_cores
+
+    auto = EngineConfig(step_thread_cores="auto", api_core="0", tensor_parallel=2)
+    assert step_cores(auto, list(range(8))) == [1, 2, 3, 4]  # two a rank
+    assert [rank_cores([1, 2, 3, 4], rank, 2) for rank in (0, 1)] == [[1, 2], [3, 4]]
+    assert rank_cores([1], 1, 2) == [1]  # fewer cores than ranks: they share them
