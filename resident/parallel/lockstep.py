@@ -8,7 +8,8 @@ make the same choices; then it compares rank 0's digest of the last step with it
 mismatch raises LockstepError naming the step, and the follower exits, which rank 0 sees: a
 clear failure, never a hang or a silent divergence. The digest covers what must agree: the
 step's kind, each output (request, tokens, finished) and which requests hold planner slots
-(request ids, not slot numbers: slots are a rank's own, parallel/shard.py never sends one).
+(request ids, not slot numbers: slot numbers are a rank's own, and no message or collective
+ever carries one).
 """
 
 from __future__ import annotations
