@@ -54,7 +54,7 @@ class EngineConfig:
     dtype: str = "auto"
     page_size: int = 16
     num_kv_pages: int = 0  # 0: 4096 on CPU; sized from kv_cache_gib on CUDA
-    kv_cache_gib: float = 16.0
+    kv_cache_gib: float = 16.0  # a device's; under tensor_parallel each rank's
     max_model_len: int = 0  # 0: min(max_position_embeddings, 32768)
     max_num_seqs: int = 256
     num_state_slots: int = 0  # 0: max_num_seqs plus the sink
@@ -130,6 +130,10 @@ class EngineConfig:
     # a client that stops reading fills them within seconds and send_stall_s can see it
     send_buffer_kib: int = 64
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
+    # ranks the model is split over (Megatron-style, docs/parallel.md): one engine-core process
+    # a rank, each on its own device (rank r on CUDA device r of the visible ones); must divide
+    # the model's attention, KV and GDN heads and its MLP intermediate size
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         for knob, choices in _CHOICES.items():
@@ -137,7 +141,8 @@ class EngineConfig:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
-                     "send_buffer_kib", "prefix_snapshot_interval", "prefix_snapshots"):
+                     "send_buffer_kib", "prefix_snapshot_interval", "prefix_snapshots",
+                     "tensor_parallel"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",
@@ -200,6 +205,7 @@ class EngineConfig:
         if max_len > model.max_position_embeddings:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
+        check_tensor_parallel(self.tensor_parallel, model)
         dtype = _resolve_dtype(self.dtype, device_type)
         padded = self.padded_prefill
         if padded == "auto":
@@ -255,14 +261,31 @@ def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: str) -> int:
 
 
 def _auto_kv_pages(config: EngineConfig, model: ModelConfig, dtype: str, device_type: str) -> int:
-    """CPU_KV_PAGES on CPU; on CUDA as many pages as kv_cache_gib holds."""
+    """CPU_KV_PAGES on CPU; on CUDA as many pages as kv_cache_gib holds on each device (a
+    tensor-parallel rank's page holds its share of the KV heads)."""
     if device_type == "cpu":
         return CPU_KV_PAGES
-    pages = int(config.kv_cache_gib * 2**30) // kv_bytes_per_page(model, config.page_size, dtype)
+    page_bytes = kv_bytes_per_page(model, config.page_size, dtype) // config.tensor_parallel
+    pages = int(config.kv_cache_gib * 2**30) // page_bytes
     if pages < 2:
         raise ValueError(f"knob kv_cache_gib: {config.kv_cache_gib} GiB holds {pages} KV pages; "
                          f"needs at least 2 (page 0 is the sink)")
     return pages
+
+
+def check_tensor_parallel(ranks: int, model: ModelConfig) -> None:
+    """Every split dimension must divide by the ranks: each rank owns whole heads (a head's
+    query, key and value, and its gate, stay on one rank, so attention and the GDN recurrence
+    need no communication) and an equal share of the MLP's intermediate channels."""
+    sizes = {"num_attention_heads": model.num_attention_heads,
+             "num_key_value_heads": model.num_key_value_heads,
+             "linear_num_key_heads": model.linear_num_key_heads,
+             "linear_num_value_heads": model.linear_num_value_heads,
+             "intermediate_size": model.intermediate_size}
+    for name, size in sizes.items():
+        if size % ranks:
+            raise ValueError(f"knob tensor_parallel: {ranks} does not divide {name} ({size}) "
+                             f"of model {model.name!r}")
 
 
 def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> None:

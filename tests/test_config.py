@@ -132,6 +132,9 @@ def test_resolve_sizes_the_auto_knobs():
     assert cuda.num_kv_pages == 2**29 // per_page and cuda.dtype == "bfloat16"
     assert cuda.is_resolved and not EngineConfig().is_resolved
     assert cuda.resolve(tiny, "cuda") == cuda  # resolving twice changes nothing
+    # a tensor-parallel rank's page holds half the KV heads: twice the pages in the same GiB
+    split = EngineConfig(kv_cache_gib=0.5, tensor_parallel=2).resolve(tiny, "cuda")
+    assert split.num_kv_pages == 2 * cuda.num_kv_pages
     with pytest.raises(ValueError, match="max_model_len: 5000 exceeds"):
         EngineConfig(max_model_len=5000).resolve(tiny, "cpu")
     with pytest.raises(ValueError, match="kv_cache_gib"):

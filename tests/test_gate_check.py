@@ -117,6 +117,13 @@ ROWCHECK = {"enabled": True, "steps": 40, "rows": 200, "mismatches": 0, "displac
                      "rowcheck": {**ROWCHECK, "enabled": False}}, "fail", "on no step"),
     ("kv-pressure", {"planning_mode": "off", "rowcheck": {"enabled": False}}, "n/a", None),
     ("kv-pressure", {"error": "server exited with code 1"}, "fail", "exited"),
+    # tensor parallel: every rank's own row check counts
+    ("slot-pressure", {"planning_mode": "resident",
+                       "rowcheck": {**ROWCHECK, "ranks": [ROWCHECK, ROWCHECK]}}, "ok", None),
+    ("slot-pressure", {"planning_mode": "resident",
+                       "rowcheck": {**ROWCHECK,
+                                    "ranks": [ROWCHECK, {**ROWCHECK, "mismatches": 2}]}},
+     "fail", "rank 1: 2 row mismatches over 40 steps"),
 ])
 def test_a_row_reading(pressure, launched, status, why):
     reading, reasons = row_reading(pressure, "head", launched, [answer(1)])

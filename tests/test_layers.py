@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
      "resident.cli_flags"),
-    ("resident.model", "resident.resources"),
+    ("resident.model", "resident.resources", "resident.parallel"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),
     ("resident.engine",),

@@ -221,10 +221,20 @@ def row_reading(pressure: str, arm: str, launched: dict[str, Any],
         if counts.get("mismatches"):
             reasons.append(f"{arm} under {pressure}: {counts['mismatches']} row mismatches over "
                            f"{counts['steps']} steps")
+        reasons += _follower_mismatches(f"{arm} under {pressure}", counts)
         if not counts.get(needed):
             reasons.append(f"{arm} under {pressure}: nothing {needed}, so the pressure tested "
                            "nothing")
     return {**reading, "status": "fail" if reasons else "ok"}, reasons
+
+
+def _follower_mismatches(where: str, counts: dict[str, Any]) -> list[str]:
+    """A tensor-parallel server's row check on its other ranks (`ranks`, rank 0 first: its
+    own counts are the top-level ones); each rank checks its own planner's rows."""
+    return [f"{where}: rank {rank}: {each.get('mismatches', 0)} row mismatches over "
+            f"{each.get('steps', 0)} steps"
+            for rank, each in enumerate(counts.get("ranks") or []) if rank and (
+                each.get("mismatches") or each.get("steps") != counts.get("steps"))]
 
 
 def judge_rows(answers: dict[str, dict[str, list[Answer]]],

@@ -186,11 +186,23 @@ def end_with_parent(parent_pid: int, sig: int) -> None:
         os._exit(1)
 
 
+def tensor_parallel_ranks(arm: Arm) -> int:
+    """The GPUs an arm's server needs: its `tensor_parallel` knob (1 when unset)."""
+    return int(arm.knobs.get("tensor_parallel", 1))
+
+
+def visible_gpus(gpu: int, ranks: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a server of `ranks` tensor-parallel ranks from GPU `gpu` on:
+    rank r takes the r-th visible one (resident/parallel/group.py)."""
+    return ",".join(str(gpu + rank) for rank in range(ranks))
+
+
 def launch_environment(arm: Arm, launch: LaunchSpec) -> tuple[dict[str, str], list[str]]:
     """(the environment an arm's process runs in, the RESIDENT_* names removed from ours): the
-    launch's compile caches, bytecode cache and GPU, unbuffered output, and for a resident arm
-    its tree first on PYTHONPATH. The server gets it, and gate/tools/served_ratio.py's
-    in-process run of the same engine."""
+    launch's compile caches, bytecode cache and GPUs (as many from the placement's on as the
+    arm's tensor_parallel knob asks), unbuffered output, and for a resident arm its tree first on
+    PYTHONPATH. The server gets it, and gate/tools/served_ratio.py's in-process run of the
+    same engine."""
     env, removed = clean_environment()
     env["TORCHINDUCTOR_CACHE_DIR"] = str(launch.inductor_cache)
     env["TRITON_CACHE_DIR"] = str(launch.triton_cache)
@@ -200,7 +212,7 @@ def launch_environment(arm: Arm, launch: LaunchSpec) -> tuple[dict[str, str], li
     env["PYTHONUNBUFFERED"] = "1"
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the same GPU index as NVML's
     if launch.gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(launch.gpu)
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpus(launch.gpu, tensor_parallel_ranks(arm))
     if arm.kind == "resident":
         env["PYTHONPATH"] = os.pathsep.join(
             [str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])

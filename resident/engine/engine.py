@@ -66,6 +66,8 @@ from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
 from resident.model.dense import build_dense_ops
 from resident.model.weights import load_model, torch_dtype, weights_fingerprint
+from resident.parallel.group import RankGroup, single_rank
+from resident.parallel.shard import RankShard
 from resident.planner import ResidentPlanner
 from resident.planner.rowcheck import RowCheck
 from resident.resources.kv import KVPool
@@ -89,31 +91,44 @@ def freeze_heap() -> None:
 
 class Engine:
     def __init__(self, model_config: ModelConfig, config: EngineConfig,
-                 device: torch.device, startup: StartupTimes | None = None) -> None:
+                 device: torch.device, startup: StartupTimes | None = None,
+                 group: RankGroup | None = None) -> None:
         """config: resolved for this model and device type (EngineConfig.resolve); startup:
-        the clock of the start-up this engine is part of (a fresh one if None)."""
+        the clock of the start-up this engine is part of (a fresh one if None); group: this
+        rank's tensor-parallel group (parallel/group.py), of config.tensor_parallel ranks."""
         if not config.is_resolved or config != config.resolve(model_config, device.type):
             raise ValueError("an Engine needs its config resolved for its model and device: "
                              f"EngineConfig.resolve(model, {device.type!r})")
+        self.group = group or single_rank(device)
+        if self.group.size != config.tensor_parallel:
+            raise ValueError(f"knob tensor_parallel={config.tensor_parallel}: this engine's "
+                             f"rank group has {self.group.size} ranks (server/ranks.py)")
         self.model_config, self.config, self.device = model_config, config, device
         self.startup = startup or StartupTimes()
         self.dtype = torch_dtype(config.dtype)
         if device.type == "cuda":
             torch.empty(1, device=device)  # the CUDA context, timed apart from the weights
             self.startup.lap("device")
+        shard = RankShard(self.group.rank, self.group.size)
+        # this rank's shapes: its heads and MLP channels; pools and kernels follow them
+        rank_model = shard.model_config(model_config)
         self.model = load_model(model_config, device, self.dtype, dense=build_dense_ops(
-            config.compile == "on", pdl_on(config.pdl, device)))
+            config.compile == "on", pdl_on(config.pdl, device)), shard=shard)
+        if self.group.size > 1:
+            self.model.all_reduce = self.group.all_reduce
         if config.compile == "on":
             log.info("torch.compile on for the dense parts; Inductor cache %s",
                      os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))
-        self.fingerprint = weights_fingerprint(self.model)
+        self.fingerprint = weights_fingerprint(
+            self.model, shard, model_config,
+            self.group.all_reduce if self.group.size > 1 else None)
         self.startup.lap("model")
-        self.cache = ModelCache.allocate(model_config, config.num_kv_pages, config.page_size,
+        self.cache = ModelCache.allocate(rank_model, config.num_kv_pages, config.page_size,
                                          config.num_state_slots, self.dtype, device)
         self.kv = KVPool(config.num_kv_pages, config.page_size)
         self.states = StatePool(config.num_state_slots)
         self.positions = Positions()
-        self.kernels = build_kernels(config, model_config, self.dtype, device,
+        self.kernels = build_kernels(config, rank_model, self.dtype, device,
                                      self.model.dense.gdn_gates)
         self.phases = PhaseTiming() if config.phase_timing == "on" else NO_PHASES
         self.last_step_kind: str | None = None  # the last step()'s kind; None: it ran no rows
@@ -127,7 +142,7 @@ class Engine:
         if device.type == "cuda":
             from resident.backends.gdn_prefill import tune_chunked_delta_rule
 
-            tune_chunked_delta_rule(model_config, config.prefill_token_budget, self.dtype,
+            tune_chunked_delta_rule(rank_model, config.prefill_token_budget, self.dtype,
                                     self.cache.recurrent.dtype, device)
             self.startup.lap("fla tuning")
         if config.cuda_graphs == "on" or config.compile == "on":
@@ -392,6 +407,12 @@ class Engine:
     def stats(self) -> dict[str, Any]:
         """Counters and gauges for /metrics and /debug/rowcheck (report.py)."""
         return engine_stats(self)
+
+    def slot_holders(self) -> list[str]:
+        """The requests that hold resident planner slots (none under host planning): what
+        tensor-parallel ranks must agree on after each step (parallel/lockstep.py)."""
+        planner = getattr(self.planning, "planner", None)
+        return [] if planner is None else list(planner.holders())
 
     def rowcheck_counts(self) -> dict[str, int]:
         """/debug/rowcheck (report.py)."""

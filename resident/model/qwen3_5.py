@@ -27,6 +27,7 @@ from resident.model.config import ModelConfig
 from resident.model.dense import DenseOps
 from resident.model.ops import ModelOps
 from resident.model.step import StepMeta
+from resident.parallel.shard import row_parallel_ops
 
 
 class RMSNorm(nn.Module):
@@ -283,6 +284,9 @@ class Qwen3_5ForCausalLM(nn.Module):
         if self.inv_freq.device.type != "meta":  # load_model builds on meta, then init_buffers
             self.init_buffers()
         self.fused = False
+        # tensor parallel: the in-place all-reduce of the rank group (parallel/group.py) after
+        # each row-parallel projection; None on one rank
+        self.all_reduce = None
 
     def init_buffers(self) -> None:
         """Computes the non-persistent buffers: after load_model materialised the module built on
@@ -310,6 +314,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         if not self.fused:
             raise RuntimeError("call fuse_projections() after loading the weights")
         ops = ops or self.default_ops
+        if self.all_reduce is not None:  # a few µs a forward, once a graph under capture
+            ops = row_parallel_ops(ops, self.all_reduce)
         x = self.model.embed_tokens(input_ids)
         tables = None if ops.attention_prologue is not None else \
             self.dense.rope_tables(meta.positions, self.inv_freq, x.dtype)

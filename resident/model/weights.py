@@ -20,6 +20,7 @@ from resident.model.config import ModelConfig
 from resident.model.dense import DenseOps
 from resident.model.ops import ModelOps
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
+from resident.parallel.shard import RankShard
 
 # Tensors a Qwen3.5 checkpoint carries that a text-only server does not use.
 _IGNORED = re.compile(r"^(mtp\.|model\.visual\.|visual\.)")
@@ -48,14 +49,17 @@ def load_model(
     dtype: torch.dtype,
     ops: ModelOps | None = None,
     dense: DenseOps | None = None,
+    shard: RankShard | None = None,
 ) -> Qwen3_5ForCausalLM:
     """Builds the model on `device` without a throwaway init, fills every parameter, then
-    fuses the projections."""
+    fuses the projections. `shard`: a tensor-parallel rank's model, its slices of the whole
+    model's weights (parallel/shard.py)."""
+    shard = shard or RankShard()
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(config, ops, dense).to(dtype)
+        model = Qwen3_5ForCausalLM(shard.model_config(config), ops, dense).to(dtype)
     _materialise(model, torch.device(device))
     model.init_buffers()
-    params = dict(model.named_parameters())
+    params = {name: _Slot(param, shard, config) for name, param in model.named_parameters()}
     if config.weights == "random":
         _fill_random(params, config.seed)
     else:
@@ -77,6 +81,20 @@ def _materialise(model: torch.nn.Module, device: torch.device) -> None:
             if isinstance(meta, torch.nn.Parameter):
                 empty = torch.nn.Parameter(empty, requires_grad=meta.requires_grad)
             setattr(module, name, empty)
+
+
+class _Slot:
+    """A parameter to fill from the whole model's tensor of its name: its shape there, and the
+    copy of this rank's slice of it."""
+
+    def __init__(self, param: torch.nn.Parameter, shard: RankShard, config: ModelConfig) -> None:
+        self.param, self.shard, self.config = param, shard, config
+
+    def whole_shape(self, name: str) -> torch.Size:
+        return self.shard.full_shape(name, self.param.shape, self.config)
+
+    def fill(self, name: str, whole: torch.Tensor) -> None:
+        self.param.data.copy_(self.shard.take(name, whole, self.config))
 
 
 # -- random ---------------------------------------------------------------------------------
@@ -115,10 +133,13 @@ def _random_values(name: str, shape: torch.Size, generator: torch.Generator,
     return normal(shape[-1] ** -0.5)
 
 
-def _fill_random(params: dict[str, torch.nn.Parameter], seed: int) -> None:
-    for name, param in params.items():
-        generator = torch.Generator(device=param.device).manual_seed(_tensor_seed(seed, name))
-        param.data.copy_(_random_values(name, param.shape, generator, param.device))
+def _fill_random(params: dict[str, _Slot], seed: int) -> None:
+    """Each tensor drawn at the whole model's shape, whatever the rank's share: every rank
+    count serves the same weights."""
+    for name, slot in params.items():
+        device = slot.param.device
+        generator = torch.Generator(device=device).manual_seed(_tensor_seed(seed, name))
+        slot.fill(name, _random_values(name, slot.whole_shape(name), generator, device))
 
 
 # -- checkpoint -----------------------------------------------------------------------------
@@ -147,9 +168,7 @@ def _our_name(checkpoint_name: str) -> str | None:
     return "model." + checkpoint_name
 
 
-def _fill_from_checkpoint(
-    params: dict[str, torch.nn.Parameter], directory: Path, tied: bool
-) -> None:
+def _fill_from_checkpoint(params: dict[str, _Slot], directory: Path, tied: bool) -> None:
     loaded: set[str] = set()
     for path in _checkpoint_files(directory):
         with safe_open(str(path), framework="pt", device="cpu") as shard:
@@ -160,13 +179,14 @@ def _fill_from_checkpoint(
                 if name not in params:
                     raise WeightsError(f"{path.name}: unexpected tensor {checkpoint_name!r}")
                 tensor = shard.get_tensor(checkpoint_name)
-                param = params[name]
-                if tuple(tensor.shape) != tuple(param.shape):
+                slot = params[name]
+                expected = tuple(slot.whole_shape(name))
+                if tuple(tensor.shape) != expected:
                     raise WeightsError(
                         f"{path.name}: tensor {checkpoint_name!r} has shape {tuple(tensor.shape)}, "
-                        f"the model expects {tuple(param.shape)}"
+                        f"the model expects {expected}"
                     )
-                param.data.copy_(tensor.to(device=param.device, dtype=param.dtype))
+                slot.fill(name, tensor.to(device=slot.param.device, dtype=slot.param.dtype))
                 loaded.add(name)
     missing = sorted(set(params) - loaded)
     if missing:
@@ -177,16 +197,41 @@ def _fill_from_checkpoint(
 # -- fingerprint ----------------------------------------------------------------------------
 
 
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """16 hex digits over every parameter's name, shape, dtype and evenly spaced values."""
+def weights_fingerprint(model: torch.nn.Module, shard: RankShard | None = None,
+                        whole: ModelConfig | None = None, all_reduce=None) -> str:
+    """16 hex digits over every parameter's name, shape, dtype and evenly spaced values.
+    A tensor-parallel rank (`shard` of the `whole` model, its group's in-place `all_reduce`)
+    gives the whole model's fingerprint: the shapes are the whole tensors', and each sampled
+    element comes from the rank that holds it (the others add zero), so every rank count
+    serving the same weights fingerprints alike (the gate compares arms by it)."""
+    shard = shard or RankShard()
     digest = hashlib.sha256()
     samples = []
     for name, param in sorted(model.named_parameters()):
-        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype};".encode())
-        flat = param.detach().reshape(-1)
-        # exact integer spacing: float32 linspace overshoots the last index of large tensors
-        steps = torch.arange(_FINGERPRINT_SAMPLES, device=flat.device)
-        index = steps * (flat.numel() - 1) // (_FINGERPRINT_SAMPLES - 1)
-        samples.append(flat[index].double())
-    digest.update(torch.cat(samples).cpu().numpy().tobytes())
+        shape = shard.full_shape(name, param.shape, whole) if whole else param.shape
+        digest.update(f"{name}:{tuple(shape)}:{param.dtype};".encode())
+        samples.append(_samples(name, param, shape, shard, whole))
+    values = torch.cat(samples)
+    if all_reduce is not None:
+        all_reduce(values)
+    digest.update(values.cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def _samples(name: str, param: torch.Tensor, shape: torch.Size, shard: RankShard,
+             whole: ModelConfig | None) -> torch.Tensor:
+    """The evenly spaced elements of the whole tensor this rank holds, zero where another
+    rank holds them."""
+    flat = param.detach().reshape(-1)
+    # exact integer spacing: float32 linspace overshoots the last index of large tensors
+    numel = shape.numel()
+    wanted = [step * (numel - 1) // (_FINGERPRINT_SAMPLES - 1)
+              for step in range(_FINGERPRINT_SAMPLES)]
+    if whole is None or shard.ranks == 1:
+        return flat[torch.tensor(wanted, device=flat.device)].double()
+    out = torch.zeros(_FINGERPRINT_SAMPLES, dtype=torch.float64, device=flat.device)
+    for i, index in enumerate(wanted):
+        rank, local = shard.locate(name, shape, whole, index)
+        if rank == shard.rank:
+            out[i] = flat[local].double()
+    return out

@@ -115,6 +115,10 @@ class ResidentPlanner:
     def ledger(self) -> dict[str, set[int]]:
         return self.slots.ledger()
 
+    def holders(self) -> dict[str, int]:
+        """Request id -> the slot it holds."""
+        return self.slots.holders()
+
     def sink_row(self) -> np.ndarray:
         return self.stager.sink_row()
 

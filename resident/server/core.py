@@ -23,6 +23,8 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -44,6 +46,9 @@ from resident.server.protocol import (
 )
 from resident.server.routing import OutputRouter
 
+if TYPE_CHECKING:  # ranks.py imports torch, which the API processes that import this never do
+    from resident.server.ranks import Followers
+
 log = logging.getLogger("resident.core")
 IDLE_POLL_MS = 50
 HEARTBEAT_S = 1.0
@@ -63,25 +68,34 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
     for addr in request_addrs:
         requests.connect(addr)
     outputs = OutputRouter(context, output_addrs, HEARTBEAT_S)
+    followers: Followers | None = None
     try:
-        engine = build_core_engine(model_config, config, device, StartupTimes())
+        from resident.server.ranks import start_followers
+
+        startup = StartupTimes()
+        followers = start_followers(model_config, config, device, log_level)
+        engine = build_core_engine(model_config, config, device, startup,
+                                   followers.group if followers else None)
         log.info("%s", engine.startup.line())
         outputs.broadcast(Ready(engine.info()))
-        _serve(engine, requests, outputs, parent=parent)
+        _serve(engine, requests, outputs, parent=parent, followers=followers)
     except Exception as error:  # noqa: BLE001 - the API process must learn why, whatever it was
         log.exception("engine core failed")
         outputs.broadcast(Fatal(f"{type(error).__name__}: {error}"))
     finally:
+        if followers is not None:
+            followers.stop()
         requests.close(linger=0)
         outputs.close(linger_ms=1000)
         context.term()
 
 
 def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_name: str,
-                      startup: StartupTimes):
+                      startup: StartupTimes, group=None):
     """The engine as the engine core builds it: pinned to its step cores, its torch threads
     set, the heap frozen once built, the knobs and planning mode logged. Also what the
-    in-process half of gate/tools/served_ratio.py runs (resident/tools/closed_loop.py)."""
+    in-process half of gate/tools/served_ratio.py runs (resident/tools/closed_loop.py).
+    group: this rank's tensor-parallel RankGroup (server/ranks.py), None on one rank."""
     import torch
 
     if config.compile == "on":  # torch.compile's ~1.5-4 s of imports, timed as such
@@ -93,13 +107,16 @@ def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_na
     if device_name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
 
-    cores = step_cores(config, sorted(os.sched_getaffinity(0)))
+    rank = 0 if group is None else group.rank
+    cores = rank_cores(step_cores(config, sorted(os.sched_getaffinity(0))), rank,
+                       config.tensor_parallel)
     if cores:
         os.sched_setaffinity(0, cores)
         log.info("step thread on CPUs %s (step_thread_cores=%s)", cores,
                  config.step_thread_cores)
     torch.set_num_threads(torch_threads(config, device_name, sorted(os.sched_getaffinity(0))))
-    engine = Engine(model_config, config, torch.device(device_name), startup)
+    device = torch.device(device_name) if group is None else group.device
+    engine = Engine(model_config, config, device, startup, group)
     freeze_heap()
     log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
              model_config.name, device_name, engine.dtype, engine.fingerprint,
@@ -114,12 +131,23 @@ def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_na
 
 def step_cores(config: EngineConfig, allowed: list[int]) -> list[int]:
     """The CPUs the engine core pins to: step_thread_cores as given, or for `auto` the two
-    lowest allowed CPUs outside api_core (all allowed CPUs when fewer remain); [] unpinned."""
+    lowest allowed CPUs outside api_core, two a tensor-parallel rank (all allowed CPUs when
+    fewer remain); [] unpinned. Each rank takes its share (rank_cores)."""
     if config.step_thread_cores != "auto":
         return parse_cpu_list(config.step_thread_cores, "step_thread_cores")
     api = set(parse_cpu_list(config.api_core, "api_core"))
     free = [cpu for cpu in allowed if cpu not in api]
-    return free[:2] if len(free) >= 2 else allowed
+    wanted = 2 * config.tensor_parallel
+    return free[:wanted] if len(free) >= wanted else allowed
+
+
+def rank_cores(cores: list[int], rank: int, ranks: int) -> list[int]:
+    """A tensor-parallel rank's share of the step cores: an equal run of them each, so the
+    ranks' step threads do not contend; all of them when there are fewer cores than ranks."""
+    if ranks == 1 or len(cores) < ranks:
+        return cores
+    share = len(cores) // ranks
+    return cores[rank * share:(rank + 1) * share]
 
 
 def torch_threads(config: EngineConfig, device_type: str, allowed: list[int]) -> int:
@@ -136,12 +164,25 @@ def torch_threads(config: EngineConfig, device_type: str, allowed: list[int]) ->
     return max(1, len(free) - (0 if api else 1))
 
 
-def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int) -> None:
+@dataclass
+class _Boundary:
+    """What one step boundary's intake did to the engine, for the tensor-parallel followers
+    (server/ranks.py): its adds and aborts in order, and the stats queries that wait for every
+    rank's row-check counts."""
+
+    inputs: list[tuple[str, Any]] = field(default_factory=list)
+    stats_queries: list[StatsQuery] = field(default_factory=list)
+
+
+def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int,
+           followers: Followers | None = None) -> None:
     phases = engine.phases
     profiling = ProfileWindows(profile_dir(engine.config.profile_dir), engine.device.type)
     while os.getppid() == parent:
         pending: list[RequestOutput] = []
         outputs.heartbeat()
+        if followers is not None:
+            followers.check()  # a rank that died while the server idles fails it now
         closed = profiling.poll()
         if closed is not None:
             query, answer = closed
@@ -150,14 +191,16 @@ def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int) -> 
             continue  # idle: waited outside any timed step
         phases.open()  # a step is timed from this intake to its outputs sent
         profiling.open_step()
+        boundary = _Boundary()
         while requests.poll(0):
-            if not _handle(engine, requests.recv_pyobj(), pending, outputs, profiling):
+            message = requests.recv_pyobj()
+            if not _handle(engine, message, pending, outputs, profiling, boundary,
+                           followers is not None):
                 return
         phases.lap("intake")
-        kind = None
-        if engine.has_work():
-            pending.extend(engine.step())
-            kind = engine.last_step_kind
+        kind = _step(engine, followers, boundary, pending)
+        if boundary.stats_queries:
+            _answer_with_ranks(engine, followers, boundary.stats_queries, outputs)
         if pending:
             outputs.send_outputs(pending)
         phases.lap("outputs")
@@ -166,17 +209,44 @@ def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int) -> 
     log.warning("the API process is gone; engine core exits")
 
 
+def _step(engine, followers: Followers | None, boundary: _Boundary,
+          pending: list[RequestOutput]) -> str | None:
+    """The boundary's beat to the followers (when there is anything to tell them), then the
+    step if there is work; the step's kind (None: no step)."""
+    step = engine.has_work()
+    if followers is not None and (boundary.inputs or step or boundary.stats_queries):
+        followers.beat(boundary.inputs, step, gather_rowcheck=bool(boundary.stats_queries))
+    if not step:
+        return None
+    pending.extend(engine.step() if followers is None else followers.step(engine))
+    return engine.last_step_kind
+
+
+def _answer_with_ranks(engine, followers: Followers, queries: list[StatsQuery],
+                       outputs: OutputRouter) -> None:
+    """Stats whose row check covers every rank: rank 0's counts as before, and each rank's
+    under `ranks` (the followers send theirs after the beat that asked)."""
+    stats = engine.stats()
+    stats["rowcheck"]["ranks"] = followers.gather_rowcheck(engine.rowcheck_counts())
+    for query in queries:
+        outputs.send(query.api_index, StatsReply(query.nonce, stats))
+
+
 def _handle(engine, message, pending: list[RequestOutput], outputs: OutputRouter,
-            profiling: ProfileWindows) -> bool:
-    """One message from an API process; False on Shutdown."""
+            profiling: ProfileWindows, boundary: _Boundary, ranked: bool) -> bool:
+    """One message from an API process; False on Shutdown. `ranked`: tensor parallel, the
+    boundary records what the followers must replay."""
     if isinstance(message, AddRequest):
         outputs.own(message.request.request_id, message.api_index)
         failed = _add(engine, message)
         if failed is not None:
             pending.append(failed)
+        boundary.inputs.append(("add", message.request))
     elif isinstance(message, AbortRequest):
-        engine.abort(message.request_id)
+        _abort(engine, message.request_id, boundary)
         outputs.disown(message.request_id)
+    elif isinstance(message, StatsQuery) and ranked and message.section == "stats":
+        boundary.stats_queries.append(message)
     elif isinstance(message, StatsQuery):
         outputs.send(message.api_index,
                      StatsReply(message.nonce, _answer(engine, message.section)))
@@ -187,12 +257,17 @@ def _handle(engine, message, pending: list[RequestOutput], outputs: OutputRouter
     elif isinstance(message, ApiGone):
         owned = outputs.gone(message.api_index)
         for request_id in owned:
-            engine.abort(request_id)
+            _abort(engine, request_id, boundary)
         log.warning("API process %d is gone: aborted its %d requests; %d API processes left",
                     message.api_index, len(owned), outputs.num_live)
     elif isinstance(message, Shutdown):
         return False
     return True
+
+
+def _abort(engine, request_id: str, boundary: _Boundary) -> None:
+    engine.abort(request_id)
+    boundary.inputs.append(("abort", request_id))
 
 
 def _add(engine, message: AddRequest) -> RequestOutput | None:

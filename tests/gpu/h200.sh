@@ -74,6 +74,12 @@
 #             c=64 sampled, resident planning off and auto, tarred
 #   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
 #             (main=. head=.: the old sampler of an earlier main draws other tokens), tarred
+#   tp        issue 38 (needs a 2-GPU kind, nvidia-h200-x2): the CPU tensor-parallel tests on
+#             the host, then configs/gate/check-h200-9b-tp.yaml's greedy and concurrency sweeps
+#             (9B TP2 against TP1 and its yardstick), tarred to check-tp.tgz
+#   tp-rows   the same check's rows sweep: the row check on each rank under slot pressure
+#             (> 1,000 steps), tarred to check-tp-rows.tgz
+#   gate-tp   configs/gate/h200-9b-tp.yaml (TP2 beside TP1 at c=1/16/64), tarred
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -251,6 +257,19 @@ for part in "$@"; do
           --requests "$requests" --logs "$OUT/served-ratio-c$c" --format json
         grep -E '"(in_process_tok_s|served_tok_s|ratio|largest_loss)"' "$OUT/served-ratio-c$c.log"
       done ;;
+    tp)
+      run tp-cpu 200 python3 -m pytest -q -p no:cacheprovider tests/test_tensor_parallel.py
+      run check-tp 570 python3 -m gate check --config configs/gate/check-h200-9b-tp.yaml \
+        --sweep greedy,concurrency --out "$OUT/check-tp"
+      tar czf "$OUT/check-tp.tgz" -C "$OUT" check-tp && rm -rf "$OUT/check-tp" ;;
+    tp-rows)
+      run check-tp-rows 570 python3 -m gate check --config configs/gate/check-h200-9b-tp.yaml \
+        --sweep rows --out "$OUT/check-tp-rows"
+      tar czf "$OUT/check-tp-rows.tgz" -C "$OUT" check-tp-rows && rm -rf "$OUT/check-tp-rows" ;;
+    gate-tp)
+      run gate-tp "${GATE_LIMIT:-570}" python3 -m gate run --config configs/gate/h200-9b-tp.yaml \
+        --out "$OUT/gate-tp"
+      tar czf "$OUT/gate-tp.tgz" -C "$OUT" gate-tp && rm -rf "$OUT/gate-tp" ;;
     *) echo "unknown part $part" ;;
   esac
 done
