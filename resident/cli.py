@@ -221,8 +221,10 @@ KNOB_MEANINGS = {
     "prefix_snapshot_interval": "KV pages between GDN state snapshots of a prompt "
                                 "(prefix_cache); prefill chunks end there",
     "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
-    "sampler": "the batched draw's top-k/top-p filter; auto: torch (flashinfer not yet "
-               "validated on a GPU)",
+    "sampler": "the batched draw: torch (a sort), flashinfer or triton (a rejection race; "
+               "both CUDA); auto: torch",
+    "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "
+                       "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "seed": "the sampling seed of requests that bring none",

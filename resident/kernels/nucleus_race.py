@@ -106,12 +106,15 @@ def _kept(y, count, mass, top, total, top_ks, top_ps, min_ps, row, floats_stride
 
 @triton.jit
 def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
-          CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, FIRST: tl.constexpr):
+          CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, FIRST: tl.constexpr,
+          COUNT_PIVOTS: tl.constexpr):
     """One chunk's pass over y = x / temperature. FIRST: (max, sum of exp(y - max), any NaN or
     +inf) and the race over every id; else (count, sum of exp(y - top)) of y > floor, the same
-    at each of _pivots(floor, top), and the race over y > floor. Both return the race's (score,
-    id). Each lane keeps its own partials over the chunk's blocks and they are reduced once at
-    the end: a block reduction a block (two, and two a pivot) made the pass compute-bound."""
+    at each of _pivots(floor, top) where COUNT_PIVOTS (else zeros: every pivot then looks kept
+    by top-k and top-p and does not raise the floor), and the race over y > floor. Both return
+    the race's (score, id). Each lane keeps its own partials over the chunk's blocks and they
+    are reduced once at the end: a block reduction a block (two, and two a pivot) made the pass
+    compute-bound."""
     lanes = tl.arange(0, BLOCK)
     lane_a = tl.full([BLOCK], float("-inf") if FIRST else 0.0, tl.float32)
     lane_b = tl.zeros([BLOCK], dtype=tl.float32)
@@ -128,23 +131,27 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
         y = x.to(tl.float32) / temperature
         if FIRST:
             lane_bad += ((y != y) | (y == float("inf"))).to(tl.int32)
-            new_max = tl.maximum(lane_a, y)
-            live = new_max > float("-inf")
-            rescale = tl.where(live, tl.exp(lane_a - new_max), 0.0)
-            lane_b = lane_b * rescale + tl.where(y > float("-inf"), tl.exp(y - new_max), 0.0)
-            lane_a = new_max
+            # an online sum with one exp an element: exp(-|y - max|) scales the old sum when
+            # y is the new max, else it is y's own term
+            raised = y > lane_a
+            scaled = tl.exp(-tl.abs(y - lane_a))
+            lane_b = tl.where(y > float("-inf"),
+                              tl.where(raised, lane_b * scaled + 1.0, lane_b + scaled), lane_b)
+            lane_a = tl.where(raised, y, lane_a)
             racing = inside
         else:
             racing = inside & (y > floor)
             weight = tl.where(racing, tl.exp(y - top), 0.0)
             lane_a += racing.to(tl.float32)
             lane_b += weight
-            # in weights, not y: Triton 3.6's layout pass miscompiles y[:, None] here (an
-            # operand used before its definition). exp rounds ties together, so this can only
-            # undercount above a pivot: a pivot then looks kept, and the floor is not raised.
-            above = (weight[:, None] > pivot_weights[None, :]).to(tl.float32)
-            lane_counts += above
-            lane_masses += above * weight[:, None]
+            if COUNT_PIVOTS:
+                # in weights, not y: Triton 3.6's layout pass miscompiles y[:, None] here (an
+                # operand used before its definition). exp rounds ties together, so this can
+                # only undercount above a pivot: a pivot then looks kept, and the floor is not
+                # raised.
+                above = (weight[:, None] > pivot_weights[None, :]).to(tl.float32)
+                lane_counts += above
+                lane_masses += above * weight[:, None]
         noisy = tl.where(racing, _noisy(y, ids, key), float("-inf"))
         better = noisy > lane_score  # a lane's earlier block wins its ties
         lane_id = tl.where(better, ids, lane_id)
@@ -187,7 +194,7 @@ def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, i
         key = _row_key(seeds, indices, row, ints_stride)
         row_max, row_sum, num_bad, pivot_counts, pivot_masses, best_score, best_id = _pass(
             logits, stride, row, chunk, temperature, key, 0.0, 0.0, vocab, CHUNK, BLOCK, PIVOTS,
-            True)
+            True, False)
         at = row * num_chunks + chunk
         tl.store(bad + at, num_bad)
         _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride, row,
@@ -201,12 +208,13 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
            SPAN: tl.constexpr, PIVOTS: tl.constexpr):
     """After pass `before` (its winner not the answer): the next pass's floor and the candidate
     it judges (-1: none). The floor is pass `before`'s winner, or the highest of its pivots
-    that does not survive when that lies at or above the winner (which then lost too)."""
+    that does not survive when that lies at or above the winner (which then lost too). Passes
+    0 and 1 count no pivots."""
     base = before * num_rows * num_chunks + row * num_chunks
     winner_id, winner_y, _ = _winner(score, ident, ywin, base, num_chunks, SPAN)
     floor = winner_y
     candidate = winner_id
-    if before > 0:
+    if before > 1:
         chunks = tl.arange(0, SPAN)
         at = (base + chunks)[:, None] * PIVOTS + tl.arange(0, PIVOTS)[None, :]
         inside = (chunks < num_chunks)[:, None]
@@ -226,9 +234,12 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                   floats_stride, ints_stride, part_a, part_b, pivot_a, pivot_b, bad, score, ident,
                   ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                  PIVOTS: tl.constexpr):
+                  PIVOTS: tl.constexpr, COUNT_PIVOTS: tl.constexpr):
     """Round `step` (1..ROUNDS): judge the candidate pass step - 1 counted above (if it had
-    one); if it lost, the next floor (_floor) and a pass above it."""
+    one); if it lost, the next floor (_floor) and a pass above it. Round 1 passes every
+    sampled row, and its winner is kept with probability about top_p: it counts no pivots
+    (COUNT_PIVOTS False), so it runs at the first pass's block and speed; later rounds pass
+    the few rows still racing, where pivots raise the floor fastest (tight top-k)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
@@ -260,7 +271,7 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
             key = _row_key(seeds, indices, row, ints_stride)
             count, mass, _, pivot_counts, pivot_masses, best_score, best_id = _pass(
                 logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
-                PIVOTS, False)
+                PIVOTS, False, COUNT_PIVOTS)
             _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
                         row, temperature, step * plane + row * num_chunks + chunk, count, mass,
                         pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
@@ -293,9 +304,9 @@ def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_strid
 
 
 def launch_sizes(vocab: int) -> tuple[int, int, int, int]:
-    """(CHUNK, the first pass's BLOCK, a round's BLOCK, SPAN) for a vocabulary. A round's block
-    is a quarter of the first's: its [BLOCK, PIVOTS] lane partials would hold 215 registers a
-    thread at 512 (115 at 256) on sm_90."""
+    """(CHUNK, the first two passes' BLOCK, a later round's BLOCK, SPAN) for a vocabulary. A
+    later round's block is a quarter of the first's: its [BLOCK, PIVOTS] lane partials would
+    hold 215 registers a thread at 512 (115 at 256) on sm_90."""
     chunk = min(MAX_CHUNK, triton.next_power_of_2(vocab))
     block = min(MAX_BLOCK, chunk)
     return chunk, block, max(16, block // 4), triton.next_power_of_2(triton.cdiv(vocab, chunk))
@@ -352,7 +363,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
                             *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
-                            BLOCK=round_block, SPAN=span, PIVOTS=PIVOTS)
+                            BLOCK=block if step == 1 else round_block, SPAN=span, PIVOTS=PIVOTS,
+                            COUNT_PIVOTS=step > 1)
     _pick_kernel[(num_rows,)](*limits, *strides, greedy, part_a, part_b, bad, score, ident, ywin,
                               *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
                               SPAN=span)

@@ -158,11 +158,14 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                 for arg in kernel.arg_names if arg not in constexprs}
 
     first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots}
-    round_ = {"CHUNK": chunk, "BLOCK": round_block, "SPAN": span, "PIVOTS": pivots}
+    round_one = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
+                 "COUNT_PIVOTS": False}
+    round_ = {**round_one, "BLOCK": round_block, "COUNT_PIVOTS": True}
     pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
                     constexprs)
             for name, kernel, constexprs in (("first pass", nucleus_race._first_kernel, first),
+                                             ("round 1", nucleus_race._round_kernel, round_one),
                                              ("round", nucleus_race._round_kernel, round_),
                                              ("pick", nucleus_race._pick_kernel, pick))]
 

@@ -74,6 +74,7 @@
 #             c=64 sampled, resident planning off and auto, tarred
 #   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
 #             (main=. head=.: the old sampler of an earlier main draws other tokens), tarred
+#   check-seeded-triton  the same with sampler=triton on every server
 #   tp        issue 38 (needs a 2-GPU kind, nvidia-h200-x2): the CPU tensor-parallel tests on
 #             the host, then configs/gate/check-h200-9b-tp.yaml's greedy and concurrency sweeps
 #             (9B TP2 against TP1 and its yardstick), tarred to check-tp.tgz
@@ -214,10 +215,12 @@ for part in "$@"; do
       run phases-sampled 400 python3 -m gate phases \
         --config configs/gate/h200-0.8b-phases-sampled.yaml --out "$OUT/phases-sampled"
       tar czf "$OUT/phases-sampled.tgz" -C "$OUT" phases-sampled && rm -rf "$OUT/phases-sampled" ;;
-    check-seeded)
-      run check-seeded 500 python3 -m gate check --config configs/gate/check-h200-0.8b.yaml \
-        --sweep seeded --arm main=. --arm head=. --out "$OUT/check-seeded"
-      tar czf "$OUT/check-seeded.tgz" -C "$OUT" check-seeded && rm -rf "$OUT/check-seeded" ;;
+    check-seeded | check-seeded-triton)
+      knobs=(); [ "$part" = check-seeded-triton ] && knobs=(--set sampler=triton)
+      run "$part" "${CHECK_LIMIT:-500}" python3 -m gate check \
+        --config configs/gate/check-h200-0.8b.yaml --sweep seeded --arm main=. --arm head=. \
+        "${knobs[@]}" --out "$OUT/$part"
+      tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     fused-kernels)
       run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \

@@ -37,6 +37,9 @@ def _prompts() -> dict[str, tuple[list[int], int]]:
 
 
 def _engine(**knobs) -> Engine:
+    # one engine at a time in this process: the last one's compiled code goes, or the test's
+    # five engines (two dtypes) pass Dynamo's recompile limit
+    torch._dynamo.reset()
     config = EngineConfig(**{"kv_cache_gib": 2.0, "max_num_seqs": 8, "row_check": "on",
                              "decode_buckets": (1, 2, 4, 8), "max_model_len": 4096, **knobs})
     return build_engine(MODEL, config, DEVICE)
@@ -94,7 +97,11 @@ def test_a_hit_gives_a_fresh_prefills_logits_to_rounding():
     prefill chunks: rounding alone) and a planted bug (the snapshots' recurrent states zeroed
     before the hits), which must score far lower for the measure to mean anything. In float32:
     in bf16 this random-weights model's rounding is about as large as what the planted bug does
-    (2026-12-04 on the H200: hit 0.078, rechunked 0.083, planted 0.185)."""
+    (2026-12-04 on the H200: hit 0.078, rechunked 0.083, planted 0.185). In float32 (the same
+    day): hit 0.0013, rechunked 0.049, planted 0.175. Rechunking moves the logits that much
+    (likely the chunked kernels' float32 dots, which Triton runs in TF32 by default; not
+    isolated), so the planted bug is judged against the hit's own score, and against
+    rechunking at 2x."""
     prompts = _prompts()
     engine = _engine(dtype="float32")
     off = _first_token_logprobs(engine, prompts)
@@ -117,5 +124,5 @@ def test_a_hit_gives_a_fresh_prefills_logits_to_rounding():
           "difference|: " + ", ".join(f"{name} {score:.6f}" for name, score in scores.items()))
     assert engine.stats()["prefix_hits"] >= 2 * NUM_PROMPTS - 1
     assert scores["hit"] <= 2 * scores["rechunked"] + 1e-3
-    assert scores["planted"] > 4 * scores["rechunked"] + 1e-2
-    assert scores["planted"] > 4 * scores["hit"] + 1e-2
+    assert scores["planted"] > 2 * scores["rechunked"] + 1e-2
+    assert scores["planted"] > 10 * scores["hit"] + 1e-2

@@ -6,6 +6,7 @@ decode step. Prints one line per (rows, sampler), then the Triton race's kernels
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 
@@ -40,8 +41,27 @@ def main() -> None:
             print(f"rows {rows:4d} {sampler:10s} draw {us:8.1f} us "
                   f"(argmax alone {greedy_us:6.1f} us)", flush=True)
             if sampler == "triton" and rows == 64:
-                print_kernels(lambda logits=logits, params=params, greedy=greedy: draw(
-                    logits, params, greedy, counters, "triton", fused=True))
+                run = functools.partial(draw, logits, params, greedy, counters, "triton",
+                                        fused=True)
+                print_kernels(run)
+                print_launch_sizes(run)
+
+
+def print_launch_sizes(run) -> None:
+    """The race's time at other chunk and block sizes than nucleus_race.launch_sizes'."""
+    import triton
+
+    from resident.kernels import nucleus_race
+
+    shipped = nucleus_race.launch_sizes
+    try:
+        for chunk, block in ((8192, 512), (4096, 1024), (4096, 512), (16384, 1024)):
+            nucleus_race.launch_sizes = lambda vocab, chunk=chunk, block=block: (
+                chunk, block, max(16, block // 4), triton.next_power_of_2(-(-vocab // chunk)))
+            print(f"    chunk {chunk:5d} block {block:4d}: {graph_time_us(run):8.1f} us",
+                  flush=True)
+    finally:
+        nucleus_race.launch_sizes = shipped
 
 
 def print_kernels(run) -> None:
