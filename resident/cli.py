@@ -222,7 +222,7 @@ KNOB_MEANINGS = {
                                 "(prefix_cache); prefill chunks end there",
     "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
     "sampler": "the batched draw: torch (a sort), flashinfer or triton (a rejection race; "
-               "both CUDA); auto: torch",
+               "both CUDA); auto: triton on CUDA, torch on CPU",
     "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "
                        "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",

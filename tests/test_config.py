@@ -167,9 +167,9 @@ def test_torch_threads_leave_the_api_process_a_cpu(api_core, device, allowed, th
 
 
 @pytest.mark.parametrize("knob, device_type, resolved", [
-    ("auto", "cuda", "torch"), ("auto", "cpu", "torch"), ("torch", "cuda", "torch"),
+    ("auto", "cuda", "triton"), ("auto", "cpu", "torch"), ("torch", "cuda", "torch"),
     ("triton", "cuda", "triton")])
-def test_the_sampler_knob_resolves_to_the_torch_filter_unless_flashinfer_is_asked(
+def test_the_sampler_knob_resolves_to_the_race_kernel_on_cuda_and_torch_elsewhere(
         knob, device_type, resolved):
     assert _resolve_sampler(knob, device_type) == resolved
 

@@ -56,6 +56,7 @@
 #             on again against main with it off), tarred; main is the tree at
 #             .gate/worktrees/main-ea55939 when carried, else this tree (the cache off)
 #   check-prefix-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b-prefix.yaml)
+#   check-prefix-fp32  the same in float32 (configs/gate/check-h200-0.8b-prefix-fp32.yaml)
 #   gate-prefix  configs/gate/h200-0.8b-prefix.yaml (on against off, a shared 1,024-token
 #             prefix + 256 own, c=16/64, until a verdict), tarred
 #   gate-prefix-none  configs/gate/h200-0.8b-prefix-none.yaml (the same without a shared
@@ -189,10 +190,14 @@ for part in "$@"; do
     prefix-engine)
       run prefix-engine 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_prefix_gpu.py ;;
-    check-prefix | check-prefix-2b)
-      size=0.8b; [ "$part" = check-prefix-2b ] && size=2b
+    check-prefix | check-prefix-2b | check-prefix-fp32)
+      case $part in
+        check-prefix-2b) config=configs/gate/check-h200-2b-prefix.yaml ;;
+        check-prefix-fp32) config=configs/gate/check-h200-0.8b-prefix-fp32.yaml ;;
+        *) config=configs/gate/check-h200-0.8b-prefix.yaml ;;
+      esac
       main=main=.; [ -d .gate/worktrees/main-ea55939 ] && main=main=path:.gate/worktrees/main-ea55939
-      run "$part" 570 python3 -m gate check --config "configs/gate/check-h200-$size-prefix.yaml" \
+      run "$part" 570 python3 -m gate check --config "$config" \
         --arm "$main" --arm head=. --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     gate-prefix | gate-prefix-none)
