@@ -14,6 +14,7 @@ from test_gate_run import ROOT, invoke, servers_left
 
 from gate.check.config import CheckConfig, load_prompts, plan_launches
 from gate.check.judge import (
+    Agreement,
     Roles,
     compare,
     first_divergence,
@@ -21,10 +22,11 @@ from gate.check.judge import (
     judge_kv_pressure,
     judge_prefix,
     judge_tokens,
+    noise_floor_note,
     row_reading,
 )
 from gate.check.load import Answer, parse_answer
-from gate.check.report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md
+from gate.check.report import ANSWERS_JSONL, CHECK_JSON, CHECK_MD, check_md, notes_table
 from gate.commands.check import build_check_configs
 from gate.manifest import Manifest
 
@@ -89,6 +91,21 @@ def test_head_as_close_as_the_yardstick_passes_and_a_failed_request_fails():
     failing = [answer(1), answer(2), Answer(False, error="HTTP 400: can never fit")]
     judged = judge_tokens(answers(main=main, main_aa=main, head=failing), ROLES, CHECK)
     assert judged["verdict"] == "fail" and "can never fit" in judged["reasons"][0]
+
+
+def test_a_yardstick_under_half_marks_its_load_weak_and_leaves_the_verdict():
+    main = [answer(1), answer(2), answer(3)]
+    drift = [answer(1), answer(9), answer(8)]  # the yardstick agrees on 1 of 3
+    judged = judge_tokens(answers(main=main, main_aa=drift, head=drift), ROLES, CHECK)
+    assert judged["verdict"] == "pass" and not judged["reasons"]
+    assert judged["notes"] == [noise_floor_note(Agreement(1, 3, ()), "main")]
+    assert "only 1/3 prompts" in judged["notes"][0]
+    judged = judge_tokens(answers(main=main, main_aa=main, head=drift), ROLES, CHECK)
+    assert judged["verdict"] == "fail" and not judged["notes"]
+    report = {"roles": {"baseline": "main", "yardstick": "main-aa", "heads": ["head"]},
+              "sweeps": {"greedy": judge_tokens(answers(main=main, main_aa=drift, head=main),
+                                                ROLES, CHECK)}}
+    assert notes_table(report).rows == [["greedy", report["sweeps"]["greedy"]["notes"][0]]]
 
 
 def test_kv_pressure_that_never_offloaded_fails():

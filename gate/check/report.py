@@ -81,6 +81,13 @@ def tokens_table(report: dict[str, Any]) -> TableSpec | None:
                        "ll" + "r" * (len(heads) + 2) + "l")
 
 
+def notes_table(report: dict[str, Any]) -> TableSpec | None:
+    """The token loads whose count against the yardstick is weak (judge.noise_floor_note)."""
+    rows = [[name, note] for name, sweep in token_judgements(report)
+            for note in sweep.get("notes", ())]
+    return TableSpec("Weak loads", ["sweep", "note"], rows, "ll") if rows else None
+
+
 def _margin_text(top: dict[str, float] | None, own: int | None, rival: int | None) -> str:
     """A server's own token's logprob less its rival's: `n/a` where it reported none, `> x`
     where the rival is outside its top logprobs (x: the gap to the least of them)."""
@@ -152,8 +159,8 @@ def prefix_table(report: dict[str, Any]) -> TableSpec | None:
 
 def check_tables(report: dict[str, Any]) -> list[TableSpec]:
     """check.md's tables, in order; the same go to stdout."""
-    tables = [sweeps_table(report), tokens_table(report), divergences_table(report),
-              rows_table(report), prefix_table(report)]
+    tables = [sweeps_table(report), tokens_table(report), notes_table(report),
+              divergences_table(report), rows_table(report), prefix_table(report)]
     return [table for table in tables if table is not None]
 
 
