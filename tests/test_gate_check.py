@@ -216,6 +216,7 @@ def test_an_answer_is_ok_only_when_it_finished_within_its_cap():
     ({"max_tokens": -1}, ["max-tokens"]),
     ({"logprobs": 21}, ["logprobs", "21"]),
     ({"near_tie": -0.5}, ["near-tie", "-0.5"]),
+    ({"seeded_concurrency": 0}, ["seeded-concurrency", "or null", "0"]),
     ({"kv_pressure": ("num_kv_pages",)}, ["num_kv_pages", "knob=value"]),
 ])
 def test_bad_check_settings_are_refused_by_name(values, names):
@@ -243,6 +244,9 @@ def test_launches_group_the_sweeps_by_knobs():
     assert [launch.yardstick for launch in launches.values()] == [True, True, True]
     assert [load.varied for load in launches["plain"].loads] == [False, True, False]
     assert launches["plain"].loads[1].caps(64, 5) == (64, 48, 32, 16, 64)
+    assert [load.concurrency for load in launches["plain"].loads] == [1, 8, 8]
+    seeded_alone = plan_launches(CheckConfig(seeded_concurrency=1))[0]
+    assert [load.concurrency for load in seeded_alone.loads] == [1, 8, 1]
     only_rows = plan_launches(CheckConfig(sweeps=("rows",)))
     assert [(launch.name, launch.yardstick) for launch in only_rows] == [
         ("kv-pressure", True), ("slot-pressure", True)]

@@ -4,15 +4,17 @@ the server launches the sweeps need.
 A check YAML (configs/gate/check-*.yaml) holds the arm and placement keys `run` takes (`arm`,
 `set`, `model`, `device`, `name`, `out`, `startup_timeout`, `server_cpus`, `step_cores`,
 `api_core`, `client_cpus`, `gpu`) beside the check's own: `sweep`, `prompts`, `max_tokens`,
-`concurrency`, `slot_concurrency`, `logprobs`, `near_tie`, `kv_pressure`, `slot_pressure` and
-`prompt_file`. Options given on the command line win over the file.
+`concurrency`, `slot_concurrency`, `seeded_concurrency`, `logprobs`, `near_tie`, `kv_pressure`,
+`slot_pressure` and `prompt_file`. Options given on the command line win over the file.
 
 Each sweep's knobs are its own and go to every arm alike (after the arm's own `--set` knobs), so
 the sweeps group into launches, one server per arm and knob set, in this order:
 
 - `plain` (no knobs): greedy at c=1, then concurrency at c=`concurrency`, then seeded at
-  c=`concurrency` (each prompt sampled, SEEDED_SAMPLING, with its index as its seed: the
-  same seed must give the same bytes whatever else the server batches with it);
+  c=`seeded_concurrency` (`concurrency` unless set; each prompt sampled, SEEDED_SAMPLING, with
+  its index as its seed: the same seed must give the same bytes whatever else the server
+  batches with it, which holds where logits do not move with the batch: on CPU in float64,
+  not on a GPU in bf16, where the H200 configs run it at c=1);
 - `kv-pressure` (`kv_pressure` knobs, row_check=on): the prompts at c=`concurrency`; it serves
   the kv-pressure sweep and the rows sweep's KV-pressure reading;
 - `slot-pressure` (`slot_pressure` knobs, row_check=on): the prompts at c=`slot_concurrency`,
@@ -51,8 +53,9 @@ MAX_LOGPROBS = 20  # the most resident's API gives (vLLM's default limit)
 
 # a check's --config keys (dashes or underscores): its own options, named as its fields (but
 # `sweep`, the option, for `sweeps`), and the `run` options a check takes (config.option_fields)
-CHECK_OPTIONS = ("sweep", "prompts", "max_tokens", "concurrency", "slot_concurrency", "logprobs",
-                 "near_tie", "kv_pressure", "slot_pressure", "prompt_file")
+CHECK_OPTIONS = ("sweep", "prompts", "max_tokens", "concurrency", "slot_concurrency",
+                 "seeded_concurrency", "logprobs", "near_tie", "kv_pressure", "slot_pressure",
+                 "prompt_file")
 GATE_OPTIONS = ("arm", "set", "model", "device", "name", "out", "startup_timeout", "server_cpus",
                 "step_cores", "api_core", "client_cpus", "gpu")
 
@@ -78,6 +81,7 @@ class CheckConfig:
     max_tokens: int = 128  # the token cap; EOS stops a request before it
     concurrency: int = 8  # the concurrency and kv-pressure sweeps
     slot_concurrency: int = 32  # the rows sweep under slot pressure: more rows than slots
+    seeded_concurrency: int | None = None  # the seeded sweep; None: concurrency
     logprobs: int | None = 5  # top logprobs asked of servers that give them
     near_tie: float = 0.1  # nats: a divergence whose tokens are closer is a near-tie
     kv_pressure: tuple[str, ...] = ("num_kv_pages=64",)
@@ -91,10 +95,13 @@ class CheckConfig:
                              f"{', '.join(SWEEPS)} at most once"
                              + (f" ({', '.join(map(repr, unknown))} is not a sweep)"
                                 if unknown else ""))
-        for name in ("prompts", "max_tokens", "concurrency", "slot_concurrency"):
+        counts = ("prompts", "max_tokens", "concurrency", "slot_concurrency")
+        for name in counts + (("seeded_concurrency",) if self.seeded_concurrency is not None
+                              else ()):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be an integer >= 1, "
+                unset = " (or null: concurrency's)" if name == "seeded_concurrency" else ""
+                raise ValueError(f"{name.replace('_', '-')} must be an integer >= 1{unset}, "
                                  f"got {value!r}")
         if self.logprobs is not None and not (
                 isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
@@ -208,7 +215,8 @@ def plan_launches(check: CheckConfig) -> list[Launch]:
     launches = []
     plain = [Load(name, c, seeded=name == "seeded", varied=name == "concurrency")
              for name, c in (("greedy", 1), ("concurrency", check.concurrency),
-                             ("seeded", check.concurrency)) if name in sweeps]
+                             ("seeded", check.seeded_concurrency or check.concurrency))
+             if name in sweeps]
     if plain:
         launches.append(Launch("plain", {}, tuple(plain), yardstick=True))
     # every load's tokens are judged against the baseline's under the same pressure, the
