@@ -57,6 +57,15 @@
 #             .gate/worktrees/main-ea55939 when carried, else this tree (the cache off)
 #   check-prefix-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b-prefix.yaml)
 #   check-prefix-fp32  the same in float32 (configs/gate/check-h200-0.8b-prefix-fp32.yaml)
+#   check-prefix-2b-fp32  check-prefix-2b in float32 (--set dtype=float32 on every server)
+#   soak      issue 37's leak run (gate.tools.soak): 0.8B, prefix_cache=on, row_check=on, c=64,
+#             8 shared 1,024-token prefixes + up to 256 own, up to 256 out, every 8th client
+#             hanging up, $SOAK_S seconds of load (default 600); then nothing may be held
+#   soak-start  the same in its own process session (setsid), which outlives the call while
+#             the machine stays warm: start it, run correctness parts beside it, and collect
+#             it with soak-wait in this call or the next (no timing part may run beside it)
+#   soak-wait  waits for soak-start's run (up to $SOAK_WAIT_S, default 560) and copies its
+#             output to $OUT/soak.log and its server log to $OUT/soak-server.log
 #   gate-prefix  configs/gate/h200-0.8b-prefix.yaml (on against off, a shared 1,024-token
 #             prefix + 256 own, c=16/64, until a verdict), tarred
 #   gate-prefix-none  configs/gate/h200-0.8b-prefix-none.yaml (the same without a shared
@@ -109,6 +118,9 @@ run() {  # name, timeout seconds, command...
   echo "== $name: exit $rc in $((SECONDS - start)) s"
   tail -n 4 "$OUT/$name.log"
 }
+
+SOAK_ARGS=(--model qwen3.5-0.8b --device cuda --duration "${SOAK_S:-600}" --concurrency 64
+           --format json)
 
 for part in "$@"; do
   case $part in
@@ -190,20 +202,40 @@ for part in "$@"; do
     prefix-engine)
       run prefix-engine 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_prefix_gpu.py ;;
-    check-prefix | check-prefix-2b | check-prefix-fp32)
+    check-prefix | check-prefix-2b | check-prefix-fp32 | check-prefix-2b-fp32)
+      knobs=()
       case $part in
         check-prefix-2b) config=configs/gate/check-h200-2b-prefix.yaml ;;
+        check-prefix-2b-fp32) config=configs/gate/check-h200-2b-prefix.yaml
+          knobs=(--set dtype=float32) ;;
         check-prefix-fp32) config=configs/gate/check-h200-0.8b-prefix-fp32.yaml ;;
         *) config=configs/gate/check-h200-0.8b-prefix.yaml ;;
       esac
       main=main=.; [ -d .gate/worktrees/main-ea55939 ] && main=main=path:.gate/worktrees/main-ea55939
-      run "$part" 570 python3 -m gate check --config "$config" \
-        --arm "$main" --arm head=. --out "$OUT/$part"
+      run "$part" "${CHECK_LIMIT:-570}" python3 -m gate check --config "$config" \
+        --arm "$main" --arm head=. "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     gate-prefix | gate-prefix-none)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
+    soak)
+      run soak "$((${SOAK_S:-600} + 300))" python3 -m gate.tools.soak "${SOAK_ARGS[@]}" ;;
+    soak-start)
+      mkdir -p /tmp/soak && rm -f /tmp/soak/done
+      setsid bash -c 'python3 -m gate.tools.soak "$@" >/tmp/soak/soak.log 2>&1; echo $? >/tmp/soak/done' \
+        soak "${SOAK_ARGS[@]}" </dev/null >/dev/null 2>&1 &
+      echo "== soak-start: started, pid $!" ;;
+    soak-wait)
+      waited=0
+      while [ ! -f /tmp/soak/done ] && [ "$waited" -lt "${SOAK_WAIT_S:-560}" ]; do
+        sleep 5; waited=$((waited + 5))
+      done
+      echo "== soak-wait: exit $(cat /tmp/soak/done 2>/dev/null || echo 'not done') after $waited s"
+      cp /tmp/soak/soak.log "$OUT/soak.log" 2>/dev/null
+      server_log=$(grep -o '/tmp/resident-soak-[0-9]*.log' /tmp/soak/soak.log | tail -n 1)
+      [ -n "$server_log" ] && tail -c 200000 "$server_log" >"$OUT/soak-server.log"
+      grep -A 3 '"check"' "$OUT/soak.log" | grep -E '"(check|ok)"' | paste - - | head -n 20 ;;
     sampler)
       run sampler 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py \
         ${SAMPLER_K:+-k "$SAMPLER_K"}
