@@ -137,5 +137,9 @@ def test_a_shared_prefix_opens_every_prompt_of_a_seed():
     assert other[:20] != warm[0][:20]  # a fresh seed, a fresh prefix: rounds share nothing
     assert make_prompts(dataclasses.replace(spec, shared_prefix_len=0), 2, 1) == [
         p[20:] for p in warm]
+    runs = [make_prompts(dataclasses.replace(spec, concurrency=c, run=r), 3, 2)
+            for c in (1, 2) for r in (1, 2)]  # two cells' runs 1 and 2
+    assert {tuple(p[:20]) for prompts in runs for p in prompts} == {tuple(warm[0][:20])}
+    assert len({tuple(p[20:]) for prompts in runs for p in prompts}) == 12  # none repeated
     with pytest.raises(ValueError, match="shared_prefix_len must be >= 0"):
         LoadSpec(concurrency=1, num_requests=1, shared_prefix_len=-1)

@@ -48,6 +48,9 @@ class LoadSpec:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    # the run's number in its cell: with the concurrency it keys the prompts' own tokens, so no
+    # run repeats another's prompts (a prefix cache would serve a repeat as a whole-prompt hit)
+    run: int = 0
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size",
@@ -85,11 +88,12 @@ class RunResult:
 
 
 def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
-    """`count` prompts: the run's shared prefix (the same for every salt of a seed), then
-    `prompt_len` tokens of each prompt's own."""
+    """`count` prompts: the run's shared prefix (the same for every salt, cell and run of a
+    seed), then `prompt_len` tokens of each prompt's own (their own for each salt, concurrency
+    and run: arms measured on the same seed get the same prompts)."""
     shared_rng = random.Random(f"{spec.seed}:shared")
     shared = [shared_rng.randrange(spec.vocab_size) for _ in range(spec.shared_prefix_len)]
-    rng = random.Random(f"{spec.seed}:{salt}")
+    rng = random.Random(f"{spec.seed}:{salt}:c{spec.concurrency}:r{spec.run}")
     return [shared + [rng.randrange(spec.vocab_size) for _ in range(spec.prompt_len)]
             for _ in range(count)]
 

@@ -7,6 +7,7 @@ closed out alone: its remaining runs of the round are recorded failed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -201,7 +202,8 @@ class Round:
         if not server.alive():
             raise ServerFailed(f"{arm.name}: server died (code {server.process.returncode})",
                                server.log_tail())
-        record = await measure_run(server, self.placement, live.spec,
+        record = await measure_run(server, self.placement,
+                                   dataclasses.replace(live.spec, run=run),
                                    RunPlace(arm.name, live.round_index, live.position, run),
                                    live.planner_off)
         append_run(self.out, record)
