@@ -23,6 +23,7 @@ import queue
 import random
 import signal
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -109,6 +110,14 @@ def measured_prompts(spec: LoadSpec) -> list[list[int]]:
     return make_prompts(spec, spec.num_requests, salt=2)
 
 
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """The JSON events of a streamed completion's SSE body (`[DONE]` and other lines skipped)."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            yield json.loads(line[6:])
+
+
 async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
                prompt: list[int]) -> RequestResult:
     body = {"prompt": prompt, "max_tokens": spec.output_len, "ignore_eos": True,
@@ -125,11 +134,7 @@ async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
         async with session.post(url + "/v1/completions", json=body) as resp:
             if resp.status != 200:
                 return RequestResult(False, error=f"HTTP {resp.status}: {await resp.text()}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(resp):
                 if event.get("error"):
                     return RequestResult(False, error=str(event["error"]))
                 for _ in (event.get("choices") or [{}])[0].get("token_ids", []):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import signal
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from gate.run.load import sse_events
 from gate.run.server import free_port, parse_metrics
 from gate.tools.api_profile import start_server, wait_ready
 from resident.render import OutputFormat, render
@@ -141,11 +141,7 @@ async def _request(session: aiohttp.ClientSession, url: str, prompt: list[int],
             if resp.status != 200:
                 counts.errors.append(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                 return
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
+            async for event in sse_events(resp):
                 if event.get("error"):
                     counts.errors.append(str(event["error"])[:200])
                     return
