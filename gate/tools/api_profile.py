@@ -23,7 +23,6 @@ import dataclasses
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,16 +33,11 @@ from typing import Any
 import aiohttp
 
 from gate.run.load import LoadSpec, run_load, warm_up
+from gate.run.server import free_port
 from resident.render import OutputFormat, render
 
 STARTUP_TIMEOUT_S = 900.0  # a CUDA server compiles and captures its graphs first
 PROMPT_LEN = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -154,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     spec = LoadSpec(args.concurrency, args.requests, PROMPT_LEN, args.output_len,
                     num_warmup=min(args.concurrency, args.requests))
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(tempfile.gettempdir()) / f"resident-api-profile-{port}.log"
     server = start_server(args.model, args.device, port, args.knobs, args.api_processes,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import resource
-import socket
 import sys
 import time
 from typing import Any
@@ -28,16 +27,11 @@ from typing import Any
 import aiohttp
 
 from gate.run.load import LoadSpec, run_load
+from gate.run.server import free_port
 from gate.tools import fake_sse
 from resident.render import OutputFormat, render
 
 READY_TIMEOUT_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def _wait_ready(url: str) -> None:
@@ -63,7 +57,7 @@ def measure(spec: LoadSpec, server_processes: int, target: float,
             times: float) -> dict[str, Any]:
     """Runs the load against a fresh fake server pacing its streams to times x target in all
     (0: unpaced); the client's numbers."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     servers = fake_sse.start(port, times * target / spec.concurrency, server_processes)
     try:
