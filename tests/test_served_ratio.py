@@ -76,6 +76,7 @@ def test_the_closed_loop_runs_every_prompt_and_fails_a_bad_one_alone():
 @pytest.mark.parametrize(("args", "named"), [
     (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
     (["--requests", "-1"], "--requests must be >= 0, got -1"),
+    (["--shared-prefix-len", "-2"], "--shared-prefix-len must be >= 0, got -2"),
     (["--set", "bogus=1"], "unknown knob 'bogus'"),
     (["--model", "nope"], "unknown model 'nope'"),
     (["--server-cpus", "4096"], "--server-cpus 4096"),

@@ -1,11 +1,13 @@
 """Served against in-process throughput of one load, in one call: the ratio issue 35 asks for.
 
     python -m gate.tools.served_ratio [--model tiny] [--device cpu] [--concurrency 64]
-        [--prompt-len 512] [--output-len 256] [--requests N] [--clients N] [--seed 0]
+        [--prompt-len 512] [--shared-prefix-len 0] [--output-len 256] [--requests N]
+        [--clients N] [--seed 0]
         [--set knob=value ...] [--server-cpus LIST] [--client-cpus LIST] [--gpu N]
-        [--startup-timeout 900] [--logs DIR] [--format table|json]
+        [--startup-timeout 900] [--logs DIR] [--inductor-cache DIR] [--format table|json]
 
-One load (prompts of --prompt-len random token ids, exactly --output-len tokens each, greedy,
+One load (prompts of --prompt-len random token ids after a --shared-prefix-len prefix common
+to all, as the gate's shared-prefix workload; exactly --output-len tokens each, greedy,
 ignore_eos, --requests of them in a closed loop of --concurrency in flight, after a warm-up of
 one request a slot) runs twice on the same engine, one half after the other:
 
@@ -281,8 +283,8 @@ def measure(setup: Setup, spec: LoadSpec) -> tuple[dict[str, Any], bool]:
     differ = engine_differences(debug, info)
     summary = {
         "model": setup.launch.model, "device": setup.launch.device,
-        "concurrency": spec.concurrency, "prompt_len": spec.prompt_len,
-        "output_len": spec.output_len, "requests": spec.num_requests,
+        "concurrency": spec.concurrency, "shared_prefix_len": spec.shared_prefix_len,
+        "prompt_len": spec.prompt_len, "output_len": spec.output_len, "requests": spec.num_requests,
         "warmup_requests": spec.num_warmup, "clients": spec.num_clients,
         "in_process_tok_s": in_process.metrics.output_throughput,
         "served_tok_s": served.metrics.output_throughput,
@@ -309,6 +311,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--shared-prefix-len", type=int, default=0,
+                        help="tokens of one prefix every prompt opens with (the gate's "
+                             "shared-prefix workload)")
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--requests", type=int, default=0,
                         help=f"measured requests (0: {REQUESTS_PER_SLOT} a slot, at least 8)")
@@ -325,6 +330,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--logs", type=Path, default=None,
                         help="directory for the server's and the in-process run's logs "
                              "(default: a fresh one under the temp directory)")
+    parser.add_argument("--inductor-cache", type=Path, default=None,
+                        help="Inductor cache for both halves (default: a fresh one; a kept "
+                             "one spares later calls the compile)")
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     return parser
 
@@ -342,8 +350,9 @@ def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser, work: Path
         parser.error(str(err))
     logs = args.logs or Path(tempfile.mkdtemp(prefix="served-ratio-logs-"))
     logs.mkdir(parents=True, exist_ok=True)
-    inductor = work / "inductor"  # one cache for both halves, as a gate round's arms share one
-    inductor.mkdir()
+    # one cache for both halves, as a gate round's arms share one
+    inductor = args.inductor_cache or work / "inductor"
+    inductor.mkdir(parents=True, exist_ok=True)
     launch = LaunchSpec(args.model, args.device, placement.server_cpus, inductor.resolve(),
                         triton_cache(TREE), placement.gpu, args.startup_timeout,
                         server_pycache(TREE / PYCACHE))
@@ -357,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("concurrency", "prompt_len", "output_len"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("requests", "clients"):
+    for name in ("requests", "clients", "shared_prefix_len"):
         if getattr(args, name) < 0:
-            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.startup_timeout <= 0:
         parser.error(f"--startup-timeout must be > 0, got {args.startup_timeout}")
     with tempfile.TemporaryDirectory(prefix="served-ratio-") as work:
@@ -371,6 +380,7 @@ def _run(setup: Setup, args: argparse.Namespace) -> int:
     spec = LoadSpec(args.concurrency,
                     args.requests or max(8, REQUESTS_PER_SLOT * args.concurrency),
                     args.prompt_len, args.output_len, seed=args.seed,
+                    shared_prefix_len=args.shared_prefix_len,
                     num_warmup=args.concurrency,
                     num_clients=clients_for(args.concurrency,
                                             len(setup.placement.client_cpus), args.clients))

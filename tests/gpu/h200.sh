@@ -50,6 +50,10 @@
 #             the call's 600 s cannot hold both: ~5 min each), ~60 s of load a half: 5,632
 #             requests at c=64, 9,216 at c=256; served-ratio-c<c>.log holds the JSON, the
 #             logs of both halves are under served-ratio-c<c>/
+#   ttft-prefix  where a prefix hit's TTFT goes: gate.tools.served_ratio at each c of
+#             $TTFT_CONC (default "16 64"), a shared 1,024-token prefix + 256 own, 256 out, 4
+#             requests a slot, prefix_cache on and off (one Inductor cache for all):
+#             ttft-<on|off>-c<c>.log holds the JSON (TTFT p50 in process and served)
 #   prefix-engine  the prefix cache in the engine (tests/gpu/test_prefix_gpu.py: a second pass
 #             repeats the first bit for bit, hits, row check 0, everything returns)
 #   check-prefix  configs/gate/check-h200-0.8b-prefix.yaml (--sweep prefix: the cache off, on,
@@ -118,6 +122,14 @@ run() {  # name, timeout seconds, command...
   echo "== $name: exit $rc in $((SECONDS - start)) s"
   tail -n 4 "$OUT/$name.log"
 }
+
+# the TTFT and step rows of a served_ratio log (its JSON after any lines the processes wrote)
+TTFT_ROWS='import json, sys
+text = open(sys.argv[1]).read()
+data, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+for row in data["comparison"]:
+    if "TTFT" in row["what"] or "step" in row["what"]:
+        print(row)'
 
 SOAK_ARGS=(--model qwen3.5-0.8b --device cuda --duration "${SOAK_S:-600}" --concurrency 64
            --format json)
@@ -199,6 +211,17 @@ for part in "$@"; do
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
         --out "$OUT/gate-fused"
       tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
+    ttft-prefix)
+      for c in ${TTFT_CONC:-16 64}; do
+        for cache in on off; do
+          run "ttft-$cache-c$c" 300 python3 -m gate.tools.served_ratio --model qwen3.5-0.8b \
+            --device cuda --concurrency "$c" --shared-prefix-len 1024 --prompt-len 256 \
+            --output-len 256 --requests $((4 * c)) --set "prefix_cache=$cache" \
+            --inductor-cache /tmp/ttft-inductor --logs "/tmp/ttft-$cache-c$c" --format json
+          grep -E '"(in_process_tok_s|served_tok_s|ttft_p50_added_ms)"' "$OUT/ttft-$cache-c$c.log"
+          python3 -c "$TTFT_ROWS" "$OUT/ttft-$cache-c$c.log"
+        done
+      done ;;
     prefix-engine)
       run prefix-engine 400 python3 -m pytest -q -s -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_prefix_gpu.py ;;
