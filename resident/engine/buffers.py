@@ -6,7 +6,8 @@ pinned memory on CUDA) and copied into these buffers, whose addresses never chan
 
 The host side is a ring of two (`HostStaging`): under `plan_ahead` a step is staged while the
 copies of the step before it may still be queued, and a step's host arrays are only reused two
-steps later, after a read-back that the stream orders behind their copies.
+steps later, after the step's wait on the GPU (its read-back, or for a step that samples no
+row the same event alone) that the stream orders behind their copies.
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ emits. `plan_ahead` overlaps the next step with this one:
 
 Host staging is reused safely because every launch moves the read-back's event past its uploads
 (TokenReadback.mark): the wait that returns a step's tokens also frees the host sources of every
-upload queued before it. A request that max_tokens finishes is released at the commit, before
-the next step is scheduled, so planned ahead or not the same requests join the same steps. One
-that finishes on a stop token (or is aborted) while its row is in the next step, planned or
-launched, is released after that step, which runs its row unsampled (`rows_after_finish`)."""
+upload queued before it, and a step that samples no row waits on that event all the same. A request
+that max_tokens finishes is released at the commit, before the next step is scheduled, so planned
+ahead or not the same requests join the same steps. One that finishes on a stop token (or is
+aborted) while its row is in the next step, planned or launched, is released after that step, which
+runs its row unsampled (`rows_after_finish`)."""
 
 from __future__ import annotations
 
@@ -270,7 +271,14 @@ class Engine:
                 if live else None
             self._launch_ahead(sampled)
             self.counters[f"launched_ahead_{self._prepared.plan.kind}"] += 1
-        tokens = self.phases.event_sync(self.readback.wait) if live else []
+        # a step that samples no row (prompt chunks only) reads nothing back but still waits:
+        # without it two such steps in a row turn the host ring over copies the GPU has not
+        # run yet (buffers.py), and a step reads another step's rows (an illegal address)
+        tokens: list[int] = []
+        if live:
+            tokens = self.phases.event_sync(self.readback.wait)
+        else:
+            self.phases.event_sync(self.readback.sync)
         self.phases.lap("sample_sync")
         logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
         failed = {live[row].request_id: FAILED_DRAW for row in self.readback.failed()} \

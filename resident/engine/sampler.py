@@ -220,9 +220,15 @@ class TokenReadback:
             self._event.record()
 
     def wait(self) -> list[int]:
+        self.sync()
+        return self._host[:self._count].tolist()
+
+    def sync(self) -> None:
+        """Waits until the GPU passes the last mark, reading nothing back: a step that samples
+        no row must still not let the host ring (buffers.py) turn over staging whose copies
+        are queued."""
         if self._event is not None:
             self._event.synchronize()
-        return self._host[:self._count].tolist()
 
     def failed(self) -> list[int]:
         """After `wait`: the rows whose draw failed."""
