@@ -220,6 +220,8 @@ KNOB_MEANINGS = {
                     "GDN state restored from a snapshot",
     "prefix_snapshot_interval": "KV pages between GDN state snapshots of a prompt "
                                 "(prefix_cache); prefill chunks end there",
+    "prefix_snapshot_tail": "also snapshot at a prompt's last page boundary (prefix_cache): "
+                            "a whole-prompt repeat restores there; one more step a prompt",
     "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
     "sampler": "the batched draw: torch (a sort), flashinfer or triton (a rejection race; "
                "both CUDA); auto: triton on CUDA, torch on CPU",

@@ -43,6 +43,7 @@ _CHOICES = {
     "fused_decode": ("auto", "off"),
     "pdl": ("auto", "off"),
     "prefix_cache": ("off", "on"),
+    "prefix_snapshot_tail": ("off", "on"),
     "sampler": ("auto", "torch", "flashinfer", "triton"),
 }
 
@@ -96,10 +97,14 @@ class EngineConfig:
     pdl: str = "auto"
     # a new request starts from the longest cached prefix of its prompt: its KV pages shared,
     # its GDN state restored from a snapshot (engine/prefix.py); prefill chunks end at
-    # snapshot points: every prefix_snapshot_interval pages and the last page boundary before
-    # a prompt's last token; prefix_snapshots device snapshots at most, LRU replaced
+    # snapshot points: every prefix_snapshot_interval pages, and with prefix_snapshot_tail on
+    # the last page boundary before a prompt's last token (a repeat of the whole prompt, or a
+    # chat's next turn, restores there; it costs every prompt one more step, so it is off:
+    # results/2026-12-04-h200-prefix-tail); prefix_snapshots device snapshots at most, LRU
+    # replaced
     prefix_cache: str = "off"
     prefix_snapshot_interval: int = 32
+    prefix_snapshot_tail: str = "off"
     prefix_snapshots: int = 64
     # the batched draw (engine/draw.py): torch (a filter by one sort of the batch), flashinfer
     # (its mask and renorm kernels, no sort; CUDA) or triton (kernels/nucleus_race.py: a

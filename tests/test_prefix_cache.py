@@ -69,10 +69,11 @@ def expected():
     return requests, run_engine(make_engine(), requests)
 
 
+@pytest.mark.parametrize("tail", ["off", "on"])
 @pytest.mark.parametrize("concurrency", [None, 1])
-def test_greedy_tokens_equal_the_cache_off_on_both_passes(expected, concurrency):
+def test_greedy_tokens_equal_the_cache_off_on_both_passes(expected, concurrency, tail):
     requests, off = expected
-    engine = cached_engine(row_check="on")
+    engine = cached_engine(row_check="on", prefix_snapshot_tail=tail)
     first, again = both_passes(engine, requests, concurrency)
     assert first == off and again == off
     stats = engine.stats()
@@ -179,6 +180,23 @@ def test_a_planted_wrong_snapshot_offset_is_caught(expected):
     assert {rid[:-1]: tokens for rid, tokens in again.items()} != off
 
 
+@pytest.mark.parametrize(("tail", "prefill_steps", "restored"),
+                         [("off", 2, 2 * PAGE), ("on", 3, 3 * PAGE)])
+def test_the_tail_point_costs_a_step_and_deepens_a_repeats_hit(tail, prefill_steps, restored):
+    """A 3-page-and-5-token prompt, snapshots every 2 pages: its prefill ends a chunk at 2 pages,
+    and with the tail point also at 3 (its last page boundary), one more step; a repeat of it
+    restores as deep as the last snapshot, and the tokens are the cache off's either way."""
+    prompt = _tokens(torch.Generator().manual_seed(11), 3 * PAGE + 5)
+    off = run_engine(make_engine(), {"p": (prompt, 4)})
+    engine = cached_engine(prefix_snapshot_tail=tail)
+    first = run_engine(engine, {"p": (prompt, 1)})
+    assert engine.stats()["steps"].get("prefill", 0) == prefill_steps
+    again = run_engine(engine, {"p+": (prompt, 4)})
+    assert engine.stats()["prefix_cached_tokens"] == restored
+    assert first["p"] == off["p"][:1] and again["p+"] == off["p"]
+    assert_all_returned(engine)
+
+
 def test_page_keys_chain_their_parents():
     first = page_keys(list(range(40)), PAGE)
     assert len(first) == 2  # the partial third page has no key
@@ -188,6 +206,7 @@ def test_page_keys_chain_their_parents():
 
 
 @pytest.mark.parametrize("knobs", [{"prefix_cache": "yes"}, {"prefix_snapshots": 0},
+                                   {"prefix_snapshot_tail": "1"},
                                    {"prefix_snapshot_interval": 0}])
 def test_bad_prefix_knobs_fail_naming_the_knob(knobs):
     with pytest.raises(ValueError, match=next(iter(knobs))):

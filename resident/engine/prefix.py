@@ -8,11 +8,13 @@ which a later token's state cannot give back. So the cache keeps both, at page-a
   read-only by the streams of later requests, idle ones evicted under KV pressure;
 - GDN state snapshots (conv and recurrent state of every GDN layer) in a fixed pool on the
   device (`prefix_snapshots` of them, least recently used replaced), taken when a prompt's
-  computed length lands on a snapshot point: every `prefix_snapshot_interval` pages, and the
-  last page boundary before the prompt's last token (the deepest point a repeat of the prompt
-  can restore: a hit keeps at least one token to compute, so its logits exist). The scheduler
-  ends prefill chunks at these points (`chunk`), as vLLM's mamba "align" mode does, so the
-  state there is the slot's state after a step and a snapshot is one device copy.
+  computed length lands on a snapshot point: every `prefix_snapshot_interval` pages, and with
+  `prefix_snapshot_tail: on` the last page boundary before the prompt's last token (the
+  deepest point a repeat of the prompt can restore: a hit keeps at least one token to compute,
+  so its logits exist). The scheduler ends prefill chunks at these points (`chunk`), as vLLM's
+  mamba "align" mode does, so the state there is the slot's state after a step and a snapshot
+  is one device copy. Each point costs a prompt one more step: the tail point, which only a
+  repeat of the same prompt (or a chat's next turn) can use, is therefore off by default.
 
 A hit (`match`) is the longest prefix whose pages are all cached and which ends at a snapshot:
 the scheduler gives the new stream those pages, `restore` copies the snapshot into its state
@@ -78,6 +80,7 @@ class PrefixCache(NoPrefixCache):
                  states: StatePool) -> None:
         self.page_size = config.page_size
         self.interval = config.prefix_snapshot_interval * config.page_size  # tokens
+        self.tail = config.prefix_snapshot_tail == "on"
         self.cache, self.kv, self.states = cache, kv, states
         self.index = SnapshotIndex(config.prefix_snapshots)
         num = config.prefix_snapshots
@@ -119,11 +122,11 @@ class PrefixCache(NoPrefixCache):
 
     def _next_point(self, start: int, prompt_len: int) -> int:
         """The first snapshot point after `start` (0: none left): a multiple of the interval,
-        or the last page boundary before the prompt's last token."""
+        or (tail on) the last page boundary before the prompt's last token. None is past that
+        boundary: a hit must leave a token to compute."""
         last = (prompt_len - 1) // self.page_size * self.page_size
-        points = [point for point in ((start // self.interval + 1) * self.interval, last)
-                  if start < point <= last]
-        return min(points, default=0)
+        points = [(start // self.interval + 1) * self.interval] + ([last] if self.tail else [])
+        return min((point for point in points if start < point <= last), default=0)
 
     def restore(self, request: Request, hit: PrefixHit) -> None:
         """A hit's state: the snapshot into the request's (just admitted) state slot."""
