@@ -257,7 +257,8 @@ def test_the_prefix_sweep_is_asked_by_name_and_gives_only_the_heads_the_cache():
     launches = plan_launches(CheckConfig(sweeps=("prefix",), concurrency=4))
     assert [(launch.name, launch.yardstick, launch.head_knobs) for launch in launches] == [
         ("prefix-off", True, {}),
-        ("prefix-on", True, {"prefix_cache": "on", "row_check": "on"})]
+        ("prefix-on", True, {"prefix_cache": "on", "prefix_snapshot_tail": "on",
+                             "row_check": "on"})]
     assert [(load.name, load.concurrency, load.preamble) for launch in launches
             for load in launch.loads] == [("prefix-off", 4, True), ("prefix-first", 4, True),
                                           ("prefix-again", 4, True)]

@@ -143,3 +143,46 @@ def test_a_shared_prefix_opens_every_prompt_of_a_seed():
     assert len({tuple(p[20:]) for prompts in runs for p in prompts}) == 12  # none repeated
     with pytest.raises(ValueError, match="shared_prefix_len must be >= 0"):
         LoadSpec(concurrency=1, num_requests=1, shared_prefix_len=-1)
+
+
+def test_sse_events_survive_reads_that_split_lines():
+    """The client parses whatever each read brings: events split mid-line across reads, CRLF
+    line ends, a comment line, and a last event without its blank line all come out whole, in
+    order, and `[DONE]` does not."""
+    import asyncio
+    import json
+
+    import aiohttp
+    from aiohttp import web
+
+    from gate.run.load import sse_events
+
+    events = [{"choices": [{"token_ids": [i], "text": f" t{i}"}]} for i in range(5)]
+    body = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events[:3])
+    body += b": a comment\r\n\r\ndata: %s\r\n\r\n" % json.dumps(events[3]).encode()
+    body += b"data: [DONE]\n\ndata: %s" % json.dumps(events[4]).encode()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for start in range(0, len(body), 7):  # 7 bytes a read: every line is cut somewhere
+            await response.write(body[start:start + 7])
+            await asyncio.sleep(0.002)
+        return response
+
+    async def read() -> list[dict]:
+        app = web.Application()
+        app.router.add_get("/", stream)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session, \
+                    session.get(f"http://127.0.0.1:{port}/") as resp:
+                return [event async for event in sse_events(resp)]
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(read()) == events

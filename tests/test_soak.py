@@ -13,7 +13,9 @@ from gate.tools import soak
 def test_a_short_soak_hits_the_cache_aborts_streams_and_gets_everything_back(capsys):
     code = soak.main(["--duration", "6", "--concurrency", "4", "--prefixes", "2",
                       "--shared-prefix-len", "48", "--prompt-len", "16", "--output-len", "12",
-                      "--hang-up-every", "3", "--sample-every", "2", "--format", "json"])
+                      "--hang-up-every", "3", "--sample-every", "2", "--format", "json",
+                      # a snapshot at the shared prefix's end (3 pages), where hits restore
+                      "--set", "prefix_snapshot_interval=3"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result["checks"]
     checks = {check["check"]: check for check in result["checks"]}

@@ -22,8 +22,9 @@ the sweeps group into launches, one server per arm and knob set, in this order:
 - `prefix-off` and `prefix-on` (the prefix sweep, asked by name: not among the defaults): the
   prompts, each opened by one shared preamble (the first prompt), at c=`concurrency`; under
   prefix-on the heads (not the baseline or its yardstick, which keep the cache off: main may
-  not know the knob) run prefix_cache=on with the row check, and take the prompts twice, a
-  first pass (`prefix-first`) and then the same prompts again (`prefix-again`, now hits).
+  not know the knob) run prefix_cache=on and prefix_snapshot_tail=on with the row check, and
+  take the prompts twice, a first pass (`prefix-first`) and then the same prompts again
+  (`prefix-again`, now hits).
 
 The yardstick (a second server of the baseline) runs every launch: every load's tokens are
 judged.
@@ -45,7 +46,10 @@ from gate.run.arms import split_knobs
 SWEEPS = ("greedy", "concurrency", "seeded", "kv-pressure", "rows", "prefix")
 DEFAULT_SWEEPS = ("greedy", "concurrency", "seeded", "kv-pressure", "rows")  # prefix: by name
 PREFIX_LOADS = ("prefix-off", "prefix-first", "prefix-again")  # the prefix sweep's loads
-PREFIX_KNOBS = {"prefix_cache": "on", "row_check": "on"}  # the heads' under prefix-on
+# the heads' under prefix-on: the tail snapshot too, so a prompt's repeat restores at its last
+# page boundary (the deepest restore; without it prompts shorter than the snapshot interval
+# could not hit at all)
+PREFIX_KNOBS = {"prefix_cache": "on", "prefix_snapshot_tail": "on", "row_check": "on"}
 # the seeded sweep's sampling; each prompt's seed is its index
 SEEDED_SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 PROMPT_FILE = "configs/prompts/public-domain.yaml"

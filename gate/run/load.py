@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import multiprocessing
 import os
 import queue
@@ -27,6 +26,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
+
+try:  # 1 µs an event against the stdlib's 5: the client parses one a streamed token
+    from orjson import loads as json_loads
+except ImportError:  # a host without it (the H200's, unless .whl/ carries the wheel)
+    from json import loads as json_loads
 
 from gate.metrics import LATENCIES, ServeMetrics, latency_fields
 from gate.run.server import end_with_parent
@@ -111,11 +115,17 @@ def measured_prompts(spec: LoadSpec) -> list[list[int]]:
 
 
 async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
-    """The JSON events of a streamed completion's SSE body (`[DONE]` and other lines skipped)."""
-    async for raw in resp.content:
-        line = raw.strip()
-        if line.startswith(b"data: ") and line != b"data: [DONE]":
-            yield json.loads(line[6:])
+    """The JSON events of a streamed completion's SSE body (`[DONE]` and other lines skipped),
+    parsed from whatever each read brings rather than a line at a time: a read's events cost
+    one wake-up, not two awaits each (the client's main cost a token, issue 35)."""
+    rest = b""
+    async for chunk in resp.content.iter_any():
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                yield json_loads(line[6:])
+    if rest.startswith(b"data: ") and not rest.startswith(b"data: [DONE]"):
+        yield json_loads(rest[6:])
 
 
 async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
@@ -202,10 +212,11 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
     """Warm-up, then the measured requests at `spec.concurrency`: from this process, or with
     `spec.num_clients` > 1 from that many processes, each driving its share of the slots.
 
-    One Python client parses every streamed event on one core (~65 µs a token on a 2-core
-    host), so at tens of thousands of tokens a second a single client, not the server, would
-    set the pace; the processes start together (a barrier) and the run's wall time spans the
-    first start to the last finish."""
+    One Python client parses every streamed event on one core (5-7 µs a token on a 2-core
+    host, results/2026-12-04-cpu-load-client; 35-43 µs on the H200's host before events were
+    read by the read), so at tens of thousands of tokens a second a single client, not the
+    server, could set the pace; the processes start together (a barrier) and the run's wall
+    time spans the first start to the last finish."""
     prompts = measured_prompts(spec)
     async with _client(spec) as session:
         if spec.num_warmup:

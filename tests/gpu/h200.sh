@@ -97,6 +97,9 @@
 #   tp-rows   the same check's rows sweep: the row check on each rank under slot pressure
 #             (> 1,000 steps), tarred to check-tp-rows.tgz
 #   gate-tp   configs/gate/h200-9b-tp.yaml (TP2 beside TP1 at c=1/16/64), tarred
+# Carry .whl/ (../shared/tools/gpu-wheels) with an orjson wheel added, which the API and the load
+# client parse with (the host has none): pip download orjson --only-binary=:all: \
+#   --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
