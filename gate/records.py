@@ -52,6 +52,9 @@ class RunRecord:
     steps: dict[str, int] = field(default_factory=dict)  # server steps by kind over the run
     # the server's mean wall ms inside a step of each kind over the run (resident's /metrics)
     step_ms: dict[str, float] = field(default_factory=dict)
+    # the prefix cache over the run (resident's /metrics; empty for other servers): `hits`,
+    # requests that started from a cached prefix, and `saved_tokens`, prompt tokens restored
+    prefix: dict[str, int] = field(default_factory=dict)
     sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
     # CPU seconds over the run of the launched server process (a resident arm's API process)
     # and of its descendants (the engine core); None: n/a (no /proc)

@@ -90,8 +90,12 @@ def test_servers_left_finds_a_runs_processes_and_no_others():
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate") / "session"
+    # the head serves with its prefix cache on (a snapshot every page) and every prompt opens
+    # with one 32-token prefix: after the warm-up, each of its requests restores 2 pages
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
                     "--set", "main.resident_planning=off", "--set", "dtype=float32",
+                    "--set", "head.prefix_cache=on", "--set", "head.prefix_snapshot_interval=1",
+                    "--shared-prefix-len", "32",
                     "--concurrency", "1,2", "--rounds", "2", "--runs", "2", "--clients", "2",
                     "--out", str(out), "--format", "json", *SHORT)
     return out, result
@@ -120,6 +124,12 @@ def test_a_session_writes_everything(session):
     for name in ("manifest.json", "rounds.md", "summary.md", "summary.json", "paired.md",
                  "tok_s.png", "itl.png"):
         assert (out / name).is_file(), name
+    # the servers' prefix cache counters over each run: every head request hit, main has none
+    assert all(r.prefix == {"hits": r.metrics.completed, "saved_tokens": 32 * r.metrics.completed}
+               for r in runs if r.arm == "head")
+    assert all(r.prefix == {"hits": 0, "saved_tokens": 0} for r in runs if r.arm == "main")
+    assert ("- c=1: prefix cache hits over the runs: main 0 of 16 requests; head 16 of 16 "
+            "requests (32 prompt tokens restored a hit).") in (out / "summary.md").read_text()
     manifest = Manifest.read(out).to_dict()
     configs = {a["name"]: a["debug_config"] for a in manifest["arms"]}
     assert configs["main"]["planning_mode"] == "off"

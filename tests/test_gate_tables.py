@@ -91,6 +91,10 @@ def _record(round_index: int, arm: str, concurrency: int, run: int,
         {"decode": round(itl * 0.9, 3), "prefill": round(4.0 + concurrency * 0.25, 3)}
         | ({"mixed": round(6.0 + concurrency * 0.5, 3)} if concurrency > 1 else {}),
         sibling_busy_cpus=None if round_index == 1 and arm == "main" else 0.5 + run * 0.25,
+        # head's prefix cache hits every request at c=16 (a 512-token prefix), main's is off;
+        # c=1 runs come from a server without the counters
+        prefix={} if concurrency == 1 else {"hits": 0, "saved_tokens": 0} if arm == "main"
+        else {"hits": 4 * concurrency - failed, "saved_tokens": 512 * (4 * concurrency - failed)},
         # the API process at 0.4 of a core at c=1, 0.7 at c=16, and at its limit (0.95) in
         # head at c=16; the engine core at 1.5 cores; one client at 0.3 of a core at c=1, two
         # at c=16, at their limit (1.9 cores) in head; main's second round reads no /proc

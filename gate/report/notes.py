@@ -52,6 +52,22 @@ def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def prefix_cache_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell where some arm's server hit its prefix cache: each arm's hits against
+    its requests and the prompt tokens a hit restored, so a cache's gain reads beside what it
+    served (the measured runs; the warm-up fills the cache before them)."""
+    lines = []
+    for cell in dict.fromkeys(row["cell"] for row in rows):
+        mine = [r for r in rows if r["cell"] == cell and r["prefix_hits"] is not None]
+        if not any(r["prefix_hits"] for r in mine):
+            continue
+        parts = [f"{r['arm']} {r['prefix_hits']:,} of {r['prefix_requests']:,} requests"
+                 + (f" ({r['prefix_saved_tokens'] / r['prefix_hits']:,.0f} prompt tokens "
+                    "restored a hit)" if r["prefix_hits"] else "") for r in mine]
+        lines.append(f"- {cell}: prefix cache hits over the runs: {'; '.join(parts)}.")
+    return lines
+
+
 def _session_cpus(manifest: Manifest) -> int:
     """The CPUs the session's servers and client were placed on (the host's, unrecorded)."""
     placement = manifest.placement

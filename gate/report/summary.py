@@ -80,6 +80,19 @@ def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
             "num_clients": num(median(ok["num_clients"]), 0)}
 
 
+def _prefix_cache(runs: pd.DataFrame) -> dict[str, int | None]:
+    """The prefix cache's hits, the prompt tokens they restored and the requests sent, summed
+    over the runs that recorded hits (None when none did: a server without the counters, a
+    record from before them)."""
+    known = runs[[isinstance(c, dict) and "hits" in c for c in runs["prefix"]]]
+    if known.empty:
+        return dict.fromkeys(("prefix_hits", "prefix_saved_tokens", "prefix_requests"))
+    return {"prefix_hits": sum(c["hits"] for c in known["prefix"]),
+            "prefix_saved_tokens": sum(c["saved_tokens"] for c in known["prefix"]),
+            "prefix_requests": int((known["completed"].fillna(0)
+                                    + known["failed"].fillna(0)).sum())}
+
+
 def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
     return {
         "runs_ok": int(runs["ok"].sum()),
@@ -108,7 +121,9 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
     one server log held, and whether the arm asked for the planner and did not get it; the
     server's and the client's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token,
-    core_cpu_share, client_cpu_share).
+    core_cpu_share, client_cpu_share); the prefix cache's hits and restored prompt tokens over
+    the runs that recorded them, and those runs' requests (`prefix_hits`,
+    `prefix_saved_tokens`, `prefix_requests`; None for a server without them).
     """
     baseline = manifest.baseline
     flagged = stats.planner_off_arms(frame, manifest)
@@ -123,6 +138,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
+                **_prefix_cache(runs),
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
                 "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
@@ -246,7 +262,8 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
     else:
         parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged) + notes.short_run_lines(rows)
-                           + notes.cpu_bound_lines(rows) + notes.host_load_lines(manifest)
+                           + notes.cpu_bound_lines(rows) + notes.prefix_cache_lines(rows)
+                           + notes.host_load_lines(manifest)
                            + notes.next_step_lines(rows, manifest)))
     return "\n\n".join(parts) + "\n"
 

@@ -15,7 +15,7 @@ from gate.records import RunRecord
 from gate.run.arms import Arm
 from gate.run.load import LoadSpec, RunResult, run_load, warm_up
 from gate.run.placement import Placement
-from gate.run.server import EngineSteps, Server, ServerFailed
+from gate.run.server import EngineSteps, Server, ServerFailed, prefix_counts
 from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
 
 
@@ -51,7 +51,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
                            set(os.sched_getaffinity(0)))
     gpu = GpuSampler(placement.gpu)
     server_cpu = ProcessCpu(server.process.pid)
-    before = EngineSteps.parse(await server.metrics())
+    metrics_before = await server.metrics()
     started = time.time()
     siblings.start()
     server_cpu.start()
@@ -60,7 +60,8 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
     result: RunResult = await run_load(server.url, spec)
     client_cpu_s = round(_client_cpu_s() - client_started, 3)
     gpu_sample, busy, (api_cpu_s, core_cpu_s) = gpu.stop(), siblings.stop(), server_cpu.stop()
-    steps, step_ms = EngineSteps.parse(await server.metrics()).since(before)
+    metrics_after = await server.metrics()
+    steps, step_ms = EngineSteps.parse(metrics_after).since(EngineSteps.parse(metrics_before))
     tracebacks, recompiles = scan_log(server.log_path)
     metrics = result.metrics
     ok = metrics.completed > 0 and server.alive()
@@ -69,7 +70,8 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         concurrency=spec.concurrency, run=place.run, ok=ok,
         # a run's failure, or the first errors of the requests that failed in a run that ran
         error="; ".join(result.errors) or (None if ok else "server died"),
-        metrics=metrics, steps=steps, step_ms=step_ms, sibling_busy_cpus=busy,
+        metrics=metrics, steps=steps, step_ms=step_ms,
+        prefix=prefix_counts(metrics_before, metrics_after), sibling_busy_cpus=busy,
         api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=client_cpu_s,
         num_clients=spec.num_clients,
         gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,

@@ -266,6 +266,18 @@ def parse_metrics(text: str) -> dict[str, float]:
     return samples
 
 
+# the prefix cache's counters in resident's /metrics, by the key a run record keeps them under
+PREFIX_COUNTERS = {"hits": "resident_prefix_cache_hits_total",
+                   "saved_tokens": "resident_prefix_cache_saved_tokens_total"}
+
+
+def prefix_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The prefix cache's hits and restored prompt tokens between two /metrics readings
+    (empty for a server that has no such counters)."""
+    return {key: int(after[name] - before.get(name, 0.0))
+            for key, name in PREFIX_COUNTERS.items() if name in after}
+
+
 @dataclass(frozen=True)
 class EngineSteps:
     """resident's step counters by kind, from its /metrics (empty for other servers)."""
