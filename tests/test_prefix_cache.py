@@ -197,6 +197,23 @@ def test_the_tail_point_costs_a_step_and_deepens_a_repeats_hit(tail, prefill_ste
     assert_all_returned(engine)
 
 
+def test_a_long_fresh_prompt_is_cut_once_a_chunk():
+    """250 tokens, a snapshot point every 2 pages (32 tokens), a 128-token budget: each chunk
+    ends at the furthest point it reaches (128, then 224), so the prefill takes 3 steps (2
+    with the cache off), not one a point it passes (8); a repeat restores 224 tokens."""
+    prompt = _tokens(torch.Generator().manual_seed(12), 250)
+    off_engine = make_engine(prefill_token_budget=128)
+    off = run_engine(off_engine, {"p": (prompt, 3)})
+    assert off_engine.stats()["steps"]["prefill"] == 2
+    engine = cached_engine(prefill_token_budget=128)
+    first = run_engine(engine, {"p": (prompt, 3)})
+    assert engine.stats()["steps"]["prefill"] == 3
+    again = run_engine(engine, {"p+": (prompt, 3)})
+    assert engine.stats()["prefix_cached_tokens"] == 224
+    assert first["p"] == off["p"] and again["p+"] == off["p"]
+    assert_all_returned(engine)
+
+
 def test_page_keys_chain_their_parents():
     first = page_keys(list(range(40)), PAGE)
     assert len(first) == 2  # the partial third page has no key

@@ -35,8 +35,10 @@ def server():
 @pytest.fixture(scope="module")
 def pressured():
     """8 requests of up to 100 tokens need 8 * 7 pages; 24 pages force offloads. The prefix
-    cache is on: its idle pages give way to the pressure."""
+    cache is on, with the tail snapshot (a repeated prompt restores up to its last page): its
+    idle pages give way to the pressure."""
     srv = Server("--set", "dtype=float64", "--set", "num_kv_pages=25", "--set", "prefix_cache=on",
+                 "--set", "prefix_snapshot_tail=on",
                  env={"RESIDENT_API_KEY": API_KEY}).wait_ready(AUTH)
     yield srv
     srv.stop()
@@ -263,7 +265,8 @@ def test_stream_usage_event_then_done(server):
 
 def test_a_repeated_prompt_hits_the_prefix_cache(pressured, model64):
     """The second time a 70-token prompt comes, its first 64 tokens (4 pages, the last page
-    boundary before its last token) are restored: the same tokens, reported as cached."""
+    boundary before its last token: the tail snapshot) are restored: the same tokens, reported
+    as cached."""
     prompt = torch.randint(0, TINY.vocab_size, (70,),
                            generator=torch.Generator().manual_seed(9)).tolist()
     before = run(metrics(pressured.url, AUTH))

@@ -11,9 +11,10 @@ which a later token's state cannot give back. So the cache keeps both, at page-a
   computed length lands on a snapshot point: every `prefix_snapshot_interval` pages, and with
   `prefix_snapshot_tail: on` the last page boundary before the prompt's last token (the
   deepest point a repeat of the prompt can restore: a hit keeps at least one token to compute,
-  so its logits exist). The scheduler ends prefill chunks at these points (`chunk`), as vLLM's
-  mamba "align" mode does, so the state there is the slot's state after a step and a snapshot
-  is one device copy. Each point costs a prompt one more step: the tail point, which only a
+  so its logits exist). The scheduler ends a prefill chunk at the furthest such point it
+  reaches (`chunk`), as vLLM's mamba "align" mode does, so the state there is the slot's state
+  after a step and a snapshot is one device copy; points inside a chunk get none. Each cut
+  costs the prompt one more step: the tail point, which every prompt reaches and only a
   repeat of the same prompt (or a chat's next turn) can use, is therefore off by default.
 
 A hit (`match`) is the longest prefix whose pages are all cached and which ends at a snapshot:
@@ -115,18 +116,29 @@ class PrefixCache(NoPrefixCache):
         return None
 
     def chunk(self, request: Request, start: int, num_new: int) -> int:
-        """A prefill chunk of `num_new` prompt tokens from `start`, cut to end at the next
-        snapshot point if it would pass one."""
-        point = self._next_point(start, len(request.prompt_ids))
-        return min(num_new, point - start) if point else num_new
+        """A prefill chunk of at most `num_new` prompt tokens from `start`, cut to end at a
+        snapshot point if it reaches one: the furthest interval point, else (tail on) the
+        last page boundary. One cut a chunk, as vLLM's mamba "align" mode: a long fresh
+        prompt takes one step more than with the cache off, not one a point it passes."""
+        last = self._last_boundary(len(request.prompt_ids))
+        furthest = min(start + num_new, last) // self.interval * self.interval
+        if furthest > start:
+            return furthest - start
+        if self.tail and start < last <= start + num_new:
+            return last - start
+        return num_new
 
-    def _next_point(self, start: int, prompt_len: int) -> int:
-        """The first snapshot point after `start` (0: none left): a multiple of the interval,
-        or (tail on) the last page boundary before the prompt's last token. None is past that
-        boundary: a hit must leave a token to compute."""
-        last = (prompt_len - 1) // self.page_size * self.page_size
-        points = [(start // self.interval + 1) * self.interval] + ([last] if self.tail else [])
-        return min((point for point in points if start < point <= last), default=0)
+    def _last_boundary(self, prompt_len: int) -> int:
+        """The last page boundary before a prompt's last token: no snapshot lies past it, as a
+        hit must leave a token to compute."""
+        return (prompt_len - 1) // self.page_size * self.page_size
+
+    def _is_point(self, computed: int, prompt_len: int) -> bool:
+        """Whether a prompt computed this far is at a snapshot point: a multiple of the
+        interval or (tail on) its last page boundary, not past that boundary."""
+        last = self._last_boundary(prompt_len)
+        return 0 < computed <= last and (computed % self.interval == 0
+                                         or (self.tail and computed == last))
 
     def restore(self, request: Request, hit: PrefixHit) -> None:
         """A hit's state: the snapshot into the request's (just admitted) state slot."""
@@ -151,7 +163,7 @@ class PrefixCache(NoPrefixCache):
         if num_full > self._num_cached[rid]:
             self.kv.cache_pages(rid, keys[:num_full], self._num_cached[rid])
             self._num_cached[rid] = num_full
-        if computed < prompt_len and computed == self._next_point(computed - 1, prompt_len):
+        if self._is_point(computed, prompt_len):
             self._snapshot(keys[computed // self.page_size - 1], self.states.slots[rid])
         if computed >= prompt_len:
             self.drop(rid)
