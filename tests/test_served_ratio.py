@@ -40,6 +40,7 @@ def test_one_call_measures_both_halves_and_their_ratio(tmp_path, capsys):
                                                             rel=1e-3)
         assert 0 < rows["busy share"][half] <= 1
         assert rows["TTFT p50 ms"][half] > 0 and rows["ITL p50 ms"][half] > 0
+        assert rows["prefix hits"][half] == rows["prefix saved tokens"][half] == 0  # cache off
     summary, gap = sections["served_ratio"], sections["gap"]
     served, in_process = rows["output tok/s"]["served"], rows["output tok/s"]["in_process"]
     assert (summary["served_tok_s"], summary["in_process_tok_s"]) == (served, in_process)
@@ -52,6 +53,23 @@ def test_one_call_measures_both_halves_and_their_ratio(tmp_path, capsys):
     assert sections["served_cpu"]["server_tracebacks"] == 0
     assert "planning mode: resident" in (tmp_path / "in_process.log").read_text()
     assert "ready: planning mode resident" in (tmp_path / "server.log").read_text()
+
+
+def test_both_halves_hit_a_shared_prefix_alike(tmp_path, capsys):
+    """A 32-token prefix opens every prompt and the cache snapshots every 2 pages: after the
+    warm-up, every measured request restores the prefix, in process as served."""
+    code = served_ratio.main([
+        "--concurrency", str(CONCURRENCY), "--prompt-len", str(PROMPT_LEN),
+        "--shared-prefix-len", "32", "--output-len", str(OUTPUT_LEN), "--requests",
+        str(REQUESTS), "--set", "prefix_cache=on", "--set", "prefix_snapshot_interval=2",
+        "--logs", str(tmp_path), "--format", "json"])
+    sections = json.loads(capsys.readouterr().out)
+    assert code == 0, sections
+    assert sections["served_ratio"]["shared_prefix_len"] == 32
+    rows = {row["what"]: row for row in sections["comparison"]}
+    for half in ("in_process", "served"):
+        assert rows["prefix hits"][half] == REQUESTS
+        assert rows["prefix saved tokens"][half] == 32 * REQUESTS
 
 
 def test_the_closed_loop_runs_every_prompt_and_fails_a_bad_one_alone():

@@ -88,11 +88,13 @@ SAME_ENGINE = ("weights_fingerprint", "planning_mode", "source_digest", "attenti
 @dataclass(frozen=True)
 class Half:
     """One half's measurement: the load's numbers over its measured requests, its engine's
-    steps by kind and mean ms a step by kind over them, its first errors."""
+    steps by kind and mean ms a step by kind over them, its prefix cache's hits and restored
+    prompt tokens over them (`hits`, `saved_tokens`), its first errors."""
 
     metrics: ServeMetrics
     steps: dict[str, int]
     step_ms: dict[str, float]
+    prefix: dict[str, int]
     errors: tuple[str, ...] = ()
 
     @property
@@ -156,7 +158,8 @@ async def served_half(setup: Setup, spec: LoadSpec) -> tuple[Half, LoadSpec, dic
     if not record.ok or record.metrics is None:
         raise HalfFailed(f"served: {record.error}", record.log_tail or "")
     errors = (record.error,) if record.error else ()
-    return Half(record.metrics, record.steps, record.step_ms, errors), spec, debug, record
+    return (Half(record.metrics, record.steps, record.step_ms, record.prefix, errors), spec,
+            debug, record)
 
 
 def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
@@ -188,8 +191,11 @@ def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
     measured = summarize(dataclasses.replace(spec, num_warmup=0),
                          [RequestResult(**result) for result in data["requests"]],
                          data["wall_s"])
-    steps, step_ms = _steps(data["stats_after"]).since(_steps(data["stats_before"]))
-    return Half(measured.metrics, steps, step_ms, measured.errors), data["info"]
+    before, after = data["stats_before"], data["stats_after"]
+    steps, step_ms = _steps(after).since(_steps(before))
+    prefix = {"hits": after["prefix_hits"] - before["prefix_hits"],
+              "saved_tokens": after["prefix_cached_tokens"] - before["prefix_cached_tokens"]}
+    return Half(measured.metrics, steps, step_ms, prefix, measured.errors), data["info"]
 
 
 def _steps(stats: dict) -> EngineSteps:
@@ -241,6 +247,8 @@ def comparison(in_process: Half, served: Half) -> list[dict[str, Any]]:
              for factor in FACTORS]
     rows.append(("ms outside steps a step", in_process.outside_ms_a_step(),
                  served.outside_ms_a_step()))
+    rows += [(f"prefix {key.replace('_', ' ')}", in_process.prefix.get(key),
+              served.prefix.get(key)) for key in ("hits", "saved_tokens")]
     return [{"what": label, "in_process": _round(a, 4), "served": _round(b, 4),
              "served_over_in_process": _ratio(b, a)} for label, a, b in rows]
 

@@ -15,7 +15,8 @@ that arrived while a step ran. The warm-up prompts run first the same way, unmea
 OUT gets what the load client measures of a served request, per measured request (ok,
 output_tokens, ttft_s, itl_s, latency_s, error: time from its add to each step that emitted
 one of its tokens), the wall time from the first add to the last token, the engine's step
-counters before and after (stats: steps and step_seconds by kind, generated_tokens) and
+counters before and after (stats: steps and step_seconds by kind, generated_tokens, the prefix
+cache's prefix_hits and prefix_cached_tokens) and
 engine.info() (what /debug/config gives), so a caller can check it ran the served engine.
 """
 
@@ -38,7 +39,7 @@ from resident.engine.types import EngineRequest, RequestOutput, SamplingParams
 from resident.model.config import load_model_config
 from resident.server.core import build_core_engine
 
-STEP_STATS = ("steps", "step_seconds", "generated_tokens")
+STEP_STATS = ("steps", "step_seconds", "generated_tokens", "prefix_hits", "prefix_cached_tokens")
 
 
 @dataclass
