@@ -218,8 +218,9 @@ KNOB_MEANINGS = {
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
     "prefix_cache": "start a request from its longest cached prompt prefix: KV pages shared, "
                     "GDN state restored from a snapshot",
-    "prefix_snapshot_interval": "KV pages between GDN state snapshots of a prompt "
-                                "(prefix_cache); prefill chunks end there",
+    "prefix_snapshot_interval": "KV pages between GDN state snapshot points of a prompt "
+                                "(prefix_cache); a prefill chunk ends at the furthest it "
+                                "reaches",
     "prefix_snapshot_tail": "also snapshot at a prompt's last page boundary (prefix_cache): "
                             "a whole-prompt repeat restores there; one more step a prompt",
     "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",

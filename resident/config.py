@@ -96,12 +96,12 @@ class EngineConfig:
     # (kernels/pdl.py)
     pdl: str = "auto"
     # a new request starts from the longest cached prefix of its prompt: its KV pages shared,
-    # its GDN state restored from a snapshot (engine/prefix.py); prefill chunks end at
-    # snapshot points: every prefix_snapshot_interval pages, and with prefix_snapshot_tail on
-    # the last page boundary before a prompt's last token (a repeat of the whole prompt, or a
-    # chat's next turn, restores there; it costs every prompt one more step, so it is off:
-    # results/2026-12-04-h200-prefix-tail); prefix_snapshots device snapshots at most, LRU
-    # replaced
+    # its GDN state restored from a snapshot (engine/prefix.py); a prefill chunk ends at the
+    # furthest snapshot point it reaches: every prefix_snapshot_interval pages, and with
+    # prefix_snapshot_tail on the last page boundary before a prompt's last token (a repeat of
+    # the whole prompt, or a chat's next turn, restores there; it costs every prompt one more
+    # step, so it is off: results/2026-12-04-h200-prefix-tail); prefix_snapshots device
+    # snapshots at most, LRU replaced
     prefix_cache: str = "off"
     prefix_snapshot_interval: int = 32
     prefix_snapshot_tail: str = "off"
