@@ -256,7 +256,7 @@ def test_the_prefix_sweep_is_asked_by_name_and_gives_only_the_heads_the_cache():
     assert "prefix" not in CheckConfig().sweeps
     launches = plan_launches(CheckConfig(sweeps=("prefix",), concurrency=4))
     assert [(launch.name, launch.yardstick, launch.head_knobs) for launch in launches] == [
-        ("prefix-off", True, {}),
+        ("prefix-off", True, {"prefix_cache": "off"}),
         ("prefix-on", True, {"prefix_cache": "on", "prefix_snapshot_tail": "on",
                              "row_check": "on"})]
     assert [(load.name, load.concurrency, load.preamble) for launch in launches

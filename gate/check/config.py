@@ -21,6 +21,7 @@ the sweeps group into launches, one server per arm and knob set, in this order:
   for the rows sweep, whose tokens it also judges;
 - `prefix-off` and `prefix-on` (the prefix sweep, asked by name: not among the defaults): the
   prompts, each opened by one shared preamble (the first prompt), at c=`concurrency`; under
+  prefix-off the heads run prefix_cache=off by name (whatever their default); under
   prefix-on the heads (not the baseline or its yardstick, which keep the cache off: main may
   not know the knob) run prefix_cache=on and prefix_snapshot_tail=on with the row check, and
   take the prompts twice, a first pass (`prefix-first`) and then the same prompts again
@@ -236,7 +237,9 @@ def plan_launches(check: CheckConfig) -> list[Launch]:
     if "prefix" in sweeps:
         off, first, again = (Load(name, check.concurrency, preamble=True, varied=True)
                              for name in PREFIX_LOADS)
-        launches.append(Launch("prefix-off", {}, (off,), yardstick=True))
+        # the heads' cache off by name, whatever their default (the baseline's by its own)
+        launches.append(Launch("prefix-off", {}, (off,), yardstick=True,
+                               head_knobs={"prefix_cache": "off"}))
         launches.append(Launch("prefix-on", {}, (first, again), yardstick=True,
                                head_knobs=dict(PREFIX_KNOBS)))
     return launches
