@@ -76,6 +76,8 @@
 #             prefix: the cache's cost), tarred
 #   gate-prefix-tail  configs/gate/h200-0.8b-prefix-tail.yaml (off, on, and on with the tail
 #             snapshot, shared prefix as gate-prefix), tarred
+#   gate-prefix-long  configs/gate/h200-0.8b-prefix-long.yaml (on against off, 4,000-token
+#             fresh prompts at c=1/16: the cut's TTFT cost), tarred
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
 #             torch's filter, and a seeded request alone (eager, host-planned) against among 15
 #             (graphs, resident slots), torch and triton;
@@ -243,7 +245,7 @@ for part in "$@"; do
       run "$part" "${CHECK_LIMIT:-570}" python3 -m gate check --config "$config" \
         --arm "$main" --arm head=. "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
