@@ -91,7 +91,8 @@ def test_servers_left_finds_a_runs_processes_and_no_others():
 def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate") / "session"
     # the head serves with its prefix cache on (a snapshot every page) and every prompt opens
-    # with one 32-token prefix: after the warm-up, each of its requests restores 2 pages
+    # with one 32-token prefix: after the warm-up (two requests a slot: the second wave
+    # snapshots the prefix), each of its requests restores 2 pages
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
                     "--set", "main.resident_planning=off", "--set", "dtype=float32",
                     "--set", "head.prefix_cache=on", "--set", "head.prefix_snapshot_interval=1",

@@ -1,7 +1,8 @@
-"""The prefix cache on the tiny model in float64: greedy tokens with the cache on (first pass,
-then the same prompts again, now hits) equal the cache off, under KV and slot pressure, with
-the row check finding nothing; a hit's restored GDN state equals a fresh prefill's; a planted
-wrong snapshot offset is caught; eviction under pressure; everything returns."""
+"""The prefix cache on the tiny model in float64: greedy tokens with the cache on (a first pass,
+then the same prompts again: the second pass snapshots where the first one's pages end, the
+third hits) equal the cache off, under KV and slot pressure, with the row check finding
+nothing; a hit's restored GDN state equals a fresh prefill's; a planted wrong snapshot offset is
+caught; eviction under pressure; a prompt nobody shared is not cut; everything returns."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def make_engine(**knobs) -> Engine:
 
 
 def cached_engine(**knobs) -> Engine:
-    return make_engine(prefix_cache="on", prefix_snapshot_interval=2, **knobs)
+    return make_engine(**{"prefix_cache": "on", "prefix_snapshot_interval": 2, **knobs})
 
 
 def _tokens(generator: torch.Generator, count: int) -> list[int]:
@@ -46,11 +47,15 @@ def shared_prompts() -> dict[str, tuple[list[int], int]]:
     return requests
 
 
-def both_passes(engine: Engine, requests, concurrency: int | None = None):
-    first = run_engine(engine, requests, concurrency=concurrency)
-    again = run_engine(engine, {f"{rid}+": value for rid, value in requests.items()},
-                       concurrency=concurrency)
-    return first, {rid[:-1]: tokens for rid, tokens in again.items()}
+def passes(engine: Engine, requests, concurrency: int | None = None,
+           times: int = 3) -> list[dict[str, list[int]]]:
+    """Each pass's tokens, the same prompts `times` times (request ids made unique)."""
+    return [{rid: tokens[rid + "+" * n]
+             for rid in requests}
+            for n, tokens in ((n, run_engine(engine, {rid + "+" * n: value
+                                                      for rid, value in requests.items()},
+                                             concurrency=concurrency))
+                              for n in range(times))]
 
 
 def assert_all_returned(engine: Engine) -> None:
@@ -74,10 +79,9 @@ def expected():
 def test_greedy_tokens_equal_the_cache_off_on_both_passes(expected, concurrency, tail):
     requests, off = expected
     engine = cached_engine(row_check="on", prefix_snapshot_tail=tail)
-    first, again = both_passes(engine, requests, concurrency)
-    assert first == off and again == off
+    assert all(tokens == off for tokens in passes(engine, requests, concurrency))
     stats = engine.stats()
-    # the second pass hits on every prompt with a full page before its last token
+    # the last pass hits on every prompt with a full page before its last token
     assert stats["prefix_hits"] >= 7 and stats["prefix_cached_tokens"] >= 7 * PAGE
     assert engine.rowcheck_counts()["mismatches"] == 0
     assert engine.rowcheck_counts()["steps"] > 0
@@ -87,8 +91,7 @@ def test_greedy_tokens_equal_the_cache_off_on_both_passes(expected, concurrency,
 def test_under_kv_pressure_offloads_evict_and_tokens_hold(expected):
     requests, off = expected
     engine = cached_engine(num_kv_pages=14, prefill_token_budget=32, row_check="on")
-    first, again = both_passes(engine, requests)
-    assert first == off and again == off
+    assert all(tokens == off for tokens in passes(engine, requests))
     assert engine.scheduler.num_offloads > 0
     assert engine.scheduler.num_reloads == engine.scheduler.num_offloads
     assert engine.kv.cache.num_evicted > 0  # idle cached pages gave way
@@ -99,8 +102,7 @@ def test_under_kv_pressure_offloads_evict_and_tokens_hold(expected):
 def test_under_slot_pressure_the_row_check_finds_nothing(expected):
     requests, off = expected
     engine = cached_engine(decode_buckets=(1, 2), decode_order="turns", row_check="on")
-    first, again = both_passes(engine, requests)
-    assert first == off and again == off
+    assert all(tokens == off for tokens in passes(engine, requests))
     counts = engine.rowcheck_counts()
     assert counts["displaced"] > 0 and counts["mismatches"] == 0
     assert_all_returned(engine)
@@ -109,8 +111,7 @@ def test_under_slot_pressure_the_row_check_finds_nothing(expected):
 def test_a_full_snapshot_pool_replaces_the_least_recently_used(expected):
     requests, off = expected
     engine = cached_engine(prefix_snapshots=2)
-    first, again = both_passes(engine, requests, concurrency=2)
-    assert first == off and again == off
+    assert all(tokens == off for tokens in passes(engine, requests, concurrency=2))
     stats = engine.stats()
     assert stats["prefix_snapshots_evicted"] > 0 and stats["prefix_snapshots_used"] == 2
     assert_all_returned(engine)
@@ -152,7 +153,7 @@ def _max_state_error(engine: Engine, restored) -> float:
 def test_a_hits_restored_state_equals_a_fresh_prefill(expected):
     requests, _ = expected
     engine = cached_engine()
-    run_engine(engine, requests)
+    passes(engine, requests, times=2)
     restored = _restored_states(engine)
     run_engine(engine, {f"{rid}+": value for rid, value in requests.items()})
     assert len(restored) >= 7
@@ -164,7 +165,7 @@ def test_a_planted_wrong_snapshot_offset_is_caught(expected):
     the tokens both see it."""
     requests, off = expected
     engine = cached_engine()
-    run_engine(engine, requests)
+    passes(engine, requests, times=2)
     match = engine.prefixes.match
 
     def one_page_short(request):
@@ -180,37 +181,73 @@ def test_a_planted_wrong_snapshot_offset_is_caught(expected):
     assert {rid[:-1]: tokens for rid, tokens in again.items()} != off
 
 
-@pytest.mark.parametrize(("tail", "prefill_steps", "restored"),
-                         [("off", 2, 2 * PAGE), ("on", 3, 3 * PAGE)])
-def test_the_tail_point_costs_a_step_and_deepens_a_repeats_hit(tail, prefill_steps, restored):
-    """A 3-page-and-5-token prompt, snapshots every 2 pages: its prefill ends a chunk at 2 pages,
-    and with the tail point also at 3 (its last page boundary), one more step; a repeat of it
-    restores as deep as the last snapshot, and the tokens are the cache off's either way."""
+def _pass_stats(engine: Engine, requests) -> tuple[list[int], int, int]:
+    """One pass of `requests` (in turn) on `engine`: its tokens, and the prefill steps it took
+    and the prompt tokens it restored."""
+    before = engine.stats()
+    tokens = run_engine(engine, requests, concurrency=1)
+    after = engine.stats()
+    return (list(tokens.values()),
+            after["steps"].get("prefill", 0) - before["steps"].get("prefill", 0),
+            after["prefix_cached_tokens"] - before["prefix_cached_tokens"])
+
+
+@pytest.mark.parametrize(("tail", "expected_passes"),
+                         [("off", [(1, 0), (2, 0), (1, 3 * PAGE)]),
+                          ("on", [(2, 0), (1, 3 * PAGE), (1, 3 * PAGE)])])
+def test_a_repeat_is_cut_at_its_last_page_boundary(tail, expected_passes):
+    """A 3-page-and-5-token prompt three times, a snapshot point every 2 pages: the first
+    pass is not cut (1 prefill step), the second (a repeat: the first's pages are cached) is
+    cut at its last page boundary (48) and snapshots there, the third restores 48 tokens. With
+    the tail on every prompt is cut there, so the second pass restores. (prefill steps,
+    restored tokens) a pass; the tokens are the cache off's in every pass."""
     prompt = _tokens(torch.Generator().manual_seed(11), 3 * PAGE + 5)
-    off = run_engine(make_engine(), {"p": (prompt, 4)})
+    off = run_engine(make_engine(), {"p": (prompt, 4)})["p"]
     engine = cached_engine(prefix_snapshot_tail=tail)
-    first = run_engine(engine, {"p": (prompt, 1)})
-    assert engine.stats()["steps"].get("prefill", 0) == prefill_steps
-    again = run_engine(engine, {"p+": (prompt, 4)})
-    assert engine.stats()["prefix_cached_tokens"] == restored
-    assert first["p"] == off["p"][:1] and again["p+"] == off["p"]
+    measured = []
+    for n in range(3):
+        tokens, steps, restored = _pass_stats(engine, {f"p{n}": (prompt, 4)})
+        assert tokens == [off]
+        measured.append((steps, restored))
+    assert measured == expected_passes
     assert_all_returned(engine)
 
 
-def test_a_long_fresh_prompt_is_cut_once_a_chunk():
-    """250 tokens, a snapshot point every 2 pages (32 tokens), a 128-token budget: each chunk
-    ends at the furthest point it reaches (128, then 224), so the prefill takes 3 steps (2
-    with the cache off), not one a point it passes (8); a repeat restores 224 tokens."""
+def test_a_shared_prefix_is_snapshotted_where_the_prompts_branch():
+    """Three prompts sharing 3 pages and 5 tokens, each with its own 20 tokens after: the
+    first is not cut; the second is cut where the first's cached pages end (48, its branch
+    point) and snapshots; the third restores 48 tokens in one step."""
+    generator = torch.Generator().manual_seed(13)
+    shared = _tokens(generator, 3 * PAGE + 5)
+    prompts = [shared + _tokens(generator, 20) for _ in range(3)]
+    off = run_engine(make_engine(), {f"p{n}": (prompt, 4) for n, prompt in enumerate(prompts)})
+    engine = cached_engine(prefix_snapshot_interval=8)  # no interval point in these prompts
+    measured = []
+    for n, prompt in enumerate(prompts):
+        tokens, steps, restored = _pass_stats(engine, {f"p{n}": (prompt, 4)})
+        assert tokens == [off[f"p{n}"]]
+        measured.append((steps, restored))
+    assert measured == [(1, 0), (2, 0), (1, 3 * PAGE)]
+    assert_all_returned(engine)
+
+
+def test_a_long_fresh_prompt_is_not_cut():
+    """250 tokens, a snapshot point every 2 pages (32 tokens), a 128-token budget: no one
+    computed it before, so its prefill takes the cache off's 2 steps; its first chunk ends at
+    128, a snapshot point, which snapshots for free. A repeat restores those 128 tokens and is
+    cut at its last page boundary (240); the next restores 240. (prefill steps, restored
+    tokens) a pass."""
     prompt = _tokens(torch.Generator().manual_seed(12), 250)
     off_engine = make_engine(prefill_token_budget=128)
-    off = run_engine(off_engine, {"p": (prompt, 3)})
+    off = run_engine(off_engine, {"p": (prompt, 3)})["p"]
     assert off_engine.stats()["steps"]["prefill"] == 2
     engine = cached_engine(prefill_token_budget=128)
-    first = run_engine(engine, {"p": (prompt, 3)})
-    assert engine.stats()["steps"]["prefill"] == 3
-    again = run_engine(engine, {"p+": (prompt, 3)})
-    assert engine.stats()["prefix_cached_tokens"] == 224
-    assert first["p"] == off["p"] and again["p+"] == off["p"]
+    measured = []
+    for n in range(3):
+        tokens, steps, restored = _pass_stats(engine, {f"p{n}": (prompt, 3)})
+        assert tokens == [off]
+        measured.append((steps, restored))
+    assert measured == [(2, 0), (2, 128), (1, 240)]
     assert_all_returned(engine)
 
 

@@ -103,6 +103,14 @@ def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
             for _ in range(count)]
 
 
+def num_warmup_for(concurrency: int, shared_prefix_len: int) -> int:
+    """A cell's warm-up requests: one a slot, and with a shared prefix a second wave: the
+    prefix cache snapshots a prefix where the second request sharing it leaves the first one's
+    cached pages (resident/engine/prefix.py), so only then do the measured requests restore it
+    as in a warm server."""
+    return concurrency * (2 if shared_prefix_len else 1)
+
+
 def warmup_prompts(spec: LoadSpec) -> list[list[int]]:
     """The prompts of a run's warm-up requests (salt 1): `spec.num_warmup` of them."""
     return make_prompts(spec, spec.num_warmup, salt=1)

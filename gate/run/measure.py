@@ -13,7 +13,7 @@ from gate.config import GateConfig
 from gate.manifest import ArmEntry
 from gate.records import RunRecord
 from gate.run.arms import Arm
-from gate.run.load import LoadSpec, RunResult, run_load, warm_up
+from gate.run.load import LoadSpec, RunResult, num_warmup_for, run_load, warm_up
 from gate.run.placement import Placement
 from gate.run.server import EngineSteps, Server, ServerFailed, prefix_counts
 from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
@@ -21,12 +21,13 @@ from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
 
 async def warmed_load(server: Server, config: GateConfig, concurrency: int, vocab: int,
                       round_index: int, num_client_cpus: int) -> LoadSpec:
-    """Runs the cell's warm-up (one request per slot); returns the cell's measured load."""
+    """Runs the cell's warm-up (one request a slot, two with a shared prefix:
+    load.num_warmup_for); returns the cell's measured load."""
     spec = LoadSpec(concurrency=concurrency, num_requests=config.requests_for(concurrency),
                     prompt_len=config.prompt_len, output_len=config.output_len,
                     shared_prefix_len=config.shared_prefix_len,
                     vocab_size=vocab, seed=config.seed * 1000 + round_index,
-                    num_warmup=concurrency,
+                    num_warmup=num_warmup_for(concurrency, config.shared_prefix_len),
                     num_clients=config.clients_for(concurrency, num_client_cpus),
                     **config.sampling)
     await warm_up(server.url, spec)

@@ -9,7 +9,8 @@
 One load (prompts of --prompt-len random token ids after a --shared-prefix-len prefix common
 to all, as the gate's shared-prefix workload; exactly --output-len tokens each, greedy,
 ignore_eos, --requests of them in a closed loop of --concurrency in flight, after a warm-up of
-one request a slot) runs twice on the same engine, one half after the other:
+one request a slot, two with a shared prefix) runs twice on the same engine, one half after the
+other:
 
 - served: `resident serve` launched as the gate launches an arm's server (gate/run/server.py:
   clean environment, server CPUs, pinning knobs), driven by the gate's load client as a gate
@@ -57,6 +58,7 @@ from gate.run.load import (
     LoadSpec,
     RequestResult,
     measured_prompts,
+    num_warmup_for,
     summarize,
     warm_up,
     warmup_prompts,
@@ -389,7 +391,7 @@ def _run(setup: Setup, args: argparse.Namespace) -> int:
                     args.requests or max(8, REQUESTS_PER_SLOT * args.concurrency),
                     args.prompt_len, args.output_len, seed=args.seed,
                     shared_prefix_len=args.shared_prefix_len,
-                    num_warmup=args.concurrency,
+                    num_warmup=num_warmup_for(args.concurrency, args.shared_prefix_len),
                     num_clients=clients_for(args.concurrency,
                                             len(setup.placement.client_cpus), args.clients))
     allowed = os.sched_getaffinity(0)

@@ -7,15 +7,22 @@ which a later token's state cannot give back. So the cache keeps both, at page-a
 - full prompt pages, cached by chained block key (resources/page_cache.py) and shared
   read-only by the streams of later requests, idle ones evicted under KV pressure;
 - GDN state snapshots (conv and recurrent state of every GDN layer) in a fixed pool on the
-  device (`prefix_snapshots` of them, least recently used replaced), taken when a prompt's
-  computed length lands on a snapshot point: every `prefix_snapshot_interval` pages, and with
-  `prefix_snapshot_tail: on` the last page boundary before the prompt's last token (the
-  deepest point a repeat of the prompt can restore: a hit keeps at least one token to compute,
-  so its logits exist). The scheduler ends a prefill chunk at the furthest such point it
-  reaches (`chunk`), as vLLM's mamba "align" mode does, so the state there is the slot's state
-  after a step and a snapshot is one device copy; points inside a chunk get none. Each cut
-  costs the prompt one more step: the tail point, which every prompt reaches and only a
-  repeat of the same prompt (or a chat's next turn) can use, is therefore off by default.
+  device (`prefix_snapshots` of them, least recently used replaced), taken where a prefill
+  chunk ends on a snapshot point. The state there is the slot's state after a step, so a
+  snapshot is one device copy; points inside a chunk get none.
+
+Where chunks end (`chunk`): a cut costs the prompt one more prefill step (4,000-token fresh
+prompts at c=1: TTFT +19%, -5% tok/s on the H200 when every prompt was cut, as vLLM's mamba
+"align" mode does: results/2026-12-04-h200-prefix-long). So a chunk is cut only where a later
+request will use the snapshot: at the furthest page boundary of the chunk up to which another
+request already computed this prompt (its pages are cached): the branch point where the prompt
+leaves the cached pages, or its last page boundary for a repeat. A prefix is therefore computed
+by its first request, snapshotted by its second, and restored from its third on; a prompt that
+shares nothing is never cut and costs no step. A chunk that ends on its own (the budget, or
+the prompt's end) at an interval point (every `prefix_snapshot_interval` pages) snapshots too,
+for free. `prefix_snapshot_tail: on` cuts every prompt at its last page boundary (the deepest
+point a repeat can restore: a hit keeps at least one token to compute, so its logits exist),
+so a repeat hits from its second request on, at a step for every prompt.
 
 A hit (`match`) is the longest prefix whose pages are all cached and which ends at a snapshot:
 the scheduler gives the new stream those pages, `restore` copies the snapshot into its state
@@ -94,6 +101,7 @@ class PrefixCache(NoPrefixCache):
                                      dtype=cache.recurrent.dtype, device=cache.recurrent.device)
         self._keys: dict[str, list[int]] = {}  # a prefilling request's prompt page keys
         self._num_cached: dict[str, int] = {}  # and how many of its pages are cached so far
+        self._cuts: dict[str, int] = {}  # where `chunk` last ended its chunk (0: not cut)
         self.counters: Counter[str] = Counter()
 
         self.snapshot_bytes = sum(t.numel() * t.element_size()  # the pool's device bytes
@@ -116,29 +124,46 @@ class PrefixCache(NoPrefixCache):
         return None
 
     def chunk(self, request: Request, start: int, num_new: int) -> int:
-        """A prefill chunk of at most `num_new` prompt tokens from `start`, cut to end at a
-        snapshot point if it reaches one: the furthest interval point, else (tail on) the
-        last page boundary. One cut a chunk, as vLLM's mamba "align" mode: a long fresh
-        prompt takes one step more than with the cache off, not one a point it passes."""
+        """A prefill chunk of at most `num_new` prompt tokens from `start`, cut to end where a
+        snapshot will serve a later request (the module's docstring): where the pages another
+        request computed end, else (tail on) at the prompt's last page boundary."""
+        rid, keys = request.request_id, self._keys.get(request.request_id)
+        if keys is None:  # its prompt's pages are all cached already
+            return num_new
         last = self._last_boundary(len(request.prompt_ids))
-        furthest = min(start + num_new, last) // self.interval * self.interval
-        if furthest > start:
-            return furthest - start
-        if self.tail and start < last <= start + num_new:
-            return last - start
-        return num_new
+        cut = 0
+        if start < last:
+            cut = self._branch_point(keys, start, min(start + num_new, last), last)
+        if not cut and self.tail and start < last <= start + num_new:
+            cut = last
+        self._cuts[rid] = cut
+        return cut - start if cut > start else num_new
+
+    def _branch_point(self, keys: list[int], start: int, end: int, last: int) -> int:
+        """The page boundary in (start, end] where the run of cached pages from `start`'s page
+        ends, if it ends there: another request computed the prompt up to it, and a later one
+        sharing as much restores from it. 0 where the run reaches past the chunk (the cut
+        comes in a later one) or has no page past `start`."""
+        first, stop = start // self.page_size, end // self.page_size
+        num_cached = len(self.kv.cache.match(keys[first:stop + 1]))
+        boundary = (first + num_cached) * self.page_size
+        if boundary <= start or (boundary > end and end < last):
+            return 0
+        return min(boundary, end)
 
     def _last_boundary(self, prompt_len: int) -> int:
         """The last page boundary before a prompt's last token: no snapshot lies past it, as a
         hit must leave a token to compute."""
         return (prompt_len - 1) // self.page_size * self.page_size
 
-    def _is_point(self, computed: int, prompt_len: int) -> bool:
-        """Whether a prompt computed this far is at a snapshot point: a multiple of the
-        interval or (tail on) its last page boundary, not past that boundary."""
-        last = self._last_boundary(prompt_len)
-        return 0 < computed <= last and (computed % self.interval == 0
-                                         or (self.tail and computed == last))
+    def _is_point(self, request: Request) -> bool:
+        """Whether a prompt's prefill stopped at a snapshot point: where `chunk` cut it, or
+        a page-aligned interval point it reached on its own, not past its last boundary."""
+        computed = request.num_computed
+        if computed == self._cuts.pop(request.request_id, 0):
+            return True
+        return (0 < computed <= self._last_boundary(len(request.prompt_ids))
+                and computed % self.interval == 0)
 
     def restore(self, request: Request, hit: PrefixHit) -> None:
         """A hit's state: the snapshot into the request's (just admitted) state slot."""
@@ -163,7 +188,7 @@ class PrefixCache(NoPrefixCache):
         if num_full > self._num_cached[rid]:
             self.kv.cache_pages(rid, keys[:num_full], self._num_cached[rid])
             self._num_cached[rid] = num_full
-        if self._is_point(computed, prompt_len):
+        if self._is_point(request):
             self._snapshot(keys[computed // self.page_size - 1], self.states.slots[rid])
         if computed >= prompt_len:
             self.drop(rid)
@@ -180,6 +205,7 @@ class PrefixCache(NoPrefixCache):
     def drop(self, request_id: str) -> None:
         self._keys.pop(request_id, None)
         self._num_cached.pop(request_id, None)
+        self._cuts.pop(request_id, None)
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges for /metrics (report.py)."""

@@ -1,11 +1,14 @@
 """The prefix cache on the H200 at qwen3.5-0.8b (bf16, CUDA graphs, padded prefill, resident
 planning with the row check): 16 prompts that share a 512-token prefix, then their own tails.
 
-At c=1 a second pass of the same prompts restores each prompt's last snapshot and computes the
-same last chunk in the same padded bucket as the first pass did, so its tokens are the first
-pass's, bit for bit. Against the cache off, a hit computes its tail in other chunks (other GEMM
-shapes), so bf16 rounding may flip a near-tied token: the test prints that agreement and
-`resident-gate check --sweep prefix` judges it with the yardstick.
+With `prefix_snapshot_tail: on` every prompt's prefill is cut at its last page boundary (and
+the second prompt also where it leaves the first one's cached pages, at 512), so at c=1 a
+second pass of the same prompts restores each prompt's tail snapshot and computes the same last
+chunk in the same padded bucket as the first pass did: its tokens are the first pass's, bit for
+bit. (With the tail off a repeat is cut there only from its second request on, so its chunks,
+and bf16's rounding, differ between passes.) Against the cache off, a hit computes its tail in
+other chunks (other GEMM shapes), so bf16 rounding may flip a near-tied token: the test prints
+that agreement and `resident-gate check --sweep prefix` judges it with the yardstick.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ pytestmark = pytest.mark.gpu
 DEVICE = torch.device("cuda")
 MODEL = load_model_config("qwen3.5-0.8b")
 NUM_PROMPTS, MAX_TOKENS, SHARED = 16, 24, 512
+# the first pass's hits: all but p0 (the first to compute the shared prefix) and p1 (the
+# first to snapshot it, where it leaves p0's pages)
+NUM_FIRST_PASS_HITS = NUM_PROMPTS - 2
+TAIL = {"prefix_cache": "on", "prefix_snapshot_tail": "on",
+        "prefix_snapshot_interval": SHARED // 16}
 
 
 def _prompts() -> dict[str, tuple[list[int], int]]:
@@ -52,7 +60,7 @@ def test_a_second_pass_repeats_the_first_and_everything_returns():
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    engine = _engine(prefix_cache="on", prefix_snapshot_interval=SHARED // 16)
+    engine = _engine(**TAIL)
     free_pages, free_slots = engine.kv.num_free, engine.states.num_free
     first = run_engine(engine, prompts, concurrency=1)
     again = run_engine(engine, {f"{rid}+": p for rid, p in prompts.items()}, concurrency=1)
@@ -63,7 +71,7 @@ def test_a_second_pass_repeats_the_first_and_everything_returns():
           f"{stats['prefix_cached_tokens']} tokens restored; row check {counts}; snapshot pool "
           f"{engine.info()['prefix_snapshot_bytes'] / 2**20:.0f} MiB")
     assert again == first
-    assert stats["prefix_hits"] >= 2 * NUM_PROMPTS - 1  # every prompt but the very first
+    assert stats["prefix_hits"] >= NUM_FIRST_PASS_HITS + NUM_PROMPTS
     assert counts["steps"] > 0 and counts["mismatches"] == 0
     assert (engine.kv.num_free, engine.states.num_free) == (free_pages, free_slots)
     assert not engine.kv.cache.refs
@@ -94,14 +102,16 @@ def _distance(a: dict[str, dict[int, float]], b: dict[str, dict[int, float]]) ->
 def test_a_hit_gives_a_fresh_prefills_logits_to_rounding():
     """Teacher-forced, so a near-tied token cannot hide the comparison: the first token's top-20
     after a hit against the cache off, beside the yardstick (the cache off, the prompt in other
-    prefill chunks: rounding alone) and a planted bug (the snapshots' recurrent states zeroed
-    before the hits), which must score far lower for the measure to mean anything. In float32:
-    in bf16 this random-weights model's rounding is about as large as what the planted bug does
-    (2026-12-04 on the H200: hit 0.078, rechunked 0.083, planted 0.185). In float32 (the same
-    day): hit 0.0013, rechunked 0.049, planted 0.175. Rechunking moves the logits that much
-    (likely the chunked kernels' float32 dots, which Triton runs in TF32 by default; not
-    isolated), so the planted bug is judged against the hit's own score, and against
-    rechunking at 2x."""
+    prefill chunks: rounding alone) and a planted bug (the snapshots' recurrent states zeroed before
+    a second pass restores each prompt at its tail snapshot), which must score far lower for the
+    measure to mean anything. In float32: in bf16 this random-weights model's rounding is about as
+    large as what the planted bug does (2026-12-04 on the H200: hit 0.078, rechunked 0.083, planted
+    0.185). In float32 (the same day): hit 0.0013, rechunked 0.049, planted 0.175. Rechunking moves
+    the logits that much (likely the chunked kernels' float32 dots, which Triton runs in TF32 by
+    default; not isolated), so the planted bug is judged against the hit's own score, and against
+    rechunking at 2x. (The planted pass must restore near the prompt's end, where the zeroed state
+    has the tokens after it to show in: restored at 512 with up to 400 tokens after it, on
+    2026-12-04 it scored 0.0032 against rechunking's 0.0013.)"""
     prompts = _prompts()
     engine = _engine(dtype="float32")
     off = _first_token_logprobs(engine, prompts)
@@ -112,30 +122,30 @@ def test_a_hit_gives_a_fresh_prefills_logits_to_rounding():
     del engine
     gc.collect()
     torch.cuda.empty_cache()
-    engine = _engine(dtype="float32", prefix_cache="on", prefix_snapshot_interval=SHARED // 16)
+    engine = _engine(dtype="float32", **TAIL)
     hits = _first_token_logprobs(engine, prompts)
     engine.prefixes.recurrent.zero_()
     planted = _first_token_logprobs(engine, {f"{rid}+": p for rid, p in prompts.items()})
     planted = {rid[:-1]: top for rid, top in planted.items()}
-    cached = {rid: p for rid, p in prompts.items() if rid != "p0"}  # p0 filled the cache
+    cached = {rid: p for rid, p in prompts.items() if rid not in ("p0", "p1")}
     scores = {name: _distance({rid: off[rid] for rid in cached}, side)
               for name, side in (("hit", hits), ("rechunked", rechunked), ("planted", planted))}
     print("float32, first token's top-20 against the cache off, mean largest |logprob "
           "difference|: " + ", ".join(f"{name} {score:.6f}" for name, score in scores.items()))
-    assert engine.stats()["prefix_hits"] >= 2 * NUM_PROMPTS - 1
+    assert engine.stats()["prefix_hits"] >= NUM_FIRST_PASS_HITS + NUM_PROMPTS
     assert scores["hit"] <= 2 * scores["rechunked"] + 1e-3
     assert scores["planted"] > 2 * scores["rechunked"] + 1e-2
     assert scores["planted"] > 10 * scores["hit"] + 1e-2
 
 
 def test_a_burst_of_prompt_chunks_launched_ahead_gives_the_unhurried_tokens():
-    """16 prompts sharing a 6,144-token prefix arrive at once: the first one's prefill runs as
-    three full 2,048-token chunks cut at snapshot points, three steps in a row that sample no
-    row while the GPU falls behind the host, then the rest hit. Launched ahead, such steps
-    once turned the host staging ring over copies still queued (an illegal address on the
-    H200, 2026-12-04, at 1,024 + 256 before a chunk was cut once); with plan_ahead off nothing
-    is launched ahead, and the scheduler makes the same steps, so the tokens must be the same
-    bit for bit."""
+    """16 prompts sharing a 6,144-token prefix arrive at once: the first one's prefill runs as three
+    full 2,048-token chunks, each ending on a snapshot point (every 512 tokens): three steps in a
+    row that sample no row while the GPU falls behind the host, then the rest hit. Launched ahead,
+    such steps once turned the host staging ring over copies still queued (an illegal address on the
+    H200, 2026-12-04, at 1,024 + 256 before a chunk was cut once); with plan_ahead off nothing is
+    launched ahead, and the scheduler makes the same steps, so the tokens must be the same bit for
+    bit."""
     generator = torch.Generator().manual_seed(7)
     shared = torch.randint(0, MODEL.vocab_size, (6144,), generator=generator).tolist()
     prompts = {f"b{i}": (shared + torch.randint(0, MODEL.vocab_size, (64,),
