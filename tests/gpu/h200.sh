@@ -238,12 +238,17 @@ for part in "$@"; do
         check-prefix-2b) config=configs/gate/check-h200-2b-prefix.yaml ;;
         check-prefix-2b-fp32) config=configs/gate/check-h200-2b-prefix.yaml
           knobs=(--set dtype=float32) ;;
-        check-prefix-fp32) config=configs/gate/check-h200-0.8b-prefix-fp32.yaml ;;
+        # the command line's --set replaces the file's: float32 again
+        check-prefix-fp32) config=configs/gate/check-h200-0.8b-prefix-fp32.yaml
+          knobs=(--set dtype=float32) ;;
         *) config=configs/gate/check-h200-0.8b-prefix.yaml ;;
       esac
-      main=main=.; [ -d .gate/worktrees/main-ea55939 ] && main=main=path:.gate/worktrees/main-ea55939
+      # main: this tree with the cache off by name (whatever its default), or the carried
+      # worktree of a main from before the cache
+      main=(--arm main=. --set main.prefix_cache=off)
+      [ -d .gate/worktrees/main-ea55939 ] && main=(--arm main=path:.gate/worktrees/main-ea55939)
       run "$part" "${CHECK_LIMIT:-570}" python3 -m gate check --config "$config" \
-        --arm "$main" --arm head=. "${knobs[@]}" --out "$OUT/$part"
+        "${main[@]}" --arm head=. "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
