@@ -218,11 +218,10 @@ KNOB_MEANINGS = {
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
     "prefix_cache": "start a request from its longest cached prompt prefix: KV pages shared, "
                     "GDN state restored from a snapshot",
-    "prefix_snapshot_interval": "KV pages between GDN state snapshot points of a prompt "
-                                "(prefix_cache); a prefill chunk ends at the furthest it "
-                                "reaches",
-    "prefix_snapshot_tail": "also snapshot at a prompt's last page boundary (prefix_cache): "
-                            "a whole-prompt repeat restores there; one more step a prompt",
+    "prefix_snapshot_interval": "KV pages between the points where a prefill chunk that "
+                                "ends there on its own snapshots the GDN state (prefix_cache)",
+    "prefix_snapshot_tail": "cut every prompt at its last page boundary (prefix_cache): a "
+                            "repeat restores there from its second request; a step a prompt",
     "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
     "sampler": "the batched draw: torch (a sort), flashinfer or triton (a rejection race; "
                "both CUDA); auto: triton on CUDA, torch on CPU",

@@ -96,13 +96,15 @@ class EngineConfig:
     # (kernels/pdl.py)
     pdl: str = "auto"
     # a new request starts from the longest cached prefix of its prompt: its KV pages shared,
-    # its GDN state restored from a snapshot (engine/prefix.py); a prefill chunk ends at the
-    # furthest snapshot point it reaches: every prefix_snapshot_interval pages, and with
-    # prefix_snapshot_tail on the last page boundary before a prompt's last token (a repeat of
-    # the whole prompt, or a chat's next turn, restores there; it costs every prompt one more
-    # step, so it is off: results/2026-12-04-h200-prefix-tail); prefix_snapshots device
-    # snapshots at most, LRU replaced
-    prefix_cache: str = "off"
+    # its GDN state restored from a snapshot (engine/prefix.py). A prefill chunk is cut only
+    # where a later request restores: where another request's cached pages of the prompt end
+    # (a prompt nobody shared is never cut); one that ends on its own every
+    # prefix_snapshot_interval pages snapshots too. prefix_snapshot_tail on cuts every prompt at
+    # its last page boundary (a repeat restores there from its second request, not its third;
+    # a step more for every prompt); prefix_snapshots device snapshots at most, LRU replaced.
+    # On by default since the cuts follow sharing: without it the cache costs no step
+    # (results/2026-12-04-h200-prefix-seen)
+    prefix_cache: str = "on"
     prefix_snapshot_interval: int = 32
     prefix_snapshot_tail: str = "off"
     prefix_snapshots: int = 64

@@ -94,7 +94,8 @@ def session(tmp_path_factory):
     # with one 32-token prefix: after the warm-up (two requests a slot: the second wave
     # snapshots the prefix), each of its requests restores 2 pages
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
-                    "--set", "main.resident_planning=off", "--set", "dtype=float32",
+                    "--set", "main.resident_planning=off", "--set", "main.prefix_cache=off",
+                    "--set", "dtype=float32",
                     "--set", "head.prefix_cache=on", "--set", "head.prefix_snapshot_interval=1",
                     "--shared-prefix-len", "32",
                     "--concurrency", "1,2", "--rounds", "2", "--runs", "2", "--clients", "2",

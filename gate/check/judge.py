@@ -59,7 +59,8 @@ def verdict_rule(check: CheckConfig, roles: Roles) -> str:
         "host-planned server has no rows to check (n/a); and the tokens under slot pressure "
         "(under KV pressure too when the kv-pressure sweep is not run) hold as rule 2 says.",
         f"5. prefix: the loads {', '.join(PREFIX_LOADS)} each hold as rule 2 says (the heads "
-        f"with the prefix cache on for the last two, {base} and the yardstick with it off); "
+        f"with the prefix cache on for the last two, {base} and the yardstick with their own "
+        "knobs); "
         "each head hit the cache under prefix-on, and one that plans resident ran the row "
         "check with 0 mismatches.",
     ])

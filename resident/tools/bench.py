@@ -37,6 +37,7 @@ import json
 import pstats
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,16 +104,18 @@ def _kernel_profile(run, count: int | Callable[[], int]) -> tuple[float, float, 
     return busy_us / 1e3 / count, len(kernels) / count, top_rows
 
 
-def _fresh_prefill_s(engine: Engine, prompt_len: int) -> float:
+def _fresh_prefill_s(engine: Engine, prompt_len: int, tag: str) -> float:
     """Seconds for one fresh prompt, alone, to its first token."""
-    _add_prompts(engine, "fresh", 1, prompt_len, 1)
+    _add_prompts(engine, tag, 1, prompt_len, 1)
     seconds, _ = _prefill(engine)
     _abort_all(engine)
     return seconds
 
 
 def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_tokens: int) -> None:
-    generator = torch.Generator().manual_seed(count)
+    """`count` random prompts, seeded by `tag`: a tag used once gives prompts the engine has not
+    seen, so the prefix cache (on by default) neither restores nor cuts them."""
+    generator = torch.Generator().manual_seed(zlib.crc32(tag.encode()))
     for index in range(count):
         prompt = torch.randint(0, engine.model_config.vocab_size, (prompt_len,),
                                generator=generator).tolist()
@@ -148,7 +151,7 @@ def _cprofile_steps(engine: Engine, concurrency: int, prompt_len: int, out: Path
     _write_cprofile(profiler, out / f"decode_c{concurrency}.txt")
     _abort_all(engine)
     profiler = cProfile.Profile()
-    profiler.runcall(_fresh_prefill_s, engine, prompt_len)
+    profiler.runcall(_fresh_prefill_s, engine, prompt_len, f"fresh-c{concurrency}-cprofile")
     _write_cprofile(profiler, out / f"prefill_c{concurrency}.txt")
 
 
@@ -171,9 +174,9 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     if cprofile_dir is not None:
         _cprofile_steps(engine, concurrency, prompt_len, cprofile_dir)
     _abort_all(engine)
-    fresh_s = _fresh_prefill_s(engine, prompt_len)
+    fresh_s = _fresh_prefill_s(engine, prompt_len, f"fresh-c{concurrency}")
     fresh_gpu_ms, fresh_kernels, _ = _kernel_profile(
-        lambda: _fresh_prefill_s(engine, prompt_len), 1)
+        lambda: _fresh_prefill_s(engine, prompt_len, f"fresh-c{concurrency}-profiled"), 1)
     context = prompt_len + 8 + TIMED
     roofline = model_facts(engine.model_config, context=context,
                            batches=(concurrency,)).roofline[0]
