@@ -2,7 +2,7 @@
 
     python -m gate.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
         [--requests 128] [--output-len 128] [--api-processes 1] [--py-spy stacks.txt]
-        [--top 25] [--set knob=value ...]
+        [--top 25] [--set knob=value ...] [--synthetic-decode [--step-ms 0]]
 
 Starts `resident serve MODEL --device DEVICE`, drives it with the gate's load client
 (gate/run/load.py: streamed completions at a fixed concurrency, ignore_eos, after a warm-up at
@@ -13,6 +13,12 @@ installed: `pip install py-spy`) py-spy samples the API process during the measu
 only (start-up and warm-up left out) into that file (collapsed stacks) and the tool prints the
 functions with the most own samples, as µs per token: their share of the samples times the
 measured µs per token.
+
+With --synthetic-decode the server's engine core skips the decode forward
+(gate/tools/synthetic_core.py; each decode step sleeps --step-ms instead): on this host's tiny
+CPU model the API process then streams tens of thousands of tokens a second, as on the H200, so
+its cost a token can be measured and changed without a GPU. `core_cores` says how busy the core
+was (near 1.00 with --step-ms 0: the core's host work, not the API, paced the run).
 """
 
 from __future__ import annotations
@@ -47,10 +53,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_server(model: str, device: str, port: int, knobs: list[str], api_processes: int,
-                 log_path: Path) -> subprocess.Popen:
+                 log_path: Path, step_ms: float | None = None) -> subprocess.Popen:
+    """`resident serve`, or with `step_ms` (not None) the synthetic-decode server."""
     sets = [arg for knob in knobs for arg in ("--set", knob)]
+    serve = (["-m", "resident", "serve"] if step_ms is None
+             else ["-m", "gate.tools.synthetic_core", "--step-ms", str(step_ms)])
     return subprocess.Popen(
-        [sys.executable, "-m", "resident", "serve", model, "--device", device, "--port",
+        [sys.executable, *serve, model, "--device", device, "--port",
          str(port), "--api-processes", str(api_processes), *sets],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT)
 
@@ -77,10 +86,15 @@ async def wait_ready(url: str, server: subprocess.Popen) -> None:
     raise RuntimeError(f"the server was not ready in {STARTUP_TIMEOUT_S:g} s")
 
 
-async def measure(url: str, pids: list[int], spec: LoadSpec,
+def core_pid(log_path: Path) -> int:
+    """The engine core's pid, from the server's log."""
+    return int(re.findall(r"engine core started \(pid (\d+)\)", log_path.read_text())[0])
+
+
+async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
                   stacks: Path | None) -> dict[str, Any]:
-    """Runs the load; the API processes' CPU over the measured requests (py-spy samples the
-    first)."""
+    """Runs the load; the API processes' and the core's CPU over the measured requests (py-spy
+    samples the first API process)."""
     pid = pids[0]
     await warm_up(url, spec)
     sampler = None
@@ -90,9 +104,11 @@ async def measure(url: str, pids: list[int], spec: LoadSpec,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1.0)  # py-spy attaches (--nonblocking: it never stops the process)
     before = [cpu_seconds(p) for p in pids]
+    core_before = cpu_seconds(core)
     # warmed above: run_load would warm again inside the window, its CPU on measured tokens
     result = await run_load(url, dataclasses.replace(spec, num_warmup=0))
     each_s = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    core_s = cpu_seconds(core) - core_before
     api_s = sum(each_s)
     if sampler is not None:
         sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
@@ -107,7 +123,8 @@ async def measure(url: str, pids: list[int], spec: LoadSpec,
             "api_processes": len(pids), "api_cpu_s": round(api_s, 3),
             "api_cores": round(api_s / metrics.duration, 3),
             "busiest_api_cores": round(max(each_s) / metrics.duration, 3),
-            "api_us_per_token": round(api_s / tokens * 1e6, 2)}
+            "api_us_per_token": round(api_s / tokens * 1e6, 2),
+            "core_cores": round(core_s / metrics.duration, 3)}
 
 
 def top_functions(stacks: Path, us_per_token: float, top: int) -> list[dict[str, Any]]:
@@ -141,21 +158,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for the server, knob=value")
+    parser.add_argument("--synthetic-decode", action="store_true",
+                        help="the engine core skips the decode forward (synthetic_core.py)")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="with --synthetic-decode: each decode step's sleep, ms")
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     args = parser.parse_args(argv)
     for name in ("concurrency", "requests", "output_len", "top"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.step_ms < 0 or (args.step_ms and not args.synthetic_decode):
+        parser.error(f"--step-ms must be >= 0 and needs --synthetic-decode, got {args.step_ms}")
     spec = LoadSpec(args.concurrency, args.requests, PROMPT_LEN, args.output_len,
                     num_warmup=min(args.concurrency, args.requests))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(tempfile.gettempdir()) / f"resident-api-profile-{port}.log"
     server = start_server(args.model, args.device, port, args.knobs, args.api_processes,
-                          log_path)
+                          log_path, args.step_ms if args.synthetic_decode else None)
     try:
         asyncio.run(wait_ready(url, server))
-        result = asyncio.run(measure(url, api_pids(server.pid, log_path), spec, args.stacks))
+        result = asyncio.run(measure(url, api_pids(server.pid, log_path), core_pid(log_path),
+                                     spec, args.stacks))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)

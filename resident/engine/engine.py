@@ -24,7 +24,6 @@ runs its row unsampled (`rows_after_finish`)."""
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -79,15 +78,6 @@ log = logging.getLogger("resident.engine")
 
 NODE = "llm"
 KV_POOL_KEY = "kv"
-
-
-def freeze_heap() -> None:
-    """Moves every object alive now (the model, the graphs, the compiled code) where Python's
-    garbage collector never walks it: otherwise each full collection during serving traverses
-    them all, a pause inside some step. For the process that serves one engine, once it is
-    built (vLLM and SGLang do the same after capture); not for tests that build many."""
-    gc.collect()
-    gc.freeze()
 
 
 class Engine:

@@ -101,7 +101,8 @@ def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_na
     if config.compile == "on":  # torch.compile's ~1.5-4 s of imports, timed as such
         import torch._dynamo  # noqa: F401
 
-    from resident.engine.engine import Engine, freeze_heap
+    from resident.engine.engine import Engine
+    from resident.heap import freeze_heap
 
     startup.lap("imports")
     if device_name == "cuda" and not torch.cuda.is_available():

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from resident.config import EngineConfig, parse_cpu_list
+from resident.heap import freeze_heap
 from resident.model.config import ModelConfig
 from resident.server import jsonenc
 from resident.server.api import SHUTTING_DOWN, create_app
@@ -144,6 +145,7 @@ async def serve_api(options: ServeOptions, sock: socket.socket, limits: Connecti
     app = create_app(client, tokenizer, options.model_config.name, options.api_key,
                      options.engine_config, chat_template(options))
     runner = await serve_http(app, sock, limits)
+    freeze_heap()
     log.info("API process %d (pid %d) listening on http://%s:%d (stream events: %s)",
              api_index, os.getpid(), options.host, options.port, jsonenc.ENCODER)
     try:

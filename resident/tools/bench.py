@@ -45,8 +45,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
-from resident.engine.engine import Engine, build_engine, freeze_heap
+from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
+from resident.heap import freeze_heap
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.profiling.summary import union_us

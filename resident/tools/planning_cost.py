@@ -24,8 +24,9 @@ import time
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.engine import Engine, build_engine, freeze_heap
+from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
+from resident.heap import freeze_heap
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
 
