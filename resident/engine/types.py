@@ -5,6 +5,7 @@ here knows about processes, pipes or HTTP."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 FINISH_LENGTH = "length"  # max_tokens reached
 FINISH_STOP = "stop"  # an EOS or stop token was sampled
@@ -63,10 +64,12 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...]  # (token id, log-probability)
 
 
-@dataclass(frozen=True)
-class RequestOutput:
+class RequestOutput(NamedTuple):
     """New tokens of one request since its last output; the last one has `finished` set.
-    `logprobs`, when the request asked for them, holds one entry per new token."""
+    `logprobs`, when the request asked for them, holds one entry per new token. A NamedTuple,
+    not a dataclass: a step's outputs cross the pipe to the API pickled, and a tuple pickles
+    and unpickles in about two thirds of a frozen dataclass's time with one object, not two,
+    for the collector (results/2026-12-04-cpu-api-synthetic)."""
 
     request_id: str
     new_token_ids: list[int]
