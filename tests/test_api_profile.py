@@ -1,5 +1,5 @@
 """gate.tools.api_profile against the tiny model on the CPU, with the synthetic decode
-(gate/tools/synthetic_core.py): a real `resident serve` whose core skips the decode forward
+(resident/tools/synthetic_core.py): a real `resident serve` whose core skips the decode forward
 streams every token of every request, and the tool reports the API's and the core's CPU."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer or any below
 LAYERS = [
     ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
-     "resident.cli_flags"),
+     "resident.cli_flags", "resident.heap"),
     ("resident.model", "resident.resources", "resident.parallel"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),

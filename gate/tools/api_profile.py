@@ -15,10 +15,10 @@ functions with the most own samples, as µs per token: their share of the sample
 measured µs per token.
 
 With --synthetic-decode the server's engine core skips the decode forward
-(gate/tools/synthetic_core.py; each decode step sleeps --step-ms instead): on this host's tiny
-CPU model the API process then streams tens of thousands of tokens a second, as on the H200, so
-its cost a token can be measured and changed without a GPU. `core_cores` says how busy the core
-was (near 1.00 with --step-ms 0: the core's host work, not the API, paced the run).
+(resident/tools/synthetic_core.py; each decode step sleeps --step-ms instead): on this host's
+tiny CPU model the API process then streams tens of thousands of tokens a second, as on the
+H200, so its cost a token can be measured and changed without a GPU. `core_cores` says how busy
+the core was (near 1.00 with --step-ms 0: the core's host work, not the API, paced the run).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def start_server(model: str, device: str, port: int, knobs: list[str], api_proce
     """`resident serve`, or with `step_ms` (not None) the synthetic-decode server."""
     sets = [arg for knob in knobs for arg in ("--set", knob)]
     serve = (["-m", "resident", "serve"] if step_ms is None
-             else ["-m", "gate.tools.synthetic_core", "--step-ms", str(step_ms)])
+             else ["-m", "resident.tools.synthetic_core", "--step-ms", str(step_ms)])
     return subprocess.Popen(
         [sys.executable, *serve, model, "--device", device, "--port",
          str(port), "--api-processes", str(api_processes), *sets],

@@ -1,7 +1,7 @@
 """`resident serve` whose engine core skips the decode forward: the API process alone at the
 token rates of a GPU, on any host (issue 35: where a streamed token's API microseconds go).
 
-    python -m gate.tools.synthetic_core MODEL [--step-ms 0] [resident serve options]
+    python -m resident.tools.synthetic_core MODEL [--step-ms 0] [resident serve options]
 
 The server is the real one (API processes, ZMQ pipes, the engine core's loop, scheduler,
 planner and sampler, prefill on the model); only a decode bucket's forward is replaced: it
