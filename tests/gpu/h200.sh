@@ -42,6 +42,10 @@
 #   api-profile  the API processes' CPU µs per streamed token, 0.8B served at c=64 and c=256
 #             with one API process, and c=256 with two (gate.tools.api_profile; issue 35
 #             asks <= 15 µs a token and no process above 0.7 of a core)
+#   api-synthetic  the API process alone at GPU token rates on this host's CPUs: api_profile
+#             --synthetic-decode (the tiny model, the core's decode forward skipped) at c=64 and
+#             c=256, the tool and its server on CPUs 0-5, the API process on CPU 0 (api_core),
+#             so the core's CPU torch threads stay off it (results/2026-12-04-cpu-api-synthetic)
 #   load-client  the gate's load client alone against the fake SSE server
 #             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), and unpaced
@@ -200,6 +204,12 @@ for part in "$@"; do
       run api-profile-c256-x2 400 python3 -m gate.tools.api_profile \
         --model qwen3.5-0.8b --device cuda --concurrency 256 --requests 1024 \
         --output-len 256 --api-processes 2 --format json ;;
+    api-synthetic)
+      for c in 64 256; do
+        run "api-synthetic-c$c" 120 taskset -c 0-5 python3 -m gate.tools.api_profile \
+          --synthetic-decode --concurrency "$c" --requests $((4 * c)) --output-len 256 \
+          --set api_core=0 --format json
+      done ;;
     load-client)
       run load-client-4x 200 python3 -m gate.tools.load_client_bench --concurrency 256 \
         --clients 4 --server-processes 8 --requests 2048 --output-len 256 --times 4 \
