@@ -50,12 +50,13 @@ def shared_prompts() -> dict[str, tuple[list[int], int]]:
 def passes(engine: Engine, requests, concurrency: int | None = None,
            times: int = 3) -> list[dict[str, list[int]]]:
     """Each pass's tokens, the same prompts `times` times (request ids made unique)."""
-    return [{rid: tokens[rid + "+" * n]
-             for rid in requests}
-            for n, tokens in ((n, run_engine(engine, {rid + "+" * n: value
-                                                      for rid, value in requests.items()},
-                                             concurrency=concurrency))
-                              for n in range(times))]
+    result = []
+    for n in range(times):
+        suffix = "+" * n
+        tokens = run_engine(engine, {rid + suffix: value for rid, value in requests.items()},
+                            concurrency=concurrency)
+        result.append({rid: tokens[rid + suffix] for rid in requests})
+    return result
 
 
 def assert_all_returned(engine: Engine) -> None:
@@ -181,7 +182,7 @@ def test_a_planted_wrong_snapshot_offset_is_caught(expected):
     assert {rid[:-1]: tokens for rid, tokens in again.items()} != off
 
 
-def _pass_stats(engine: Engine, requests) -> tuple[list[int], int, int]:
+def _pass_stats(engine: Engine, requests) -> tuple[list[list[int]], int, int]:
     """One pass of `requests` (in turn) on `engine`: its tokens, and the prefill steps it took
     and the prompt tokens it restored."""
     before = engine.stats()

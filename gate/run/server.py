@@ -271,11 +271,13 @@ PREFIX_COUNTERS = {"hits": "resident_prefix_cache_hits_total",
                    "saved_tokens": "resident_prefix_cache_saved_tokens_total"}
 
 
-def prefix_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
-    """The prefix cache's hits and restored prompt tokens between two /metrics readings
-    (empty for a server that has no such counters)."""
+def prefix_counts(before: dict[str, float], after: dict[str, float],
+                  names: dict[str, str] = PREFIX_COUNTERS) -> dict[str, int]:
+    """The prefix cache's hits and restored prompt tokens between two readings of its
+    counters, /metrics by default (`names`: each key's counter; empty for a server that has no
+    such counters)."""
     return {key: int(after[name] - before.get(name, 0.0))
-            for key, name in PREFIX_COUNTERS.items() if name in after}
+            for key, name in names.items() if name in after}
 
 
 @dataclass(frozen=True)

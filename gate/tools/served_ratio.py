@@ -72,6 +72,7 @@ from gate.run.server import (
     ServerFailed,
     launch_environment,
     pinned_child,
+    prefix_counts,
 )
 from gate.run.session import PYCACHE, WORKTREES, triton_cache
 from resident.config import check_knobs_for_model, parse_set_options
@@ -81,6 +82,9 @@ TREE = Path(__file__).resolve().parents[2]  # the tree whose engine both halves 
 ARM = "served"
 STARTUP_TIMEOUT_S = 900.0  # a CUDA engine compiles and captures its graphs first
 REQUESTS_PER_SLOT = 4  # the gate's default requests a run
+# the prefix cache's counters in the in-process engine's stats (closed_loop's STEP_STATS), by
+# the key a half keeps them under, as the served half's from /metrics (server.PREFIX_COUNTERS)
+ENGINE_PREFIX_STATS = {"hits": "prefix_hits", "saved_tokens": "prefix_cached_tokens"}
 # what must match between the served engine's /debug/config and the in-process engine.info(),
 # beside every knob
 SAME_ENGINE = ("weights_fingerprint", "planning_mode", "source_digest", "attention_backend",
@@ -195,8 +199,7 @@ def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
                          data["wall_s"])
     before, after = data["stats_before"], data["stats_after"]
     steps, step_ms = _steps(after).since(_steps(before))
-    prefix = {"hits": after["prefix_hits"] - before["prefix_hits"],
-              "saved_tokens": after["prefix_cached_tokens"] - before["prefix_cached_tokens"]}
+    prefix = prefix_counts(before, after, ENGINE_PREFIX_STATS)
     return Half(measured.metrics, steps, step_ms, prefix, measured.errors), data["info"]
 
 

@@ -128,7 +128,7 @@ class PrefixCache(NoPrefixCache):
         snapshot will serve a later request (the module's docstring): where the pages another
         request computed end, else (tail on) at the prompt's last page boundary."""
         rid, keys = request.request_id, self._keys.get(request.request_id)
-        if keys is None:  # its prompt's pages are all cached already
+        if keys is None:  # forgotten: its prompt was done
             return num_new
         last = self._last_boundary(len(request.prompt_ids))
         cut = 0
@@ -156,14 +156,11 @@ class PrefixCache(NoPrefixCache):
         hit must leave a token to compute."""
         return (prompt_len - 1) // self.page_size * self.page_size
 
-    def _is_point(self, request: Request) -> bool:
-        """Whether a prompt's prefill stopped at a snapshot point: where `chunk` cut it, or
-        a page-aligned interval point it reached on its own, not past its last boundary."""
-        computed = request.num_computed
-        if computed == self._cuts.pop(request.request_id, 0):
-            return True
-        return (0 < computed <= self._last_boundary(len(request.prompt_ids))
-                and computed % self.interval == 0)
+    def _is_point(self, computed: int, prompt_len: int, cut: int) -> bool:
+        """Whether a prompt's prefill stopped at a snapshot point: where `chunk` cut it (`cut`),
+        or a page-aligned interval point it reached on its own, not past its last boundary."""
+        return computed == cut or (0 < computed <= self._last_boundary(prompt_len)
+                                   and computed % self.interval == 0)
 
     def restore(self, request: Request, hit: PrefixHit) -> None:
         """A hit's state: the snapshot into the request's (just admitted) state slot."""
@@ -188,7 +185,7 @@ class PrefixCache(NoPrefixCache):
         if num_full > self._num_cached[rid]:
             self.kv.cache_pages(rid, keys[:num_full], self._num_cached[rid])
             self._num_cached[rid] = num_full
-        if self._is_point(request):
+        if self._is_point(computed, prompt_len, self._cuts.pop(rid, 0)):
             self._snapshot(keys[computed // self.page_size - 1], self.states.slots[rid])
         if computed >= prompt_len:
             self.drop(rid)

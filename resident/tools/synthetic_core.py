@@ -65,27 +65,21 @@ def run_synthetic_core(*args, **kwargs) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
     import functools
 
     from resident.cli import app
     from resident.server import serve
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    step_ms = 0.0
-    if "--step-ms" in args:
-        index = args.index("--step-ms")
-        try:
-            step_ms = float(args[index + 1])
-        except (IndexError, ValueError):
-            print(f"--step-ms takes milliseconds (a number), got {args[index + 1:index + 2]}",
-                  file=sys.stderr)
-            return 2
-        if step_ms < 0:
-            print(f"--step-ms must be >= 0, got {step_ms}", file=sys.stderr)
-            return 2
-        del args[index:index + 2]
-    serve.run_engine_core = functools.partial(run_synthetic_core, step_ms=step_ms)
-    app(args=["serve", *args], prog_name="resident")  # exits with serve's code
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Other options go to `resident serve`.")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="each decode step's sleep, ms (0: none)")
+    args, serve_args = parser.parse_known_args(argv)
+    if args.step_ms < 0:
+        parser.error(f"--step-ms must be >= 0, got {args.step_ms}")
+    serve.run_engine_core = functools.partial(run_synthetic_core, step_ms=args.step_ms)
+    app(args=["serve", *serve_args], prog_name="resident")  # exits with serve's code
     return 0
 
 
