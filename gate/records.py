@@ -60,8 +60,9 @@ class RunRecord:
     # and of its descendants (the engine core); None: n/a (no /proc)
     api_cpu_s: float | None = None
     core_cpu_s: float | None = None
-    # CPU seconds over the run of the gate's process and its `num_clients` load client
-    # processes (with one, the client is the gate's own event loop)
+    # CPU seconds of the load's client while it sent the measured requests: the gate's event
+    # loop thread with one client, the sum over its `num_clients` processes with more
+    # (records before 2026-12-05 counted the gate's whole process and the clients' lives)
     client_cpu_s: float | None = None
     num_clients: int = 1
     gpu: GpuSample | None = None

@@ -301,6 +301,25 @@ def test_short_runs_are_named():
         "more requests a run (--requests-per-slot) measure the steady state."]
 
 
+def test_the_summary_says_whether_an_event_loop_paced_a_cell():
+    """A process busy 0.9 of a core is named with its cell; where none was, one line says so
+    with the busiest of each (a client's share is its processes' over their number)."""
+    def row(cell, api, client, num_clients):
+        return {"cell": cell, "arm": "head", "api_cpu_share": api, "client_cpu_share": client,
+                "num_clients": num_clients}
+
+    calm = [row("c=64", 0.55, 1.2, 4), row("c=256", 0.68, 2.4, 4), row("c=1", None, None, 1)]
+    assert notes.cpu_bound_lines(calm) == [
+        "- No API process or load client was busy 0.9 of a core in any cell (the busiest: "
+        "the API process 0.68, each client 0.60): neither set a cell's pace."]
+    assert notes.cpu_bound_lines([*calm, row("c=256", 0.93, 1.0, 1)]) == [
+        "- c=256 head: the API process was busy 0.93 of a core over the runs: its one event "
+        "loop, not the engine, may set this cell's pace.",
+        "- c=256 head: each client was busy 1.00 of a core over the runs: its one event loop, "
+        "not the engine, may set this cell's pace."]
+    assert notes.cpu_bound_lines([row("c=1", None, None, 1)]) == []
+
+
 def test_start_up_counts_servers_that_started_together_once():
     """The summary's start-up is the wall time with a server starting: overlapping spans count
     once (--parallel-start), spans one after another add up, and a server from a manifest

@@ -39,16 +39,24 @@ def short_run_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A line per cell and arm whose API process or the gate's client was near one full core
-    over its runs: one event loop each, so that one, not the engine, may set the pace."""
-    lines = []
+    over its runs: one event loop each, so that one, not the engine, may set the pace. Where
+    none was, one line says so with the busiest of each."""
+    lines, busiest = [], {}
     for row in rows:
         client = row["client_cpu_share"]
         for share, who in ((row["api_cpu_share"], "the API process"),
                            (client and client / (row["num_clients"] or 1), "each client")):
-            if share is not None and share >= CPU_BOUND_SHARE:
+            if share is None:
+                continue
+            busiest[who] = max(busiest.get(who, 0.0), share)
+            if share >= CPU_BOUND_SHARE:
                 lines.append(f"- {row['cell']} {row['arm']}: {who} was busy {share:.2f} of a "
                              "core over the runs: its one event loop, not the engine, may set "
                              "this cell's pace.")
+    if busiest and not lines:
+        most = ", ".join(f"{who} {share:.2f}" for who, share in busiest.items())
+        lines.append(f"- No API process or load client was busy {CPU_BOUND_SHARE} of a core in "
+                     f"any cell (the busiest: {most}): neither set a cell's pace.")
     return lines
 
 

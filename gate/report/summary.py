@@ -70,13 +70,16 @@ def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
     """Medians over the ok runs: the launched server process's CPU (a resident arm's API
     process, one event loop) as a share of one core and in µs an output token, its
     descendants' (the engine core's) in cores, the load's client processes' (the gate's own
-    with one) in cores, and how many there were. None where no run recorded it."""
+    event loop with one) in cores and in µs an output token, and how many there were. None
+    where no run recorded it."""
     ok = runs[runs["ok"]]
     api, duration = ok["api_cpu_s"], ok["duration"]
     return {"api_cpu_share": num(median(api / duration), 3),
             "api_cpu_us_per_token": num(median(api / ok["total_output_tokens"] * 1e6), 1),
             "core_cpu_share": num(median(ok["core_cpu_s"] / duration), 3),
             "client_cpu_share": num(median(ok["client_cpu_s"] / duration), 3),
+            "client_cpu_us_per_token": num(
+                median(ok["client_cpu_s"] / ok["total_output_tokens"] * 1e6), 1),
             "num_clients": num(median(ok["num_clients"]), 0)}
 
 
@@ -185,15 +188,15 @@ def summary_tables(rows: list[dict[str, Any]], baseline: str,
                   for _, fields in LATENCY_COLUMNS)] for row in rows]
     cpu = [[row["cell"], label(row["arm"], flagged), fmt(row["api_cpu_share"], 2),
             fmt(row["api_cpu_us_per_token"], 1), fmt(row["core_cpu_share"], 2),
-            _clients_text(row)] for row in rows]
+            _clients_text(row), fmt(row["client_cpu_us_per_token"], 1)] for row in rows]
     return [
         TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
                                  f"vs {baseline}", "verdict"], throughput, "llrrrl"),
         TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
                   latency, "ll" + "r" * len(LATENCY_COLUMNS)),
         TableSpec("Server and client CPU", ["cell", "arm", "API process (cores)", "API µs a token",
-                                 "engine core (cores)", "client (cores)"], cpu,
-                  "llrrrr"),
+                                 "engine core (cores)", "client (cores)",
+                                 "client µs a token"], cpu, "llrrrrr"),
     ]
 
 
@@ -254,8 +257,9 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
              "a run (from /proc) of the process the gate launched (a resident arm's API "
              "process, whose event loop is one thread: near 1.00 it is the limit), of its "
              "descendants (the engine core) and of the gate's load clients (each one event "
-             "loop; in brackets how many processes, where more than one), over the run's wall "
-             "time."]
+             "loop; in brackets how many processes, where more than one; their CPU while "
+             "they send the measured requests, start-up and warm-up left out), over the "
+             "run's wall time."]
     if rows:
         parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
                   for table in summary_tables(rows, baseline, flagged)]

@@ -90,6 +90,9 @@ BARRIER_TIMEOUT_S = 120.0  # client processes wait this long for each other to b
 class RunResult:
     metrics: ServeMetrics
     errors: tuple[str, ...] = ()
+    # CPU seconds the client spent sending the measured requests and reading their streams: its
+    # event loop's thread, or the sum over its processes (warm-up and process start-up left out)
+    client_cpu_s: float = 0.0
 
 
 def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
@@ -230,12 +233,12 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
         if spec.num_warmup:
             await _warm(session, url, spec)
         if spec.num_clients == 1:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             results = await _drive(session, url, spec, prompts)
-            wall = time.perf_counter() - start
+            wall, cpu_s = time.perf_counter() - start, time.thread_time() - cpu_start
     if spec.num_clients > 1:
-        results, wall = await asyncio.to_thread(_drive_in_processes, url, spec, prompts)
-    return summarize(spec, results, wall)
+        results, wall, cpu_s = await asyncio.to_thread(_drive_in_processes, url, spec, prompts)
+    return summarize(spec, results, wall, cpu_s)
 
 
 def client_shares(spec: LoadSpec, prompts: list[list[int]]) -> list[tuple[int, list]]:
@@ -248,7 +251,9 @@ def client_shares(spec: LoadSpec, prompts: list[list[int]]) -> list[tuple[int, l
 
 
 def _drive_in_processes(url: str, spec: LoadSpec,
-                        prompts: list[list[int]]) -> tuple[list[RequestResult], float]:
+                        prompts: list[list[int]]) -> tuple[list[RequestResult], float, float]:
+    """The processes' results, the wall time from the first start to the last finish, and
+    their CPU seconds over their requests."""
     context = multiprocessing.get_context("spawn")
     shares = client_shares(spec, prompts)
     barrier, answers = context.Barrier(len(shares)), context.Queue()
@@ -265,13 +270,14 @@ def _drive_in_processes(url: str, spec: LoadSpec,
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-    results = [result for _, _, share in spans for result in share]
+    results = [result for _, _, share, _ in spans for result in share]
     missing = sum(len(share) for _, share in shares) - len(results)
     results += [RequestResult(False, error="a client process died")] * missing
-    ran = [(start, end) for start, end, _ in spans if start is not None]
+    ran = [(start, end) for start, end, _, _ in spans if start is not None]
+    cpu_s = sum(cpu for _, _, _, cpu in spans)
     if not ran:
-        return results, 0.0
-    return results, max(end for _, end in ran) - min(start for start, _ in ran)
+        return results, 0.0, cpu_s
+    return results, max(end for _, end in ran) - min(start for start, _ in ran), cpu_s
 
 
 def _answers(answers, processes, timeout_s: float) -> list[tuple]:
@@ -289,24 +295,25 @@ def _answers(answers, processes, timeout_s: float) -> list[tuple]:
 
 def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier, answers,
                     gate_pid: int) -> None:
-    """One client process: its slots' requests; answers (start, end, results), with start
-    and end on the system-wide monotonic clock (None when it could not run). Killed with the
+    """One client process: its slots' requests; answers (start, end, results, CPU seconds),
+    start and end on the system-wide monotonic clock (None when it could not run). Killed with the
     gate: with no reader, its answer could never leave and the process would hang at exit."""
     end_with_parent(gate_pid, signal.SIGKILL)
 
-    async def drive() -> tuple[float, float, list[RequestResult]]:
+    async def drive() -> tuple[float, float, list[RequestResult], float]:
         async with _client(spec) as session:
             barrier.wait(timeout=BARRIER_TIMEOUT_S)
-            start = time.monotonic()
+            start, cpu_start = time.monotonic(), time.process_time()
             results = await _drive(session, url, spec, prompts)
-            return start, time.monotonic(), results
+            return start, time.monotonic(), results, time.process_time() - cpu_start
 
     try:
         answers.put(asyncio.run(drive()))
     except Exception as err:  # noqa: BLE001 - the parent must hear of it, not wait out its timeout
         barrier.abort()  # the others stop waiting for this one
         answers.put((None, None,
-                     [RequestResult(False, error=f"client process: {err!r}")] * len(prompts)))
+                     [RequestResult(False, error=f"client process: {err!r}")] * len(prompts),
+                     0.0))
 
 
 def _tpot_s(result: RequestResult) -> float | None:
@@ -319,8 +326,10 @@ def _rate(count: int, wall_s: float) -> float | None:
     return round(count / wall_s, 3) if wall_s > 0 else None
 
 
-def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float) -> RunResult:
-    """The run's ServeMetrics over its completed requests, and its first five errors."""
+def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float,
+              client_cpu_s: float = 0.0) -> RunResult:
+    """The run's ServeMetrics over its completed requests, its first five errors, and the
+    client's CPU seconds over them."""
     ok = [r for r in results if r.ok]
     output = sum(r.output_tokens for r in ok)
     prompt = spec.total_prompt_len * len(ok)
@@ -334,4 +343,5 @@ def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float) -> Ru
         failed=len(results) - len(ok), total_input_tokens=prompt, total_output_tokens=output,
         request_throughput=_rate(len(ok), wall_s), output_throughput=_rate(output, wall_s),
         total_token_throughput=_rate(prompt + output, wall_s), **latencies)
-    return RunResult(metrics, tuple(r.error for r in results if r.error)[:5])
+    return RunResult(metrics, tuple(r.error for r in results if r.error)[:5],
+                     round(client_cpu_s, 4))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import time
 
 from gate.config import GateConfig
@@ -57,9 +56,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
     siblings.start()
     server_cpu.start()
     gpu.start()
-    client_started = _client_cpu_s()
     result: RunResult = await run_load(server.url, spec)
-    client_cpu_s = round(_client_cpu_s() - client_started, 3)
     gpu_sample, busy, (api_cpu_s, core_cpu_s) = gpu.stop(), siblings.stop(), server_cpu.stop()
     metrics_after = await server.metrics()
     steps, step_ms = EngineSteps.parse(metrics_after).since(EngineSteps.parse(metrics_before))
@@ -73,19 +70,12 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         error="; ".join(result.errors) or (None if ok else "server died"),
         metrics=metrics, steps=steps, step_ms=step_ms,
         prefix=prefix_counts(metrics_before, metrics_after), sibling_busy_cpus=busy,
-        api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=client_cpu_s,
+        api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=result.client_cpu_s,
         num_clients=spec.num_clients,
         gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
         planner_off=planner_off, log_tail=None if ok else server.log_tail(),
         started_at=started,
     )
-
-
-def _client_cpu_s() -> float:
-    """CPU seconds of the gate's process and of its children that have exited and been
-    waited for: the load's client processes, once a run has joined them."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def check_source(arm: Arm, entry: ArmEntry, debug: dict, log_tail: str) -> None:

@@ -7,8 +7,9 @@ nothing but the client (and the fake server, on processes of its own) sets the p
 Runs gate/run/load.py's `run_load` (the gate's client: its processes, its per-token
 timestamps, its parsing) at `--concurrency` with `--clients` processes against the fake server
 pacing each stream to times x target / concurrency events a second (one event a write, as the
-API streams), and reports the tokens a second asked and sustained, the client's CPU (its
-processes' user + system time) per token, and the sustained rate over `--target`, the fastest
+API streams), and reports the tokens a second asked and sustained, the client's CPU per token
+(its processes' CPU time from their start barrier to their last answer: start-up, prompts and
+warm-up left out, as the gate's summary counts it), and the sustained rate over `--target`, the fastest
 rate a gate cell asks (45k tok/s: the H200's c=256). Issue 35 asks the client to sustain >= 4x
 on its cores. `--times 0`: unpaced (events arrive back to back, several a read: a ceiling, not
 what a served stream looks like). Give the server processes CPUs of their own where the
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import sys
 import time
 from typing import Any
@@ -48,11 +48,6 @@ async def _wait_ready(url: str) -> None:
             await asyncio.sleep(0.1)
 
 
-def _cpu_s(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
 def measure(spec: LoadSpec, server_processes: int, target: float,
             times: float) -> dict[str, Any]:
     """Runs the load against a fresh fake server pacing its streams to times x target in all
@@ -62,11 +57,7 @@ def measure(spec: LoadSpec, server_processes: int, target: float,
     servers = fake_sse.start(port, times * target / spec.concurrency, server_processes)
     try:
         asyncio.run(_wait_ready(url))
-        # the client processes are joined inside run_load: their time lands in RUSAGE_CHILDREN
-        # (the server processes, still running, do not); with one client it is this process
-        before = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN)
         result = asyncio.run(run_load(url, spec))
-        client_s = _cpu_s(resource.RUSAGE_SELF) + _cpu_s(resource.RUSAGE_CHILDREN) - before
     finally:
         for server in servers:
             server.terminate()
@@ -79,8 +70,8 @@ def measure(spec: LoadSpec, server_processes: int, target: float,
     return {"concurrency": spec.concurrency, "client_processes": spec.num_clients,
             "server_processes": server_processes, "tokens": tokens,
             "wall_s": metrics.duration, "tok_per_s": round(rate),
-            "client_cpu_s": round(client_s, 2),
-            "client_us_per_token": round(client_s / tokens * 1e6, 2),
+            "client_cpu_s": round(result.client_cpu_s, 2),
+            "client_us_per_token": round(result.client_cpu_s / tokens * 1e6, 2),
             "itl_p50_ms": metrics.median_itl_ms, "target_tok_per_s": target,
             "asked_tok_per_s": round(times * target) if times else "unpaced",
             "times_target": round(rate / target, 2)}

@@ -79,3 +79,8 @@ class RequestOutput(NamedTuple):
     rejected: bool = False  # refused at intake (bad or never-fitting request): a client error
     num_cached_tokens: int = 0  # prompt tokens a prefix cache hit restored (not computed)
     logprobs: tuple[TokenLogprobs, ...] | None = None
+
+    def __reduce__(self):
+        # unpickled by tuple.__new__ (C), not the class's generated Python __new__: 0.36 against
+        # 0.46 µs a row unpickling a step's 64 outputs
+        return tuple.__new__, (RequestOutput, tuple(self))

@@ -241,6 +241,8 @@ class _Completion:
                                     parsed.prompt_ids, _choice_params(parsed.params, i)),
                    state.tokenizer, parsed.stop, incremental=parsed.stream)
             for i in range(parsed.n)]
+        # every stream event is this envelope around one chunk: its bytes made once
+        self._event_head = b"data: " + dumps(self._envelope([], True))[:-len(b"]}")]
 
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         return {"id": self.id, "object": self.format.chunk_object if chunk else self.format.object,
@@ -318,8 +320,7 @@ class _Completion:
                                                    "Cache-Control": "no-cache"})
             try:
                 await response.prepare(request)
-                opening = [_sse(self._envelope([chunk], True))
-                           for chunk in self.format.opening(self.choices)]
+                opening = [self._event(chunk) for chunk in self.format.opening(self.choices)]
                 await response.write(b"".join(opening) + self._events(choice, first))
                 await self._stream_rest(response, outputs, deadline)
                 if self.parsed.include_usage:
@@ -360,11 +361,16 @@ class _Completion:
             for piece in choice.take(output):
                 chunks = self.format.chunks(piece)
                 for i, chunk in enumerate(chunks):
-                    event = self._envelope([chunk], True)
                     if piece.error is not None and i == len(chunks) - 1:
-                        event["error"] = {"message": piece.error, "type": "server_error"}
-                    events.append(_sse(event))
+                        events.append(_sse(self._envelope([chunk], True) | {"error": {
+                            "message": piece.error, "type": "server_error"}}))
+                    else:
+                        events.append(self._event(chunk))
         return b"".join(events)
+
+    def _event(self, chunk: dict[str, Any]) -> bytes:
+        """The SSE event of one chunk: `_sse(self._envelope([chunk], True))`'s bytes."""
+        return self._event_head + dumps(chunk) + b"]}\n\n"
 
 
 def _choice_params(params: SamplingParams, index: int) -> SamplingParams:

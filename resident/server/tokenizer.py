@@ -70,10 +70,10 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
-        try:
+        if len(ids) == 1 and not 0 <= ids[0] < 256:  # a streamed token of a random model
+            return f"<|{ids[0]}|>"
+        if all(0 <= token < 256 for token in ids):
             return bytes(ids).decode("utf-8", errors="replace")
-        except ValueError:  # an id outside 0-255
-            pass
         parts: list[str] = []
         run = bytearray()
         for token in ids:
@@ -97,6 +97,8 @@ class ByteTokenizer:
 def _settled(ids: list[int], end: int) -> int:
     """How many of ids[:end] decode to text that later ids cannot change: all but a trailing
     incomplete UTF-8 character (at most 3 bytes). Byte text decodes the same split there."""
+    if end == 0 or not 0 <= ids[end - 1] < 256:  # nothing can complete a non-byte id
+        return end
     begin = end
     while begin > max(0, end - 3) and 0 <= ids[begin - 1] < 256:
         begin -= 1

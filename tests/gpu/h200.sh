@@ -49,6 +49,8 @@
 #   load-client  the gate's load client alone against the fake SSE server
 #             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), and unpaced
+#   gate-frontend  configs/gate/h200-0.8b-frontend.yaml (an A/A pair at c=64/256, both servers
+#             up together: the summary's CPU table and pacing line), tarred
 #   served-ratio  issue 35's served-equivalent ratio (gate.tools.served_ratio), 0.8B, 512 in
 #             and 256 out, at each c of $SERVED_RATIO_CONC (default "64 256"; one a call if
 #             the call's 600 s cannot hold both: ~5 min each), ~60 s of load a half: 5,632
@@ -260,6 +262,11 @@ for part in "$@"; do
       run "$part" "${CHECK_LIMIT:-570}" python3 -m gate check --config "$config" \
         "${main[@]}" --arm head=. "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
+    gate-frontend)
+      run gate-frontend "${GATE_LIMIT:-400}" python3 -m gate run \
+        --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
+        --out "$OUT/gate-frontend"
+      tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
     gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
