@@ -44,6 +44,7 @@ from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
 from resident.server.jsonenc import dumps
+from resident.server.pushed import PushedStream
 from resident.server.responses import ChatFormat, TextFormat
 from resident.server.state import STATE, ApiState, ready_client
 from resident.server.tokenizer import Tokenizer
@@ -312,41 +313,62 @@ class _Completion:
         the first output, so a request that fails at once gets a real HTTP error. Past
         `timeout` seconds the request is aborted: an error event, then [DONE]."""
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        if len(self.choices) == 1:  # the common case: the router writes its events (pushed.py)
+            choice = self.choices[0]
+            pushed = PushedStream(lambda batch: self._events(choice, batch), lambda: choice.done)
+            async with self.state.client.pushed(choice.request, pushed.deliver):
+                first = await pushed.first()
+                return await self._stream(request, deadline, choice, first, pushed)
         async with aclosing(self._outputs()) as outputs:
             choice, first = await anext(outputs)
-            if first[0].error is not None and not first[0].new_token_ids:
-                raise _finish_error(first[0])
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                   "Cache-Control": "no-cache"})
-            try:
-                await response.prepare(request)
-                opening = [self._event(chunk) for chunk in self.format.opening(self.choices)]
-                await response.write(b"".join(opening) + self._events(choice, first))
-                await self._stream_rest(response, outputs, deadline)
-                if self.parsed.include_usage:
-                    await response.write(_sse(self._envelope([], True)
-                                              | {"usage": self._usage()}))
-                await response.write(b"data: [DONE]\n\n")
-            except ConnectionResetError:
-                # The client went away; leaving the loop closes the generator, which aborts.
-                log.debug("client left during %s", self.id)
-            except Exception:  # noqa: BLE001 - a bug after the headers went out: the client
-                # gets an error event and [DONE] (not a hang), the log the traceback
-                log.exception("streaming %s failed", self.id)
-                with contextlib.suppress(ConnectionResetError):
-                    await response.write(_sse({"error": {"message": "internal error while "
-                                                         "streaming; see the server log",
-                                                         "type": "server_error"}})
-                                         + b"data: [DONE]\n\n")
+            return await self._stream(request, deadline, choice, first, outputs)
+
+    async def _stream(self, request: web.Request, deadline: float | None, choice: Choice,
+                      first: list[RequestOutput], rest) -> web.StreamResponse:
+        """The SSE response from `first`, a choice's first outputs; `rest` brings the others
+        (a PushedStream, or the _outputs generator). Leaving `rest`'s block aborts what is
+        not finished."""
+        if first[0].error is not None and not first[0].new_token_ids:
+            raise _finish_error(first[0])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})
+        try:
+            await response.prepare(request)
+            opening = [self._event(chunk) for chunk in self.format.opening(self.choices)]
+            # never empty (a text piece is always an event, a chat opens with its role chunk),
+            # so aiohttp sends the headers with it, before any write of the PushedStream's
+            await response.write(b"".join(opening) + self._events(choice, first))
+            await self._stream_rest(request, response, rest, deadline)
+            if self.parsed.include_usage:
+                await response.write(_sse(self._envelope([], True)
+                                          | {"usage": self._usage()}))
+            await response.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            # The client went away; leaving `rest`'s block aborts the request.
+            log.debug("client left during %s", self.id)
+        except Exception:  # noqa: BLE001 - a bug after the headers went out: the client
+            # gets an error event and [DONE] (not a hang), the log the traceback
+            log.exception("streaming %s failed", self.id)
+            with contextlib.suppress(ConnectionResetError):
+                await response.write(_sse({"error": {"message": "internal error while "
+                                                     "streaming; see the server log",
+                                                     "type": "server_error"}})
+                                     + b"data: [DONE]\n\n")
         return response
 
-    async def _stream_rest(self, response: web.StreamResponse, outputs,
+    async def _stream_rest(self, request: web.Request, response: web.StreamResponse, rest,
                            deadline: float | None) -> None:
         try:
             async with asyncio.timeout_at(deadline):
-                async for choice, batch in outputs:
-                    await response.write(self._events(choice, batch))
+                if isinstance(rest, PushedStream):
+                    rest.start(request, response)
+                    await rest.wait()
+                else:
+                    async for choice, batch in rest:
+                        await response.write(self._events(choice, batch))
         except TimeoutError:
+            if isinstance(rest, PushedStream):
+                rest.stop()
             await response.write(b"".join(
                 self._events(choice, [RequestOutput(
                     choice.request.request_id, [], True, FINISH_ABORT,

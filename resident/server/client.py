@@ -15,8 +15,8 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -43,6 +43,24 @@ class EngineUnavailable(RuntimeError):
     """The core is not ready, or has failed; carries the reason."""
 
 
+class _Stream(Protocol):
+    """Where the router puts one request's outputs (an asyncio.Queue, or a `_Push`)."""
+
+    def put_nowait(self, output: RequestOutput) -> None: ...
+
+
+class _Push:
+    """A stream whose outputs go to a callback, called by the router as each arrives."""
+
+    def __init__(self, deliver: Callable[[RequestOutput], None]) -> None:
+        self.deliver = deliver
+        self.finished = False
+
+    def put_nowait(self, output: RequestOutput) -> None:
+        self.finished = self.finished or output.finished
+        self.deliver(output)
+
+
 class EngineClient:
     def __init__(self, request_addr: str, output_addr: str, api_index: int = 0) -> None:
         self.api_index = api_index
@@ -51,7 +69,7 @@ class EngineClient:
         self._requests.bind(request_addr)
         self._outputs = self._context.socket(zmq.PULL)
         self._outputs.bind(output_addr)
-        self._streams: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._nonces = itertools.count()
         self._ready: asyncio.Future[dict[str, Any]] | None = None
@@ -88,22 +106,40 @@ class EngineClient:
         output that arrived since the consumer last asked (one while it keeps up; more once it
         falls behind, so a stream writes them at once, as vLLM's output collector merges them).
         Leaving the loop early (a client that went away) aborts the request in the core."""
-        if not self.is_ready:
-            raise EngineUnavailable(self.fatal or "the engine is still starting")
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-        self._streams[request.request_id] = queue
         finished = False
-        try:
-            await self._requests.send_pyobj(AddRequest(request, self.api_index))
+        async with self._submitted(request, queue, lambda: finished):
             while not finished:
                 outputs = [await queue.get()]
                 while not outputs[-1].finished and not queue.empty():
                     outputs.append(queue.get_nowait())
                 finished = outputs[-1].finished
                 yield outputs
+
+    @contextlib.asynccontextmanager
+    async def pushed(self, request: EngineRequest, deliver: Callable[[RequestOutput], None]):
+        """Submits a request whose outputs the router hands to `deliver` as each arrives, in
+        the event loop, before any stream task runs: a streamed token then costs no task
+        wake-up, queue or generator (issue 35). `deliver` must not block or raise. Leaving the
+        block before the finished output aborts the request in the core."""
+        push = _Push(deliver)
+        async with self._submitted(request, push, lambda: push.finished):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _submitted(self, request: EngineRequest, stream: _Stream,
+                         finished: Callable[[], bool]):
+        """`request` sent to the core with its outputs routed to `stream`; on leaving, routing
+        stops and an unfinished request is aborted."""
+        if not self.is_ready:
+            raise EngineUnavailable(self.fatal or "the engine is still starting")
+        self._streams[request.request_id] = stream
+        try:
+            await self._requests.send_pyobj(AddRequest(request, self.api_index))
+            yield
         finally:
             self._streams.pop(request.request_id, None)
-            if not finished and self.fatal is None:
+            if not finished() and self.fatal is None:
                 await self._requests.send_pyobj(AbortRequest(request.request_id))
 
     async def stats(self, timeout: float = 10.0, section: str = "stats") -> dict[str, Any]:

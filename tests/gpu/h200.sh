@@ -42,6 +42,11 @@
 #   api-profile  the API processes' CPU µs per streamed token, 0.8B served at c=64 and c=256
 #             with one API process, and c=256 with two (gate.tools.api_profile; issue 35
 #             asks <= 15 µs a token and no process above 0.7 of a core)
+#   host-probe  tests/gpu/host_probe.py: this host's µs for a Python call, a system call, a
+#             socket send + recv, an epoll wait, an unpickle and a JSON encode (beside the VM's)
+#   api-spy   api-profile at c=64 and c=256 with the API process pinned (api_core=0) and sampled
+#             by py-spy (a static binary carried as .whl/bin/py-spy: the host has none): the top
+#             functions in api-spy-c<c>.log, the stacks tarred to api-spy.tgz
 #   api-synthetic  the API process alone at GPU token rates on this host's CPUs: api_profile
 #             --synthetic-decode (the tiny model, the core's decode forward skipped) at c=64 and
 #             c=256, the tool and its server on CPUs 0-5, the API process on CPU 0 (api_core),
@@ -206,6 +211,16 @@ for part in "$@"; do
       run api-profile-c256-x2 400 python3 -m gate.tools.api_profile \
         --model qwen3.5-0.8b --device cuda --concurrency 256 --requests 1024 \
         --output-len 256 --api-processes 2 --format json ;;
+    host-probe)
+      run host-probe 60 python3 tests/gpu/host_probe.py ;;
+    api-spy)
+      mkdir -p "$OUT/api-spy"
+      for c in 64 256; do
+        PATH=$PWD/.whl/bin:$PATH run "api-spy-c$c" 200 python3 -m gate.tools.api_profile \
+          --model qwen3.5-0.8b --device cuda --concurrency "$c" --requests $((4 * c)) \
+          --output-len 256 --set api_core=0 --py-spy "$OUT/api-spy/c$c.txt" --top 40
+      done
+      tar czf "$OUT/api-spy.tgz" -C "$OUT" api-spy && rm -rf "$OUT/api-spy" ;;
     api-synthetic)
       for c in 64 256; do
         run "api-synthetic-c$c" 120 taskset -c 0-5 python3 -m gate.tools.api_profile \
