@@ -11,9 +11,9 @@ API streams), and reports the tokens a second asked and sustained, the client's 
 (its processes' CPU time from their start barrier to their last answer: start-up, prompts and
 warm-up left out, as the gate's summary counts it), and the sustained rate over `--target`,
 the fastest rate a gate cell asks (45k tok/s: the H200's c=256). Issue 35 asks the client to
-sustain >= 4x on its cores. `--times 0`: unpaced (events arrive back to back, several a read: a ceiling, not
-what a served stream looks like). Give the server processes CPUs of their own where the
-host has them (taskset), or the two share and the number is a floor.
+sustain >= 4x on its cores. `--times 0`: unpaced (events arrive back to back, several a
+read: a ceiling, not what a served stream looks like). Give the server processes CPUs of their
+own where the host has them (taskset), or the two share and the number is a floor.
 """
 
 from __future__ import annotations
