@@ -15,13 +15,15 @@ import yaml
 
 from gate.verdict.rule import MIN_EFFECT, Design
 
-SLOTS_PER_CLIENT = 16
+# One client process reads ~64 streams at a GPU's step rate for ~10 µs of CPU a token on a
+# 2-core host (gate/run/sse_client.py); fewer processes read more events a wake-up, so each
+# token costs less, until one nears a core (results/2026-12-04-h200-frontend)
+SLOTS_PER_CLIENT = 128
 
 
 def clients_for(concurrency: int, num_client_cpus: int, clients: int = 0) -> int:
     """Load client processes at `concurrency`: `clients` (--clients), or for 0 one per
-    SLOTS_PER_CLIENT slots, at most one per client CPU (a Python client streams ~15k tokens a
-    second on one core of a 2-core host); never more than the slots."""
+    SLOTS_PER_CLIENT slots, at most one per client CPU; never more than the slots."""
     wanted = clients or min(num_client_cpus, concurrency // SLOTS_PER_CLIENT)
     return max(1, min(concurrency, wanted))
 

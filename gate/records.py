@@ -62,7 +62,7 @@ class RunRecord:
     core_cpu_s: float | None = None
     # CPU seconds of the load's client while it sent the measured requests: the gate's event
     # loop thread with one client, the sum over its `num_clients` processes with more
-    # (records before 2026-12-05 counted the gate's whole process and the clients' lives)
+    # (records before 2026-12-04 18:00 UTC counted the gate's whole process and the clients' lives)
     client_cpu_s: float | None = None
     num_clients: int = 1
     gpu: GpuSample | None = None

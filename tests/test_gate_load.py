@@ -186,3 +186,70 @@ def test_sse_events_survive_reads_that_split_lines():
             await runner.cleanup()
 
     assert asyncio.run(read()) == events
+
+
+def test_the_load_client_reads_answers_however_the_bytes_are_cut():
+    """gate/run/sse_client.py against a raw server: chunked SSE answers whose chunk framing
+    and lines are cut every 5 bytes arrive as whole events in order ([DONE], comments and CRLF
+    ends as the SSE rules say), on one kept-alive connection; a 400's sized body comes back;
+    a connection the server closed while it idled is replaced and the request sent once more;
+    an answer framed by the close is whole when it closes."""
+    import asyncio
+    import json
+
+    from gate.run.sse_client import SseClient
+
+    events = [{"choices": [{"token_ids": [i], "text": f" t{i}"}]} for i in range(5)]
+    body = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events[:3])
+    body += b": a comment\r\n\r\ndata: %s\r\n\r\n" % json.dumps(events[3]).encode()
+    body += b"data: [DONE]\n\ndata: %s" % json.dumps(events[4]).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 9]), body[i:i + 9])
+                       for i in range(0, len(body), 9)) + b"0\r\n\r\n"
+    answers = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked] * 2 + [
+        b'HTTP/1.1 400 Bad Request\r\nContent-Length: 13\r\n\r\n{"error":"x"}',
+        None,  # closes the connection unanswered, as a keep-alive timeout does
+        b"HTTP/1.0 200 OK\r\n\r\n" + body]
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while answers:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            heads.append(head + await reader.readexactly(length))
+            answer = answers.pop(0)
+            if answer is None or answer.startswith(b"HTTP/1.0"):
+                for start in range(0, len(answer or b""), 5):
+                    writer.write(answer[start:start + 5])
+                    await writer.drain()
+                writer.close()
+                return
+            for start in range(0, len(answer), 5):
+                writer.write(answer[start:start + 5])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+
+    async def run() -> list:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = SseClient(f"http://127.0.0.1:{port}", {"Authorization": "Bearer k"})
+        got = []
+        try:
+            for _ in range(4):  # 200, 200, 400, then closed + retried: the HTTP/1.0 answer
+                seen: list[dict] = []
+                status, text = await client.post(0, "/v1/completions", b'{"a":1}',
+                                                 lambda line, _t, s=seen: s.append(
+                                                     json.loads(line)))
+                got.append((status, text, seen))
+        finally:
+            client.close()
+            server.close()
+        return got
+
+    got = asyncio.run(run())
+    assert [status for status, _, _ in got] == [200, 200, 400, 200]
+    assert got[0][2] == got[1][2] == got[3][2] == events
+    assert got[2][1:] == (b'{"error":"x"}', [])
+    assert len(heads) == 5 and all(h.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+                                   and b"Authorization: Bearer k\r\n" in h for h in heads)
+    with pytest.raises(ValueError, match="plain http"):
+        SseClient("https://example.com")

@@ -149,8 +149,8 @@ def test_options_that_go_together(options, message):
 
 def test_client_processes_follow_the_slots_and_the_client_cpus():
     config = GateConfig(arms=("main=.",))
-    # one per 16 slots, at most one per client CPU, at least one
-    assert [config.clients_for(c, 4) for c in (1, 16, 31, 32, 64, 256)] == [1, 1, 1, 2, 4, 4]
+    # one per 128 slots, at most one per client CPU, at least one
+    assert [config.clients_for(c, 4) for c in (1, 64, 255, 256, 512, 1024)] == [1, 1, 1, 2, 4, 4]
     assert config.clients_for(256, 1) == 1
     # --clients wins, up to the slots
     assert GateConfig(arms=("main=.",), clients=3).clients_for(8, 1) == 3

@@ -89,7 +89,7 @@ RequestsPerSlotOpt = Annotated[int | None, typer.Option(
     "given." + config_default("requests_per_slot"), rich_help_panel=CELLS)]
 ClientsOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Load client processes a run, each driving its share of the slots; 0: "
-    "one per 16 slots, at most one per client CPU." + config_default("clients"),
+    "one per 128 slots, at most one per client CPU." + config_default("clients"),
     rich_help_panel=CELLS)]
 TemperatureOpt = Annotated[float | None, typer.Option(
     metavar="FLOAT", help="Every request's temperature (0: greedy)."

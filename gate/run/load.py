@@ -15,25 +15,32 @@ the distributions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import json
 import multiprocessing
 import os
 import queue
 import random
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
 
 try:  # 1 µs an event against the stdlib's 5: the client parses one a streamed token
+    from orjson import dumps as json_dumps
     from orjson import loads as json_loads
 except ImportError:  # a host without it (the H200's, unless .whl/ carries the wheel)
     from json import loads as json_loads
 
+    def json_dumps(obj) -> bytes:
+        return json.dumps(obj).encode()
+
 from gate.metrics import LATENCIES, ServeMetrics, latency_fields
 from gate.run.server import end_with_parent
+from gate.run.sse_client import SseClient
 
 
 @dataclass(frozen=True)
@@ -139,8 +146,7 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
         yield json_loads(rest[6:])
 
 
-async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
-               prompt: list[int]) -> RequestResult:
+def _body(spec: LoadSpec, prompt: list[int]) -> bytes:
     body = {"prompt": prompt, "max_tokens": spec.output_len, "ignore_eos": True,
             "temperature": spec.temperature, "stream": True}
     if spec.top_p < 1:
@@ -149,19 +155,33 @@ async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
         body["top_k"] = spec.top_k
     if spec.model:
         body["model"] = spec.model
-    start = time.perf_counter()
+    return json_dumps(body)
+
+
+async def _one(client: SseClient, slot: int, spec: LoadSpec,
+               prompt: list[int]) -> RequestResult:
+    """One streamed completion on slot `slot`'s connection: each token stamped with the
+    arrival of the read that brought it."""
     stamps: list[float] = []
+    errors: list[str] = []
+
+    def on_event(payload: bytes, now: float) -> None:
+        event = json_loads(payload)
+        if event.get("error"):
+            errors.append(str(event["error"]))
+        stamps.extend([now] * len((event.get("choices") or [{}])[0].get("token_ids", ())))
+
+    start = time.perf_counter()
     try:
-        async with session.post(url + "/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                return RequestResult(False, error=f"HTTP {resp.status}: {await resp.text()}")
-            async for event in sse_events(resp):
-                if event.get("error"):
-                    return RequestResult(False, error=str(event["error"]))
-                for _ in (event.get("choices") or [{}])[0].get("token_ids", []):
-                    stamps.append(time.perf_counter())
-    except (TimeoutError, aiohttp.ClientError) as err:
+        async with asyncio.timeout(spec.timeout_s):
+            status, text = await client.post(slot, "/v1/completions", _body(spec, prompt),
+                                             on_event)
+    except (TimeoutError, OSError, ValueError) as err:  # HttpError is an OSError
         return RequestResult(False, error=repr(err))
+    if status != 200:
+        return RequestResult(False, error=f"HTTP {status}: {text.decode(errors='replace')}")
+    if errors:
+        return RequestResult(False, len(stamps), error=errors[0])
     if len(stamps) != spec.output_len:
         return RequestResult(False, len(stamps),
                              error=f"got {len(stamps)} tokens, asked {spec.output_len}")
@@ -169,15 +189,16 @@ async def _one(session: aiohttp.ClientSession, url: str, spec: LoadSpec,
     return RequestResult(True, len(stamps), stamps[0] - start, gaps, stamps[-1] - start)
 
 
-async def _drive(session, url: str, spec: LoadSpec, prompts: list[list[int]]):
+async def _drive(client: SseClient, spec: LoadSpec, prompts: list[list[int]]):
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
 
-    async def worker() -> None:
+    async def worker(slot: int) -> None:
         while queue:
-            results.append(await _one(session, url, spec, queue.pop()))
+            results.append(await _one(client, slot, spec, queue.pop()))
 
-    await asyncio.gather(*(worker() for _ in range(min(spec.concurrency, len(prompts)))))
+    await asyncio.gather(*(worker(slot)
+                           for slot in range(min(spec.concurrency, len(prompts)))))
     return results
 
 
@@ -188,35 +209,38 @@ async def steady_load(url: str, spec: LoadSpec, stop: asyncio.Event) -> int:
     prompts = make_prompts(spec, max(spec.num_requests, spec.concurrency), salt=3)
     sent = 0
 
-    async def worker() -> None:
+    async def worker(slot: int) -> None:
         nonlocal sent
         while not stop.is_set():
             prompt = prompts[sent % len(prompts)]
             sent += 1
-            await _one(session, url, spec, prompt)
+            await _one(client, slot, spec, prompt)
 
-    async with _client(spec) as session:
-        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+    with _client(url, spec) as client:
+        await asyncio.gather(*(worker(slot) for slot in range(spec.concurrency)))
     return sent
 
 
-def _client(spec: LoadSpec) -> aiohttp.ClientSession:
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else None
-    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
-    connector = aiohttp.TCPConnector(limit=spec.concurrency + 4)
-    return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
+@contextlib.contextmanager
+def _client(url: str, spec: LoadSpec) -> Iterator[SseClient]:
+    client = SseClient(url, {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key
+                       else None)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
-async def _warm(session: aiohttp.ClientSession, url: str, spec: LoadSpec) -> None:
+async def _warm(client: SseClient, spec: LoadSpec) -> None:
     """spec.num_warmup requests on prompts of their own (salt 1), none of them measured."""
-    await _drive(session, url, spec, warmup_prompts(spec))
+    await _drive(client, spec, warmup_prompts(spec))
 
 
 async def warm_up(url: str, spec: LoadSpec) -> None:
     """Only the warm-up requests, so that a caller can read the server's counters between the
     warm-up and the measured requests."""
-    async with _client(spec) as session:
-        await _warm(session, url, spec)
+    with _client(url, spec) as client:
+        await _warm(client, spec)
 
 
 async def run_load(url: str, spec: LoadSpec) -> RunResult:
@@ -229,12 +253,12 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
     server, could set the pace; the processes start together (a barrier) and the run's wall
     time spans the first start to the last finish."""
     prompts = measured_prompts(spec)
-    async with _client(spec) as session:
+    with _client(url, spec) as client:
         if spec.num_warmup:
-            await _warm(session, url, spec)
+            await _warm(client, spec)
         if spec.num_clients == 1:
             start, cpu_start = time.perf_counter(), time.thread_time()
-            results = await _drive(session, url, spec, prompts)
+            results = await _drive(client, spec, prompts)
             wall, cpu_s = time.perf_counter() - start, time.thread_time() - cpu_start
     if spec.num_clients > 1:
         results, wall, cpu_s = await asyncio.to_thread(_drive_in_processes, url, spec, prompts)
@@ -301,10 +325,10 @@ def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier,
     end_with_parent(gate_pid, signal.SIGKILL)
 
     async def drive() -> tuple[float, float, list[RequestResult], float]:
-        async with _client(spec) as session:
+        with _client(url, spec) as client:
             barrier.wait(timeout=BARRIER_TIMEOUT_S)
             start, cpu_start = time.monotonic(), time.process_time()
-            results = await _drive(session, url, spec, prompts)
+            results = await _drive(client, spec, prompts)
             return start, time.monotonic(), results, time.process_time() - cpu_start
 
     try:

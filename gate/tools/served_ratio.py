@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=0,
                         help=f"measured requests (0: {REQUESTS_PER_SLOT} a slot, at least 8)")
     parser.add_argument("--clients", type=int, default=0,
-                        help="load client processes (0: the gate's rule, one a 16 slots)")
+                        help="load client processes (0: the gate's rule, one a 128 slots)")
     parser.add_argument("--seed", type=int, default=0, help="the prompts' seed")
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for both halves, knob=value")

@@ -53,7 +53,8 @@
 #             so the core's CPU torch threads stay off it (results/2026-12-04-cpu-api-synthetic)
 #   load-client  the gate's load client alone against the fake SSE server
 #             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
-#             asks it sustains that), and unpaced
+#             asks it sustains that), unpaced, and at the c=256 cell's pace (45k) with the
+#             gate's two processes there (its µs a token at a served stream's one event a read)
 #   gate-frontend  configs/gate/h200-0.8b-frontend.yaml (an A/A pair at c=64/256, both servers
 #             up together: the summary's CPU table and pacing line), tarred
 #   served-ratio  issue 35's served-equivalent ratio (gate.tools.served_ratio), 0.8B, 512 in
@@ -233,7 +234,10 @@ for part in "$@"; do
         --format json
       run load-client-unpaced 200 python3 -m gate.tools.load_client_bench \
         --concurrency 256 --clients 4 --server-processes 8 --requests 2048 --output-len 256 \
-        --times 0 --format json ;;
+        --times 0 --format json
+      run load-client-cell 200 python3 -m gate.tools.load_client_bench --concurrency 256 \
+        --clients 2 --server-processes 8 --requests 2048 --output-len 256 --times 1 \
+        --format json ;;
     parity-fused)
       run parity-fused 200 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
         tests/gpu/test_backends_gpu.py -k fused_small_bucket ;;
