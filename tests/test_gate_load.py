@@ -253,3 +253,20 @@ def test_the_load_client_reads_answers_however_the_bytes_are_cut():
                                    and b"Authorization: Bearer k\r\n" in h for h in heads)
     with pytest.raises(ValueError, match="plain http"):
         SseClient("https://example.com")
+
+
+def test_the_load_client_bench_streams_paced_and_unpaced():
+    """gate.tools.load_client_bench against fake_sse.py's processes: every token arrives, a paced
+    run takes the time its pace sets (one tick of the fake server's a stream's event), an
+    unpaced one less, and the client's CPU over the measured requests is counted."""
+    from gate.tools.load_client_bench import measure
+
+    spec = LoadSpec(concurrency=4, num_requests=8, output_len=32, num_clients=2)
+    paced = measure(spec, server_processes=1, target=400.0, times=1.0)  # 100 events/s a stream
+    unpaced = measure(spec, server_processes=1, target=400.0, times=0.0)
+    for run in (paced, unpaced):
+        assert run["tokens"] == 8 * 32 and run["client_cpu_s"] > 0
+        assert run["client_processes"] == 2
+    assert paced["wall_s"] >= 2 * 31 / 100  # two requests a slot, 31 gaps of 10 ms each
+    assert paced["tok_per_s"] <= 400 * 1.05 and paced["itl_p50_ms"] == pytest.approx(10, abs=3)
+    assert unpaced["wall_s"] < paced["wall_s"]

@@ -5,9 +5,10 @@ client can be measured alone (load_client_bench.py drives the gate's client agai
 
 `POST /v1/completions` with `"stream": true` answers `max_tokens` events shaped as the API's
 (api._Completion._token_event: the envelope, one choice with a token's text and id), then
-`data: [DONE]`. `--rate R` paces each stream to R events a second, one event a write while the
-server keeps up (as the API writes at one token a step); 0: unpaced, one event a write as fast
-as the socket takes them. `GET /health` answers 200.
+`data: [DONE]`. `--rate R` paces each stream to R events a second as a GPU server does: a tick
+every 1/R s writes every open stream the events it is due, one a write while the server keeps up
+(a step's token for each stream); 0: unpaced, one event a write as fast as the socket takes
+them. `GET /health` answers 200.
 Connections are kept alive (chunked responses). `--processes N` serves from N processes on
 one port (SO_REUSEPORT), so the server is not what paces the client.
 """
@@ -37,11 +38,42 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+class _Ticker:
+    """A process's paced streams: every 1/rate s each is written the events it is due, by one
+    timer for all (a per-stream timer costs the server more than the client it measures)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.streams: dict[_Connection, tuple[int, float, int]] = {}  # (sent, start, total)
+        self._task: asyncio.Task | None = None
+
+    def add(self, connection: _Connection, num_tokens: int) -> None:
+        self.streams[connection] = (0, asyncio.get_running_loop().time(), num_tokens)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = loop.time()
+        while self.streams:
+            now = loop.time()
+            for connection, (sent, start, total) in list(self.streams.items()):
+                due = min(total, int((now - start) * self.rate) + 1)
+                written = due > sent and connection.write_events(due - sent, due == total)
+                if connection.gone or (written and due == total):
+                    del self.streams[connection]
+                elif written:
+                    self.streams[connection] = (due, start, total)
+            tick += 1 / self.rate
+            await asyncio.sleep(max(0.0, tick - loop.time()))
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: requests read one after another, each answered in turn."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float, ticker: _Ticker | None) -> None:
         self._rate = rate
+        self._ticker = ticker
         self._buffer = b""
         self._transport: asyncio.Transport | None = None
         self._busy = False
@@ -89,33 +121,36 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
             return
         self._busy = True
-        asyncio.get_running_loop().create_task(self._stream(num_tokens))
-
-    async def _stream(self, num_tokens: int) -> None:
-        """The events, each stream paced to `rate` a second: what is due goes out in one write
-        (one event while the server keeps up; several once it is late, as the API writes a
-        stream's pending events at once)."""
-        loop = asyncio.get_running_loop()
         self._transport.write(STREAM_HEAD)
-        start, sent = loop.time(), 0
-        while sent < num_tokens:
-            if self._rate:
-                due = min(num_tokens, int((loop.time() - start) * self._rate) + 1)
-                if due <= sent:
-                    await asyncio.sleep(start + sent / self._rate - loop.time())
-                    continue
-            else:
-                due = sent + 1
+        if self._ticker is not None:
+            self._ticker.add(self, num_tokens)
+        else:
+            asyncio.get_running_loop().create_task(self._unpaced(num_tokens))
+
+    @property
+    def gone(self) -> bool:
+        return self._transport is None
+
+    def write_events(self, count: int, last: bool) -> bool:
+        """Writes `count` events in one write (and the end, when `last`); False while the
+        client's buffers are full (the ticker tries again next tick)."""
+        if self._transport is None or not self._writable.is_set():
+            return False
+        self._transport.write(_chunk(EVENT * count) + (_chunk(DONE) + b"0\r\n\r\n"
+                                                       if last else b""))
+        if last:
+            self._busy = False
+            self._next_request()
+        return True
+
+    async def _unpaced(self, num_tokens: int) -> None:
+        """One event a write, as fast as the socket takes them."""
+        for sent in range(1, num_tokens + 1):
             await self._writable.wait()
-            if self._transport is None:
+            if not self.write_events(1, sent == num_tokens):
                 return
-            self._transport.write(_chunk(EVENT * (due - sent)))
-            sent = due
-            if not self._rate and sent % 16 == 0:
+            if sent % 16 == 0:
                 await asyncio.sleep(0)  # let the other streams write too
-        self._transport.write(_chunk(DONE) + b"0\r\n\r\n")
-        self._busy = False
-        self._next_request()
 
 
 def listen(port: int) -> socket.socket:
@@ -134,7 +169,8 @@ def serve_process(port: int, rate: float) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        server = await loop.create_server(lambda: _Connection(rate), sock=listen(port))
+        ticker = _Ticker(rate) if rate else None
+        server = await loop.create_server(lambda: _Connection(rate, ticker), sock=listen(port))
         async with server:
             await stop.wait()
 
