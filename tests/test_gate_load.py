@@ -264,9 +264,9 @@ def test_the_load_client_bench_streams_paced_and_unpaced():
     spec = LoadSpec(concurrency=4, num_requests=8, output_len=32, num_clients=2)
     paced = measure(spec, server_processes=1, target=400.0, times=1.0)  # 100 events/s a stream
     unpaced = measure(spec, server_processes=1, target=400.0, times=0.0)
-    for run in (paced, unpaced):
-        assert run["tokens"] == 8 * 32 and run["client_cpu_s"] > 0
-        assert run["client_processes"] == 2
+    for answer in (paced, unpaced):
+        assert answer["tokens"] == 8 * 32 and answer["client_cpu_s"] > 0
+        assert answer["client_processes"] == 2
     assert paced["wall_s"] >= 2 * 31 / 100  # two requests a slot, 31 gaps of 10 ms each
     assert paced["tok_per_s"] <= 400 * 1.05 and paced["itl_p50_ms"] == pytest.approx(10, abs=3)
     assert unpaced["wall_s"] < paced["wall_s"]
