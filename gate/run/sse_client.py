@@ -17,6 +17,7 @@ meanwhile is sent again on a new one, once, when no byte of an answer came.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -207,8 +208,11 @@ class SseClient:
         if connection is None or connection.closed or not connection.keep_alive:
             if connection is not None and connection.transport is not None:
                 connection.transport.close()
-            _, connection = await asyncio.get_running_loop().create_connection(
+            transport, connection = await asyncio.get_running_loop().create_connection(
                 _Connection, self.host, self.port)
+            # a request is one write, but Nagle must never hold one back behind an ACK
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP,
+                                                          socket.TCP_NODELAY, 1)
             self._connections[slot] = connection
         return connection
 

@@ -154,7 +154,9 @@ class _Connection(asyncio.Protocol):
 
 
 def listen(port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP by name: asyncio sets TCP_NODELAY only on sockets that say so, and with Nagle
+    # a stream's first event waited for the ACK of its head (~40 ms a request)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(("127.0.0.1", port))
