@@ -6,6 +6,8 @@ Exactness checks run the server in float64 and compare with the model run direct
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import subprocess
 import sys
 
@@ -261,6 +263,27 @@ def test_stream_usage_event_then_done(server):
     assert [len(e["choices"]) for e in events] == [1, 1, 1, 1, 0]
     assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
                                    "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_an_http_1_0_stream_comes_unchunked_and_whole(server, model64):
+    """HTTP/1.0 has no chunked encoding: the stream's events (written by the engine client's
+    router, server/pushed.py) come bare, and the answer ends when the server closes."""
+    prompt, max_tokens = [5, 6, 7], 6
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"200" and b"chunked" not in head.lower()
+    events = [json.loads(line[6:]) for line in payload.split(b"\n") if line.startswith(b"data: {")]
+    assert [e["choices"][0]["token_ids"][0] for e in events] == greedy_alone(model64, prompt,
+                                                                             max_tokens)
+    assert payload.endswith(b"data: [DONE]\n\n")
 
 
 def test_a_repeated_prompt_hits_the_prefix_cache(pressured, model64):
