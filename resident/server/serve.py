@@ -38,7 +38,7 @@ from resident.server import jsonenc
 from resident.server.api import SHUTTING_DOWN, create_app
 from resident.server.api_processes import METRICS_DIR_ENV, ApiProcesses
 from resident.server.chat_template import ChatTemplate, load_chat_template
-from resident.server.client import EngineClient
+from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.connections import ConnectionLimits, bind, connection_cap, serve_http
 from resident.server.core import run_engine_core
 from resident.server.protocol import IPC_PREFIX, PID_FILE
@@ -223,12 +223,9 @@ async def _until_stopped(state: ApiState, core: CoreHandle,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    announced = False
+    # logged as the core's Ready arrives: a load shorter than WATCH_S would end before a poll
+    announce = asyncio.create_task(_announce_ready(client))
     while not stop.is_set():
-        if client.is_ready and not announced:
-            log.info("ready: planning mode %s (%s)", client.info.get("planning_mode"),
-                     client.info.get("planning_reason"))
-            announced = True
         failure = _core_failure(client, core, config.core_stall_s)
         if failure is not None:
             log.error("%s; failing %d requests in flight, the server exits", failure,
@@ -242,10 +239,18 @@ async def _until_stopped(state: ApiState, core: CoreHandle,
                 await client.api_gone(api_index)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), WATCH_S)
+    announce.cancel()
     if others is not None:
         others.stop()
     await _drain(state, config.shutdown_grace_s)
     return 0
+
+
+async def _announce_ready(client: EngineClient) -> None:
+    with contextlib.suppress(EngineUnavailable):
+        info = await client.wait_ready()
+        log.info("ready: planning mode %s (%s)", info.get("planning_mode"),
+                 info.get("planning_reason"))
 
 
 def _core_failure(client: EngineClient, core: CoreHandle, stall_s: float) -> str | None:
