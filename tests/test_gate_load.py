@@ -146,16 +146,16 @@ def test_a_shared_prefix_opens_every_prompt_of_a_seed():
 
 
 def test_sse_events_survive_reads_that_split_lines():
-    """The client parses whatever each read brings: events split mid-line across reads, CRLF
-    line ends, a comment line, and a last event without its blank line all come out whole, in
-    order, and `[DONE]` does not."""
+    """The soak's SSE reader parses whatever each read brings: events split mid-line across
+    reads, CRLF line ends, a comment line, and a last event without its blank line all come out
+    whole, in order, and `[DONE]` does not."""
     import asyncio
     import json
 
     import aiohttp
     from aiohttp import web
 
-    from gate.run.load import sse_events
+    from gate.tools.soak import sse_events
 
     events = [{"choices": [{"token_ids": [i], "text": f" t{i}"}]} for i in range(5)]
     body = b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events[:3])

@@ -24,10 +24,8 @@ import queue
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-
-import aiohttp
 
 try:  # 1 µs an event against the stdlib's 5: the client parses one a streamed token
     from orjson import dumps as json_dumps
@@ -130,20 +128,6 @@ def measured_prompts(spec: LoadSpec) -> list[list[int]]:
     """The prompts of a run's measured requests (salt 2), in the order one client sends them:
     what an in-process run of the same load (gate/tools/served_ratio.py) gives the engine."""
     return make_prompts(spec, spec.num_requests, salt=2)
-
-
-async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
-    """The JSON events of a streamed completion's SSE body (`[DONE]` and other lines skipped),
-    parsed from whatever each read brings rather than a line at a time: a read's events cost
-    one wake-up, not two awaits each (the client's main cost a token, issue 35)."""
-    rest = b""
-    async for chunk in resp.content.iter_any():
-        *lines, rest = (rest + chunk).split(b"\n")
-        for line in lines:
-            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                yield json_loads(line[6:])
-    if rest.startswith(b"data: ") and not rest.startswith(b"data: [DONE]"):
-        yield json_loads(rest[6:])
 
 
 def _body(spec: LoadSpec, prompt: list[int]) -> bytes:

@@ -28,13 +28,14 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from gate.run.load import sse_events
+from gate.run.load import json_loads
 from gate.run.server import free_port, parse_metrics
 from gate.tools.api_profile import start_server, wait_ready
 from resident.render import OutputFormat, render
@@ -63,6 +64,20 @@ COUNTERS = {
     "aborts": "resident_aborts_total",
     "failed": "resident_failed_requests_total",
 }
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """The JSON events of a streamed completion's SSE body (`[DONE]` and other lines skipped),
+    parsed from whatever each read brings. The soak reads through aiohttp, whose responses it
+    can leave mid-stream (a client hanging up); the gate's load reads with run/sse_client.py."""
+    rest = b""
+    async for chunk in resp.content.iter_any():
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                yield json_loads(line[6:])
+    if rest.startswith(b"data: ") and not rest.startswith(b"data: [DONE]"):
+        yield json_loads(rest[6:])
 
 
 @dataclass(frozen=True)
