@@ -174,7 +174,7 @@ class SseClient:
         self._head = "".join(f"{name}: {value}\r\n" for name, value in
                              {"Host": host_header, "Content-Type": "application/json",
                               **(headers or {})}.items())
-        self._connections: list[_Connection] = []
+        self._connections: list[_Connection | None] = []
 
     async def post(self, slot: int, path: str, body: bytes,
                    on_event: OnEvent) -> tuple[int, bytes]:
@@ -205,7 +205,8 @@ class SseClient:
         while len(self._connections) <= slot:
             self._connections.append(None)
         connection = self._connections[slot]
-        if connection is None or connection.closed or not connection.keep_alive:
+        if connection is None or connection.closed or connection.transport.is_closing() \
+                or not connection.keep_alive:
             if connection is not None and connection.transport is not None:
                 connection.transport.close()
             transport, connection = await asyncio.get_running_loop().create_connection(
