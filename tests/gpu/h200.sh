@@ -41,7 +41,7 @@
 #             sampled streams to the end; the log prints their tok/s)
 #   api-profile  the API processes' CPU µs per streamed token, 0.8B served at c=64 and c=256
 #             with one API process, and c=256 with two (gate.tools.api_profile; issue 35
-#             asks <= 15 µs a token and no process above 0.7 of a core)
+#             asks <= 15 µs a token and no process above 0.7 of a core), tarred to api-profile.tgz
 #   host-probe  tests/gpu/host_probe.py: this host's µs for a Python call, a system call, a
 #             socket send + recv, an epoll wait, an unpickle and a JSON encode (beside the VM's)
 #   api-spy   api-profile at c=64 and c=256 with the API process pinned (api_core=0) and sampled
@@ -54,7 +54,8 @@
 #   load-client  the gate's load client alone against the fake SSE server
 #             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
 #             asks it sustains that), unpaced, and at the c=256 cell's pace (45k) with the
-#             gate's two processes there (its µs a token at a served stream's one event a read)
+#             gate's two processes there (its µs a token at a served stream's one event a read);
+#             the three logs tarred to load-client.tgz
 #   gate-frontend  configs/gate/h200-0.8b-frontend.yaml (an A/A pair at c=64/256, both servers
 #             up together: the summary's CPU table and pacing line), tarred
 #   served-ratio  issue 35's served-equivalent ratio (gate.tools.served_ratio), 0.8B, 512 in
@@ -114,6 +115,7 @@
 # Carry .whl/ (../shared/tools/gpu-wheels) with an orjson wheel added, which the API and the load
 # client parse with (the host has none): pip download orjson --only-binary=:all: \
 #   --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl
+# and, for api-spy, py-spy's static binary: mkdir -p .whl/bin && cp "$(command -v py-spy)" .whl/bin
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
@@ -122,7 +124,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if [ -f .whl/install.sh ] && [ ! -d /tmp/site/flashinfer ]; then
-  bash .whl/install.sh >"$OUT/install.log" 2>&1 || echo "wheel install failed"
+  # its log comes back only on failure: a call brings back at most 8 files
+  bash .whl/install.sh >/tmp/install.log 2>&1 \
+    || { echo "wheel install failed"; cp /tmp/install.log "$OUT/install.log"; }
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 # the host's packages carry no bytecode and its environment forbids writing it: without a kept
@@ -211,7 +215,9 @@ for part in "$@"; do
         --device cuda --concurrency 256 --requests 1024 --output-len 256 --format json
       run api-profile-c256-x2 400 python3 -m gate.tools.api_profile \
         --model qwen3.5-0.8b --device cuda --concurrency 256 --requests 1024 \
-        --output-len 256 --api-processes 2 --format json ;;
+        --output-len 256 --api-processes 2 --format json
+      tar czf "$OUT/api-profile.tgz" -C "$OUT" api-profile-c64.log api-profile-c256.log \
+        api-profile-c256-x2.log && rm -f "$OUT"/api-profile-c*.log ;;
     host-probe)
       run host-probe 60 python3 tests/gpu/host_probe.py ;;
     api-spy)
@@ -237,7 +243,10 @@ for part in "$@"; do
         --times 0 --format json
       run load-client-cell 200 python3 -m gate.tools.load_client_bench --concurrency 256 \
         --clients 2 --server-processes 8 --requests 2048 --output-len 256 --times 1 \
-        --format json ;;
+        --format json
+      # one file, not three: a call brings back at most 8
+      tar czf "$OUT/load-client.tgz" -C "$OUT" load-client-4x.log load-client-unpaced.log \
+        load-client-cell.log && rm -f "$OUT"/load-client-*.log ;;
     parity-fused)
       run parity-fused 200 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
         tests/gpu/test_backends_gpu.py -k fused_small_bucket ;;
