@@ -115,7 +115,8 @@
 # Carry .whl/ (../shared/tools/gpu-wheels) with an orjson wheel added, which the API and the load
 # client parse with (the host has none): pip download orjson --only-binary=:all: \
 #   --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl
-# and, for api-spy, py-spy's static binary: mkdir -p .whl/bin && cp "$(command -v py-spy)" .whl/bin
+# and, for api-spy, py-spy's static binary (not a pyenv shim): mkdir -p .whl/bin && \
+#   cp "$(pyenv which py-spy 2>/dev/null || command -v py-spy)" .whl/bin/py-spy
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
 # others. burst, bench and budget start from an empty Triton cache: fla and our state pass keep
 # their autotuning picks there, and a part before them (the kernel tests) would have made those
