@@ -3,9 +3,10 @@
 With one choice a completion's stream needs no task of its own between its first output and its
 last: the router (client.py) calls `PushedStream.deliver` with each output, which renders the
 output's SSE events and writes them, framed as the response's transfer encoding asks, straight
-to the connection's transport. A streamed token then costs no queue, no task wake-up and no
-generator resumption; on the H200's host these were half of the API process's ~28 µs of CPU a
-token (py-spy, results/2026-12-04-h200-frontend). The handler only waits for the end.
+to the connection's transport. A streamed token then costs no queue, no task wake-up, no
+generator resumption and no pass through aiohttp's writer; on the H200's host those were about
+half of the API process's ~28 µs of CPU a token, which went to ~19.5 (py-spy,
+results/2026-12-04-h200-frontend). The handler only waits for the end.
 
 Until `start` (the response's headers and first events are out) outputs are held; `first`
 waits for them. A write to a closing transport, or an error while rendering, ends the stream with
