@@ -231,11 +231,11 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
     """Warm-up, then the measured requests at `spec.concurrency`: from this process, or with
     `spec.num_clients` > 1 from that many processes, each driving its share of the slots.
 
-    One Python client parses every streamed event on one core (5-7 µs a token on a 2-core
-    host, results/2026-12-04-cpu-load-client; 35-43 µs on the H200's host before events were
-    read by the read), so at tens of thousands of tokens a second a single client, not the
-    server, could set the pace; the processes start together (a barrier) and the run's wall
-    time spans the first start to the last finish."""
+    One Python client parses every streamed event on one core (13-26 µs of CPU a token at a
+    served cell's pace on the H200's host, results/2026-12-04-h200-frontend), so at tens of
+    thousands of tokens a second a single client, not the server, could set the pace; the
+    processes start together (a barrier) and the run's wall time spans the first start to the
+    last finish."""
     prompts = measured_prompts(spec)
     with _client(url, spec) as client:
         if spec.num_warmup:

@@ -69,10 +69,10 @@ class _Ticker:
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: requests read one after another, each answered in turn."""
+    """One client connection: requests read one after another, each answered in turn, paced by
+    `ticker` (None: unpaced)."""
 
-    def __init__(self, rate: float, ticker: _Ticker | None) -> None:
-        self._rate = rate
+    def __init__(self, ticker: _Ticker | None) -> None:
         self._ticker = ticker
         self._buffer = b""
         self._transport: asyncio.Transport | None = None
@@ -172,7 +172,7 @@ def serve_process(port: int, rate: float) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         ticker = _Ticker(rate) if rate else None
-        server = await loop.create_server(lambda: _Connection(rate, ticker), sock=listen(port))
+        server = await loop.create_server(lambda: _Connection(ticker), sock=listen(port))
         async with server:
             await stop.wait()
 
