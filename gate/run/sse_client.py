@@ -26,6 +26,14 @@ from urllib.parse import urlsplit
 OnEvent = Callable[[bytes, float], None]
 
 
+def sse_data(pending: bytes, body: bytes) -> tuple[list[bytes], bytes]:
+    """The payloads of the whole SSE `data:` lines in `pending + body` (`[DONE]`, comments and
+    other fields left out), and the bytes after the last newline, which wait for more."""
+    *lines, rest = (pending + body).split(b"\n")
+    return [line[6:] for line in lines
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]")], rest
+
+
 class HttpError(ConnectionError):
     """The connection failed or broke before the answer was whole."""
 
@@ -148,10 +156,9 @@ class _Connection(asyncio.Protocol):
         if self._status != 200:
             self._body.append(body)
             return
-        *lines, self._lines = (self._lines + body).split(b"\n")
-        for line in lines:
-            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                self._on_event(line[6:], self._now)
+        payloads, self._lines = sse_data(self._lines, body)
+        for payload in payloads:
+            self._on_event(payload, self._now)
 
     def _finish(self) -> None:
         if self._status == 200:

@@ -37,6 +37,7 @@ import aiohttp
 
 from gate.run.load import json_loads
 from gate.run.server import free_port, parse_metrics
+from gate.run.sse_client import sse_data
 from gate.tools.api_profile import start_server, wait_ready
 from resident.render import OutputFormat, render
 
@@ -72,12 +73,11 @@ async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
     can leave mid-stream (a client hanging up); the gate's load reads with run/sse_client.py."""
     rest = b""
     async for chunk in resp.content.iter_any():
-        *lines, rest = (rest + chunk).split(b"\n")
-        for line in lines:
-            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                yield json_loads(line[6:])
-    if rest.startswith(b"data: ") and not rest.startswith(b"data: [DONE]"):
-        yield json_loads(rest[6:])
+        payloads, rest = sse_data(rest, chunk)
+        for payload in payloads:
+            yield json_loads(payload)
+    for payload in sse_data(rest, b"\n")[0]:  # a last line without its newline
+        yield json_loads(payload)
 
 
 @dataclass(frozen=True)
