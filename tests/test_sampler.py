@@ -119,6 +119,28 @@ def test_a_sampled_row_draws_and_leaves_the_graphs_output_alone():
     assert torch.equal(greedy, before), "the sampler wrote into the graph's argmax"
 
 
+def test_a_step_by_slot_draws_only_while_an_added_request_samples():
+    """sample_by_slot reads no rows: it draws the bucket by slot while any added request
+    samples (its greedy slots then take their greedy tokens) and nothing once none does; the
+    rows written whole land in their slots either way."""
+    from resident.engine.sampling_state import SamplingSlots
+
+    vocab, bucket = 1000, 4
+    slot_ids = torch.tensor([2, 0, 3, 1])
+    sampler = Sampler(CPU, 0, vocab, 8, slots=SamplingSlots(4, 8, slot_ids, CPU))
+    logits = torch.zeros(bucket, vocab)  # flat: a draw at temperature 5 almost never gives 0
+    step = StepLogits(logits, logits.argmax(dim=-1))
+    rows = {"cold": SampleRow("cold", GREEDY, 0), "hot": SampleRow("hot", HOT, 0)}
+    sampler.add("cold", GREEDY)
+    assert sampler.sample_by_slot(step, 2, bucket, [(2, rows["cold"])]) is None
+    sampler.add("hot", HOT)
+    drawn = sampler.sample_by_slot(step, 2, bucket, [(0, rows["hot"])])
+    assert drawn.tokens.tolist()[0] == 0 and drawn.tokens.tolist()[1] != 0  # slots 2, 0
+    assert sampler.slots.rows_written == 2
+    sampler.drop("hot")
+    assert sampler.sample_by_slot(step, 2, bucket, []) is None
+
+
 def test_a_seed_draws_the_same_tokens_in_any_row_of_any_batch():
     """Row 'me' (seed 42) alone, then at row 5 of 16 beside other requests' rows, at token
     indices 0..29: the same tokens. Its noise is keyed by (seed, index) only."""
@@ -227,7 +249,43 @@ def test_the_triton_rejection_race_draws_the_torch_filters_tokens():
     poison_params = RowParams(torch.tensor([1.0, 1e-40, 0.8]), torch.zeros(3, dtype=torch.int64),
                               torch.ones(3), torch.zeros(3), torch.arange(3), torch.zeros(3,
                               dtype=torch.int64))
-    greedy = torch.tensor([5, 6, 7])
+    greedy = poison.argmax(dim=-1)  # the NaN's id in row 0, as torch.argmax takes it
     got = draw(poison, poison_params, greedy, vocab_counters(300, CPU), "triton")
     assert got.failed.tolist() == [True, True, False]
-    assert got.tokens[:2].tolist() == [5, 6]
+    assert greedy[0] == 17 and got.tokens[:2].tolist() == greedy[:2].tolist()
+
+
+# the bit patterns that decide races (the smallest E), both ends, the 24-bit uniform's
+# degenerate one (bits >> 8 == 2**24 - 1: its u rounded to 1.0), and a sweep between
+NOISE_BITS = ([0, 1, 2, 255, 256, 2**24 - 1, 2**24, 2**29, 2**31, 2**32 - 256, 2**32 - 129,
+               2**32 - 128, 2**32 - 1] + list(range(0, 2**32, 2**32 // 997)))
+
+
+def test_the_noise_is_gumbel_to_fp32_rounding_and_never_plus_infinite():
+    """draw.gumbel_from_bits against float64's -log(-log1p(-w)): equal to a few fp32 roundings
+    wherever an id can still win (noise > -1), never NaN or +inf (the 24-bit uniform it
+    replaced gave +inf at 256 of the 2**32 patterns), -inf only at the top 128 (w rounds to 1).
+    """
+    from resident.engine.draw import gumbel_from_bits
+
+    bits = torch.tensor(NOISE_BITS, dtype=torch.int64)
+    noise = gumbel_from_bits(bits)
+    w = (bits.double() + 0.5) / 2**32
+    want = -torch.log(-torch.log1p(-w))
+    assert not noise.isnan().any() and not (noise == float("inf")).any()
+    assert ((noise == float("-inf")) == (bits >= 2**32 - 128)).all()
+    contending = want > -1
+    assert contending.sum() > 500
+    assert (noise.double() - want)[contending].abs().max() < 4e-6
+    smallest = bits < 2**24  # E < 0.004: the series, to fp32's last bits
+    assert ((noise.double() - want)[smallest] / want[smallest]).abs().max() < 2e-7
+
+
+def test_the_kernels_noise_is_the_references():
+    """kernels/gumbel_race._gumbel (interpreter) gives draw.gumbel_from_bits's values."""
+    from resident.engine.draw import gumbel_from_bits
+    from resident.kernels.gumbel_race import gumbel_of_bits
+
+    bits = torch.tensor(NOISE_BITS, dtype=torch.int64)
+    torch.testing.assert_close(gumbel_of_bits(bits), gumbel_from_bits(bits), rtol=1e-6,
+                               atol=1e-6)

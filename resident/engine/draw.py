@@ -41,6 +41,7 @@ import torch
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9  # spreads consecutive counters over the 32-bit ring
+SERIES_BELOW = 0.125  # gumbel_from_bits: -log(1 - w) by its series below this; to w**8 / 8
 SAMPLERS = ("torch", "flashinfer", "triton")
 
 
@@ -85,9 +86,24 @@ def row_keys(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """[rows, vocab] float32 Gumbel(0, 1) noise from each row's key and each id's counter."""
-    bits = mix32((keys[:, None] + counters[None, :]) & MASK32)
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * 2.0**-24  # in (0, 1), never 0 or 1
-    return -torch.log(-torch.log(uniform))
+    return gumbel_from_bits(mix32((keys[:, None] + counters[None, :]) & MASK32))
+
+
+def gumbel_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """float32 Gumbel(0, 1) noise -log(E) from 32 random bits (int64 in [0, 2**32)), E the
+    Exp(1) variate -log(1 - w) of the uniform w = (bits + 0.5) / 2**32.
+
+    A race is won by a small E (against its token's probability), so E keeps all 32 bits
+    where it is small: w is exact there, and E is its series, to fp32's last bit. The 24-bit
+    uniform u = (b + 0.5) / 2**24 this replaced rounded to 1.0 at b = 2**24 - 1 (b + 0.5 needs
+    25 bits): E was 0 and the noise +inf once in 2**24 ids, so 1.5% of a 248k-id row's draws
+    went to an arbitrary token, filtered out or not. Here only w = 1.0 (the top 128 bit
+    patterns) is degenerate, and it gives E = inf, noise -inf: that id cannot win."""
+    w = (bits.to(torch.float32) + 0.5) * 2.0**-32  # in (0, 1]
+    tail = 1 / 4 + w * (1 / 5 + w * (1 / 6 + w * (1 / 7)))
+    series = w * (1 + w * (1 / 2 + w * (1 / 3 + w * tail)))
+    exponential = torch.where(w < SERIES_BELOW, series, -torch.log(1 - w))
+    return -torch.log(exponential)
 
 
 def scale(logits: torch.Tensor, params: RowParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,10 +14,12 @@ them takes its last winner (above every rejected one: a near miss, rarer than 1 
 at top_p 0.9).
 
 The noise is draw.py's, hashed in registers (kernels/gumbel_race.py), so on the same logits this
-draws the torch filter's tokens up to float rounding at a cutoff. A row whose scaled logits have
-a NaN or +inf, or are all -inf, fails (draw.Drawn.failed) and keeps its greedy token.
+draws the torch filter's tokens up to float rounding at a cutoff. The row's largest logit is
+read at its argmax, which the caller has (a decode graph computes it): a NaN there (torch.argmax
+takes a NaN for the largest), +inf or -inf (every id -inf) fails the row (draw.Drawn.failed),
+which keeps its greedy token.
 
-Kernels: a first pass (row max, sum of exp, the race over all ids), ROUNDS rounds, a last
+Kernels: a first pass (the sum of exp(y - top), the race over all ids), ROUNDS rounds, a last
 [rows] kernel that picks each row's token. A row is split into chunks (grid rows x chunks); each
 program of a round first reduces its row's partials of the pass before (every program of the row
 the same way, so all agree without a barrier), and program 0 of the row records the decision.
@@ -29,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _mix32
+from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
 ROUNDS = 6
 PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
@@ -47,23 +49,19 @@ def _row_key(seeds, indices, row, ints_stride):
 
 
 @triton.jit
-def _noisy(y, ids, key):
-    bits = _mix32(key + ids.to(tl.uint32) * 0x9E3779B9)  # draw.GOLDEN32
-    uniform = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    return y - tl.log(-tl.log(uniform))
+def _row_top(logits, stride, greedy, row, temperature):
+    """The row's largest scaled logit, read at its argmax (`greedy`), and whether the row fails:
+    that logit NaN (torch.argmax takes a NaN for the largest), +inf, or -inf (every id)."""
+    top = tl.load(logits + row * stride + tl.load(greedy + row)).to(tl.float32) / temperature
+    return top, (top != top) | (top == float("inf")) | (top == float("-inf"))
 
 
 @triton.jit
-def _row_stats(part_a, part_b, bad, row, num_chunks, SPAN: tl.constexpr):
-    """The first pass's partials of a row -> (max, sum of exp(y - max), failed)."""
+def _row_total(part_b, row, num_chunks, SPAN: tl.constexpr):
+    """The first pass's sum of exp(y - top) over the row."""
     chunks = tl.arange(0, SPAN)
-    inside = chunks < num_chunks
-    maxes = tl.load(part_a + row * num_chunks + chunks, mask=inside, other=float("-inf"))
-    sums = tl.load(part_b + row * num_chunks + chunks, mask=inside, other=0.0)
-    top = tl.max(maxes, axis=0)
-    total = tl.sum(tl.where(maxes > float("-inf"), sums * tl.exp(maxes - top), 0.0), axis=0)
-    failed = (tl.sum(tl.load(bad + row * num_chunks + chunks, mask=inside, other=0), axis=0) > 0)
-    return top, total, failed | (top == float("-inf"))
+    return tl.sum(tl.load(part_b + row * num_chunks + chunks, mask=chunks < num_chunks,
+                          other=0.0), axis=0)
 
 
 @triton.jit
@@ -107,37 +105,31 @@ def _kept(y, count, mass, top, total, top_ks, top_ps, min_ps, row, floats_stride
 @triton.jit
 def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
           CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, FIRST: tl.constexpr,
-          COUNT_PIVOTS: tl.constexpr):
-    """One chunk's pass over y = x / temperature. FIRST: (max, sum of exp(y - max), any NaN or
-    +inf) and the race over every id; else (count, sum of exp(y - top)) of y > floor, the same
-    at each of _pivots(floor, top) where COUNT_PIVOTS (else zeros: every pivot then looks kept
-    by top-k and top-p and does not raise the floor), and the race over y > floor. Both return
-    the race's (score, id). Each lane keeps its own partials over the chunk's blocks and they
-    are reduced once at the end: a block reduction a block (two, and two a pivot) made the pass
-    compute-bound."""
+          COUNT_PIVOTS: tl.constexpr, FAST: tl.constexpr):
+    """One chunk's pass over y = x / temperature, top the row's largest y. FIRST: the sum of
+    exp(y - top) and the race over every id; else (count, sum of exp(y - top)) of y > floor,
+    the same at each of _pivots(floor, top) where COUNT_PIVOTS (else zeros: every pivot then
+    looks kept by top-k and top-p and does not raise the floor), and the race over y > floor.
+    Both return the race's (score, id). Each lane keeps its own partials over the chunk's
+    blocks and they are reduced once at the end: a block reduction a block (two, and two a
+    pivot) made the pass compute-bound."""
     lanes = tl.arange(0, BLOCK)
-    lane_a = tl.full([BLOCK], float("-inf") if FIRST else 0.0, tl.float32)
+    lane_a = tl.zeros([BLOCK], dtype=tl.float32)
     lane_b = tl.zeros([BLOCK], dtype=tl.float32)
-    lane_bad = tl.zeros([BLOCK], dtype=tl.int32)
+    # each id's hash input, key + id * GOLDEN32 (draw.py), advanced by a block's per block
+    lane_bits = key + (chunk * CHUNK + lanes).to(tl.uint32) * 0x9E3779B9
     pivot_weights = tl.exp(_pivots(floor, top, PIVOTS) - top)
     lane_counts = tl.zeros([BLOCK, PIVOTS], dtype=tl.float32)
     lane_masses = tl.zeros([BLOCK, PIVOTS], dtype=tl.float32)
     lane_score = tl.full([BLOCK], float("-inf"), tl.float32)
-    lane_id = tl.full([BLOCK], 0, tl.int64) + chunk * CHUNK
+    lane_id = tl.full([BLOCK], 0, tl.int32) + chunk * CHUNK
     for start in range(0, CHUNK, BLOCK):
         ids = chunk * CHUNK + start + lanes
         inside = ids < vocab
         x = tl.load(logits + row * stride + ids, mask=inside, other=float("-inf"))
         y = x.to(tl.float32) / temperature
-        if FIRST:
-            lane_bad += ((y != y) | (y == float("inf"))).to(tl.int32)
-            # an online sum with one exp an element: exp(-|y - max|) scales the old sum when
-            # y is the new max, else it is y's own term
-            raised = y > lane_a
-            scaled = tl.exp(-tl.abs(y - lane_a))
-            lane_b = tl.where(y > float("-inf"),
-                              tl.where(raised, lane_b * scaled + 1.0, lane_b + scaled), lane_b)
-            lane_a = tl.where(raised, y, lane_a)
+        if FIRST:  # y <= top: no overflow; a masked id's exp(-inf) adds 0
+            lane_b += tl.exp(y - top)
             racing = inside
         else:
             racing = inside & (y > floor)
@@ -152,22 +144,16 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
                 above = (weight[:, None] > pivot_weights[None, :]).to(tl.float32)
                 lane_counts += above
                 lane_masses += above * weight[:, None]
-        noisy = tl.where(racing, _noisy(y, ids, key), float("-inf"))
+        noisy = tl.where(racing, y + _gumbel(_mix32(lane_bits), FAST), float("-inf"))
+        lane_bits += (BLOCK * 0x9E3779B9) % 4294967296
         better = noisy > lane_score  # a lane's earlier block wins its ties
         lane_id = tl.where(better, ids, lane_id)
         lane_score = tl.where(better, noisy, lane_score)
     best_score = tl.max(lane_score, axis=0)
     # the smallest id among the best, as torch.argmax's first index
     best_id = tl.min(tl.where(lane_score == best_score, lane_id, vocab + CHUNK), axis=0)
-    if FIRST:
-        stat_a = tl.max(lane_a, axis=0)
-        stat_b = tl.sum(tl.where(lane_a > float("-inf"), lane_b * tl.exp(lane_a - stat_a), 0.0),
-                        axis=0)
-    else:
-        stat_a = tl.sum(lane_a, axis=0)
-        stat_b = tl.sum(lane_b, axis=0)
-    return (stat_a, stat_b, tl.sum(lane_bad, axis=0), tl.sum(lane_counts, axis=0),
-            tl.sum(lane_masses, axis=0), best_score, best_id)
+    return (tl.sum(lane_a, axis=0), tl.sum(lane_b, axis=0), tl.sum(lane_counts, axis=0),
+            tl.sum(lane_masses, axis=0), best_score, best_id.to(tl.int64))
 
 
 @triton.jit
@@ -185,21 +171,22 @@ def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, st
 
 @triton.jit
 def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, ints_stride,
-                  part_a, part_b, pivot_a, pivot_b, bad, score, ident, ywin, vocab, num_chunks,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr):
+                  greedy, part_a, part_b, pivot_a, pivot_b, score, ident, ywin, vocab,
+                  num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr,
+                  FAST: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
     if temperature > 0:
-        key = _row_key(seeds, indices, row, ints_stride)
-        row_max, row_sum, num_bad, pivot_counts, pivot_masses, best_score, best_id = _pass(
-            logits, stride, row, chunk, temperature, key, 0.0, 0.0, vocab, CHUNK, BLOCK, PIVOTS,
-            True, False)
-        at = row * num_chunks + chunk
-        tl.store(bad + at, num_bad)
-        _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride, row,
-                    temperature, at, row_max, row_sum, pivot_counts, pivot_masses, best_score,
-                    best_id, PIVOTS)
+        top, failed = _row_top(logits, stride, greedy, row, temperature)
+        if failed == 0:
+            key = _row_key(seeds, indices, row, ints_stride)
+            count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
+                logits, stride, row, chunk, temperature, key, 0.0, top, vocab, CHUNK, BLOCK,
+                PIVOTS, True, False, FAST)
+            _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
+                        row, temperature, row * num_chunks + chunk, count, mass, pivot_counts,
+                        pivot_masses, best_score, best_id, PIVOTS)
 
 
 @triton.jit
@@ -231,10 +218,10 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
 
 @triton.jit
 def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
-                  floats_stride, ints_stride, part_a, part_b, pivot_a, pivot_b, bad, score, ident,
-                  ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
+                  floats_stride, ints_stride, greedy, part_a, part_b, pivot_a, pivot_b, score,
+                  ident, ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                  PIVOTS: tl.constexpr, COUNT_PIVOTS: tl.constexpr):
+                  PIVOTS: tl.constexpr, COUNT_PIVOTS: tl.constexpr, FAST: tl.constexpr):
     """Round `step` (1..ROUNDS): judge the candidate pass step - 1 counted above (if it had
     one); if it lost, the next floor (_floor) and a pass above it. Round 1 passes every
     sampled row, and its winner is kept with probability about top_p: it counts no pivots
@@ -243,8 +230,9 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
-    top, total, failed = _row_stats(part_a, part_b, bad, row, num_chunks, SPAN)
+    top, failed = _row_top(logits, stride, greedy, row, temperature)
     if (temperature > 0) & (failed == 0):
+        total = _row_total(part_b, row, num_chunks, SPAN)
         plane = num_rows * num_chunks
         finished = 0
         if step > 1:
@@ -269,26 +257,28 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                 tl.store(floors + step * num_rows + row, floor)
                 tl.store(judged + step * num_rows + row, candidate)
             key = _row_key(seeds, indices, row, ints_stride)
-            count, mass, _, pivot_counts, pivot_masses, best_score, best_id = _pass(
+            count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
                 logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
-                PIVOTS, False, COUNT_PIVOTS)
+                PIVOTS, False, COUNT_PIVOTS, FAST)
             _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
                         row, temperature, step * plane + row * num_chunks + chunk, count, mass,
                         pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
 
 
 @triton.jit
-def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_stride, greedy,
-                 part_a, part_b, bad, score, ident, ywin, floors, judged, done, chosen, tokens,
-                 failures, num_rows, num_chunks, ROUNDS: tl.constexpr, SPAN: tl.constexpr):
+def _pick_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, floats_stride,
+                 ints_stride, greedy, part_a, part_b, score, ident, ywin, floors, judged, done,
+                 chosen, tokens, failures, num_rows, num_chunks, ROUNDS: tl.constexpr,
+                 SPAN: tl.constexpr):
     """Each row's token: greedy (temperature <= 0 or failed), the accepted candidate, the last
     pass's candidate when its counts keep it, else the last pass's winner (not judged)."""
     row = tl.program_id(0)
     temperature = tl.load(temperatures + row * floats_stride)
-    top, total, failed = _row_stats(part_a, part_b, bad, row, num_chunks, SPAN)
+    top, failed = _row_top(logits, stride, greedy, row, temperature)
     failed = failed & (temperature > 0)
     token = tl.load(greedy + row)
     if (temperature > 0) & (failed == 0):
+        total = _row_total(part_b, row, num_chunks, SPAN)
         if tl.load(done + ROUNDS * num_rows + row) != 0:
             token = tl.load(chosen + row)
         else:
@@ -346,7 +336,6 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     ident = planes(torch.int64)
     pivot_a, pivot_b = (torch.empty(rounds + 1, num_rows, num_chunks, PIVOTS, device=device)
                         for _ in range(2))
-    bad = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=device)
     floors = torch.empty(rounds + 1, num_rows, dtype=torch.float32, device=device)
     judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
     done = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device)
@@ -355,17 +344,18 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     failed = torch.empty(num_rows, dtype=torch.bool, device=device)
     strides = (_common_stride(temperature, top_p, min_p), _common_stride(top_k, seed, index))
     limits = (temperature, top_k, top_p, min_p)
-    passes = (part_a, part_b, pivot_a, pivot_b, bad, score, ident, ywin)
+    passes = (greedy, part_a, part_b, pivot_a, pivot_b, score, ident, ywin)
     state = (floors, judged, done, chosen)
     grid = (num_rows, num_chunks)
     _first_kernel[grid](logits, logits.stride(0), temperature, seed, index, *strides, *passes,
-                        vocab, num_chunks, CHUNK=chunk, BLOCK=block, PIVOTS=PIVOTS)
+                        vocab, num_chunks, CHUNK=chunk, BLOCK=block, PIVOTS=PIVOTS,
+                        FAST=logits.is_cuda)
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
                             *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
                             BLOCK=block if step == 1 else round_block, SPAN=span, PIVOTS=PIVOTS,
-                            COUNT_PIVOTS=step > 1)
-    _pick_kernel[(num_rows,)](*limits, *strides, greedy, part_a, part_b, bad, score, ident, ywin,
-                              *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
-                              SPAN=span)
+                            COUNT_PIVOTS=step > 1, FAST=logits.is_cuda)
+    _pick_kernel[(num_rows,)](logits, logits.stride(0), *limits, *strides, greedy, part_a, part_b,
+                              score, ident, ywin, *state, tokens, failed, num_rows, num_chunks,
+                              ROUNDS=rounds, SPAN=span)
     return tokens, failed

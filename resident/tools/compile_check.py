@@ -138,7 +138,8 @@ def _gumbel_race_variant() -> Variant:
     types = {"scores": "*fp32", "stride": "i64", "keys": "*i64", "floors": "*fp32",
              "best_values": "*fp32", "best_ids": "*i64", "vocab": "i32", "num_chunks": "i32"}
     return Variant("sampler gumbel race", gumbel_race._race_kernel, types,
-                   {"CHUNK": gumbel_race.MAX_CHUNK, "BLOCK": gumbel_race.MAX_BLOCK})
+                   {"CHUNK": gumbel_race.MAX_CHUNK, "BLOCK": gumbel_race.MAX_BLOCK,
+                    "FAST": True})
 
 
 def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
@@ -157,9 +158,9 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                                  else "*fp32")
                 for arg in kernel.arg_names if arg not in constexprs}
 
-    first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots}
+    first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots, "FAST": True}
     round_one = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
-                 "COUNT_PIVOTS": False}
+                 "COUNT_PIVOTS": False, "FAST": True}
     round_ = {**round_one, "BLOCK": round_block, "COUNT_PIVOTS": True}
     pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),

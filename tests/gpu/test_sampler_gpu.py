@@ -76,3 +76,23 @@ def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs(sampl
     requests = dict(order[:3] + [("me", (prompts[0], me))] + order[3:])
     assert run_sampled(crowd, requests, 16)["me"] == mine
     assert crowd.sampler.slots.rows_written >= 16
+
+
+def test_the_kernels_fast_log_noise_stays_within_rounding_of_the_reference():
+    """kernels/gumbel_race._gumbel on CUDA (lg2.approx) against draw.gumbel_from_bits over 2**24
+    random bit patterns and the small ones that decide races: within a few millionths wherever
+    an id can still win (noise > -1), the same -inf at the top and no +inf."""
+    from resident.engine.draw import gumbel_from_bits
+    from resident.kernels.gumbel_race import gumbel_of_bits
+
+    generator = torch.Generator(device=DEVICE).manual_seed(5)
+    bits = torch.cat([torch.randint(0, 2**32, (1 << 24,), device=DEVICE, generator=generator),
+                      torch.arange(0, 1 << 20, device=DEVICE),
+                      torch.arange(2**32 - 512, 2**32, device=DEVICE)])
+    got, want = gumbel_of_bits(bits), gumbel_from_bits(bits)
+    assert not (got == float("inf")).any() and not got.isnan().any()
+    assert torch.equal(got == float("-inf"), want == float("-inf"))
+    contending = want > -1
+    error = (got - want)[contending].abs().max().item()
+    print(f"fast-log noise: largest error {error:.2e} where noise > -1")
+    assert error < 5e-6, error
