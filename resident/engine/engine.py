@@ -245,10 +245,12 @@ class Engine:
         # [sampling rows (then padding), vocab], and a decode graph's argmax of each row
         logits, greedy = prepared.logits if prepared.logits is not None \
             else self._launch(prepared)
-        # a row whose request finished after this step was planned runs, unsampled
+        # a row whose request finished after this step was planned (one of the zombies) runs,
+        # unsampled
         sampling = [row.request for row in plan.rows if row.samples]
-        kept = [i for i, r in enumerate(sampling) if not r.finish_reason]
-        live = [sampling[i] for i in kept]
+        kept = [i for i, r in enumerate(sampling) if not r.finish_reason] \
+            if self._zombies else None
+        live = sampling if kept is None else [sampling[i] for i in kept]
         if live:
             tokens_gpu = self._sample(prepared, logits, greedy, sampling, kept)
         self.phases.lap("sampler")
@@ -282,24 +284,28 @@ class Engine:
 
     def _sample(self, prepared: PreparedStep, logits: torch.Tensor,
                 greedy: torch.Tensor | None, sampling: list[Request],
-                kept: list[int]) -> torch.Tensor:
+                kept: list[int] | None) -> torch.Tensor:
         """Draws every sampling row (a decode step's draw covers its bucket by slot, finished
-        rows included) and queues the read-back of the `kept` rows' tokens, failures and
-        logprobs; returns their [len(kept)] tokens on the device."""
-        rows = [SampleRow(r.request_id, r.params, len(r.output_ids)) for r in sampling]
-        whole = []
-        if prepared.staged is not None and prepared.staged.whole_rows:
-            by_id = {row.request_id: row for row in rows}
-            whole = [(slot, by_id[rid]) for slot, rid in prepared.staged.whole_rows]
+        rows included) and queues the read-back of the `kept` rows' (None: all) tokens,
+        failures and logprobs; returns their tokens on the device. A step drawn by slot makes
+        no pass over its rows unless a request asks for logprobs."""
         step = StepLogits(logits, greedy)
-        drawn = self.sampler.sample(step, rows, prepared.bucket, whole)
-        tokens = drawn.tokens if drawn else self.sampler.greedy(step, len(rows))
+        if self.sampler.by_slot(prepared.bucket):
+            whole = [(slot, _sample_row(self.requests[rid]))
+                     for slot, rid in prepared.staged.whole_rows] if prepared.staged else []
+            drawn = self.sampler.sample_by_slot(step, len(sampling), prepared.bucket, whole)
+        else:
+            drawn = self.sampler.sample(step, [_sample_row(r) for r in sampling],
+                                        prepared.bucket)
+        tokens = drawn.tokens if drawn else self.sampler.greedy(step, len(sampling))
         failed = drawn.failed if drawn else None
-        if len(kept) < len(rows):
+        if kept is not None:
             tokens, logits = tokens[kept], logits[kept]
             failed = None if failed is None else failed[kept]
-            rows = [rows[i] for i in kept]
-        self.readback.start(tokens, self.sampler.logprobs(logits, tokens, rows), failed)
+            sampling = [sampling[i] for i in kept]
+        logprobs = self.sampler.logprobs(logits, tokens, [_sample_row(r) for r in sampling]) \
+            if self.sampler.any_logprobs else None
+        self.readback.start(tokens, logprobs, failed)
         return tokens
 
     def _launch_ahead(self, sampled: SampledTokens | None) -> None:
@@ -419,6 +425,10 @@ class Engine:
     def info(self) -> dict[str, Any]:
         """What /debug/config and /v1/models report (report.py)."""
         return engine_info(self)
+
+
+def _sample_row(request: Request) -> SampleRow:
+    return SampleRow(request.request_id, request.params, len(request.output_ids))
 
 
 def build_engine(model_config: ModelConfig, knobs: EngineConfig,

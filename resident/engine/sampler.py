@@ -75,6 +75,10 @@ class Sampler:
         self.fused = device.type == "cuda"  # the race on its Triton kernel (draw.py)
         self._seeds = random.Random(seed)
         self._request_seeds: dict[str, int] = {}
+        # the requests added and not dropped that sample (temperature > 0) / ask for logprobs:
+        # a step under resident slots then needs no pass over its rows to know
+        self._sampling: set[str] = set()
+        self._asking: set[str] = set()
         self._counters_gpu = vocab_counters(vocab_size, device)  # [vocab]
         self._columns = ParamColumns(max_rows, device)
         self._staging = HostColumns(max_rows, device)
@@ -83,36 +87,65 @@ class Sampler:
     def add(self, request_id: str, params: SamplingParams) -> None:
         self._request_seeds[request_id] = (params.seed if params.seed is not None
                                            else self._seeds.getrandbits(63))
+        if params.temperature > 0:
+            self._sampling.add(request_id)
+        if params.logprobs is not None:
+            self._asking.add(request_id)
 
     def drop(self, request_id: str) -> None:
         self._request_seeds.pop(request_id, None)
+        self._sampling.discard(request_id)
+        self._asking.discard(request_id)
+
+    @property
+    def any_logprobs(self) -> bool:
+        """Whether a request added and not dropped asks for logprobs."""
+        return bool(self._asking)
+
+    def by_slot(self, decode_bucket: int) -> bool:
+        """Whether a step of this decode bucket (0: not a decode step) draws by resident slot
+        (`sample_by_slot`), with no rows from the host."""
+        return self.slots is not None and decode_bucket > 0
 
     def values(self, row: SampleRow) -> RowValues:
         return RowValues(row.params, self._request_seeds.get(row.request_id, 0), row.index)
 
-    def sample(self, step: StepLogits, rows: list[SampleRow], decode_bucket: int = 0,
-               whole: list[tuple[int, SampleRow]] = ()) -> Drawn | None:
-        """step.logits: [>= len(rows), vocab], row i's for rows[i]. Returns the [len(rows)]
-        tokens and failures on the logits' device, not yet read back (the caller's one host
-        sync per step); None when no row samples (the tokens are the greedy ones, `greedy`).
-        decode_bucket: the bucket of a decode step whose logits are its forward's own (0
-        otherwise); under resident slots its rows come by slot, after `whole` (slot, row)
-        are written."""
-        resident = self.slots is not None and decode_bucket > 0
-        if resident and whole:  # even in a greedy step: a later draw gathers these slots
-            self.slots.write([slot for slot, _ in whole], [self.values(row) for _, row in whole])
+    def sample(self, step: StepLogits, rows: list[SampleRow],
+               decode_bucket: int = 0) -> Drawn | None:
+        """A step whose rows' parameters the host uploads (not `by_slot`). step.logits:
+        [>= len(rows), vocab], row i's for rows[i]. Returns the [len(rows)] tokens and failures
+        on the logits' device, not yet read back (the caller's one host sync per step); None
+        when no row samples (the tokens are the greedy ones, `greedy`). decode_bucket: the
+        bucket of a decode step whose logits are its forward's own (0 otherwise)."""
         if not any(row.params.temperature > 0 for row in rows):
             return None
-        if not resident:
-            self._staging.put([self.values(row) for row in rows])
-            self._staging.upload(self._columns, len(rows))
-        if decode_bucket and self._graphs is not None and self._graphs.has(decode_bucket):
-            drawn = self._graphs.replay(decode_bucket)
-        elif decode_bucket:
-            drawn = self._draw_decode(step, decode_bucket)
-        else:
-            drawn = self._draw(step, len(rows))
-        return Drawn(drawn.tokens[:len(rows)], drawn.failed[:len(rows)])
+        self._staging.put([self.values(row) for row in rows])
+        self._staging.upload(self._columns, len(rows))
+        return self._sliced(self._draw_bucket(step, decode_bucket) if decode_bucket
+                            else self._draw(step, len(rows)), len(rows))
+
+    def sample_by_slot(self, step: StepLogits, num_rows: int, bucket: int,
+                       whole: list[tuple[int, SampleRow]]) -> Drawn | None:
+        """A decode step under resident slots (`by_slot`): its first num_rows rows'
+        parameters come by slot, after `whole` (slot, row) are written (even in a greedy
+        step: a later draw gathers these slots). No pass over the rows: the bucket is drawn
+        whenever an added request samples, whether or not it is in this step (its greedy rows
+        then draw their greedy tokens, at the cost of the draw's GPU time); None when none
+        does."""
+        if whole:
+            self.slots.write([slot for slot, _ in whole], [self.values(row) for _, row in whole])
+        if not self._sampling:
+            return None
+        return self._sliced(self._draw_bucket(step, bucket), num_rows)
+
+    def _draw_bucket(self, step: StepLogits, bucket: int) -> Drawn:
+        if self._graphs is not None and self._graphs.has(bucket):
+            return self._graphs.replay(bucket)
+        return self._draw_decode(step, bucket)
+
+    @staticmethod
+    def _sliced(drawn: Drawn, num_rows: int) -> Drawn:
+        return Drawn(drawn.tokens[:num_rows], drawn.failed[:num_rows])
 
     def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
         """[num_rows] argmax tokens: the decode graph's own, or computed now."""
