@@ -50,10 +50,15 @@ def _row_key(seeds, indices, row, ints_stride):
 
 @triton.jit
 def _row_top(logits, stride, greedy, row, temperature):
-    """The row's largest scaled logit, read at its argmax (`greedy`), and whether the row fails:
-    that logit NaN (torch.argmax takes a NaN for the largest), +inf, or -inf (every id)."""
-    top = tl.load(logits + row * stride + tl.load(greedy + row)).to(tl.float32) / temperature
-    return top, (top != top) | (top == float("inf")) | (top == float("-inf"))
+    """The row's largest scaled logit, read at its argmax (`greedy`)."""
+    return tl.load(logits + row * stride + tl.load(greedy + row)).to(tl.float32) / temperature
+
+
+@triton.jit
+def _fails(top):
+    """Whether a row whose largest scaled logit is `top` fails: NaN (torch.argmax takes a NaN
+    for the largest), +inf, or -inf (every id)."""
+    return (top != top) | (top == float("inf")) | (top == float("-inf"))
 
 
 @triton.jit
@@ -171,15 +176,19 @@ def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, st
 
 @triton.jit
 def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, ints_stride,
-                  greedy, part_a, part_b, pivot_a, pivot_b, score, ident, ywin, vocab,
+                  greedy, tops, part_a, part_b, pivot_a, pivot_b, score, ident, ywin, vocab,
                   num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr,
                   FAST: tl.constexpr):
+    """Also writes each sampled row's top to `tops`, for the rounds and the pick (one load
+    there, not two in a row)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
     if temperature > 0:
-        top, failed = _row_top(logits, stride, greedy, row, temperature)
-        if failed == 0:
+        top = _row_top(logits, stride, greedy, row, temperature)
+        if chunk == 0:
+            tl.store(tops + row, top)
+        if _fails(top) == 0:
             key = _row_key(seeds, indices, row, ints_stride)
             count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
                 logits, stride, row, chunk, temperature, key, 0.0, top, vocab, CHUNK, BLOCK,
@@ -218,7 +227,7 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
 
 @triton.jit
 def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
-                  floats_stride, ints_stride, greedy, part_a, part_b, pivot_a, pivot_b, score,
+                  floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
                   ident, ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
                   PIVOTS: tl.constexpr, COUNT_PIVOTS: tl.constexpr, FAST: tl.constexpr):
@@ -226,19 +235,21 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
     one); if it lost, the next floor (_floor) and a pass above it. Round 1 passes every
     sampled row, and its winner is kept with probability about top_p: it counts no pivots
     (COUNT_PIVOTS False), so it runs at the first pass's block and speed; later rounds pass
-    the few rows still racing, where pivots raise the floor fastest (tight top-k)."""
+    the few rows still racing, where pivots raise the floor fastest (tight top-k). A row
+    decided before costs its programs two loads."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
-    top, failed = _row_top(logits, stride, greedy, row, temperature)
-    if (temperature > 0) & (failed == 0):
+    finished = tl.load(done + (step - 1) * num_rows + row)  # done[0]: zeros, nothing judged
+    if (temperature > 0) & (finished != 0) & (chunk == 0):
+        tl.store(done + step * num_rows + row, finished)
+    top = tl.load(tops + row)
+    if (temperature > 0) & (finished == 0) & (_fails(top) == 0):
         total = _row_total(part_b, row, num_chunks, SPAN)
         plane = num_rows * num_chunks
-        finished = 0
         if step > 1:
-            finished = tl.load(done + (step - 1) * num_rows + row)
             candidate = tl.load(judged + (step - 1) * num_rows + row)
-            if (finished == 0) & (candidate >= 0):
+            if candidate >= 0:
                 count, mass = _sums(part_a, part_b, (step - 1) * plane + row * num_chunks,
                                     num_chunks, SPAN)
                 if _kept(tl.load(floors + (step - 1) * num_rows + row), count, mass, top, total,
@@ -266,16 +277,15 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
 
 
 @triton.jit
-def _pick_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, floats_stride,
-                 ints_stride, greedy, part_a, part_b, score, ident, ywin, floors, judged, done,
-                 chosen, tokens, failures, num_rows, num_chunks, ROUNDS: tl.constexpr,
-                 SPAN: tl.constexpr):
+def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_stride, greedy,
+                 tops, part_a, part_b, score, ident, ywin, floors, judged, done, chosen, tokens,
+                 failures, num_rows, num_chunks, ROUNDS: tl.constexpr, SPAN: tl.constexpr):
     """Each row's token: greedy (temperature <= 0 or failed), the accepted candidate, the last
     pass's candidate when its counts keep it, else the last pass's winner (not judged)."""
     row = tl.program_id(0)
     temperature = tl.load(temperatures + row * floats_stride)
-    top, failed = _row_top(logits, stride, greedy, row, temperature)
-    failed = failed & (temperature > 0)
+    top = tl.load(tops + row)
+    failed = (temperature > 0) & _fails(top)
     token = tl.load(greedy + row)
     if (temperature > 0) & (failed == 0):
         total = _row_total(part_b, row, num_chunks, SPAN)
@@ -344,18 +354,19 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     failed = torch.empty(num_rows, dtype=torch.bool, device=device)
     strides = (_common_stride(temperature, top_p, min_p), _common_stride(top_k, seed, index))
     limits = (temperature, top_k, top_p, min_p)
-    passes = (greedy, part_a, part_b, pivot_a, pivot_b, score, ident, ywin)
+    tops = torch.empty(num_rows, dtype=torch.float32, device=device)
+    passes = (tops, part_a, part_b, pivot_a, pivot_b, score, ident, ywin)
     state = (floors, judged, done, chosen)
     grid = (num_rows, num_chunks)
-    _first_kernel[grid](logits, logits.stride(0), temperature, seed, index, *strides, *passes,
-                        vocab, num_chunks, CHUNK=chunk, BLOCK=block, PIVOTS=PIVOTS,
+    _first_kernel[grid](logits, logits.stride(0), temperature, seed, index, *strides, greedy,
+                        *passes, vocab, num_chunks, CHUNK=chunk, BLOCK=block, PIVOTS=PIVOTS,
                         FAST=logits.is_cuda)
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
                             *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
                             BLOCK=block if step == 1 else round_block, SPAN=span, PIVOTS=PIVOTS,
                             COUNT_PIVOTS=step > 1, FAST=logits.is_cuda)
-    _pick_kernel[(num_rows,)](logits, logits.stride(0), *limits, *strides, greedy, part_a, part_b,
-                              score, ident, ywin, *state, tokens, failed, num_rows, num_chunks,
-                              ROUNDS=rounds, SPAN=span)
+    _pick_kernel[(num_rows,)](*limits, *strides, greedy, tops, part_a, part_b, score, ident,
+                              ywin, *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
+                              SPAN=span)
     return tokens, failed

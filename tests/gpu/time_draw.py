@@ -55,7 +55,8 @@ def print_launch_sizes(run) -> None:
 
     shipped = nucleus_race.launch_sizes
     try:
-        for chunk, block in ((8192, 512), (4096, 1024), (4096, 512), (16384, 1024)):
+        for chunk, block in ((8192, 512), (4096, 1024), (2048, 1024), (2048, 512),
+                             (1024, 1024), (1024, 512)):
             nucleus_race.launch_sizes = lambda vocab, chunk=chunk, block=block: (
                 chunk, block, max(16, block // 4), triton.next_power_of_2(-(-vocab // chunk)))
             print(f"    chunk {chunk:5d} block {block:4d}: {graph_time_us(run):8.1f} us",
@@ -78,6 +79,15 @@ def print_kernels(run) -> None:
         if event.device_time_total > 0:
             print(f"    {event.device_time_total / calls:8.1f} us  {event.count // calls:3d} x "
                   f"{event.key[:70]}", flush=True)
+    # the last call's kernels in launch order, each round apart (a listing only: the profiler's
+    # event fields differ across torch versions)
+    try:
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        last = kernels[-(len(kernels) // calls):]
+        print("    last call: " + ", ".join(f"{e.name[:14]} {e.device_time_total:.1f}"
+                                            for e in last), flush=True)
+    except (AttributeError, ZeroDivisionError) as error:
+        print(f"    last call: not listed ({error})", flush=True)
 
 
 if __name__ == "__main__":
