@@ -115,17 +115,21 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
     exp(y - top) and the race over every id; else (count, sum of exp(y - top)) of y > floor,
     the same at each of _pivots(floor, top) where COUNT_PIVOTS (else zeros: every pivot then
     looks kept by top-k and top-p and does not raise the floor), and the race over y > floor.
-    Both return the race's (score, id). Each lane keeps its own partials over the chunk's
-    blocks and they are reduced once at the end: a block reduction a block (two, and two a
-    pivot) made the pass compute-bound."""
+    Both return the race's (score, id). Each lane keeps its own count, mass and race over the
+    chunk's blocks, reduced once at the end: a block reduction a block made the passes over
+    every row compute-bound. The pivots, counted only for the few rows still racing, are
+    reduced a block at a time."""
     lanes = tl.arange(0, BLOCK)
     lane_a = tl.zeros([BLOCK], dtype=tl.float32)
     lane_b = tl.zeros([BLOCK], dtype=tl.float32)
     # each id's hash input, key + id * GOLDEN32 (draw.py), advanced by a block's per block
     lane_bits = key + (chunk * CHUNK + lanes).to(tl.uint32) * 0x9E3779B9
     pivot_weights = tl.exp(_pivots(floor, top, PIVOTS) - top)
-    lane_counts = tl.zeros([BLOCK, PIVOTS], dtype=tl.float32)
-    lane_masses = tl.zeros([BLOCK, PIVOTS], dtype=tl.float32)
+    # the pivots' partials are reduced over each block as it goes: kept by lane, [BLOCK, PIVOTS]
+    # of them spilled registers at the first pass's block, and a quarter block made a racing
+    # row's chunk 32 loads in a row, each waiting on memory (35-50 us a round at 64 rows)
+    pivot_counts = tl.zeros([PIVOTS], dtype=tl.float32)
+    pivot_masses = tl.zeros([PIVOTS], dtype=tl.float32)
     lane_score = tl.full([BLOCK], float("-inf"), tl.float32)
     lane_id = tl.full([BLOCK], 0, tl.int32) + chunk * CHUNK
     for start in range(0, CHUNK, BLOCK):
@@ -147,8 +151,8 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
                 # only undercount above a pivot: a pivot then looks kept, and the floor is not
                 # raised.
                 above = (weight[:, None] > pivot_weights[None, :]).to(tl.float32)
-                lane_counts += above
-                lane_masses += above * weight[:, None]
+                pivot_counts += tl.sum(above, axis=0)
+                pivot_masses += tl.sum(above * weight[:, None], axis=0)
         noisy = tl.where(racing, y + _gumbel(_mix32(lane_bits), FAST), float("-inf"))
         lane_bits += (BLOCK * 0x9E3779B9) % 4294967296
         better = noisy > lane_score  # a lane's earlier block wins its ties
@@ -157,8 +161,8 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
     best_score = tl.max(lane_score, axis=0)
     # the smallest id among the best, as torch.argmax's first index
     best_id = tl.min(tl.where(lane_score == best_score, lane_id, vocab + CHUNK), axis=0)
-    return (tl.sum(lane_a, axis=0), tl.sum(lane_b, axis=0), tl.sum(lane_counts, axis=0),
-            tl.sum(lane_masses, axis=0), best_score, best_id.to(tl.int64))
+    return (tl.sum(lane_a, axis=0), tl.sum(lane_b, axis=0), pivot_counts, pivot_masses,
+            best_score, best_id.to(tl.int64))
 
 
 @triton.jit
@@ -303,13 +307,13 @@ def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_strid
     tl.store(failures + row, failed)
 
 
-def launch_sizes(vocab: int) -> tuple[int, int, int, int]:
-    """(CHUNK, the first two passes' BLOCK, a later round's BLOCK, SPAN) for a vocabulary. A
-    later round's block is a quarter of the first's: its [BLOCK, PIVOTS] lane partials would
-    hold 215 registers a thread at 512 (115 at 256) on sm_90."""
-    chunk = min(MAX_CHUNK, triton.next_power_of_2(vocab))
-    block = min(MAX_BLOCK, chunk)
-    return chunk, block, max(16, block // 4), triton.next_power_of_2(triton.cdiv(vocab, chunk))
+def launch_sizes(vocab: int) -> tuple[int, int, int]:
+    """(CHUNK, BLOCK, SPAN) for a vocabulary: ids a program scans, ids a loop step loads,
+    the partials' reduction width. A round over the rows still racing takes as long as one
+    program's chunk, a loop step at a time: half gumbel_race's chunk (tests/gpu/time_draw.py
+    sweeps the sizes)."""
+    chunk = min(MAX_CHUNK // 2, triton.next_power_of_2(vocab))
+    return chunk, min(MAX_BLOCK, chunk), triton.next_power_of_2(triton.cdiv(vocab, chunk))
 
 
 def _common_stride(*columns: torch.Tensor) -> int:
@@ -335,7 +339,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     num_rows, vocab = logits.shape
-    chunk, block, round_block, span = launch_sizes(vocab)
+    chunk, block, span = launch_sizes(vocab)
     num_chunks = triton.cdiv(vocab, chunk)
     device = logits.device
 
@@ -364,7 +368,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
                             *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
-                            BLOCK=block if step == 1 else round_block, SPAN=span, PIVOTS=PIVOTS,
+                            BLOCK=block, SPAN=span, PIVOTS=PIVOTS,
                             COUNT_PIVOTS=step > 1, FAST=logits.is_cuda)
     _pick_kernel[(num_rows,)](*limits, *strides, greedy, tops, part_a, part_b, score, ident,
                               ywin, *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,

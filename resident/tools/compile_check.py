@@ -145,7 +145,7 @@ def _gumbel_race_variant() -> Variant:
 def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     """The `triton` sampler's passes (kernels/nucleus_race.py) at the model's vocabulary, bf16
     logits, the parameters as float32 / int64 columns."""
-    chunk, block, round_block, span = nucleus_race.launch_sizes(config.vocab_size)
+    chunk, block, span = nucleus_race.launch_sizes(config.vocab_size)
     pivots = nucleus_race.PIVOTS
     by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
@@ -161,7 +161,7 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots, "FAST": True}
     round_one = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
                  "COUNT_PIVOTS": False, "FAST": True}
-    round_ = {**round_one, "BLOCK": round_block, "COUNT_PIVOTS": True}
+    round_ = {**round_one, "COUNT_PIVOTS": True}
     pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
                     constexprs)

@@ -55,10 +55,10 @@ def print_launch_sizes(run) -> None:
 
     shipped = nucleus_race.launch_sizes
     try:
-        for chunk, block in ((8192, 512), (4096, 1024), (2048, 1024), (2048, 512),
-                             (1024, 1024), (1024, 512)):
+        for chunk, block in ((8192, 1024), (4096, 512), (2048, 1024), (2048, 512),
+                             (1024, 1024)):
             nucleus_race.launch_sizes = lambda vocab, chunk=chunk, block=block: (
-                chunk, block, max(16, block // 4), triton.next_power_of_2(-(-vocab // chunk)))
+                chunk, block, triton.next_power_of_2(-(-vocab // chunk)))
             print(f"    chunk {chunk:5d} block {block:4d}: {graph_time_us(run):8.1f} us",
                   flush=True)
     finally:
