@@ -52,8 +52,9 @@
 #             c=256, the tool and its server on CPUs 0-5, the API process on CPU 0 (api_core),
 #             so the core's CPU torch threads stay off it (results/2026-12-04-cpu-api-synthetic)
 #   load-client  the gate's load client alone against the fake SSE server
-#             (gate.tools.load_client_bench): paced to 4x 45k tok/s at c=256 (issue 35
-#             asks it sustains that), unpaced, and at the c=256 cell's pace (45k) with the
+#             (gate.tools.load_client_bench): asked for 5x 45k tok/s at c=256 (issue 35 asks
+#             it sustains 4x: asked for exactly 4x it can only show less), unpaced, and at the
+#             c=256 cell's pace (45k) with the
 #             gate's two processes there (its µs a token at a served stream's one event a read);
 #             the three logs tarred to load-client.tgz
 #   gate-frontend  configs/gate/h200-0.8b-frontend.yaml (an A/A pair at c=64/256, both servers
@@ -236,8 +237,8 @@ for part in "$@"; do
           --set api_core=0 --format json
       done ;;
     load-client)
-      run load-client-4x 200 python3 -m gate.tools.load_client_bench --concurrency 256 \
-        --clients 4 --server-processes 8 --requests 2048 --output-len 256 --times 4 \
+      run load-client-5x 200 python3 -m gate.tools.load_client_bench --concurrency 256 \
+        --clients 4 --server-processes 8 --requests 2048 --output-len 256 --times 5 \
         --format json
       run load-client-unpaced 200 python3 -m gate.tools.load_client_bench \
         --concurrency 256 --clients 4 --server-processes 8 --requests 2048 --output-len 256 \
@@ -246,7 +247,7 @@ for part in "$@"; do
         --clients 2 --server-processes 8 --requests 2048 --output-len 256 --times 1 \
         --format json
       # one file, not three: a call brings back at most 8
-      tar czf "$OUT/load-client.tgz" -C "$OUT" load-client-4x.log load-client-unpaced.log \
+      tar czf "$OUT/load-client.tgz" -C "$OUT" load-client-5x.log load-client-unpaced.log \
         load-client-cell.log && rm -f "$OUT"/load-client-*.log ;;
     parity-fused)
       run parity-fused 200 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
