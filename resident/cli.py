@@ -17,8 +17,10 @@ from resident.config import (
     build_engine_config,
     env_name,
     model_yaml_knobs,
+    num_prefix_snapshots,
     parse_cpu_list,
     parse_set_options,
+    snapshot_bytes,
 )
 from resident.info import model_facts
 from resident.model.config import load_model_config
@@ -92,8 +94,13 @@ def info(
         "--dtype", metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
     prefix_snapshots: Annotated[int, typer.Option(
         "--prefix-snapshots", metavar="INT",
-        **_ranged("GDN state snapshots of the prefix cache (knob prefix_snapshots), {range}.",
-                  1))] = EngineConfig.prefix_snapshots,
+        **_ranged("GDN state snapshots of the prefix cache (knob prefix_snapshots; 0: what "
+                  "--prefix-snapshot-gib holds, 64 at most), {range}.",
+                  0))] = EngineConfig.prefix_snapshots,
+    prefix_snapshot_gib: Annotated[float, typer.Option(
+        "--prefix-snapshot-gib", metavar="FLOAT",
+        **_ranged("The snapshot pool's budget when --prefix-snapshots is 0 (knob "
+                  "prefix_snapshot_gib), {range}.", 0.001))] = EngineConfig.prefix_snapshot_gib,
     output_format: FormatOpt = OutputFormat.table,
     show_help: HelpOpt = False,
 ) -> None:
@@ -107,6 +114,12 @@ def info(
         raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPE_BYTES)}",
                                  param_hint="--dtype")
     facts = model_facts(config, _DTYPE_BYTES[dtype], context, bandwidth)
+    try:
+        num_snapshots = num_prefix_snapshots(EngineConfig(
+            prefix_snapshots=prefix_snapshots, prefix_snapshot_gib=prefix_snapshot_gib),
+            config, dtype)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--prefix-snapshot-gib") from None
     summary = {
         "model": facts.name,
         "num_layers": config.num_hidden_layers,
@@ -119,9 +132,8 @@ def info(
         "gdn_recurrent_bytes_per_seq": facts.gdn_recurrent_bytes_per_seq,
         "gdn_conv_bytes_per_seq": facts.gdn_conv_bytes_per_seq,
         # the prefix cache's snapshot pool on the device (prefix_cache=on): one GDN state each
-        "prefix_snapshots": prefix_snapshots,
-        "prefix_snapshot_pool_bytes": prefix_snapshots * (facts.gdn_recurrent_bytes_per_seq
-                                                          + facts.gdn_conv_bytes_per_seq),
+        "prefix_snapshots": num_snapshots,
+        "prefix_snapshot_pool_bytes": num_snapshots * snapshot_bytes(config, dtype),
         "context_tokens": context,
         "bandwidth_tb_s": bandwidth,
     }
@@ -222,7 +234,10 @@ KNOB_MEANINGS = {
                                 "ends there on its own snapshots the GDN state (prefix_cache)",
     "prefix_snapshot_tail": "cut every prompt at its last page boundary (prefix_cache): a "
                             "repeat restores there from its second request; a step a prompt",
-    "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU)",
+    "prefix_snapshots": "GDN state snapshots the prefix cache keeps on the device (LRU); "
+                        "0: what prefix_snapshot_gib holds, 64 at most",
+    "prefix_snapshot_gib": "the snapshot pool's device budget in GiB when prefix_snapshots "
+                           "is 0",
     "sampler": "the batched draw: torch (a sort), flashinfer or triton (a rejection race; "
                "both CUDA); auto: triton on CUDA, torch on CPU",
     "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "

@@ -26,6 +26,7 @@ from resident.model.config import ModelConfig
 DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 SMALLEST_PREFILL_BUCKET = 128  # auto prefill buckets: powers of two from here
 CPU_KV_PAGES = 4096
+MAX_AUTO_SNAPSHOTS = 64  # prefix_snapshots=0 fills prefix_snapshot_gib up to this many
 MAX_DEFAULT_MODEL_LEN = 32768
 
 _CHOICES = {
@@ -107,7 +108,11 @@ class EngineConfig:
     prefix_cache: str = "on"
     prefix_snapshot_interval: int = 32
     prefix_snapshot_tail: str = "off"
-    prefix_snapshots: int = 64
+    # 0: as many as prefix_snapshot_gib holds on each device, MAX_AUTO_SNAPSHOTS at most (a
+    # snapshot is one sequence's GDN state: ~18 MiB at 0.8B, ~150 MiB at 27B, so a count alone
+    # would spend 1 GiB on one model and 10 on another)
+    prefix_snapshots: int = 0
+    prefix_snapshot_gib: float = 2.0
     # the batched draw (engine/draw.py): torch (a filter by one sort of the batch), flashinfer
     # (its mask and renorm kernels, no sort; CUDA) or triton (kernels/nucleus_race.py: a
     # rejection race, no filter pass; CUDA); auto: triton on CUDA (it passed the H200's sampler
@@ -148,16 +153,16 @@ class EngineConfig:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
-                     "send_buffer_kib", "prefix_snapshot_interval", "prefix_snapshots",
-                     "tensor_parallel"):
+                     "send_buffer_kib", "prefix_snapshot_interval", "tensor_parallel"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",
-                     "request_timeout_s", "max_connections"):
+                     "request_timeout_s", "max_connections", "prefix_snapshots"):
             if getattr(self, knob) < 0:
                 raise ValueError(f"knob {knob}: must be >= 0, got {getattr(self, knob)}")
         for knob in ("max_body_mib", "read_timeout_s", "shutdown_grace_s", "core_stall_s",
-                     "health_stall_s", "keepalive_timeout_s", "send_stall_s"):
+                     "health_stall_s", "keepalive_timeout_s", "send_stall_s",
+                     "prefix_snapshot_gib"):
             if not getattr(self, knob) > 0:
                 raise ValueError(f"knob {knob}: must be > 0, got {getattr(self, knob)}")
         if self.page_size & (self.page_size - 1):
@@ -200,7 +205,8 @@ class EngineConfig:
         """Every auto knob filled (resolve): what an Engine is built from."""
         return "auto" not in (self.dtype, self.attention_backend, self.cuda_graphs,
                               self.padded_prefill, self.compile, self.sampler) \
-            and min(self.max_model_len, self.num_kv_pages, self.num_state_slots) > 0
+            and min(self.max_model_len, self.num_kv_pages, self.num_state_slots,
+                    self.prefix_snapshots) > 0
 
     def resolve(self, model: ModelConfig, device_type: str) -> EngineConfig:
         """The one place knobs left at 0 or `auto` are filled, from the model and the device
@@ -226,6 +232,7 @@ class EngineConfig:
             max_model_len=max_len,
             num_kv_pages=self.num_kv_pages or _auto_kv_pages(self, model, dtype, device_type),
             num_state_slots=self.num_state_slots or self.max_num_seqs + 1,
+            prefix_snapshots=num_prefix_snapshots(self, model, dtype),
             attention_backend=backend,
             cuda_graphs=_resolve_graphs(self.cuda_graphs, backend, device_type),
             padded_prefill=padded,
@@ -265,6 +272,31 @@ def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: str) -> int:
     """K and V of every attention layer for one page of tokens."""
     return (len(model.attention_layers) * 2 * page_size * model.num_key_value_heads
             * model.head_dim * DTYPE_BYTES[dtype])
+
+
+def snapshot_bytes(model: ModelConfig, dtype: str, tensor_parallel: int = 1) -> int:
+    """One prefix-cache snapshot on one rank: a sequence's GDN conv window (in `dtype`) and
+    recurrent state (fp32; fp64 in a float64 model: model/cache.py), a rank holding its share
+    of the GDN heads."""
+    state = DTYPE_BYTES["float64" if dtype == "float64" else "float32"]
+    num_linear = len(model.linear_layers)
+    conv = num_linear * model.conv_dim * model.linear_conv_kernel_dim * DTYPE_BYTES[dtype]
+    recurrent = num_linear * (model.linear_num_value_heads * model.linear_key_head_dim
+                              * model.linear_value_head_dim * state)
+    return (conv + recurrent) // tensor_parallel
+
+
+def num_prefix_snapshots(config: EngineConfig, model: ModelConfig, dtype: str) -> int:
+    """The knob prefix_snapshots, or at 0 as many snapshots as prefix_snapshot_gib holds on
+    each device, MAX_AUTO_SNAPSHOTS at most."""
+    if config.prefix_snapshots:
+        return config.prefix_snapshots
+    each = snapshot_bytes(model, dtype, config.tensor_parallel)
+    count = int(config.prefix_snapshot_gib * 2**30) // each
+    if count < 1:
+        raise ValueError(f"knob prefix_snapshot_gib: {config.prefix_snapshot_gib} GiB holds no "
+                         f"GDN state snapshot of {model.name!r} ({each} bytes each)")
+    return min(count, MAX_AUTO_SNAPSHOTS)
 
 
 def _auto_kv_pages(config: EngineConfig, model: ModelConfig, dtype: str, device_type: str) -> int:

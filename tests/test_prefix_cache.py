@@ -260,9 +260,29 @@ def test_page_keys_chain_their_parents():
     assert page_keys(list(range(32)) + [7] * 8, PAGE) == first
 
 
-@pytest.mark.parametrize("knobs", [{"prefix_cache": "yes"}, {"prefix_snapshots": 0},
+@pytest.mark.parametrize("knobs", [{"prefix_cache": "yes"}, {"prefix_snapshots": -1},
                                    {"prefix_snapshot_tail": "1"},
-                                   {"prefix_snapshot_interval": 0}])
+                                   {"prefix_snapshot_interval": 0},
+                                   {"prefix_snapshot_gib": 0.0}])
 def test_bad_prefix_knobs_fail_naming_the_knob(knobs):
     with pytest.raises(ValueError, match=next(iter(knobs))):
         EngineConfig(**knobs)
+
+
+def test_the_snapshot_pool_is_sized_by_bytes_unless_counted():
+    """prefix_snapshots=0 (the default) fills prefix_snapshot_gib, 64 snapshots at most: a
+    27B snapshot (~150 MiB) fits 13 times in 2 GiB where a count of 64 would take 9.5 GiB;
+    a count is kept as given; a budget that holds none fails naming its knob; the pool the
+    engine allocates is the count times config.snapshot_bytes."""
+    from resident.config import MAX_AUTO_SNAPSHOTS, snapshot_bytes
+
+    big = load_model_config("qwen3.5-27b")
+    resolved = EngineConfig().resolve(big, "cuda")
+    assert resolved.prefix_snapshots == 2 * 2**30 // snapshot_bytes(big, "bfloat16") == 13
+    assert EngineConfig(tensor_parallel=2).resolve(big, "cuda").prefix_snapshots == 27
+    assert EngineConfig(prefix_snapshots=5).resolve(big, "cuda").prefix_snapshots == 5
+    assert EngineConfig().resolve(TINY, "cpu").prefix_snapshots == MAX_AUTO_SNAPSHOTS
+    with pytest.raises(ValueError, match="prefix_snapshot_gib"):
+        EngineConfig(prefix_snapshot_gib=0.1).resolve(big, "cuda")
+    engine = cached_engine(prefix_snapshots=3)
+    assert engine.prefixes.snapshot_bytes == 3 * snapshot_bytes(TINY, "float64")

@@ -7,9 +7,10 @@ which a later token's state cannot give back. So the cache keeps both, at page-a
 - full prompt pages, cached by chained block key (resources/page_cache.py) and shared
   read-only by the streams of later requests, idle ones evicted under KV pressure;
 - GDN state snapshots (conv and recurrent state of every GDN layer) in a fixed pool on the
-  device (`prefix_snapshots` of them, least recently used replaced), taken where a prefill
-  chunk ends on a snapshot point. The state there is the slot's state after a step, so a
-  snapshot is one device copy; points inside a chunk get none.
+  device (`prefix_snapshots` of them, by default what `prefix_snapshot_gib` holds; least
+  recently used replaced), taken where a prefill chunk ends on a snapshot point. The state
+  there is the slot's state after a step, so a snapshot is one device copy; points inside a
+  chunk get none.
 
 Where chunks end (`chunk`): a cut costs the prompt one more prefill step (4,000-token fresh
 prompts at c=1: TTFT +19%, -5% tok/s on the H200 when every prompt was cut, as vLLM's mamba
