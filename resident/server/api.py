@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -315,8 +316,8 @@ class _Completion:
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         if len(self.choices) == 1:  # the common case: the router writes its events (pushed.py)
             choice = self.choices[0]
-            pushed = PushedStream(lambda batch: self._events(choice, batch), lambda: choice.done)
-            async with self.state.client.pushed(choice.request, pushed.deliver):
+            pushed = PushedStream(functools.partial(self._events, choice), lambda: choice.done)
+            async with self.state.client.pushed(choice.request, pushed):
                 first = await pushed.first()
                 return await self._stream(request, deadline, choice, first, pushed)
         async with aclosing(self._outputs()) as outputs:

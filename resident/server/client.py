@@ -44,21 +44,17 @@ class EngineUnavailable(RuntimeError):
 
 
 class _Stream(Protocol):
-    """Where the router puts one request's outputs (an asyncio.Queue, or a `_Push`)."""
+    """Where the router puts one request's outputs: an asyncio.Queue, or a `Pushed`."""
 
     def put_nowait(self, output: RequestOutput) -> None: ...
 
 
-class _Push:
-    """A stream whose outputs go to a callback, called by the router as each arrives."""
+class Pushed(_Stream, Protocol):
+    """A stream that takes each output as the router routes it (server/pushed.py): its
+    `put_nowait` never blocks or raises, and `finished` says whether the finished output
+    came."""
 
-    def __init__(self, deliver: Callable[[RequestOutput], None]) -> None:
-        self.deliver = deliver
-        self.finished = False
-
-    def put_nowait(self, output: RequestOutput) -> None:
-        self.finished = self.finished or output.finished
-        self.deliver(output)
+    finished: bool
 
 
 class EngineClient:
@@ -122,13 +118,12 @@ class EngineClient:
                 yield outputs
 
     @contextlib.asynccontextmanager
-    async def pushed(self, request: EngineRequest, deliver: Callable[[RequestOutput], None]):
-        """Submits a request whose outputs the router hands to `deliver` as each arrives, in
+    async def pushed(self, request: EngineRequest, stream: Pushed):
+        """Submits a request whose outputs the router hands to `stream` as each arrives, in
         the event loop, before any stream task runs: a streamed token then costs no task
-        wake-up, queue or generator (issue 35). `deliver` must not block or raise. Leaving the
-        block before the finished output aborts the request in the core."""
-        push = _Push(deliver)
-        async with self._submitted(request, push, lambda: push.finished):
+        wake-up, queue or generator (issue 35). Leaving the block before the finished output
+        aborts the request in the core."""
+        async with self._submitted(request, stream, lambda: stream.finished):
             yield
 
     @contextlib.asynccontextmanager

@@ -1,7 +1,7 @@
 """A streamed choice written to its client by the engine client's router, as each output arrives.
 
 With one choice a completion's stream needs no task of its own between its first output and its
-last: the router (client.py) calls `PushedStream.deliver` with each output, which renders the
+last: the router (client.py) calls `PushedStream.put_nowait` with each output, which renders the
 output's SSE events and writes them, framed as the response's transfer encoding asks, straight
 to the connection's transport. A streamed token then costs no queue, no task wake-up, no
 generator resumption and no pass through aiohttp's writer; on the H200's host those were about
@@ -26,8 +26,8 @@ from resident.engine.types import RequestOutput
 
 
 class PushedStream:
-    """One choice's outputs: held until `start`, then written as `events(outputs)` renders them,
-    until `is_done()`."""
+    """One choice's outputs (client.Pushed): held until `start`, then written as
+    `events(outputs)` renders them, until `is_done()`."""
 
     def __init__(self, events: Callable[[list[RequestOutput]], bytes],
                  is_done: Callable[[], bool]) -> None:
@@ -38,9 +38,12 @@ class PushedStream:
         self._ended = loop.create_future()
         self._transport: asyncio.Transport | None = None
         self._chunked = False
+        self.finished = False  # the engine request's finished output came
 
-    def deliver(self, output: RequestOutput) -> None:
-        """The router's callback: never blocks, never raises."""
+    def put_nowait(self, output: RequestOutput) -> None:
+        """The router's hand-off: never blocks, never raises."""
+        if output.finished:
+            self.finished = True
         if self._ended.done():
             return
         if self._transport is None:
