@@ -35,6 +35,13 @@ from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
 ROUNDS = 6
 PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
+# The first round that counts them (from round 2, as measured). Round 2 judges every sampled
+# row's first winner (about top_p of them are kept), so all its programs run their prologue;
+# at the pivots' 168 registers a thread 3 programs fit an SM, which may be why round 2 takes
+# 43-50 us at 64 rows against round 1's 38 for a full pass (results/2026-12-04-h200-race-v3).
+# 3 would run round 2 at round 1's 72 registers: the same tokens (tests), not yet timed
+# (tests/gpu/time_draw.py times both).
+PIVOTS_FROM = 2
 
 
 @triton.jit
@@ -205,16 +212,16 @@ def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, i
 @triton.jit
 def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
            top_ks, top_ps, min_ps, row, floats_stride, ints_stride, before, num_rows, num_chunks,
-           SPAN: tl.constexpr, PIVOTS: tl.constexpr):
+           SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr):
     """After pass `before` (its winner not the answer): the next pass's floor and the candidate
     it judges (-1: none). The floor is pass `before`'s winner, or the highest of its pivots
     that does not survive when that lies at or above the winner (which then lost too). Passes
-    0 and 1 count no pivots."""
+    before PIVOTS_FROM count no pivots."""
     base = before * num_rows * num_chunks + row * num_chunks
     winner_id, winner_y, _ = _winner(score, ident, ywin, base, num_chunks, SPAN)
     floor = winner_y
     candidate = winner_id
-    if before > 1:
+    if before >= PIVOTS_FROM:
         chunks = tl.arange(0, SPAN)
         at = (base + chunks)[:, None] * PIVOTS + tl.arange(0, PIVOTS)[None, :]
         inside = (chunks < num_chunks)[:, None]
@@ -234,13 +241,14 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                   floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
                   ident, ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                  PIVOTS: tl.constexpr, COUNT_PIVOTS: tl.constexpr, FAST: tl.constexpr):
+                  PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, COUNT_PIVOTS: tl.constexpr,
+                  FAST: tl.constexpr):
     """Round `step` (1..ROUNDS): judge the candidate pass step - 1 counted above (if it had
     one); if it lost, the next floor (_floor) and a pass above it. Round 1 passes every
-    sampled row, and its winner is kept with probability about top_p: it counts no pivots
-    (COUNT_PIVOTS False), so it runs at the first pass's block and speed; later rounds pass
-    the few rows still racing, where pivots raise the floor fastest (tight top-k). A row
-    decided before costs its programs two loads."""
+    sampled row, and its winner is kept with probability about top_p; round 2 judges every
+    row: neither counts pivots (COUNT_PIVOTS False, step < PIVOTS_FROM). Later rounds pass the
+    few rows still racing, where pivots raise the floor fastest (tight top-k). A row decided
+    before costs its programs two loads."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
@@ -267,7 +275,7 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
             floor, candidate = _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
                                       top_ks, top_ps, min_ps, row,
                                       floats_stride, ints_stride, step - 1, num_rows,
-                                      num_chunks, SPAN, PIVOTS)
+                                      num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
             if chunk == 0:
                 tl.store(floors + step * num_rows + row, floor)
                 tl.store(judged + step * num_rows + row, candidate)
@@ -368,8 +376,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
                             *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
-                            BLOCK=block, SPAN=span, PIVOTS=PIVOTS,
-                            COUNT_PIVOTS=step > 1, FAST=logits.is_cuda)
+                            BLOCK=block, SPAN=span, PIVOTS=PIVOTS, PIVOTS_FROM=PIVOTS_FROM,
+                            COUNT_PIVOTS=step >= PIVOTS_FROM, FAST=logits.is_cuda)
     _pick_kernel[(num_rows,)](*limits, *strides, greedy, tops, part_a, part_b, score, ident,
                               ywin, *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
                               SPAN=span)

@@ -160,7 +160,7 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
 
     first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots, "FAST": True}
     round_one = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
-                 "COUNT_PIVOTS": False, "FAST": True}
+                 "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "COUNT_PIVOTS": False, "FAST": True}
     round_ = {**round_one, "COUNT_PIVOTS": True}
     pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),

@@ -48,7 +48,8 @@ def main() -> None:
 
 
 def print_launch_sizes(run) -> None:
-    """The race's time at other chunk and block sizes than nucleus_race.launch_sizes'."""
+    """The race's time at other chunk and block sizes than nucleus_race.launch_sizes', and
+    with its pivots counted from round 2 or 3 (nucleus_race.PIVOTS_FROM)."""
     import triton
 
     from resident.kernels import nucleus_race
@@ -63,6 +64,13 @@ def print_launch_sizes(run) -> None:
                   flush=True)
     finally:
         nucleus_race.launch_sizes = shipped
+    shipped = nucleus_race.PIVOTS_FROM
+    try:
+        for first in (2, 3):
+            nucleus_race.PIVOTS_FROM = first
+            print(f"    pivots from round {first}: {graph_time_us(run):8.1f} us", flush=True)
+    finally:
+        nucleus_race.PIVOTS_FROM = shipped
 
 
 def print_kernels(run) -> None:
