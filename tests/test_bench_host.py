@@ -9,7 +9,7 @@ import pytest
 from resident.config import EngineConfig
 from resident.engine.engine import build_engine
 from resident.model.config import load_model_config
-from resident.tools.bench import _add_prompts, _prefill
+from resident.tools.bench import Draw, _add_prompts, _prefill
 from resident.tools.bench_host import main
 
 
@@ -41,3 +41,14 @@ def test_a_burst_after_an_idle_counts_the_steps_its_prompts_took():
         while engine.has_work():
             engine.step()
     assert counts == [3, 3]
+
+
+def test_the_bench_draws_its_decode_rows_as_asked():
+    """--temperature / --top-p reach every decode request (seeded by its index); bad values
+    are refused by SamplingParams' own checks."""
+    engine = build_engine(load_model_config("tiny"), EngineConfig(), "cpu")
+    _add_prompts(engine, "drawn", 3, 8, 4, Draw(0.7, 0.9))
+    params = [request.params for request in engine.requests.values()]
+    assert [(p.temperature, p.top_p, p.seed) for p in params] == [(0.7, 0.9, i) for i in range(3)]
+    with pytest.raises(ValueError, match="top_p"):
+        Draw(0.7, 0.0)

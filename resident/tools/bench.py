@@ -3,6 +3,7 @@
     python -m resident.tools.bench MODEL [--concurrency 1,16,64,256] [--prompt-len 512]
                                    [--burst 64] [--set knob=value ...] [--json FILE]
                                    [--cprofile DIR] [--no-gc-freeze]
+                                   [--temperature T] [--top-p P]
 
 First the burst: N prompts (--burst) queued at once, each to its first token, run three times:
 the first right after the engine is built (what a server's first users meet), then a steady
@@ -11,7 +12,8 @@ profiled one the GPU kernel time of its prefill and mixed steps against their wa
 share) and kernels per step.
 
 For each concurrency c the engine takes c requests, prefills them, then runs decode steps with
-all c rows. It reports the wall time of a decode step (scheduling, host staging, the host
+all c rows, greedy, or drawn at --temperature and --top-p (each request seeded by its
+index). It reports the wall time of a decode step (scheduling, host staging, the host
 attention plan if any, the graph replay, sampling and its one sync), the GPU busy time inside
 it (torch.profiler over PROFILED steps: the union of its kernels' intervals, and their count),
 and the roofline of `resident info` at the same context. Step wall minus GPU busy (`host gap`)
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import gc
 import io
 import json
@@ -54,6 +57,20 @@ from resident.profiling.summary import union_us
 from resident.tools.bench_io import require_cuda, write_json
 
 TIMED, PROFILED, TOP_KERNELS = 40, 10, 14
+
+
+@dataclasses.dataclass(frozen=True)
+class Draw:
+    """How the decode rows draw their tokens (--temperature, --top-p)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        SamplingParams(max_tokens=1, temperature=self.temperature, top_p=self.top_p)
+
+
+GREEDY = Draw()
 
 
 def _decode_steps(engine: Engine, count: int) -> float:
@@ -113,15 +130,18 @@ def _fresh_prefill_s(engine: Engine, prompt_len: int, tag: str) -> float:
     return seconds
 
 
-def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_tokens: int) -> None:
+def _add_prompts(engine: Engine, tag: str, count: int, prompt_len: int, max_tokens: int,
+                 draw: Draw = GREEDY) -> None:
     """`count` random prompts, seeded by `tag`: a tag used once gives prompts the engine has not
-    seen, so the prefix cache (on by default) neither restores nor cuts them."""
+    seen, so the prefix cache (on by default) neither restores nor cuts them. Each draws its
+    tokens as `draw` says, seeded by its index."""
     generator = torch.Generator().manual_seed(zlib.crc32(tag.encode()))
     for index in range(count):
         prompt = torch.randint(0, engine.model_config.vocab_size, (prompt_len,),
                                generator=generator).tolist()
-        engine.add_request(EngineRequest(f"{tag}-{index}", prompt,
-                                      SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                temperature=draw.temperature, top_p=draw.top_p, seed=index)
+        engine.add_request(EngineRequest(f"{tag}-{index}", prompt, params))
 
 
 def _prefill(engine: Engine) -> tuple[float, int]:
@@ -162,9 +182,10 @@ def _abort_all(engine: Engine) -> None:
 
 
 def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
-                        cprofile_dir: Path | None = None) -> dict:
+                        cprofile_dir: Path | None = None, draw: Draw = GREEDY) -> dict:
+    """The decode rows of `concurrency` requests that draw as `draw` says (module docstring)."""
     steps = 3 * (TIMED + PROFILED) + 16
-    _add_prompts(engine, f"c{concurrency}", concurrency, prompt_len, steps)
+    _add_prompts(engine, f"c{concurrency}", concurrency, prompt_len, steps, draw)
     prefill_s, prefill_steps = _prefill(engine)
     _decode_steps(engine, 8)  # warm
     before = dict(engine.counters)
@@ -234,10 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the decode rows' temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="the decode rows' top_p")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="leave the startup heap to the garbage collector (the engine core "
                              "freezes it), to measure what the freeze saves")
     args = parser.parse_args(argv)
+    try:
+        draw = Draw(args.temperature, args.top_p)
+    except ValueError as err:
+        parser.error(str(err))
     if not require_cuda("resident.tools.bench"):
         return 2
     model = load_model_config(args.model)
@@ -249,11 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cprofile:
         args.cprofile.mkdir(parents=True, exist_ok=True)
     burst = burst_rows(engine, args.burst, args.prompt_len) if args.burst else None
-    rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile)
+    rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile, draw)
             for c in args.concurrency.split(",") if c]
     knobs = {k: engine.config.to_dict()[k] for k in
              ("attention_backend", "decode_gemm", "cuda_graphs", "compile",
-              "resident_planning", "padded_prefill", "prefill_token_budget")}
+              "resident_planning", "padded_prefill", "prefill_token_budget", "sampler")}
+    knobs |= {"temperature": draw.temperature, "top_p": draw.top_p}
     print(json.dumps(knobs))
     if burst:
         print(json.dumps({k: v for k, v in burst.items() if k != "top_kernels"}))

@@ -5,6 +5,9 @@
 #   engine    the engine GPU tests (graphs on/off, plan ahead, padded steps, row check)
 #   padded    the padded steps' greedy tokens with graphs on and off, both backends
 #   bench     resident.tools.bench at c=1/16/64/256 with the burst row (this tree's defaults)
+#   bench-sampled  resident.tools.bench at c=64, greedy then temperature 0.7 / top_p 0.9 (issue
+#             36: the draw's share of an in-process step), each with its step's Python profile
+#             (--cprofile), tarred to bench-sampled.tgz
 #   burst     the burst row and c=1 alone (the fresh prompt's prefill)
 #   budget    the burst at prefill_token_budget 4096/8192
 #   rowcheck  the row check under KV and slot pressure
@@ -205,6 +208,16 @@ for part in "$@"; do
     bench)
       TRITON_CACHE_DIR=$(mktemp -d) run bench 560 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 1,16,64,256 \
         --burst 64 --json "$OUT/bench.json" ;;
+    bench-sampled)
+      mkdir -p "$OUT/bench-sampled"
+      for draw in "greedy 0 1" "sampled 0.7 0.9"; do
+        read -r name temperature top_p <<<"$draw"
+        run "bench-$name" 300 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 64 \
+          --burst 0 --temperature "$temperature" --top-p "$top_p" \
+          --json "$OUT/bench-sampled/$name.json" --cprofile "$OUT/bench-sampled/cprofile-$name"
+        mv "$OUT/bench-$name.log" "$OUT/bench-sampled/"
+      done
+      tar czf "$OUT/bench-sampled.tgz" -C "$OUT" bench-sampled && rm -rf "$OUT/bench-sampled" ;;
     budget)
       for budget in 4096 8192; do
         TRITON_CACHE_DIR=$(mktemp -d) run "budget-$budget" 150 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency "" \
