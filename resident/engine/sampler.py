@@ -83,6 +83,8 @@ class Sampler:
         self._columns = ParamColumns(max_rows, device)
         self._staging = HostColumns(max_rows, device)
         self._graphs = StepGraphs("sampler") if device.type == "cuda" else None
+        # (bucket, rows) -> views of the bucket's captured draw outputs: made once, reused
+        self._replayed_views: dict[tuple[int, int], Drawn] = {}
 
     def add(self, request_id: str, params: SamplingParams) -> None:
         self._request_seeds[request_id] = (params.seed if params.seed is not None
@@ -121,8 +123,9 @@ class Sampler:
             return None
         self._staging.put([self.values(row) for row in rows])
         self._staging.upload(self._columns, len(rows))
-        return self._sliced(self._draw_bucket(step, decode_bucket) if decode_bucket
-                            else self._draw(step, len(rows)), len(rows))
+        if decode_bucket:
+            return self._draw_bucket(step, decode_bucket, len(rows))
+        return _sliced(self._draw(step, len(rows)), len(rows))
 
     def sample_by_slot(self, step: StepLogits, num_rows: int, bucket: int,
                        whole: list[tuple[int, SampleRow]]) -> Drawn | None:
@@ -136,16 +139,18 @@ class Sampler:
             self.slots.write([slot for slot, _ in whole], [self.values(row) for _, row in whole])
         if not self._sampling:
             return None
-        return self._sliced(self._draw_bucket(step, bucket), num_rows)
+        return self._draw_bucket(step, bucket, num_rows)
 
-    def _draw_bucket(self, step: StepLogits, bucket: int) -> Drawn:
-        if self._graphs is not None and self._graphs.has(bucket):
-            return self._graphs.replay(bucket)
-        return self._draw_decode(step, bucket)
-
-    @staticmethod
-    def _sliced(drawn: Drawn, num_rows: int) -> Drawn:
-        return Drawn(drawn.tokens[:num_rows], drawn.failed[:num_rows])
+    def _draw_bucket(self, step: StepLogits, bucket: int, num_rows: int) -> Drawn:
+        """A decode bucket's draw, its first num_rows rows: a captured graph's outputs sit at
+        fixed addresses, so their views are made once."""
+        if self._graphs is None or not self._graphs.has(bucket):
+            return _sliced(self._draw_decode(step, bucket), num_rows)
+        drawn = self._graphs.replay(bucket)
+        views = self._replayed_views.get((bucket, num_rows))
+        if views is None:
+            views = self._replayed_views[(bucket, num_rows)] = _sliced(drawn, num_rows)
+        return views
 
     def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
         """[num_rows] argmax tokens: the decode graph's own, or computed now."""
@@ -203,6 +208,25 @@ class Sampler:
         return StepLogprobs(tuple(asked), counts, values, top_ids)
 
 
+def _sliced(drawn: Drawn, num_rows: int) -> Drawn:
+    return Drawn(drawn.tokens[:num_rows], drawn.failed[:num_rows])
+
+
+class _Prefixes:
+    """A 1-D buffer's [:n] views, each made once: a step takes its row count's view rather
+    than slicing again (a tensor op on the host, each step)."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self._buffer = buffer
+        self._views: dict[int, torch.Tensor] = {}
+
+    def first(self, count: int) -> torch.Tensor:
+        view = self._views.get(count)
+        if view is None:
+            view = self._views[count] = self._buffer[:count]
+        return view
+
+
 class TokenReadback:
     """A step's sampled tokens, copied to pinned host memory behind an event: `start` queues
     the copy, `mark` moves the event past what the stream took since (the next step's uploads,
@@ -213,14 +237,14 @@ class TokenReadback:
 
     def __init__(self, device: torch.device, max_rows: int) -> None:
         cuda = device.type == "cuda"
-        self._host = torch.zeros(max_rows, dtype=torch.int64, pin_memory=cuda)
+        self._host = _Prefixes(torch.zeros(max_rows, dtype=torch.int64, pin_memory=cuda))
         # flat, so a step's [rows, width] block is a contiguous view: a non_blocking copy into
         # a strided view of pinned memory would go through an unpinned temporary
         self._values_host = torch.zeros(max_rows * (1 + MAX_LOGPROBS), dtype=torch.float64,
                                         pin_memory=cuda)
         self._ids_host = torch.zeros(max_rows * MAX_LOGPROBS, dtype=torch.int64,
                                      pin_memory=cuda)
-        self._failed_host = torch.zeros(max_rows, dtype=torch.bool, pin_memory=cuda)
+        self._failed_host = _Prefixes(torch.zeros(max_rows, dtype=torch.bool, pin_memory=cuda))
         self._event = torch.cuda.Event() if cuda else None
         self._count = 0
         self._logprobs: StepLogprobs | None = None
@@ -230,10 +254,10 @@ class TokenReadback:
               failed: torch.Tensor | None = None) -> None:
         """tokens: [rows]; failed: [rows] bool, the draw's failures (None: nothing drawn)."""
         self._count = tokens.shape[0]
-        self._host[:self._count].copy_(tokens, non_blocking=True)
+        self._host.first(self._count).copy_(tokens, non_blocking=True)
         self._drew = failed is not None
         if failed is not None:
-            self._failed_host[:self._count].copy_(failed, non_blocking=True)
+            self._failed_host.first(self._count).copy_(failed, non_blocking=True)
         self._logprobs = logprobs
         if logprobs is not None:
             self._values_view(logprobs).copy_(logprobs.values, non_blocking=True)
@@ -254,7 +278,7 @@ class TokenReadback:
 
     def wait(self) -> list[int]:
         self.sync()
-        return self._host[:self._count].tolist()
+        return self._host.first(self._count).tolist()
 
     def sync(self) -> None:
         """Waits until the GPU passes the last mark, reading nothing back: a step that samples
@@ -267,7 +291,7 @@ class TokenReadback:
         """After `wait`: the rows whose draw failed."""
         if not self._drew:
             return []
-        return self._failed_host[:self._count].nonzero().flatten().tolist()
+        return self._failed_host.first(self._count).nonzero().flatten().tolist()
 
     def logprobs(self) -> list[TokenLogprobs | None] | None:
         """After `wait`: the logprobs of each row of the step `start` was given (None for a row
