@@ -134,7 +134,8 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
     pivot_weights = tl.exp(_pivots(floor, top, PIVOTS) - top)
     # the pivots' partials are reduced over each block as it goes: kept by lane, [BLOCK, PIVOTS]
     # of them spilled registers at the first pass's block, and a quarter block made a racing
-    # row's chunk 32 loads in a row, each waiting on memory (35-50 us a round at 64 rows)
+    # row's 8,192-id chunk 32 loads in a row (rounds 2 and 3: 50 and 39 us at 64 rows; 43 and
+    # 7 since, with 4,096-id chunks: results/2026-12-04-h200-race-v3)
     pivot_counts = tl.zeros([PIVOTS], dtype=tl.float32)
     pivot_masses = tl.zeros([PIVOTS], dtype=tl.float32)
     lane_score = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -246,9 +247,9 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
     """Round `step` (1..ROUNDS): judge the candidate pass step - 1 counted above (if it had
     one); if it lost, the next floor (_floor) and a pass above it. Round 1 passes every
     sampled row, and its winner is kept with probability about top_p; round 2 judges every
-    row: neither counts pivots (COUNT_PIVOTS False, step < PIVOTS_FROM). Later rounds pass the
-    few rows still racing, where pivots raise the floor fastest (tight top-k). A row decided
-    before costs its programs two loads."""
+    row; later rounds pass the few rows still racing. Rounds from PIVOTS_FROM on count pivots
+    (COUNT_PIVOTS), which raise the floor fastest (tight top-k). A row decided before costs
+    its programs two loads."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
@@ -340,7 +341,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     """logits: [rows, vocab] (a float dtype, unit stride along the vocabulary); per row
     ([rows] each, draw.RowParams' dtypes and order; each dtype's with one row stride):
     temperature (<= 0: greedy), top_k, top_p, min_p,
-    seed, index; greedy: [rows] int64, the rows' argmax. Returns ([rows] int64 tokens, [rows]
+    seed, index; greedy: [rows] int64, the rows' argmax as torch.argmax gives it (a NaN counts
+    as the largest): the race reads each row's top there. Returns ([rows] int64 tokens, [rows]
     bool failed). Static grids, temporaries only: a CUDA graph can hold it."""
     if logits.stride(1) != 1:
         raise ValueError("logits must be contiguous along the vocabulary")
