@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from resident.info import gdn_conv_bytes, gdn_recurrent_bytes
 from resident.model.config import ModelConfig
 
 DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
@@ -279,11 +280,8 @@ def snapshot_bytes(model: ModelConfig, dtype: str, tensor_parallel: int = 1) -> 
     recurrent state (fp32; fp64 in a float64 model: model/cache.py), a rank holding its share
     of the GDN heads."""
     state = DTYPE_BYTES["float64" if dtype == "float64" else "float32"]
-    num_linear = len(model.linear_layers)
-    conv = num_linear * model.conv_dim * model.linear_conv_kernel_dim * DTYPE_BYTES[dtype]
-    recurrent = num_linear * (model.linear_num_value_heads * model.linear_key_head_dim
-                              * model.linear_value_head_dim * state)
-    return (conv + recurrent) // tensor_parallel
+    return (gdn_conv_bytes(model, DTYPE_BYTES[dtype])
+            + gdn_recurrent_bytes(model, state)) // tensor_parallel
 
 
 def num_prefix_snapshots(config: EngineConfig, model: ModelConfig, dtype: str) -> int:

@@ -69,6 +69,17 @@ def parameter_count(config: ModelConfig) -> int:
     )
 
 
+def gdn_recurrent_bytes(config: ModelConfig, state_bytes: int = STATE_BYTES) -> int:
+    """One sequence's GDN recurrent state over every GDN layer: [Hv, Dk, Dv] a layer."""
+    return len(config.linear_layers) * (config.linear_num_value_heads * config.linear_key_head_dim
+                                        * config.linear_value_head_dim * state_bytes)
+
+
+def gdn_conv_bytes(config: ModelConfig, dtype_bytes: int) -> int:
+    """One sequence's GDN conv window over every GDN layer: [conv_dim, conv_kernel] a layer."""
+    return len(config.linear_layers) * config.conv_dim * config.linear_conv_kernel_dim * dtype_bytes
+
+
 def model_facts(
     config: ModelConfig,
     dtype_bytes: int = 2,
@@ -84,10 +95,8 @@ def model_facts(
     weight_bytes = num_params * dtype_bytes
     untied_embedding = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
     decode_weight_bytes = weight_bytes - untied_embedding * dtype_bytes
-    num_linear = len(config.linear_layers)
-    recurrent = num_linear * (config.linear_num_value_heads * config.linear_key_head_dim
-                              * config.linear_value_head_dim * STATE_BYTES)
-    conv = num_linear * config.conv_dim * config.linear_conv_kernel_dim * dtype_bytes
+    recurrent = gdn_recurrent_bytes(config)
+    conv = gdn_conv_bytes(config, dtype_bytes)
     kv_per_token = (len(config.attention_layers) * 2 * config.num_key_value_heads
                     * config.head_dim * dtype_bytes)
     per_sequence = 2 * recurrent + context * kv_per_token
