@@ -226,7 +226,9 @@ KNOB_MEANINGS = {
     "compile": "torch.compile of the dense parts; auto: on for CUDA",
     "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM (narrow: skinny, "
                    "all: wide) or cuBLAS",
-    "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto)",
+    "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto); "
+                    "full: also the next add + norm and the attention output gate in the "
+                    "kernels before them",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
     "prefix_cache": "start a request from its longest cached prompt prefix: KV pages shared, "
                     "GDN state restored from a snapshot",

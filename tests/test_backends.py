@@ -69,8 +69,9 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
 
 
 def test_fused_decode_gives_the_unfused_tokens_in_float64():
-    """fused_decode's kernels (a GDN layer, an attention prologue, interpreted) against the
-    separate kernels in float64: requests of different lengths come and go, so decode steps
+    """fused_decode's kernels (a GDN layer, an attention prologue, interpreted; under `full`
+    also the add + norm in the narrow projections' kernels) against the separate kernels in
+    float64: requests of different lengths come and go, so decode steps
     run both buckets (1, 2) and a mixed step takes a prefill beside a decode row whose conv
     window and state the fused kernel last wrote."""
     generator = torch.Generator().manual_seed(6)
@@ -81,13 +82,16 @@ def test_fused_decode_gives_the_unfused_tokens_in_float64():
         config = EngineConfig(dtype="float64", attention_backend="triton", decode_buckets=(1, 2),
                               max_num_seqs=2, resident_planning="off", fused_decode=fused_decode)
         engine = build_engine(TINY, config, "cpu")
-        fused = engine.runner.kernels.decode.ops(2).gdn_layer is not None
-        assert fused == (fused_decode == "auto")
+        ops = engine.runner.kernels.decode.ops(2)
+        assert (ops.gdn_layer is not None) == (fused_decode != "off")
+        assert (ops.narrow_linear_add_norm is not None) == (fused_decode == "full")
         outputs = run_engine(engine, requests, concurrency=2)
         assert engine.stats()["steps"]["mixed"] > 0
         return outputs
 
-    assert greedy("auto") == greedy("off")
+    unfused = greedy("off")
+    assert greedy("auto") == unfused
+    assert greedy("full") == unfused
 
 
 def test_padded_prefill_on_the_triton_kernels_gives_the_reference_tokens():
@@ -239,3 +243,63 @@ def test_fused_decode_picks_each_buckets_kernels():
     assert fused.ops(1).narrow_linear.keywords == {"pdl": True}
     off = TritonDecode((1, wide), fusion=DecodeFusion(False, False)).ops(1)
     assert off.gdn_layer is None and off.attention_prologue is None
+    assert fused.ops(1).narrow_linear_add_norm is None
+
+
+def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
+    """fused_decode=full: the add + norm epilogue on the skinny GEMV of buckets of at most 16
+    rows (one scratch for all), launched with PDL under pdl; not in wider buckets (cuBLAS),
+    not beside decode_gemm=fused's prologues, and never under tensor parallelism, where the
+    norm must wait for the all-reduce. The attention output gate in every bucket's decode
+    attention."""
+    from resident.backends.triton_decode import DecodeFusion, TritonDecode
+    from resident.parallel.shard import row_parallel_ops
+
+    full = DecodeFusion.of("full", "auto", torch.device("cpu"))
+    assert (full.fused, full.epilogues, full.pdl) == (True, True, False)
+    pdl = DecodeFusion(True, True, True)
+    decode = TritonDecode((1, 16, 32), fusion=pdl)
+    small = [decode.ops(bucket).narrow_linear_add_norm for bucket in (1, 16)]
+    assert all(op.keywords == {"scratch": pdl.scratch, "pdl": True} for op in small)
+    assert decode.ops(32).narrow_linear_add_norm is None
+    assert all(decode.ops(bucket).gated_attention.keywords == {"pdl": True}
+               for bucket in (1, 16, 32))
+    assert TritonDecode((1,), fusion=DecodeFusion(True, True)).ops(1).gated_attention is None
+    prologues = TritonDecode((1,), "fused", fusion=pdl).ops(1)
+    assert prologues.narrow_linear_add_norm is None and prologues.silu_mul_linear is not None
+    assert row_parallel_ops(decode.ops(1), lambda tensor: None).narrow_linear_add_norm is None
+
+
+def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
+    """fused_decode=full's epilogues (interpreted): the narrow projections each running the
+    next block's add + norm in its kernel, the decode attention's combine the output gate;
+    teacher-forced through decode steps of a 2-row bucket against the same bucket with both
+    apart: the logits to float64 rounding (a norm weight off by 1% moves them by 1e-3 here, a
+    gate by 1% 3e-4, where greedy tokens may not move at all)."""
+    from resident.backends.triton_decode import DecodeFusion, TritonDecode
+    from resident.model.cache import ModelCache
+    from resident.model.ops import ModelOps
+    from resident.model.step import build_step_meta
+    from resident.model.weights import load_model
+
+    model = load_model(TINY, "cpu", torch.float64)
+    rows, prompt_len, page = 2, 20, 16
+    pages = [[1, 2, 3], [4, 5, 6]]
+    runs = {full: (TritonDecode((rows,), fusion=DecodeFusion(True, False, full)).ops(rows),
+                   ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu"))
+            for full in (False, True)}
+    assert None not in (runs[True][0].narrow_linear_add_norm, runs[True][0].gated_attention)
+    assert runs[False][0].narrow_linear_add_norm is runs[False][0].gated_attention is None
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, TINY.vocab_size, (rows * prompt_len,), generator=generator)
+    meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(rows)], page, "cpu")
+    with torch.inference_mode():
+        for _, cache in runs.values():
+            model(prompt, meta, cache, ModelOps())
+        for step in range(3):
+            meta = build_step_meta([(prompt_len + step, 1, pages[r], r + 1)
+                                    for r in range(rows)], page, "cpu")
+            token = torch.randint(0, TINY.vocab_size, (rows,), generator=generator)
+            apart, fused = (model.compute_logits(model(token, meta, cache, ops))
+                            for ops, cache in (runs[False], runs[True]))
+            torch.testing.assert_close(fused, apart, atol=1e-10, rtol=1e-10)

@@ -143,6 +143,27 @@ def test_rejects_what_does_not_fit():
         paged_decode_attention(query, kv, tables, token_seq.repeat(2), positions, 1.0)
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.float64, 1e-14)])
+def test_output_gate_in_the_combine_is_sigmoid_gate_of_the_output(dtype, tolerance):
+    """The gated attention's output gate in the combine pass: dense.sigmoid_gate of the
+    ungated kernel's output, the gate a strided view (a head's values contiguous, as it sits in
+    the qkv projection's rows); a padding row too."""
+    from resident.model.dense import sigmoid_gate
+
+    query, kv, tables, token_seq, positions = make_step(
+        [9, 0, 21], page_size=4, num_kv_heads=2, head_dim=16, num_heads=4, dtype=dtype,
+        width=8, seed=3)
+    wide = torch.randn(3, 4, 40, generator=torch.Generator().manual_seed(3)).to(DEVICE, dtype)
+    gate = wide[:, :, 8:24]
+    plain = run_poisoned(query, kv, tables, token_seq, positions, 0.25, 3)
+    gated = run_poisoned(query, kv, tables, token_seq, positions, 0.25, 3, gate=gate)
+    torch.testing.assert_close(gated, sigmoid_gate(plain, gate), atol=tolerance,
+                               rtol=tolerance)
+    with pytest.raises(ValueError, match="each head's values contiguous"):
+        paged_decode_attention(query, kv, tables, token_seq, positions, 0.25,
+                               gate=wide[:, :, 8:40:2])
+
+
 def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -164,6 +185,11 @@ def test_real_shape_bf16_gpu(batch, num_splits):
     ref = paged_attention_ref(query.float(), kv.float(), tables, token_seq, positions,
                               256**-0.5)
     assert _relative_error(out, ref) < 1e-2
+    gate = torch.randn(batch, 8, 2 * 256, device=DEVICE, dtype=torch.bfloat16)[:, :, 256:]
+    gated = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
+                         gate=gate)
+    torch.testing.assert_close(gated.float(), (out.float() * gate.float().sigmoid()),
+                               atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu

@@ -8,13 +8,17 @@ import torch
 pytest.importorskip("triton")
 
 from resident.kernels.gemv import (
+    DEFAULT_TILE,
+    AddNormScratch,
     GemvTile,
     gated_norm_linear_partials,
     gemv_splits,
     sigmoid_gate_linear_partials,
     skinny_linear,
+    skinny_linear_add_norm,
     skinny_linear_partials,
 )
+from resident.model.dense import add_rms_norm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -58,8 +62,6 @@ def test_matches_torch_bf16_gpu(rows, n, k):
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_partials_added_up_by_the_norm_match_the_finished_projection(splits):
-    from resident.model.dense import add_rms_norm
-
     generator = torch.Generator().manual_seed(splits)
     x = torch.randn(2, 192, generator=generator).to(DEVICE)
     weight = torch.randn(48, 192, generator=generator).to(DEVICE)
@@ -173,3 +175,75 @@ def test_sigmoid_gate_partials_bf16_gpu(rows):
     want = (out.float() * torch.sigmoid(gate.float())).reshape(rows, -1) @ weight.float().T
     got = sigmoid_gate_linear_partials(out, gate, weight).sum(0)
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+def _add_norm_operands(rows: int, n: int, k: int, dtype: torch.dtype, device: str = DEVICE):
+    generator = torch.Generator().manual_seed(rows * n + k)
+    x, weight, residual, norm_weight = (
+        torch.randn(*shape, generator=generator, dtype=torch.float64).to(device, dtype)
+        for shape in ((rows, k), (n, k), (rows, n), (n,)))
+    return x, weight * k**-0.5, residual, norm_weight
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 5e-6), (torch.float64, 1e-13)])
+@pytest.mark.parametrize("rows, n, k, target_programs", [
+    (1, 48, 192, 9),  # 3 column blocks of 3 splits
+    (3, 70, 256, 30),  # a partial column block (70 = 4 x 16 + 6), 4 splits
+    (16, 600, 64, 0),  # 38 column blocks (the sums' rows padded to 64), 3 norm chunks, 1 split
+])
+def test_add_norm_epilogue_is_add_rms_norm_of_the_projection(dtype, atol, rows, n, k,
+                                                             target_programs):
+    """The next block's add + norm in the projection's last programs: the residual stream
+    exactly as add_rms_norm over the partials makes it, the normed rows to rounding; twice in a
+    row on one scratch, whose counters are back at zero after each launch."""
+    x, weight, residual, norm_weight = _add_norm_operands(rows, n, k, dtype)
+    tile = GemvTile(block_n=16, block_k=64, target_programs=target_programs)
+    want_normed, want_summed = add_rms_norm(skinny_linear_partials(x, weight, tile), residual,
+                                            norm_weight, 1e-6)
+    scratch = AddNormScratch()
+    for _ in range(2):
+        normed, summed = skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch,
+                                                tile)
+        assert torch.equal(summed, want_summed)
+        torch.testing.assert_close(normed, want_normed, atol=atol, rtol=atol)
+        counts, _ = scratch.get(n, tile, dtype, x.device)
+        assert not counts.any()
+
+
+def test_add_norm_scratch_and_operands_name_what_is_wrong():
+    x, weight, residual, norm_weight = _add_norm_operands(2, 32, 64, torch.float32)
+    tile = GemvTile(block_n=16, block_k=64)
+    scratch = AddNormScratch()
+    skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch, tile)
+    with pytest.raises(ValueError, match="made for 2 column blocks of torch.float32, asked "
+                                         "for 3"):
+        skinny_linear_add_norm(x, weight.repeat(2, 1)[:48], residual.repeat(1, 2)[:, :48].clone(),
+                               norm_weight.repeat(2)[:48], 1e-6, scratch, tile)
+    with pytest.raises(ValueError, match=r"residual \(2, 16\) must be a contiguous \[2, 32\]"):
+        skinny_linear_add_norm(x, weight, residual[:, :16], norm_weight, 1e-6, scratch, tile)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("n, k", [(1024, 2048), (1024, 3584), (4096, 12288)])
+def test_add_norm_epilogue_bf16_gpu(rows, n, k, pdl):
+    """At the 0.8B's and 9B's narrow projections, bf16, with and without PDL, in a CUDA graph
+    replayed twice: the residual stream as add_rms_norm over the same partials makes it (to
+    one bf16 step where the fp32 sum rounds either side), the normed rows to bf16 rounding."""
+    x, weight, residual, norm_weight = _add_norm_operands(rows, n, k, torch.bfloat16, "cuda")
+    want_normed, want_summed = add_rms_norm(skinny_linear_partials(x, weight), residual,
+                                            norm_weight, 1e-6)
+    scratch = AddNormScratch()
+    skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch, pdl=pdl)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        normed, summed = skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch,
+                                                pdl=pdl)
+    for _ in range(2):
+        normed.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(summed, want_summed, atol=0, rtol=1 / 128)
+        torch.testing.assert_close(normed.float(), want_normed.float(), atol=2e-2, rtol=2e-2)
+    assert not scratch.get(n, DEFAULT_TILE, torch.float32, x.device)[0].any()

@@ -15,8 +15,10 @@ from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_dec
 from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
     MIN_DOT,
+    AddNormScratch,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
+    skinny_linear_add_norm,
     skinny_linear_partials,
     wide_linear,
 )
@@ -43,9 +45,15 @@ def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_po
                                    meta.query_start_loc, 1, gate_params=(a_log, dt_bias))
 
 
-def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False):
+def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False,
+                        gate=None):
     return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
-                                  scale, pdl=pdl)
+                                  scale, pdl=pdl, gate=gate)
+
+
+def gated_attention_decode_op(query, gate, kv_layer, meta: StepMeta, scale: float, *,
+                              pdl: bool = False):
+    return attention_decode_op(query, kv_layer, meta, scale, pdl=pdl, gate=gate)
 
 
 def gdn_layer_op(projected, weights, conv_pool, state_pool, meta: StepMeta, *,
@@ -69,14 +77,22 @@ FUSED_GDN_MAX_ROWS = 16
 
 @dataclasses.dataclass(frozen=True)
 class DecodeFusion:
-    """What the fused_decode and pdl knobs give a decode backend on its device."""
+    """What the fused_decode and pdl knobs give a decode backend on its device. epilogues
+    (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
+    has no kernel of its own: the next block's add + norm in each narrow projection's Triton
+    GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm, its programs meeting in
+    `scratch`), and the gated attention's output gate in the Triton decode attention's
+    combine (every bucket)."""
 
     fused: bool = False
     pdl: bool = False
+    epilogues: bool = False
+    scratch: AddNormScratch = dataclasses.field(default_factory=AddNormScratch, compare=False)
 
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
-        return cls(fused_decode == "auto", pdl_on(pdl, device))
+        return cls(fused_decode in ("auto", "full"), pdl_on(pdl, device),
+                   fused_decode == "full")
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
         """Each bucket's ops under fused_decode: the attention prologue in every bucket, the
@@ -94,13 +110,17 @@ class DecodeFusion:
                 for bucket in buckets}
 
     def apply_gemms(self, ops: ModelOps) -> ModelOps:
-        """Under pdl, a small bucket's projections on the Triton GEMV launched with PDL: each
-        starts reading its weights while the kernel before runs."""
-        if not self.pdl:
-            return ops
-        replaced = {"narrow_linear": partial(ops.narrow_linear, pdl=True)}
-        if ops.wide_linear is wide_linear:
-            replaced["wide_linear"] = partial(wide_linear, pdl=True)
+        """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
+        with the next add + norm; under pdl launched with PDL, each starting to read its
+        weights while the kernel before runs."""
+        replaced = {}
+        if self.epilogues:
+            replaced["narrow_linear_add_norm"] = partial(skinny_linear_add_norm,
+                                                         scratch=self.scratch, pdl=self.pdl)
+        if self.pdl:
+            replaced["narrow_linear"] = partial(ops.narrow_linear, pdl=True)
+            if ops.wide_linear is wide_linear:
+                replaced["wide_linear"] = partial(wide_linear, pdl=True)
         return dataclasses.replace(ops, **replaced)
 
 
@@ -140,8 +160,10 @@ class TritonDecode(DecodeKernels):
     def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny",
                  fusion: DecodeFusion | None = None) -> None:
         fusion = fusion or DecodeFusion()
+        gated = partial(gated_attention_decode_op, pdl=fusion.pdl) if fusion.epilogues else None
         ops = dataclasses.replace(GDN_DECODE_OPS,
-                                  attention=partial(attention_decode_op, pdl=fusion.pdl))
+                                  attention=partial(attention_decode_op, pdl=fusion.pdl),
+                                  gated_attention=gated)
         fused = fusion.bucket_ops(ops, buckets)
         self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion)
                      for bucket in buckets}

@@ -11,7 +11,9 @@ Two kernels:
      BLOCK_N tokens (gathering each token's page from the block table), and keeps an online
      softmax in fp32. It writes the split's normalised output and its log-sum-exp (log2 domain)
      to scratch; a split with no keys writes zeros and lse = -inf.
-  2. `_combine_kernel`, grid (B, H): rescales the splits by exp2(lse - max lse) and sums them.
+  2. `_combine_kernel`, grid (B, H): rescales the splits by exp2(lse - max lse) and sums them
+     (and, given the gated attention's output gate, multiplies by its sigmoid: no kernel of the
+     gate's own).
 
 Splits are balanced per row on the device: a row of L keys has ceil(L / BLOCK_N) tiles, split s
 takes tiles [s * t, (s + 1) * t) with t = ceil(tiles / num_splits). Sizing the splits by the
@@ -167,13 +169,17 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    partial_out, partial_lse, out,
+    partial_out, partial_lse, out, gate,
     stride_pob, stride_poh, stride_pos, stride_pod,
     stride_lb, stride_lh, stride_ls,
     stride_ob, stride_oh, stride_od,
+    stride_gb, stride_gh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr, COMPUTE: tl.constexpr,
 ):
+    """GATED: the output times sigmoid(gate) (a head's D values contiguous), as
+    dense.sigmoid_gate under Inductor: the attention output rounded to the output's dtype, the
+    product in COMPUTE rounded once."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     pdl_wait_then_release(USE_PDL)
@@ -194,8 +200,13 @@ def _combine_kernel(
     part = tl.where(weight[:, None] > 0, part, 0.0)  # never 0 * (whatever scratch held)
     total = tl.sum(weight, 0)
     result = tl.sum(weight[:, None] * part, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
-    tl.store(out + row * stride_ob + head * stride_oh + offs_d * stride_od,
-             result.to(out.dtype.element_ty), mask=d_mask)
+    result = result.to(out.dtype.element_ty)
+    if GATED:
+        by = tl.load(gate + row * stride_gb + head * stride_gh + offs_d, mask=d_mask,
+                     other=0.0).to(COMPUTE)
+        result = (result.to(COMPUTE) * tl.sigmoid(by)).to(out.dtype.element_ty)
+    tl.store(out + row * stride_ob + head * stride_oh + offs_d * stride_od, result,
+             mask=d_mask)
 
 
 def _interpreting() -> bool:
@@ -227,6 +238,7 @@ def paged_decode_attention(
     scratch: DecodeScratch | None = None,
     block_n: int | None = None,
     pdl: bool = False,
+    gate: torch.Tensor | None = None,  # [B, H, D], each head's D values contiguous
 ) -> torch.Tensor:  # [B, H, D] in query's dtype
     """Decode attention over a paged KV cache: one token a row, the same contract as
     `paged_attention_ref` with token_seq = arange(B).
@@ -243,7 +255,8 @@ def paged_decode_attention(
     private pool keeps the allocations valid, but passing them makes the addresses explicit).
     `num_splits` and `block_n` (tokens a tile, a power of two >= 16; by default 32 at D = 256,
     else 64) are compile-time constants: each value is one more compile. pdl: both kernels
-    launched with programmatic dependent launch (pdl.py).
+    launched with programmatic dependent launch (pdl.py). gate: the gated attention's output
+    gate, out * sigmoid(gate) written by the combine kernel (dense.sigmoid_gate's numerics).
     """
     batch, num_heads, head_dim = query.shape
     _, planes, page_size, num_kv_heads, kv_dim = kv_layer.shape
@@ -276,6 +289,9 @@ def paged_decode_attention(
                          f"not fit B={batch} H={num_heads} splits={num_splits} D={head_dim}")
     if out.shape != query.shape:
         raise ValueError(f"out {tuple(out.shape)} is not query's {tuple(query.shape)}")
+    if gate is not None and (gate.shape != query.shape or gate.stride(2) != 1):
+        raise ValueError(f"gate {tuple(gate.shape)} must be query's {tuple(query.shape)} with "
+                         f"each head's values contiguous, got strides {gate.stride()}")
 
     _split_kernel[(batch, num_kv_heads, num_splits)](
         query, kv_layer, block_tables, positions, partial_out, partial_lse,
@@ -290,10 +306,13 @@ def paged_decode_attention(
         **launch_options, **pdl_options(pdl),
     )
     _combine_kernel[(batch, num_heads)](
-        partial_out, partial_lse, out,
+        partial_out, partial_lse, out, out if gate is None else gate,
         *partial_out.stride(), *partial_lse.stride(), *out.stride(),
+        *(out if gate is None else gate).stride()[:2],
         HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        GATED=gate is not None,
+        COMPUTE=tl.float64 if query.dtype == torch.float64 else tl.float32,
         num_warps=4, **pdl_options(pdl),
     )
     return out

@@ -13,14 +13,18 @@ projection into its prologue (see _gemv_kernel; decode_gemm=fused):
 - skinny_linear_partials(gated=True): the MLP's silu-mul, then down;
 - gated_norm_linear_partials: the GDN output norm, then out_proj;
 - sigmoid_gate_linear_partials: the gated attention's output gate, then o_proj.
-skinny_linear (a finished [M, N]) is for the bench and the tests. A block's opening add + norm
-stays its own kernel: in the prologue of the wide projection after it, the [16, BLOCK_K] fp32
-tiles of the partials spilled registers (python -m resident.tools.compile_check reports
-spills), and a c=1 step's skinny GEMMs took 3.1 of its 3.5 ms of GPU time
-(results/2026-11-29-h200-0.8b-fusions). The three prologues above do not spill, but still
-measured slower than their separate elementwise kernels: the 48 GEMMs of a c=1 step took 514
-us with them against 181 without, and the elementwise kernels they replace took under 80; the
-engine's default (decode_gemm=skinny) runs them apart.
+skinny_linear (a finished [M, N]) is for the bench and the tests. The three prologues do not
+spill, but measured slower than their separate elementwise kernels: the 48 GEMMs of a c=1 step
+took 514 us with them against 181 without, and the elementwise kernels they replace took under
+80; the engine's default (decode_gemm=skinny) runs them apart.
+
+The add + norm after a narrow projection can run in the projection's epilogue instead
+(skinny_linear_add_norm, fused_decode=full; _add_norm): the programs that finish last add the
+partials up, add the residual and norm the rows, so the norm has no kernel of its own and no
+partials tile is held across the K loop. The other way round, the add + norm in the prologue
+of the wide projection after it, loaded [16, BLOCK_K] fp32 tiles of the partials in every K
+step and spilled registers (python -m resident.tools.compile_check reports spills): a c=1 step's
+skinny GEMMs took 3.1 of its 3.5 ms of GPU time (results/2026-11-29-h200-0.8b-fusions).
 
 `python -m resident.tools.bench_gemv` measures it against cuBLAS, with the weights cycled
 through more memory than the L2 holds (as in a decode step) and a sweep of tiles.
@@ -43,6 +47,7 @@ MIN_DOT = 16
 # kernel before it is still reading and compete with it for HBM: measured in
 # results/2026-12-03-h200-decode-sizes.
 PREFETCH_MAX_BYTES = 12 << 20
+NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_norm_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +94,13 @@ PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
 
 @triton.jit
 def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om, stride_os,
-                 stride_zm, stride_zh, eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+                 stride_zm, stride_zh, eps, residual, out_norm_w, normed_out, summed_out, counts,
+                 sums_sq, out_eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 PREFETCH: tl.constexpr, ADD_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                 SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
+                 COMPUTE: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -103,7 +111,8 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     head's HEAD_DIM values contiguous).
     With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
     start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
-    that kernel, the loop then reads the L2."""
+    that kernel, the loop then reads the L2.
+    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,6 +151,65 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
+    if ADD_NORM:
+        _add_norm(out, stride_os, stride_om, residual, out_norm_w, normed_out, summed_out, counts,
+                  sums_sq, out_eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M, BLOCK_N,
+                  NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE)
+
+
+@triton.jit
+def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, counts, sums_sq,
+              eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SQ_ROWS: tl.constexpr,
+              NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr):
+    """dense.add_rms_norm of the finished projection, in the programs that finish last, with
+    no kernel of its own. The last split of a column block to arrive (an atomic counter a
+    block) adds the block's partials up in split order, rounds, adds the residual (rounded,
+    `summed`: the next residual stream) and leaves each row's sum of squares of its block;
+    the last column block to arrive (counter 0) norms every row of `summed` into `normed`.
+    Each last program sets its counter back to 0. residual, summed and normed are [M, N] with
+    rows N apart; partials [NUM_SPLITS, M, N] fp32; sums_sq [SQ_ROWS, BLOCK_M] in COMPUTE,
+    SQ_ROWS a power of two at least the column blocks, the rows past them zero; counts
+    [1 + column blocks] int32, zero between launches."""
+    dtype = summed.dtype.element_ty
+    tl.debug_barrier()  # every thread's partials are out before the program counts itself in
+    if tl.atomic_add(counts + 1 + pid_n, 1, sem="acq_rel") == NUM_SPLITS - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for split in tl.static_range(NUM_SPLITS):
+            total += tl.load(partials + split * stride_ps + offs_m[:, None] * stride_pm
+                             + offs_n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        at = offs_m[:, None] * N + offs_n[None, :]
+        # as torch adds two tensors of the activations' dtype: in fp32 (fp64), rounded once
+        added = (total.to(dtype).to(COMPUTE)
+                 + tl.load(residual + at, mask=mask, other=0.0).to(COMPUTE)).to(dtype)
+        tl.store(summed + at, added, mask=mask)
+        added = added.to(COMPUTE)
+        tl.store(sums_sq + pid_n * BLOCK_M + offs_m, tl.sum(added * added, axis=1))
+        tl.store(counts + 1 + pid_n, 0)
+        tl.debug_barrier()
+        if tl.atomic_add(counts, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M, SQ_ROWS,
+                       NORM_CHUNKS, COMPUTE)
+            tl.store(counts, 0)
+
+
+@triton.jit
+def _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M: tl.constexpr,
+               SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr):
+    """normed = dense.rms_norm(summed): each row's sum of squares from its column blocks',
+    then the rows NORM_BLOCK columns at a time, in NORM_CHUNKS chunks."""
+    offs_m = tl.arange(0, BLOCK_M)
+    squares = tl.load(sums_sq + tl.arange(0, SQ_ROWS)[:, None] * BLOCK_M + offs_m[None, :],
+                      cache_modifier=".cg")
+    rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)
+    for chunk in tl.static_range(NORM_CHUNKS):
+        cols = chunk * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
+        mask = (offs_m[:, None] < M) & (cols[None, :] < N)
+        at = offs_m[:, None] * N + cols[None, :]
+        row = tl.load(summed + at, mask=mask, other=0.0, cache_modifier=".cg").to(COMPUTE)
+        scale = 1.0 + tl.load(norm_w + cols, mask=cols < N, other=0.0).to(COMPUTE)
+        tl.store(normed + at, (row * rstd[:, None] * scale[None, :]).to(normed.dtype.element_ty),
+                 mask=mask)
 
 
 @triton.jit
@@ -239,6 +307,80 @@ def sigmoid_gate_linear_partials(
     return _launch_partials(x.view(x.shape[0], -1), weight, tile, SIGMOID_GATE, z=gate)
 
 
+class AddNormScratch:
+    """Where the add + norm epilogue's programs meet (_add_norm): an arrival counter a column
+    block and one for all, and each (column block, row)'s sum of squares, for projections of
+    `columns` outputs under `tile`. Made zeroed at the first call and kept: a captured graph
+    holds their addresses, and the kernels leave the counters at zero. One scratch serves
+    every projection of a forward that runs one kernel at a time."""
+
+    def __init__(self) -> None:
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def get(self, columns: int, tile: GemvTile, dtype: torch.dtype,
+            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(counts [1 + blocks] int32, sums_sq [a power of two >= blocks, MIN_DOT] dtype)"""
+        blocks = triton.cdiv(columns, tile.block_n)
+        if self._tensors is None:
+            self._tensors = (
+                torch.zeros(1 + blocks, dtype=torch.int32, device=device),
+                torch.zeros(triton.next_power_of_2(blocks), MIN_DOT, dtype=dtype, device=device))
+        counts, sums_sq = self._tensors
+        if counts.shape[0] != 1 + blocks or sums_sq.dtype != dtype:
+            raise ValueError(f"AddNormScratch was made for {counts.shape[0] - 1} column blocks "
+                             f"of {sums_sq.dtype}, asked for {blocks} of {dtype}")
+        return self._tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class AddNorm:
+    """The add + norm epilogue's operands: the residual, the norm's weight and eps, the two
+    outputs and the scratch (see _add_norm)."""
+
+    residual: torch.Tensor  # [M, N]
+    norm_weight: torch.Tensor  # [N]
+    eps: float
+    normed: torch.Tensor  # [M, N], written
+    summed: torch.Tensor  # [M, N], written: the next residual stream
+    counts: torch.Tensor
+    sums_sq: torch.Tensor
+
+    def kernel_args(self) -> tuple:
+        return (self.residual, self.norm_weight, self.normed, self.summed, self.counts,
+                self.sums_sq, self.eps)
+
+
+def skinny_linear_add_norm(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [N, K]
+    residual: torch.Tensor,  # [M, N]
+    norm_weight: torch.Tensor,  # [N]
+    eps: float,
+    scratch: AddNormScratch,
+    tile: GemvTile = DEFAULT_TILE,
+    *,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # normed [M, N], summed [M, N]
+    """dense.add_rms_norm(x @ weight^T, residual, norm_weight, eps) in the projection's own
+    kernel: a block's closing projection followed by the next block's opening add + norm, with
+    no kernel of the norm's own (issue 33). Numerics as add_rms_norm over skinny_linear_partials:
+    the split-K partials added in split order in fp32, rounded, the residual added and rounded,
+    the norm in fp32 (fp64 for a fp64 model)."""
+    splits, k_per_split = _split(x, weight, tile)
+    num_rows, n = x.shape[0], weight.shape[0]
+    if residual.shape != (num_rows, n) or not residual.is_contiguous() \
+            or norm_weight.shape != (n,):
+        raise ValueError(f"residual {tuple(residual.shape)} must be a contiguous [{num_rows}, "
+                         f"{n}] and norm_weight {tuple(norm_weight.shape)} [{n}]")
+    compute = torch.float64 if residual.dtype == torch.float64 else torch.float32
+    counts, sums_sq = scratch.get(n, tile, compute, x.device)
+    partials = torch.empty(splits, num_rows, n, dtype=torch.float32, device=x.device)
+    add_norm = AddNorm(residual, norm_weight, eps, torch.empty_like(residual),
+                       torch.empty_like(residual), counts, sums_sq)
+    _launch(x, weight, tile, partials, k_per_split, pdl=pdl, add_norm=add_norm)
+    return add_norm.normed, add_norm.summed
+
+
 def _launch_partials(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
                      prologue: tl.constexpr, *, gated: bool = False, pdl: bool = False,
                      **prologue_args) -> torch.Tensor:
@@ -279,18 +421,28 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
             k_per_split: int, prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
-            norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False) -> None:
+            norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False,
+            add_norm: AddNorm | None = None) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype.
     x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the prologue's (see
-    _gemv_kernel)."""
+    _gemv_kernel); add_norm, the epilogue's (_add_norm)."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
-    _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
+    grid = (triton.cdiv(n, tile.block_n), splits)
+    epilogue = add_norm.kernel_args() if add_norm else (x,) * 6 + (0.0,)
+    _gemv_kernel[grid](
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),
         0 if z is None else z.stride(0), 0 if z is None or z.dim() < 3 else z.stride(1), eps,
-        K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
+        *epilogue, K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, PROLOGUE=prologue, UNROLL=tile.unroll,
         HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
         PREFETCH=weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
+        ADD_NORM=add_norm is not None, NUM_SPLITS=splits,
+        SQ_ROWS=add_norm.sums_sq.shape[0] if add_norm else 1,
+        NORM_CHUNKS=triton.cdiv(n, NORM_BLOCK.value), COMPUTE=_compute(target.dtype, x.dtype),
         num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_options(pdl),
     )
+
+
+def _compute(*dtypes: torch.dtype) -> tl.dtype:
+    return tl.float64 if torch.float64 in dtypes else tl.float32

@@ -77,6 +77,12 @@ class ModelOps:
     # fp32 split-K partials [S, T, H] instead of [T, H]: each of these outputs goes straight
     # into the next add + norm (DenseOps.add_rms_norm), which adds them up.
     narrow_linear: Callable = narrow_linear_ref
+    # (x [T, K], weight [N, K], residual [T, N], norm weight [N], eps) -> (normed, summed):
+    # summed = x @ weight.T + residual, normed = DenseOps.rms_norm(summed); a block's closing
+    # projection with the next block's opening add + norm in its kernel (kernels/gemv.py
+    # skinny_linear_add_norm). None: narrow_linear, then DenseOps.add_rms_norm. Where a
+    # *_linear prologue op below is set, that op runs and the norm stays apart.
+    narrow_linear_add_norm: Callable | None = None
     # (x, weight) -> x @ weight.T for a block's opening projections (GDN in_proj, attention
     # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV in small
     # buckets under decode_gemm=wide (slower than cuBLAS on the H200, with or without PDL)
@@ -89,6 +95,10 @@ class ModelOps:
     # output norm, the norm inside the projection's kernel; returns what narrow_linear does.
     # None: DenseOps.gated_rms_norm, then narrow_linear.
     gated_norm_linear: Callable | None = None
+    # (query [T, H, D], gate [T, H, D], kv_layer, meta, scale) -> attention(query) *
+    # sigmoid(gate): the gated attention's output gate in the attention kernel's last pass
+    # (kernels/decode_attention.py). None: attention, then DenseOps.sigmoid_gate.
+    gated_attention: Callable | None = None
     # (attention out [T, H, D], gate [T, H, D], o_proj weight) -> o_proj(out * sigmoid(gate)),
     # the gated attention's output gate inside the projection's kernel; returns what
     # narrow_linear does. None: DenseOps.sigmoid_gate, then narrow_linear.

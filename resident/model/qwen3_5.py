@@ -63,22 +63,41 @@ class Rope(NamedTuple):
 class BlockInput:
     """A block's input before its RMSNorm: the last block's output x (or the fp32 split-K
     partials [S, T, hidden] of its projection) and the residual stream (None before the first
-    layer)."""
+    layer); or, `normed`, what the norm gives: x = norm(output + residual), residual the sum
+    (the last block's projection ran the add + norm in its kernel: block_output)."""
 
     x: torch.Tensor
     residual: torch.Tensor | None
     norm: RMSNorm
+    normed: bool = False
+
+    def normed_input(self, dense: DenseOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the normed input, the residual stream after the add)."""
+        norm = self.norm
+        if self.normed:
+            return self.x, self.residual
+        if self.residual is None:
+            return dense.rms_norm(self.x, norm.weight, norm.eps), self.x
+        return dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
 
     def project(self, weight: torch.Tensor, dense: DenseOps,
                 ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(the block's opening projection of its normed input, the residual stream after the
         add)."""
-        norm = self.norm
-        if self.residual is None:
-            h, residual = dense.rms_norm(self.x, norm.weight, norm.eps), self.x
-        else:
-            h, residual = dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
+        h, residual = self.normed_input(dense)
         return ops.wide_linear(h, weight), residual
+
+
+def block_output(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                 next_norm: RMSNorm, ops: ModelOps) -> BlockInput:
+    """A block's closing projection (x @ weight.T, narrower than x) as the input of the block
+    after it, which opens with `next_norm`: under ops.narrow_linear_add_norm that add + norm run
+    in the projection's kernel."""
+    if ops.narrow_linear_add_norm is None:
+        return BlockInput(ops.narrow_linear(x, weight), residual, next_norm)
+    normed, summed = ops.narrow_linear_add_norm(x, weight, residual, next_norm.weight,
+                                                next_norm.eps)
+    return BlockInput(normed, summed, next_norm, normed=True)
 
 
 class GatedRMSNorm(nn.Module):
@@ -101,12 +120,13 @@ class MLP(nn.Module):
     def fuse_projections(self) -> None:
         fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
 
-    def forward(self, block: BlockInput,
-                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
+    def forward(self, block: BlockInput, ops: ModelOps, next_norm: RMSNorm) -> BlockInput:
         gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
         if ops.silu_mul_linear is not None:
-            return ops.silu_mul_linear(gate_up, self.down_proj.weight), residual
-        return ops.narrow_linear(self.dense.silu_mul(gate_up), self.down_proj.weight), residual
+            return BlockInput(ops.silu_mul_linear(gate_up, self.down_proj.weight), residual,
+                              next_norm)
+        return block_output(self.dense.silu_mul(gate_up), self.down_proj.weight, residual,
+                            next_norm, ops)
 
 
 class Attention(nn.Module):
@@ -140,7 +160,8 @@ class Attention(nn.Module):
         meta: StepMeta,
         cache: ModelCache,
         ops: ModelOps,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # out [T, hidden] (or partials), residual
+        next_norm: RMSNorm,
+    ) -> BlockInput:
         qkv, residual = block.project(self.qkv_weight, self.dense, ops)
         num_tokens, head_dim = qkv.shape[0], self.head_dim
         query_gate, key, value = qkv.split(self.split, dim=-1)
@@ -156,11 +177,17 @@ class Attention(nn.Module):
                 self.k_norm.weight, *rope.tables, self.q_norm.eps)
             ops.write_kv(kv_layer, key, value.view(num_tokens, self.num_kv_heads, head_dim),
                          meta)
-        out = ops.attention(query, kv_layer, meta, head_dim**-0.5)
+        scale = head_dim**-0.5
         if ops.sigmoid_gate_linear is not None:
-            return ops.sigmoid_gate_linear(out, gate, self.o_proj.weight), residual
-        out = self.dense.sigmoid_gate(out, gate)
-        return ops.narrow_linear(out.reshape(num_tokens, -1), self.o_proj.weight), residual
+            out = ops.attention(query, kv_layer, meta, scale)
+            return BlockInput(ops.sigmoid_gate_linear(out, gate, self.o_proj.weight), residual,
+                              next_norm)
+        if ops.gated_attention is not None:
+            out = ops.gated_attention(query, gate, kv_layer, meta, scale)
+        else:
+            out = self.dense.sigmoid_gate(ops.attention(query, kv_layer, meta, scale), gate)
+        return block_output(out.reshape(num_tokens, -1), self.o_proj.weight, residual,
+                            next_norm, ops)
 
 
 class GatedDeltaNet(nn.Module):
@@ -199,15 +226,15 @@ class GatedDeltaNet(nn.Module):
         return GdnLayerWeights(self.conv_weight, self.A_log, self.dt_bias, self.norm.weight,
                                self.norm.eps)
 
-    def forward(self, block: BlockInput, meta: StepMeta, cache: ModelCache,
-                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:  # out, residual
+    def forward(self, block: BlockInput, meta: StepMeta, cache: ModelCache, ops: ModelOps,
+                next_norm: RMSNorm) -> BlockInput:
         projected, residual = block.project(self.in_proj_weight, self.dense, ops)
         num_tokens, layer = projected.shape[0], self.cache_index
         if ops.gdn_layer is not None:
             out = ops.gdn_layer(projected, self.decode_weights(), cache.conv[layer],
                                 cache.recurrent[layer], meta)
-            return ops.narrow_linear(out.view(num_tokens, self.value_dim),
-                                     self.out_proj.weight), residual
+            return block_output(out.view(num_tokens, self.value_dim), self.out_proj.weight,
+                                residual, next_norm, ops)
         mixed_qkv, z, b, a = projected.split(self.split, dim=-1)
         query, key, value = ops.conv(mixed_qkv, self.conv_weight, cache.conv[layer], meta,
                                      (self.key_dim, self.key_dim, self.value_dim),
@@ -220,11 +247,11 @@ class GatedDeltaNet(nn.Module):
                                    cache.recurrent[layer], meta)
         z = z.view(num_tokens, self.num_v_heads, self.v_head_dim)
         if ops.gated_norm_linear is not None:
-            return ops.gated_norm_linear(out, z, self.norm.weight, self.norm.eps,
-                                         self.out_proj.weight), residual
+            return BlockInput(ops.gated_norm_linear(out, z, self.norm.weight, self.norm.eps,
+                                                    self.out_proj.weight), residual, next_norm)
         out = self.dense.gated_rms_norm(out, z, self.norm.weight, self.norm.eps)
-        return ops.narrow_linear(out.reshape(num_tokens, self.value_dim),
-                                 self.out_proj.weight), residual
+        return block_output(out.reshape(num_tokens, self.value_dim), self.out_proj.weight,
+                            residual, next_norm, ops)
 
 
 class DecoderLayer(nn.Module):
@@ -240,15 +267,16 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, rope, meta: StepMeta,
-                cache: ModelCache, ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mlp output, residual before it): the next layer adds the two inside its norm."""
-        block = BlockInput(x, residual, self.input_layernorm)
+    def forward(self, block: BlockInput, rope, meta: StepMeta, cache: ModelCache,
+                ops: ModelOps, next_norm: RMSNorm) -> BlockInput:
+        """The layer's input (before its input_layernorm) -> the next one's (before
+        next_norm: the next layer's input_layernorm, or the final norm)."""
+        middle = self.post_attention_layernorm
         if self.is_attention:
-            h, residual = self.self_attn(block, rope, meta, cache, ops)
+            block = self.self_attn(block, rope, meta, cache, ops, middle)
         else:
-            h, residual = self.linear_attn(block, meta, cache, ops)
-        return self.mlp(BlockInput(h, residual, self.post_attention_layernorm), ops)
+            block = self.linear_attn(block, meta, cache, ops, middle)
+        return self.mlp(block, ops, next_norm)
 
 
 class TextModel(nn.Module):
@@ -320,11 +348,12 @@ class Qwen3_5ForCausalLM(nn.Module):
         tables = None if ops.attention_prologue is not None else \
             self.dense.rope_tables(meta.positions, self.inv_freq, x.dtype)
         rope = Rope(self.inv_freq, tables)
-        residual = None
-        for layer in self.model.layers:
-            x, residual = layer(x, residual, rope, meta, cache, ops)
-        norm = self.model.norm
-        return self.dense.add_rms_norm(x, residual, norm.weight, norm.eps)[0]
+        layers = self.model.layers
+        block = BlockInput(x, None, layers[0].input_layernorm)
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        for layer, next_norm in zip(layers, next_norms, strict=True):
+            block = layer(block, rope, meta, cache, ops, next_norm)
+        return block.normed_input(self.dense)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, V]
         return F.linear(hidden, self.output_weight())

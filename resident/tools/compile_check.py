@@ -33,6 +33,7 @@ from resident.kernels import (
     attention_prologue,
     chunk_states,
     conv_varlen,
+    decode_attention,
     gdn_decode,
     gdn_layer_decode,
     gemv,
@@ -71,18 +72,22 @@ class Variant:
 
 
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
-          head_dim: int = 1, pdl: bool = False) -> Variant:
-    _, k_per_split = gemv.split_plan(n, k, tile)
+          head_dim: int = 1, pdl: bool = False, add_norm: bool = False) -> Variant:
+    splits, k_per_split = gemv.split_plan(n, k, tile)
     types = {"x": "*bf16", "w": "*bf16", "out": "*fp32", "z": "*bf16", "norm_w": "*bf16",
-             "eps": "fp32"}
+             "eps": "fp32", "residual": "*bf16", "out_norm_w": "*bf16", "normed_out": "*bf16",
+             "summed_out": "*bf16", "counts": "*i32", "sums_sq": "*fp32", "out_eps": "fp32"}
     types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
                                      "stride_os", "stride_zm", "stride_zh")}
+    blocks = triton.cdiv(n, tile.block_n)
     return Variant(name, gemv._gemv_kernel, types, {
         "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll, "USE_PDL": pdl,
-        "PREFETCH": 2 * n * k <= gemv.PREFETCH_MAX_BYTES}, tile.num_warps,
-        tile.num_stages)
+        "PREFETCH": 2 * n * k <= gemv.PREFETCH_MAX_BYTES, "ADD_NORM": add_norm,
+        "NUM_SPLITS": splits, "SQ_ROWS": triton.next_power_of_2(blocks),
+        "NORM_CHUNKS": triton.cdiv(n, gemv.NORM_BLOCK.value),
+        "COMPUTE": triton.language.float32}, tile.num_warps, tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
@@ -101,6 +106,10 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         _gemv("plain skinny GEMM", hidden, q_dim, narrow, gemv.PLAIN),
         _gemv("plain skinny GEMM (PDL, weights to L2 first)", hidden, q_dim, narrow, gemv.PLAIN,
               pdl=True),
+        _gemv("mlp down + next add + norm (PDL)", hidden, inter, narrow, gemv.PLAIN, pdl=True,
+              add_norm=True),
+        _gemv("gdn out_proj + next add + norm", hidden, config.linear_value_dim, narrow,
+              gemv.PLAIN, add_norm=True),
         _gemv("wide GEMM: gdn in_proj (PDL)",
               config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
               gemv.WIDE_TILE, gemv.PLAIN, pdl=True),
@@ -120,6 +129,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _fused_decode_variants(config)
+    variants += _combine_variants(config)
     variants.append(_gumbel_race_variant())
     variants += _nucleus_race_variants(config)
     variants += _conv_varlen_variants(config)
@@ -131,6 +141,18 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "stride_value": "i64", "stride_page": "i64", "stride_kv": "i64", "stride_slot": "i64"},
         {"PAGE": 16, "WIDTH": kv_width, "BLOCK": triton.next_power_of_2(kv_width)}))
     return variants
+
+
+def _combine_variants(config: ModelConfig) -> list[Variant]:
+    """Decode attention's combine pass (8 splits), with and without the output gate, under PDL."""
+    kernel = decode_attention._combine_kernel
+    types = {"partial_out": "*fp32", "partial_lse": "*fp32", "out": "*bf16", "gate": "*bf16"}
+    types |= {arg: "i32" for arg in kernel.arg_names if arg.startswith("stride_")}
+    shape = {"HEAD_DIM": config.head_dim, "NUM_SPLITS": 8, "BLOCK_S": 8,
+             "BLOCK_D": triton.next_power_of_2(config.head_dim), "USE_PDL": True,
+             "COMPUTE": triton.language.float32}
+    return [Variant(f"decode attention combine{' + output gate' if gated else ''} (PDL)",
+                    kernel, types, shape | {"GATED": gated}) for gated in (False, True)]
 
 
 def _gumbel_race_variant() -> Variant:

@@ -30,12 +30,15 @@
 #   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off;
-#             nopdl: pdl=off; pdlonly: fused_decode=off; wide: decode_gemm=wide
+#             nopdl: pdl=off; pdlonly: fused_decode=off; wide: decode_gemm=wide; full:
+#             fused_decode=full (the next add + norm in each narrow projection's kernel)
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
 #             kernels, greedy and concurrency), tarred
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
+#   gate-addnorm configs/gate/h200-0.8b-addnorm.yaml (fused_decode=full against the defaults,
+#             c=1/16, interleaved, until a verdict), tarred
 #   modes     configs/gate/h200-0.8b-c1-modes.yaml (an A/A pair with profile windows) in each
 #             of $MODES (default: sequential interleaved; interleaved-serial: --interleave
 #             without --parallel-start), issue 39, tarred to modes.tgz
@@ -273,6 +276,10 @@ for part in "$@"; do
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
         --out "$OUT/gate-fused"
       tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
+    gate-addnorm)
+      run gate-addnorm "${GATE_LIMIT:-540}" python3 -m gate run \
+        --config configs/gate/h200-0.8b-addnorm.yaml --out "$OUT/gate-addnorm"
+      tar czf "$OUT/gate-addnorm.tgz" -C "$OUT" gate-addnorm && rm -rf "$OUT/gate-addnorm" ;;
     ttft-prefix)
       for c in ${TTFT_CONC:-16 64}; do
         for cache in on off; do
@@ -366,6 +373,7 @@ for part in "$@"; do
           nopdl) knobs=(--set pdl=off) ;;
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
+          full) knobs=(--set fused_decode=full) ;;
         esac
         TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
