@@ -20,9 +20,12 @@ takes a NaN for the largest), +inf or -inf (every id -inf) fails the row (draw.D
 which keeps its greedy token.
 
 Kernels: a first pass (the sum of exp(y - top), the race over all ids), ROUNDS rounds, a last
-[rows] kernel that picks each row's token. A row is split into chunks (grid rows x chunks); each
-program of a round first reduces its row's partials of the pass before (every program of the row
-the same way, so all agree without a barrier), and program 0 of the row records the decision.
+[rows] kernel that picks each row's token. A row is split into chunks (grid rows x chunks). The
+last program of a row to finish a pass (an atomic counter a row and pass) judges it: it reduces
+the row's partials, decides the row or sets the next pass's floor (_judge). A round's programs of
+a decided row return after two loads; before, every program of a round judged the pass before
+it for itself, 61 programs a row at 248k ids (round 2 took 43 us at 64 rows on the H200 while
+few rows raced in it: results/2026-12-04-h200-race-v3).
 """
 
 from __future__ import annotations
@@ -35,12 +38,10 @@ from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
 ROUNDS = 6
 PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
-# The first round that counts them (from round 2, as measured). Round 2 judges every sampled
-# row's first winner (about top_p of them are kept), so all its programs run their prologue;
-# at the pivots' 168 registers a thread 3 programs fit an SM, which may be why round 2 takes
-# 43-50 us at 64 rows against round 1's 38 for a full pass (results/2026-12-04-h200-race-v3).
-# 3 would run round 2 at round 1's 72 registers: the same tokens (tests), not yet timed
-# (tests/gpu/time_draw.py times both).
+# The first round that counts them (from round 2, as measured when every program of a round
+# judged the pass before it). A round that counts them takes 180 registers a thread (2 programs
+# an SM), one that does not 72: 3 would run round 2's racing rows at round 1's size, the same
+# tokens (tests), not yet timed (tests/gpu/time_draw.py times both).
 PIVOTS_FROM = 2
 
 
@@ -73,24 +74,28 @@ def _row_total(part_b, row, num_chunks, SPAN: tl.constexpr):
     """The first pass's sum of exp(y - top) over the row."""
     chunks = tl.arange(0, SPAN)
     return tl.sum(tl.load(part_b + row * num_chunks + chunks, mask=chunks < num_chunks,
-                          other=0.0), axis=0)
+                          other=0.0, cache_modifier=".cg"), axis=0)
 
 
 @triton.jit
 def _winner(score, ident, ywin, base, num_chunks, SPAN: tl.constexpr):
     """A pass's race partials of a row (at `base`) -> (winning id, its y, its score)."""
     chunks = tl.arange(0, SPAN)
-    scores = tl.load(score + base + chunks, mask=chunks < num_chunks, other=float("-inf"))
+    scores = tl.load(score + base + chunks, mask=chunks < num_chunks, other=float("-inf"),
+                     cache_modifier=".cg")
     best = tl.argmax(scores, axis=0)
-    return tl.load(ident + base + best), tl.load(ywin + base + best), tl.max(scores, axis=0)
+    return (tl.load(ident + base + best, cache_modifier=".cg"),
+            tl.load(ywin + base + best, cache_modifier=".cg"), tl.max(scores, axis=0))
 
 
 @triton.jit
 def _sums(part_a, part_b, base, num_chunks, SPAN: tl.constexpr):
     chunks = tl.arange(0, SPAN)
     inside = chunks < num_chunks
-    return (tl.sum(tl.load(part_a + base + chunks, mask=inside, other=0.0), axis=0),
-            tl.sum(tl.load(part_b + base + chunks, mask=inside, other=0.0), axis=0))
+    return (tl.sum(tl.load(part_a + base + chunks, mask=inside, other=0.0,
+                           cache_modifier=".cg"), axis=0),
+            tl.sum(tl.load(part_b + base + chunks, mask=inside, other=0.0,
+                           cache_modifier=".cg"), axis=0))
 
 
 @triton.jit
@@ -187,20 +192,25 @@ def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, st
 
 
 @triton.jit
-def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, ints_stride,
-                  greedy, tops, part_a, part_b, pivot_a, pivot_b, score, ident, ywin, vocab,
-                  num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr,
-                  FAST: tl.constexpr):
-    """Also writes each sampled row's top to `tops`, for the rounds and the pick (one load
-    there, not two in a row)."""
+def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
+                  floats_stride, ints_stride, greedy, tops, part_a, part_b, pivot_a, pivot_b,
+                  score, ident, ywin, floors, judged, done, chosen, arrivals, num_rows, vocab,
+                  num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
+                  PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, FAST: tl.constexpr):
+    """The first pass of every sampled row; writes the row's top to `tops` (for the rounds and
+    the pick: one load there, not two in a row) and `done` (1 for a failed row: no pass will
+    run; else 0 until a round decides it). The row's last program to finish sets round 1's
+    floor and candidate (_judge)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
     if temperature > 0:
         top = _row_top(logits, stride, greedy, row, temperature)
+        failed = _fails(top)
         if chunk == 0:
             tl.store(tops + row, top)
-        if _fails(top) == 0:
+            tl.store(done + row, failed.to(tl.int32))
+        if failed == 0:
             key = _row_key(seeds, indices, row, ints_stride)
             count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
                 logits, stride, row, chunk, temperature, key, 0.0, top, vocab, CHUNK, BLOCK,
@@ -208,6 +218,9 @@ def _first_kernel(logits, stride, temperatures, seeds, indices, floats_stride, i
             _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
                         row, temperature, row * num_chunks + chunk, count, mass, pivot_counts,
                         pivot_masses, best_score, best_id, PIVOTS)
+            _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
+                   pivot_b, score, ident, ywin, floors, judged, done, chosen, arrivals, top,
+                   row, 0, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
 
 
 @triton.jit
@@ -226,8 +239,10 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
         chunks = tl.arange(0, SPAN)
         at = (base + chunks)[:, None] * PIVOTS + tl.arange(0, PIVOTS)[None, :]
         inside = (chunks < num_chunks)[:, None]
-        counts = tl.sum(tl.load(pivot_a + at, mask=inside, other=0.0), axis=0)
-        masses = tl.sum(tl.load(pivot_b + at, mask=inside, other=0.0), axis=0)
+        counts = tl.sum(tl.load(pivot_a + at, mask=inside, other=0.0, cache_modifier=".cg"),
+                        axis=0)
+        masses = tl.sum(tl.load(pivot_b + at, mask=inside, other=0.0, cache_modifier=".cg"),
+                        axis=0)
         pivots = _pivots(tl.load(floors + before * num_rows + row), top, PIVOTS)
         lost = _kept(pivots, counts, masses, top, total, top_ks, top_ps, min_ps, row,
                      floats_stride, ints_stride) == 0
@@ -238,80 +253,85 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
 
 
 @triton.jit
-def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
-                  floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
-                  ident, ywin, floors, judged, done, chosen, step, num_rows, vocab, num_chunks,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                  PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, COUNT_PIVOTS: tl.constexpr,
-                  FAST: tl.constexpr):
-    """Round `step` (1..ROUNDS): judge the candidate pass step - 1 counted above (if it had
-    one); if it lost, the next floor (_floor) and a pass above it. Round 1 passes every
-    sampled row, and its winner is kept with probability about top_p; round 2 judges every
-    row; later rounds pass the few rows still racing. Rounds from PIVOTS_FROM on count pivots
-    (COUNT_PIVOTS), which raise the floor fastest (tight top-k). A row decided before costs
-    its programs two loads."""
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    temperature = tl.load(temperatures + row * floats_stride)
-    finished = tl.load(done + (step - 1) * num_rows + row)  # done[0]: zeros, nothing judged
-    if (temperature > 0) & (finished != 0) & (chunk == 0):
-        tl.store(done + step * num_rows + row, finished)
-    top = tl.load(tops + row)
-    if (temperature > 0) & (finished == 0) & (_fails(top) == 0):
+def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
+           pivot_b, score, ident, ywin, floors, judged, done, chosen, arrivals, top, row, step,
+           num_rows, num_chunks, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
+           PIVOTS_FROM: tl.constexpr):
+    """Called by every program of a row once its part of pass `step` is stored; the last one
+    to arrive (a counter a row and pass) judges the pass: its candidate, when it survives, is
+    the row's token (`chosen`, `done`); else pass step + 1's floor and candidate (_floor). So
+    a round's programs of a decided row return after two loads, and only one program a row
+    reduces the partials (every program of the row did, 61 at 248k ids, when each round
+    opened by judging the pass before)."""
+    tl.debug_barrier()  # every thread's partials are out before the program counts itself in
+    if tl.atomic_add(arrivals + step * num_rows + row, 1, sem="acq_rel") == num_chunks - 1:
         total = _row_total(part_b, row, num_chunks, SPAN)
-        plane = num_rows * num_chunks
-        if step > 1:
-            candidate = tl.load(judged + (step - 1) * num_rows + row)
+        kept = False
+        if step > 0:
+            candidate = tl.load(judged + step * num_rows + row)
             if candidate >= 0:
-                count, mass = _sums(part_a, part_b, (step - 1) * plane + row * num_chunks,
+                count, mass = _sums(part_a, part_b, (step * num_rows + row) * num_chunks,
                                     num_chunks, SPAN)
-                if _kept(tl.load(floors + (step - 1) * num_rows + row), count, mass, top, total,
+                if _kept(tl.load(floors + step * num_rows + row), count, mass, top, total,
                          top_ks, top_ps, min_ps, row, floats_stride, ints_stride):
-                    finished = 1
-                    if chunk == 0:
-                        tl.store(chosen + row, candidate)
-        if chunk == 0:
-            tl.store(done + step * num_rows + row, finished)
-        if finished == 0:
+                    kept = True
+                    tl.store(chosen + row, candidate)
+                    tl.store(done + row, 1)
+        if not kept:
             floor, candidate = _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
-                                      top_ks, top_ps, min_ps, row,
-                                      floats_stride, ints_stride, step - 1, num_rows,
-                                      num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
-            if chunk == 0:
-                tl.store(floors + step * num_rows + row, floor)
-                tl.store(judged + step * num_rows + row, candidate)
-            key = _row_key(seeds, indices, row, ints_stride)
-            count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
-                logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
-                PIVOTS, False, COUNT_PIVOTS, FAST)
-            _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
-                        row, temperature, step * plane + row * num_chunks + chunk, count, mass,
-                        pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
+                                      top_ks, top_ps, min_ps, row, floats_stride, ints_stride,
+                                      step, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
+            tl.store(floors + (step + 1) * num_rows + row, floor)
+            tl.store(judged + (step + 1) * num_rows + row, candidate)
 
 
 @triton.jit
-def _pick_kernel(temperatures, top_ks, top_ps, min_ps, floats_stride, ints_stride, greedy,
-                 tops, part_a, part_b, score, ident, ywin, floors, judged, done, chosen, tokens,
-                 failures, num_rows, num_chunks, ROUNDS: tl.constexpr, SPAN: tl.constexpr):
-    """Each row's token: greedy (temperature <= 0 or failed), the accepted candidate, the last
-    pass's candidate when its counts keep it, else the last pass's winner (not judged)."""
+def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
+                  floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
+                  ident, ywin, floors, judged, done, chosen, arrivals, num_rows, vocab,
+                  num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
+                  PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, STEP: tl.constexpr,
+                  FAST: tl.constexpr):
+    """Round STEP (1..ROUNDS): pass STEP over the ids above the floor pass STEP - 1's judge
+    set, for the rows not decided yet; round 1 takes every sampled row, and the winner
+    it judges is kept with probability about top_p, so later rounds take few. Rounds from
+    PIVOTS_FROM on count pivots, which raise the floor fastest (tight top-k). The row's last
+    program judges the pass (_judge). STEP is a constant: each round compiles its own
+    judge, and round 1's (no pivots to read) holds fewer registers."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    temperature = tl.load(temperatures + row * floats_stride)
+    if (temperature > 0) & (tl.load(done + row) == 0):
+        top = tl.load(tops + row)
+        floor = tl.load(floors + STEP * num_rows + row)
+        key = _row_key(seeds, indices, row, ints_stride)
+        count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
+            logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
+            PIVOTS, False, STEP >= PIVOTS_FROM, FAST)
+        _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
+                    row, temperature, (STEP * num_rows + row) * num_chunks + chunk, count,
+                    mass, pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
+        _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
+               pivot_b, score, ident, ywin, floors, judged, done, chosen, arrivals, top, row,
+               STEP, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
+
+
+@triton.jit
+def _pick_kernel(temperatures, floats_stride, greedy, tops, score, ident, ywin, done, chosen,
+                 tokens, failures, num_rows, num_chunks, ROUNDS: tl.constexpr,
+                 SPAN: tl.constexpr):
+    """Each row's token: greedy (temperature <= 0 or failed), the accepted candidate, else the
+    last pass's winner (a near miss: above every rejected one, not judged)."""
     row = tl.program_id(0)
     temperature = tl.load(temperatures + row * floats_stride)
-    top = tl.load(tops + row)
-    failed = (temperature > 0) & _fails(top)
+    failed = (temperature > 0) & _fails(tl.load(tops + row))
     token = tl.load(greedy + row)
     if (temperature > 0) & (failed == 0):
-        total = _row_total(part_b, row, num_chunks, SPAN)
-        if tl.load(done + ROUNDS * num_rows + row) != 0:
+        if tl.load(done + row) != 0:
             token = tl.load(chosen + row)
         else:
             last = ROUNDS * num_rows * num_chunks + row * num_chunks
-            candidate = tl.load(judged + ROUNDS * num_rows + row)
-            count, mass = _sums(part_a, part_b, last, num_chunks, SPAN)
-            kept = _kept(tl.load(floors + ROUNDS * num_rows + row), count, mass, top, total,
-                         top_ks, top_ps, min_ps, row, floats_stride, ints_stride)
-            winner_id, _, _ = _winner(score, ident, ywin, last, num_chunks, SPAN)
-            token = tl.where((candidate >= 0) & kept, candidate, winner_id)
+            token, _, _ = _winner(score, ident, ywin, last, num_chunks, SPAN)
     tl.store(tokens + row, token)
     tl.store(failures + row, failed)
 
@@ -360,9 +380,12 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     ident = planes(torch.int64)
     pivot_a, pivot_b = (torch.empty(rounds + 1, num_rows, num_chunks, PIVOTS, device=device)
                         for _ in range(2))
-    floors = torch.empty(rounds + 1, num_rows, dtype=torch.float32, device=device)
-    judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
-    done = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device)
+    # [rounds + 2, rows]: pass s's floor and candidate, set by pass s - 1's judge (the last
+    # round's judge sets a pass that never runs)
+    floors = torch.empty(rounds + 2, num_rows, dtype=torch.float32, device=device)
+    judged = torch.empty(rounds + 2, num_rows, dtype=torch.int64, device=device)
+    done = torch.empty(num_rows, dtype=torch.int32, device=device)
+    arrivals = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device)
     chosen = torch.empty(num_rows, dtype=torch.int64, device=device)
     tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
     failed = torch.empty(num_rows, dtype=torch.bool, device=device)
@@ -372,15 +395,14 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     passes = (tops, part_a, part_b, pivot_a, pivot_b, score, ident, ywin)
     state = (floors, judged, done, chosen)
     grid = (num_rows, num_chunks)
-    _first_kernel[grid](logits, logits.stride(0), temperature, seed, index, *strides, greedy,
-                        *passes, vocab, num_chunks, CHUNK=chunk, BLOCK=block, PIVOTS=PIVOTS,
-                        FAST=logits.is_cuda)
+    sizes = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": PIVOTS,
+             "PIVOTS_FROM": PIVOTS_FROM, "FAST": logits.is_cuda}
+    _first_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, greedy,
+                        *passes, *state, arrivals, num_rows, vocab, num_chunks, **sizes)
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
-                            *state, step, num_rows, vocab, num_chunks, CHUNK=chunk,
-                            BLOCK=block, SPAN=span, PIVOTS=PIVOTS, PIVOTS_FROM=PIVOTS_FROM,
-                            COUNT_PIVOTS=step >= PIVOTS_FROM, FAST=logits.is_cuda)
-    _pick_kernel[(num_rows,)](*limits, *strides, greedy, tops, part_a, part_b, score, ident,
-                              ywin, *state, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
+                            *state, arrivals, num_rows, vocab, num_chunks, STEP=step, **sizes)
+    _pick_kernel[(num_rows,)](temperature, strides[0], greedy, tops, score, ident, ywin, done,
+                              chosen, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
                               SPAN=span)
     return tokens, failed

@@ -172,7 +172,8 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
                "greedy": "*i64", "ident": "*i64", "judged": "*i64", "chosen": "*i64",
-               "tokens": "*i64", "bad": "*i32", "done": "*i32", "failures": "*i1",
+               "tokens": "*i64", "bad": "*i32", "done": "*i32", "arrivals": "*i32",
+               "failures": "*i1",
                "stride": "i64", "floats_stride": "i64", "ints_stride": "i64"}
 
     def types(kernel: triton.JITFunction, constexprs: dict[str, object]) -> dict[str, str]:
@@ -180,10 +181,10 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                                  else "*fp32")
                 for arg in kernel.arg_names if arg not in constexprs}
 
-    first = {"CHUNK": chunk, "BLOCK": block, "PIVOTS": pivots, "FAST": True}
-    round_one = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
-                 "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "COUNT_PIVOTS": False, "FAST": True}
-    round_ = {**round_one, "COUNT_PIVOTS": True}
+    first = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
+             "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "FAST": True}
+    round_one = {**first, "STEP": 1}
+    round_ = {**first, "STEP": 2}
     pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
                     constexprs)
