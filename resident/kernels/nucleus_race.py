@@ -19,13 +19,14 @@ read at its argmax, which the caller has (a decode graph computes it): a NaN the
 takes a NaN for the largest), +inf or -inf (every id -inf) fails the row (draw.Drawn.failed),
 which keeps its greedy token.
 
-Kernels: a first pass (the sum of exp(y - top), the race over all ids), ROUNDS rounds, a last
-[rows] kernel that picks each row's token. A row is split into chunks (grid rows x chunks). The
-last program of a row to finish a pass (an atomic counter a row and pass) judges it: it reduces
-the row's partials, decides the row or sets the next pass's floor (_judge). A round's programs of
-a decided row return after two loads; before, every program of a round judged the pass before
-it for itself, 61 programs a row at 248k ids (round 2 took 43 us at 64 rows on the H200 while
-few rows raced in it: results/2026-12-04-h200-race-v3).
+Kernels: a first pass (the sum of exp(y - top), the race over all ids) and ROUNDS rounds. A
+row is split into chunks (grid rows x chunks). The last program of a row to finish a pass (an
+atomic counter a row and pass) judges it: it reduces the row's partials and writes the row's
+token, or sets the next pass's floor (_judge); the last round's judge writes every undecided
+row's token, so no kernel of its own picks them. A round's programs of a decided row return
+after two loads; before, every program of a round judged the pass before it for itself, 61
+programs a row at 248k ids (round 2 took 43 us at 64 rows on the H200 while few rows raced in
+it: results/2026-12-04-h200-race-v3).
 """
 
 from __future__ import annotations
@@ -194,33 +195,41 @@ def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, st
 @triton.jit
 def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                   floats_stride, ints_stride, greedy, tops, part_a, part_b, pivot_a, pivot_b,
-                  score, ident, ywin, floors, judged, done, chosen, arrivals, num_rows, vocab,
-                  num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                  PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, FAST: tl.constexpr):
-    """The first pass of every sampled row; writes the row's top to `tops` (for the rounds and
-    the pick: one load there, not two in a row) and `done` (1 for a failed row: no pass will
-    run; else 0 until a round decides it). The row's last program to finish sets round 1's
-    floor and candidate (_judge)."""
+                  score, ident, ywin, floors, judged, done, tokens, failures, arrivals,
+                  num_rows, vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                  SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr,
+                  FAST: tl.constexpr):
+    """The first pass of every sampled row. Program 0 of each row writes its failure flag, the
+    greedy token of a greedy or failed row (a sampled row's comes from a judge: _judge), and
+    for a sampled row its top to `tops` (for the rounds: one load there, not two in a row) and
+    `done` (1 for a failed row: no pass will run; else 0 until a judge decides it). The row's
+    last program to finish sets round 1's floor and candidate."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
+    failed = False
+    top = 0.0
     if temperature > 0:
         top = _row_top(logits, stride, greedy, row, temperature)
         failed = _fails(top)
-        if chunk == 0:
+    if chunk == 0:
+        tl.store(failures + row, failed)
+        if (temperature <= 0) | failed:
+            tl.store(tokens + row, tl.load(greedy + row))
+        if temperature > 0:
             tl.store(tops + row, top)
             tl.store(done + row, failed.to(tl.int32))
-        if failed == 0:
-            key = _row_key(seeds, indices, row, ints_stride)
-            count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
-                logits, stride, row, chunk, temperature, key, 0.0, top, vocab, CHUNK, BLOCK,
-                PIVOTS, True, False, FAST)
-            _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
-                        row, temperature, row * num_chunks + chunk, count, mass, pivot_counts,
-                        pivot_masses, best_score, best_id, PIVOTS)
-            _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-                   pivot_b, score, ident, ywin, floors, judged, done, chosen, arrivals, top,
-                   row, 0, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
+    if (temperature > 0) & (failed == 0):
+        key = _row_key(seeds, indices, row, ints_stride)
+        count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
+            logits, stride, row, chunk, temperature, key, 0.0, top, vocab, CHUNK, BLOCK,
+            PIVOTS, True, False, FAST)
+        _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
+                    row, temperature, row * num_chunks + chunk, count, mass, pivot_counts,
+                    pivot_masses, best_score, best_id, PIVOTS)
+        _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
+               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, top,
+               row, 0, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, False)
 
 
 @triton.jit
@@ -254,13 +263,14 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
 
 @triton.jit
 def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-           pivot_b, score, ident, ywin, floors, judged, done, chosen, arrivals, top, row, step,
+           pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, top, row, step,
            num_rows, num_chunks, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
-           PIVOTS_FROM: tl.constexpr):
+           PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr):
     """Called by every program of a row once its part of pass `step` is stored; the last one
     to arrive (a counter a row and pass) judges the pass: its candidate, when it survives, is
-    the row's token (`chosen`, `done`); else pass step + 1's floor and candidate (_floor). So
-    a round's programs of a decided row return after two loads, and only one program a row
+    the row's token (`tokens`, `done`); else pass step + 1's floor and candidate (_floor), or
+    after the LAST pass the pass's winner (a near miss: above every rejected one, not judged).
+    So a round's programs of a decided row return after two loads, and only one program a row
     reduces the partials (every program of the row did, 61 at 248k ids, when each round
     opened by judging the pass before)."""
     tl.debug_barrier()  # every thread's partials are out before the program counts itself in
@@ -275,9 +285,14 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
                 if _kept(tl.load(floors + step * num_rows + row), count, mass, top, total,
                          top_ks, top_ps, min_ps, row, floats_stride, ints_stride):
                     kept = True
-                    tl.store(chosen + row, candidate)
+                    tl.store(tokens + row, candidate)
                     tl.store(done + row, 1)
-        if not kept:
+        if LAST:
+            if not kept:
+                winner_id, _, _ = _winner(score, ident, ywin,
+                                          (step * num_rows + row) * num_chunks, num_chunks, SPAN)
+                tl.store(tokens + row, winner_id)
+        elif not kept:
             floor, candidate = _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
                                       top_ks, top_ps, min_ps, row, floats_stride, ints_stride,
                                       step, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
@@ -288,16 +303,17 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
 @triton.jit
 def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                   floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
-                  ident, ywin, floors, judged, done, chosen, arrivals, num_rows, vocab,
+                  ident, ywin, floors, judged, done, tokens, arrivals, num_rows, vocab,
                   num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
                   PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, STEP: tl.constexpr,
-                  FAST: tl.constexpr):
+                  LAST: tl.constexpr, FAST: tl.constexpr):
     """Round STEP (1..ROUNDS): pass STEP over the ids above the floor pass STEP - 1's judge
     set, for the rows not decided yet; round 1 takes every sampled row, and the winner
     it judges is kept with probability about top_p, so later rounds take few. Rounds from
     PIVOTS_FROM on count pivots, which raise the floor fastest (tight top-k). The row's last
-    program judges the pass (_judge). STEP is a constant: each round compiles its own
-    judge, and round 1's (no pivots to read) holds fewer registers."""
+    program judges the pass (_judge); the LAST round's judge writes every undecided row's
+    token. STEP is a constant: each round compiles its own judge, and round 1's (no pivots to
+    read) holds fewer registers."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
@@ -312,28 +328,8 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                     row, temperature, (STEP * num_rows + row) * num_chunks + chunk, count,
                     mass, pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
         _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-               pivot_b, score, ident, ywin, floors, judged, done, chosen, arrivals, top, row,
-               STEP, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
-
-
-@triton.jit
-def _pick_kernel(temperatures, floats_stride, greedy, tops, score, ident, ywin, done, chosen,
-                 tokens, failures, num_rows, num_chunks, ROUNDS: tl.constexpr,
-                 SPAN: tl.constexpr):
-    """Each row's token: greedy (temperature <= 0 or failed), the accepted candidate, else the
-    last pass's winner (a near miss: above every rejected one, not judged)."""
-    row = tl.program_id(0)
-    temperature = tl.load(temperatures + row * floats_stride)
-    failed = (temperature > 0) & _fails(tl.load(tops + row))
-    token = tl.load(greedy + row)
-    if (temperature > 0) & (failed == 0):
-        if tl.load(done + row) != 0:
-            token = tl.load(chosen + row)
-        else:
-            last = ROUNDS * num_rows * num_chunks + row * num_chunks
-            token, _, _ = _winner(score, ident, ywin, last, num_chunks, SPAN)
-    tl.store(tokens + row, token)
-    tl.store(failures + row, failed)
+               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, top, row,
+               STEP, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, LAST)
 
 
 def launch_sizes(vocab: int) -> tuple[int, int, int]:
@@ -380,29 +376,26 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     ident = planes(torch.int64)
     pivot_a, pivot_b = (torch.empty(rounds + 1, num_rows, num_chunks, PIVOTS, device=device)
                         for _ in range(2))
-    # [rounds + 2, rows]: pass s's floor and candidate, set by pass s - 1's judge (the last
-    # round's judge sets a pass that never runs)
-    floors = torch.empty(rounds + 2, num_rows, dtype=torch.float32, device=device)
-    judged = torch.empty(rounds + 2, num_rows, dtype=torch.int64, device=device)
+    # [rounds + 1, rows]: pass s's floor and candidate, set by pass s - 1's judge
+    floors = torch.empty(rounds + 1, num_rows, dtype=torch.float32, device=device)
+    judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
     done = torch.empty(num_rows, dtype=torch.int32, device=device)
     arrivals = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device)
-    chosen = torch.empty(num_rows, dtype=torch.int64, device=device)
     tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
     failed = torch.empty(num_rows, dtype=torch.bool, device=device)
     strides = (_common_stride(temperature, top_p, min_p), _common_stride(top_k, seed, index))
     limits = (temperature, top_k, top_p, min_p)
     tops = torch.empty(num_rows, dtype=torch.float32, device=device)
     passes = (tops, part_a, part_b, pivot_a, pivot_b, score, ident, ywin)
-    state = (floors, judged, done, chosen)
+    state = (floors, judged, done, tokens)
     grid = (num_rows, num_chunks)
     sizes = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": PIVOTS,
              "PIVOTS_FROM": PIVOTS_FROM, "FAST": logits.is_cuda}
     _first_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, greedy,
-                        *passes, *state, arrivals, num_rows, vocab, num_chunks, **sizes)
+                        *passes, *state, failed, arrivals, num_rows, vocab, num_chunks,
+                        **sizes)
     for step in range(1, rounds + 1):
         _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
-                            *state, arrivals, num_rows, vocab, num_chunks, STEP=step, **sizes)
-    _pick_kernel[(num_rows,)](temperature, strides[0], greedy, tops, score, ident, ywin, done,
-                              chosen, tokens, failed, num_rows, num_chunks, ROUNDS=rounds,
-                              SPAN=span)
+                            *state, arrivals, num_rows, vocab, num_chunks, STEP=step,
+                            LAST=step == rounds, **sizes)
     return tokens, failed

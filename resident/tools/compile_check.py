@@ -171,7 +171,7 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     pivots = nucleus_race.PIVOTS
     by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
-               "greedy": "*i64", "ident": "*i64", "judged": "*i64", "chosen": "*i64",
+               "greedy": "*i64", "ident": "*i64", "judged": "*i64",
                "tokens": "*i64", "bad": "*i32", "done": "*i32", "arrivals": "*i32",
                "failures": "*i1",
                "stride": "i64", "floats_stride": "i64", "ints_stride": "i64"}
@@ -183,15 +183,15 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
 
     first = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
              "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "FAST": True}
-    round_one = {**first, "STEP": 1}
-    round_ = {**first, "STEP": 2}
-    pick = {"ROUNDS": nucleus_race.ROUNDS, "SPAN": span}
+    round_one = {**first, "STEP": 1, "LAST": False}
+    round_ = {**first, "STEP": 2, "LAST": False}
+    last = {**first, "STEP": nucleus_race.ROUNDS, "LAST": True}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
                     constexprs)
             for name, kernel, constexprs in (("first pass", nucleus_race._first_kernel, first),
                                              ("round 1", nucleus_race._round_kernel, round_one),
                                              ("round", nucleus_race._round_kernel, round_),
-                                             ("pick", nucleus_race._pick_kernel, pick))]
+                                             ("last round", nucleus_race._round_kernel, last))]
 
 
 def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
