@@ -1,6 +1,9 @@
-"""The grid dependency control a kernel launched with programmatic dependent launch uses
-inside it (pdl.py says when and why): the wait on the kernel before, the release of the next,
-and an L2 prefetch for what may be read before the wait."""
+"""How a kernel's programs order themselves against other kernels and each other: the grid
+dependency control a kernel launched with programmatic dependent launch uses inside it (pdl.py
+says when and why: the wait on the kernel before, the release of the next, and an L2 prefetch
+for what may be read before the wait), and the meeting at an atomic counter where the last
+program of a group finishes the group's work (last_to_arrive: the fused GDN layer, the GEMV's
+add + norm epilogue, the sampler's judges)."""
 
 from __future__ import annotations
 
@@ -26,3 +29,14 @@ def prefetch_l2(rows, row_bytes):
     tl.inline_asm_elementwise(
         "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
         [rows, row_bytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def last_to_arrive(counter, num_programs):
+    """Counts this program in at `counter` (int32, zero before the first of `num_programs`
+    programs arrives) once all its threads' stores are out; whether it is the last to arrive,
+    the one that may read what the others stored (with cache_modifier=".cg": L1 is not
+    coherent across SMs) and must set the counter back to 0 for the next launch. The release
+    and acquire of the atomic order the others' stores before that read."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter, 1, sem="acq_rel") == num_programs - 1

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import pdl_wait_then_release
+from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release
 from resident.kernels.gdn_decode import L2NORM_EPS, SOFTPLUS_THRESHOLD, compute_dtype
 from resident.kernels.layer_shapes import GdnLayerWeights, GdnShape
 from resident.kernels.pdl import launch_options
@@ -122,9 +122,8 @@ def _gdn_layer_decode_kernel(
     o = o.to(COMPUTE)
     tl.store(sum_sq_ptr + (row * num_v_heads + head) * NUM_BLOCKS + block, tl.sum(o * o, axis=0))
 
-    tl.debug_barrier()  # every thread's stores are out before the program counts itself in
     count = count_ptr + row * (num_v_heads // GROUP) + k_head
-    if tl.atomic_add(count, 1, sem="acq_rel") == GROUP * NUM_BLOCKS - 1:
+    if last_to_arrive(count, GROUP * NUM_BLOCKS):
         # the last of its (row, key head): every other program has read the query and key
         # windows and written its output block and sum
         _conv_channels(x_row, conv_w_ptr, pool_slot, k_head * DK, stride_wc, stride_ww,

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import pdl_wait_then_release, prefetch_l2
+from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release, prefetch_l2
 from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
@@ -172,8 +172,7 @@ def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, 
     SQ_ROWS a power of two at least the column blocks, the rows past them zero; counts
     [1 + column blocks] int32, zero between launches."""
     dtype = summed.dtype.element_ty
-    tl.debug_barrier()  # every thread's partials are out before the program counts itself in
-    if tl.atomic_add(counts + 1 + pid_n, 1, sem="acq_rel") == NUM_SPLITS - 1:
+    if last_to_arrive(counts + 1 + pid_n, NUM_SPLITS):
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for split in tl.static_range(NUM_SPLITS):
             total += tl.load(partials + split * stride_ps + offs_m[:, None] * stride_pm
@@ -186,8 +185,7 @@ def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, 
         added = added.to(COMPUTE)
         tl.store(sums_sq + pid_n * BLOCK_M + offs_m, tl.sum(added * added, axis=1))
         tl.store(counts + 1 + pid_n, 0)
-        tl.debug_barrier()
-        if tl.atomic_add(counts, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        if last_to_arrive(counts, tl.num_programs(0)):
             _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M, SQ_ROWS,
                        NORM_CHUNKS, COMPUTE)
             tl.store(counts, 0)

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels.gdc import last_to_arrive
 from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
 ROUNDS = 6
@@ -273,8 +274,7 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
     So a round's programs of a decided row return after two loads, and only one program a row
     reduces the partials (every program of the row did, 61 at 248k ids, when each round
     opened by judging the pass before)."""
-    tl.debug_barrier()  # every thread's partials are out before the program counts itself in
-    if tl.atomic_add(arrivals + step * num_rows + row, 1, sem="acq_rel") == num_chunks - 1:
+    if last_to_arrive(arrivals + step * num_rows + row, num_chunks):
         total = _row_total(part_b, row, num_chunks, SPAN)
         kept = False
         if step > 0:
