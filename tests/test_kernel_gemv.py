@@ -37,6 +37,33 @@ def test_matches_torch_fp32(rows, n, k, block_k, unroll):
     torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 4])
+@pytest.mark.parametrize("tile", [
+    GemvTile(block_n=4, block_k=128, target_programs=0, fma=True),  # one program a K row
+    GemvTile(block_n=8, block_k=64, target_programs=20, fma=True),  # K split in 3
+    GemvTile(block_n=16, block_k=64, target_programs=0, unroll=2, fma=True),
+])
+def test_fma_tiles_match_torch(rows, tile):
+    """The CUDA-core form: the product over the rows there are (3 rounded up to 4)."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 300, generator=generator).to(DEVICE)
+    weight = torch.randn(45, 300, generator=generator).to(DEVICE)
+    torch.testing.assert_close(skinny_linear(x, weight, tile), x @ weight.T, atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_fma_tile_runs_the_add_norm_epilogue():
+    """The epilogue's sums at the CUDA-core form's row block (2, not 16)."""
+    x, weight, residual, norm_weight = _add_norm_operands(2, 70, 256, torch.float64)
+    tile = GemvTile(block_n=8, block_k=64, target_programs=27, fma=True)
+    want_normed, want_summed = add_rms_norm(skinny_linear_partials(x, weight, tile), residual,
+                                            norm_weight, 1e-6)
+    normed, summed = skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6,
+                                            AddNormScratch(), tile)
+    assert torch.equal(summed, want_summed)
+    torch.testing.assert_close(normed, want_normed, atol=1e-13, rtol=1e-13)
+
+
 def test_splits_fill_the_grid_and_stop_at_k():
     assert gemv_splits(1024, 3584, GemvTile(32, 256)) == 9  # 32 column blocks, 14 K blocks
     assert gemv_splits(248320, 1024, GemvTile(32, 256)) == 1
@@ -57,6 +84,19 @@ def test_matches_torch_bf16_gpu(rows, n, k):
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
     want = (x.float() @ weight.float().T)
     got = skinny_linear(x, weight).float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("n, k", [(8224, 1024), (1024, 2048), (1024, 3584)])
+@pytest.mark.parametrize("tile", [GemvTile(16, 512, 4, 3, 264, fma=True),
+                                  GemvTile(8, 1024, 4, 3, 0, fma=True)])
+def test_fma_tiles_bf16_gpu(rows, n, k, tile):
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    want = x.float() @ weight.float().T
+    got = skinny_linear(x, weight, tile).float()
     assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
@@ -83,6 +123,9 @@ def test_tile_names_a_bad_value():
         GemvTile(target_programs=-1)
     with pytest.raises(ValueError, match="unroll"):
         GemvTile(unroll=0)
+    with pytest.raises(ValueError, match="block_n must be a power of two >= 16"):
+        GemvTile(block_n=8)
+    assert GemvTile(block_n=8, fma=True).block_n == 8
 
 
 @pytest.mark.parametrize("rows", [1, 5])

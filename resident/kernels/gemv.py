@@ -53,7 +53,11 @@ NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_nor
 @dataclasses.dataclass(frozen=True)
 class GemvTile:
     """A launch shape: block_n output columns by block_k of K per loop step; K is split across
-    programs until the grid has about target_programs of them (0: never split)."""
+    programs until the grid has about target_programs of them (0: never split). fma: the
+    product as CUDA-core multiply-adds over the rows there are (rounded up to a power of two)
+    instead of tl.dot's 16-row MMA; the weight tiles' loads then stream through a
+    num_stages-deep cp.async pipeline, which the MMA form does not get (for batch 1-4; not
+    yet measured on the H200: python -m resident.tools.bench_gemv --tiles fma)."""
 
     block_n: int = 32
     block_k: int = 256
@@ -63,12 +67,14 @@ class GemvTile:
     # K tiles unrolled: with M=16 the kernel is register MMA fed by plain loads (no cp.async),
     # so only unrolling lets a program have several tiles' loads in flight at once
     unroll: int = 1
+    fma: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k"):
+        smallest = {"block_n": 1 if self.fma else MIN_DOT, "block_k": MIN_DOT}
+        for name, least in smallest.items():
             value = getattr(self, name)
-            if value < MIN_DOT or value & (value - 1):
-                raise ValueError(f"GemvTile.{name} must be a power of two >= {MIN_DOT}, "
+            if value < least or value & (value - 1):
+                raise ValueError(f"GemvTile.{name} must be a power of two >= {least}, "
                                  f"got {value}")
         if self.unroll < 1:
             raise ValueError(f"GemvTile.unroll must be >= 1, got {self.unroll}")
@@ -100,7 +106,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
                  PREFETCH: tl.constexpr, ADD_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                  SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
-                 COMPUTE: tl.constexpr):
+                 COMPUTE: tl.constexpr, FMA: tl.constexpr, NUM_STAGES: tl.constexpr):
     """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
     dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -112,7 +118,9 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
     start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
     that kernel, the loop then reads the L2.
-    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm)."""
+    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). FMA:
+    the product by CUDA-core multiply-adds, BLOCK_M the rows rounded up to a power of two
+    (else tl.dot's 16)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -124,7 +132,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         span = tl.minimum(K - k_start, K_TILES * BLOCK_K) * w.dtype.element_ty.primitive_bitwidth
         prefetch_l2(rows, tl.full((BLOCK_N,), span // 8, tl.int32))
     pdl_wait_then_release(USE_PDL)
-    for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
+    for tile in tl.range(K_TILES, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x_mask = (offs_m[:, None] < M) & k_mask[None, :]
@@ -147,7 +155,11 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
             x_tile = (x_tile.to(tl.float32) * tl.sigmoid(gate)).to(x.dtype.element_ty)
         w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
                          mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
-        acc += tl.dot(x_tile, tl.trans(w_tile))
+        if FMA:  # [BM, 1, BK] x [1, BN, BK], summed over K: BM is the rows there are
+            acc += tl.sum(x_tile.to(tl.float32)[:, None, :] * w_tile.to(tl.float32)[None, :, :],
+                          axis=2)
+        else:
+            acc += tl.dot(x_tile, tl.trans(w_tile))
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
@@ -431,14 +443,17 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),
         0 if z is None else z.stride(0), 0 if z is None or z.dim() < 3 else z.stride(1), eps,
-        *epilogue, K_TILES=k_per_split // tile.block_k, BLOCK_M=MIN_DOT, BLOCK_N=tile.block_n,
+        *epilogue, K_TILES=k_per_split // tile.block_k,
+        BLOCK_M=triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT, BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k, PROLOGUE=prologue, UNROLL=tile.unroll,
         HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
         PREFETCH=weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
         ADD_NORM=add_norm is not None, NUM_SPLITS=splits,
         SQ_ROWS=add_norm.sums_sq.shape[0] if add_norm else 1,
         NORM_CHUNKS=triton.cdiv(n, NORM_BLOCK.value), COMPUTE=_compute(target.dtype, x.dtype),
-        num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_options(pdl),
+        # the MMA form's loop keeps the launch's pipelining (num_stages=None: the default)
+        FMA=tile.fma, NUM_STAGES=tile.num_stages if tile.fma else None, num_warps=tile.num_warps,
+        num_stages=tile.num_stages, **launch_options(pdl),
     )
 
 

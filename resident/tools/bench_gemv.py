@@ -1,13 +1,15 @@
 """Skinny decode GEMMs: the Triton kernel (resident/kernels/gemv.py) against cuBLAS (F.linear).
 
-    python -m resident.tools.bench_gemv [--model qwen3.5-0.8b] [--rows 1,4,16] [--json FILE]
+    python -m resident.tools.bench_gemv [--model qwen3.5-0.8b] [--rows 1,4,16] [--tiles all]
+        [--json FILE]
 
 The shapes are the model's fused projections. A decode step reads each weight once from HBM, so
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
 (several times the H200's 50 MB L2); the calls are replayed inside a CUDA graph
-(bench_attention.graph_time_us), bf16. Each shape sweeps TILES at the first row count and
-times the best tile and cuBLAS at every row count; a tile whose pipeline does not fit in shared
-memory is skipped (named on stderr). TB/s counts the weight bytes only.
+(bench_attention.graph_time_us), bf16. Each shape sweeps the tiles (`--tiles`: the MMA form's
+DOT_TILES, the CUDA-core form's FMA_TILES for rows up to FMA_MAX_ROWS, or both) at each row
+count and times the best against cuBLAS; a tile whose pipeline does not fit in shared memory is
+skipped (named on stderr). TB/s counts the weight bytes only.
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ from resident.tools.bench_io import require_cuda, write_json
 COLD_BYTES = 256 << 20
 SMEM_BYTES = 160 << 10  # a pipelined tile set above this does not fit beside the H200's L1
 STAGES = 4
-TILES = tuple(GemvTile(block_n, block_k, 8 if block_n * block_k >= 32768 else 4, STAGES, target,
-                       unroll)
-              for block_n, block_k, target, unroll in itertools.product(
-                  (16, 32, 64), (128, 256, 512), (0, 264), (1, 4))
-              if STAGES * (16 + block_n) * block_k * 2 <= SMEM_BYTES)
+DOT_TILES = tuple(
+    GemvTile(block_n, block_k, 8 if block_n * block_k >= 32768 else 4, STAGES, target, unroll)
+    for block_n, block_k, target, unroll in itertools.product(
+        (16, 32, 64), (128, 256, 512), (0, 264), (1, 4))
+    if STAGES * (16 + block_n) * block_k * 2 <= SMEM_BYTES)
+# each program's whole weight tile loaded at once (8-32 KB): the bytes in flight the MMA form's
+# 8 KB tiles may lack
+FMA_TILES = tuple(GemvTile(block_n, block_k, 4, 3, target, fma=True)
+                  for (block_n, block_k), target in itertools.product(
+                      ((4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512), (32, 256)),
+                      (0, 264, 528)))
+FMA_MAX_ROWS = 4  # above, the [rows, block_n, block_k] product outgrows the registers
 
 
 def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -69,31 +78,37 @@ def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) 
 
 
 def tile_name(tile: GemvTile) -> str:
-    return (f"{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages} "
-            f"p{tile.target_programs} u{tile.unroll}")
+    return (f"{'fma ' if tile.fma else ''}{tile.block_n}x{tile.block_k} w{tile.num_warps} "
+            f"s{tile.num_stages} p{tile.target_programs} u{tile.unroll}")
 
 
-def bench_shape(name: str, n: int, k: int, rows: list[int]) -> list[dict]:
+def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
+    """The tiles `--tiles` (dot, fma or all) sweeps at num_rows rows."""
+    dot = DOT_TILES if kinds in ("dot", "all") else ()
+    fma = FMA_TILES if kinds in ("fma", "all") and num_rows <= FMA_MAX_ROWS else ()
+    return dot + fma
+
+
+def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str) -> list[dict]:
     copies = max(1, -(-COLD_BYTES // (2 * n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
                for _ in range(copies)]
-    sweep_x = torch.randn(rows[0], k, device="cuda", dtype=torch.bfloat16)
-    sweep = {tile: sweep_time_us(tile, sweep_x, weights) for tile in TILES}
-    sweep = {tile: us for tile, us in sweep.items() if us is not None}
-    best = min(sweep, key=sweep.get)
     gbytes = 2 * n * k / 1e9
     results = []
     for num_rows in rows:
         x = torch.randn(num_rows, k, device="cuda", dtype=torch.bfloat16)
+        sweep = {tile: sweep_time_us(tile, x, weights) for tile in tiles_for(kinds, num_rows)}
+        sweep = {tile: us for tile, us in sweep.items() if us is not None}
+        if not sweep:
+            continue
+        best = min(sweep, key=sweep.get)
         cublas = cold_time_us(F.linear, x, weights)
-        triton_us = cold_time_us(lambda a, w: skinny_linear(a, w, best), x, weights)
         results.append({
             "shape": name, "n": n, "k": k, "rows": num_rows, "best_tile": tile_name(best),
-            "tile": best.__dict__, "cublas_us": round(cublas, 2), "triton_us": round(triton_us, 2),
-            "cublas_tb_s": round(gbytes * 1e3 / cublas, 2),
-            "triton_tb_s": round(gbytes * 1e3 / triton_us, 2),
-            "sweep_us": {tile_name(t): round(us, 2) for t, us in sweep.items()}
-            if num_rows == rows[0] else None,
+            "tile": best.__dict__, "cublas_us": round(cublas, 2),
+            "triton_us": round(sweep[best], 2), "cublas_tb_s": round(gbytes * 1e3 / cublas, 2),
+            "triton_tb_s": round(gbytes * 1e3 / sweep[best], 2),
+            "sweep_us": {tile_name(t): round(us, 2) for t, us in sweep.items()},
         })
     return results
 
@@ -102,19 +117,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3.5-0.8b")
     parser.add_argument("--rows", default="1,4,16")
+    parser.add_argument("--tiles", choices=("dot", "fma", "all"), default="all",
+                        help="the tiles swept at each row count")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if not require_cuda("resident.tools.bench_gemv"):
         return 2
     rows = [int(r) for r in args.rows.split(",")]
     results = []
-    print(f"{'shape':>12} {'M':>3} {'cublas us':>10} {'triton us':>10} {'best tile':>22} "
+    print(f"{'shape':>12} {'M':>3} {'cublas us':>10} {'triton us':>10} {'best tile':>26} "
           f"{'cublas TB/s':>12} {'triton TB/s':>12}")
     for name, (n, k) in projection_shapes(load_model_config(args.model)).items():
-        for row in bench_shape(name, n, k, rows):
+        for row in bench_shape(name, n, k, rows, args.tiles):
             results.append(row)
             print(f"{name:>12} {row['rows']:>3} {row['cublas_us']:>10} {row['triton_us']:>10} "
-                  f"{row['best_tile']:>22} {row['cublas_tb_s']:>12} {row['triton_tb_s']:>12}",
+                  f"{row['best_tile']:>26} {row['cublas_tb_s']:>12} {row['triton_tb_s']:>12}",
                   flush=True)
         write_json(args.json, results)  # after each shape: a killed sweep keeps its rows
     return 0

@@ -72,7 +72,9 @@ class Variant:
 
 
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
-          head_dim: int = 1, pdl: bool = False, add_norm: bool = False) -> Variant:
+          head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
+          rows: int = gemv.MIN_DOT) -> Variant:
+    """The GEMV at a shape; `rows` matter to the CUDA-core form (tile.fma) only."""
     splits, k_per_split = gemv.split_plan(n, k, tile)
     types = {"x": "*bf16", "w": "*bf16", "out": "*fp32", "z": "*bf16", "norm_w": "*bf16",
              "eps": "fp32", "residual": "*bf16", "out_norm_w": "*bf16", "normed_out": "*bf16",
@@ -81,13 +83,15 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
                                      "stride_os", "stride_zm", "stride_zh")}
     blocks = triton.cdiv(n, tile.block_n)
     return Variant(name, gemv._gemv_kernel, types, {
-        "K_TILES": k_per_split // tile.block_k, "BLOCK_M": gemv.MIN_DOT,
+        "K_TILES": k_per_split // tile.block_k,
+        "BLOCK_M": triton.next_power_of_2(rows) if tile.fma else gemv.MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll, "USE_PDL": pdl,
         "PREFETCH": 2 * n * k <= gemv.PREFETCH_MAX_BYTES, "ADD_NORM": add_norm,
         "NUM_SPLITS": splits, "SQ_ROWS": triton.next_power_of_2(blocks),
         "NORM_CHUNKS": triton.cdiv(n, gemv.NORM_BLOCK.value),
-        "COMPUTE": triton.language.float32}, tile.num_warps, tile.num_stages)
+        "COMPUTE": triton.language.float32, "FMA": tile.fma,
+        "NUM_STAGES": tile.num_stages if tile.fma else None}, tile.num_warps, tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
@@ -110,6 +114,9 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               add_norm=True),
         _gemv("gdn out_proj + next add + norm", hidden, config.linear_value_dim, narrow,
               gemv.PLAIN, add_norm=True),
+        *(_gemv(f"CUDA-core GEMV 16x512, {rows} row{'s' if rows > 1 else ''} (PDL)", hidden,
+                config.linear_value_dim, gemv.GemvTile(16, 512, 4, 3, fma=True), gemv.PLAIN,
+                pdl=True, rows=rows) for rows in (1, 4)),
         _gemv("wide GEMM: gdn in_proj (PDL)",
               config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
               gemv.WIDE_TILE, gemv.PLAIN, pdl=True),

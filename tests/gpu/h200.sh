@@ -37,6 +37,9 @@
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
+#   gemv-sweep  resident.tools.bench_gemv at the projections of each of $GEMV_MODELS (default
+#             qwen3.5-0.8b), rows $GEMV_ROWS (1,4), tiles $GEMV_TILES (fma: the CUDA-core form;
+#             dot, all) against cuBLAS, cold weights: gemv-<model>.json and .log
 #   gate-addnorm configs/gate/h200-0.8b-addnorm.yaml (fused_decode=full against the defaults,
 #             c=1/16, interleaved, until a verdict), tarred
 #   modes     configs/gate/h200-0.8b-c1-modes.yaml (an A/A pair with profile windows) in each
@@ -276,6 +279,11 @@ for part in "$@"; do
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
         --out "$OUT/gate-fused"
       tar czf "$OUT/gate-fused.tgz" -C "$OUT" gate-fused && rm -rf "$OUT/gate-fused" ;;
+    gemv-sweep)
+      for model in ${GEMV_MODELS:-qwen3.5-0.8b}; do
+        run "gemv-$model" "${GEMV_LIMIT:-280}" python3 -m resident.tools.bench_gemv --model "$model" \
+          --rows "${GEMV_ROWS:-1,4}" --tiles "${GEMV_TILES:-fma}" --json "$OUT/gemv-$model.json"
+      done ;;
     gate-addnorm)
       run gate-addnorm "${GATE_LIMIT:-540}" python3 -m gate run \
         --config configs/gate/h200-0.8b-addnorm.yaml --out "$OUT/gate-addnorm"
