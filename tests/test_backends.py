@@ -303,3 +303,74 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
             apart, fused = (model.compute_logits(model(token, meta, cache, ops))
                             for ops, cache in (runs[False], runs[True]))
             torch.testing.assert_close(fused, apart, atol=1e-10, rtol=1e-10)
+
+
+def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]]) -> str:
+    """A bench_gemv --json file for the tiny model's projections: for each shape, per measured
+    row count (1 and 4), the tile and (triton_us, cublas_us) given by `picks[shape name]`."""
+    import json
+
+    from resident.tools.bench_gemv import projection_shapes
+
+    rows = []
+    for name, (n, k) in projection_shapes(TINY).items():
+        for num_rows, (tile, triton_us, cublas_us) in zip((1, 4), picks[name], strict=True):
+            rows.append({"shape": name, "n": n, "k": k, "rows": num_rows, "tile": tile,
+                         "triton_us": triton_us, "cublas_us": cublas_us})
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+FMA_TILE = {"block_n": 8, "block_k": 64, "num_warps": 4, "num_stages": 3,
+            "target_programs": 8, "unroll": 1, "fma": True}
+DOT_TILE = {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 3,
+            "target_programs": 0, "unroll": 1, "fma": False}
+
+
+def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
+    """A bucket takes the measurement at the nearest row count at or above its own (the largest
+    past them), the Triton tile only where it beat cuBLAS; a shape the table lacks keeps the
+    rule; a file that is not bench_gemv's fails naming the knob."""
+    from resident.backends.gemv_table import GemvTable
+
+    win, lose = (FMA_TILE, 2.0, 3.0), (DOT_TILE, 4.0, 3.0)
+    table = GemvTable.load(_gemv_table_file(tmp_path / "t.json", {
+        "gdn in_proj": (win, lose), "gdn out_proj": (lose, win), "attn qkv": (win, win),
+        "attn o_proj": (lose, lose), "mlp gate_up": (win, lose), "mlp down": (win, win)}))
+    assert table.choose(200, 64, 1).triton and table.choose(200, 64, 1).tile.fma
+    assert not table.choose(200, 64, 2).triton  # measured at 4
+    assert not table.choose(200, 64, 16).triton  # past the largest: 4
+    assert table.choose(64, 64, 4).tile.block_n == 8 and table.choose(64, 64, 4).triton
+    assert table.choose(7, 64, 1) is None
+    assert any("200x64: 1: fma 8x64" in line for line in table.describe((1, 2)))
+    (tmp_path / "bad.json").write_text('[{"n": 1}]')
+    with pytest.raises(ValueError, match="knob gemv_table: .* is not a bench_gemv --json"):
+        GemvTable.load(str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="under decode_gemm skinny or wide, not cublas"):
+        EngineConfig(gemv_table=str(tmp_path / "t.json"), decode_gemm="cublas")
+
+
+@pytest.mark.parametrize("fused_decode", ["auto", "full"])
+def test_gemv_table_gives_the_reference_tokens(tmp_path, fused_decode):
+    """The decode projections on a measured table's picks (a CUDA-core tile, the MMA tile or
+    cuBLAS by shape and rows, interpreted) give the torch references' greedy tokens; under
+    fused_decode=full the narrow projections keep a Triton tile for the norm."""
+    generator = torch.Generator().manual_seed(8)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          4) for i, n in enumerate((5, 23, 9))}
+    win, lose = (FMA_TILE, 2.0, 3.0), (DOT_TILE, 4.0, 3.0)
+    path = _gemv_table_file(tmp_path / "t.json", {
+        "gdn in_proj": (win, lose), "gdn out_proj": (lose, win), "attn qkv": (win, lose),
+        "attn o_proj": (win, lose), "mlp gate_up": (lose, win), "mlp down": (win, lose)})
+
+    def greedy(backend: str, **knobs) -> dict[str, list[int]]:
+        config = EngineConfig(attention_backend=backend, decode_buckets=(1, 2, 4),
+                              max_num_seqs=4, resident_planning="off", **knobs)
+        engine = build_engine(TINY, config, "cpu")
+        if knobs:
+            ops = engine.runner.kernels.decode.ops(1)
+            assert ops.narrow_linear.func.__name__ == "table_narrow_linear"
+            assert (ops.narrow_linear_add_norm is not None) == (fused_decode == "full")
+        return run_engine(engine, requests, concurrency=3)
+
+    assert greedy("triton", gemv_table=path, fused_decode=fused_decode) == greedy("torch")

@@ -253,15 +253,21 @@ def test_add_norm_epilogue_is_add_rms_norm_of_the_projection(dtype, atol, rows, 
         assert not counts.any()
 
 
-def test_add_norm_scratch_and_operands_name_what_is_wrong():
+def test_add_norm_scratch_keeps_one_meeting_place_a_width_and_names_bad_operands():
+    """Projections of other widths or tiles meet in their own counters (a graph holds each
+    one's addresses); operands that do not fit fail naming them."""
     x, weight, residual, norm_weight = _add_norm_operands(2, 32, 64, torch.float32)
     tile = GemvTile(block_n=16, block_k=64)
     scratch = AddNormScratch()
     skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch, tile)
-    with pytest.raises(ValueError, match="made for 2 column blocks of torch.float32, asked "
-                                         "for 3"):
-        skinny_linear_add_norm(x, weight.repeat(2, 1)[:48], residual.repeat(1, 2)[:, :48].clone(),
-                               norm_weight.repeat(2)[:48], 1e-6, scratch, tile)
+    two_blocks = scratch.get(32, tile, torch.float32, x.device)
+    wide = (weight.repeat(2, 1)[:48], residual.repeat(1, 2)[:, :48].clone(),
+            norm_weight.repeat(2)[:48])
+    normed, _ = skinny_linear_add_norm(x, wide[0], wide[1], wide[2], 1e-6, scratch, tile)
+    torch.testing.assert_close(normed, add_rms_norm(x @ wide[0].T, wide[1], wide[2], 1e-6)[0],
+                               atol=1e-5, rtol=1e-5)
+    assert scratch.get(48, tile, torch.float32, x.device)[0].shape == (4,)
+    assert scratch.get(32, tile, torch.float32, x.device)[0] is two_blocks[0]
     with pytest.raises(ValueError, match=r"residual \(2, 16\) must be a contiguous \[2, 32\]"):
         skinny_linear_add_norm(x, weight, residual[:, :16], norm_weight, 1e-6, scratch, tile)
 

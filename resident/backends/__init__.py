@@ -45,7 +45,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
             gated_delta_rule_ref_op, l2norm_qk=False)))
         fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
         return StepKernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm,
-                                                 fusion), padded)
+                                                 fusion, _gemv_table(config)), padded)
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -62,9 +62,21 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,
-                                  config.decode_gemm, fusion)
+                                  config.decode_gemm, fusion, _gemv_table(config))
     elif name == "triton":
-        decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion)
+        decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
+                              _gemv_table(config))
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return StepKernels(prefill, decode, padded)
+
+
+def _gemv_table(config: EngineConfig):
+    """The gemv_table knob's measured table (logged), or None."""
+    if not config.gemv_table:
+        return None
+    from resident.backends.gemv_table import GemvTable, log_table
+
+    table = GemvTable.load(config.gemv_table)
+    log_table(table, config.decode_buckets)
+    return table

@@ -18,6 +18,7 @@ import torch
 
 from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep
 from resident.backends.gdn_prefill import gdn_prefill_ops
+from resident.backends.gemv_table import GemvTable
 from resident.backends.layout import PagedLayout, PlanReuse
 from resident.backends.triton_decode import (
     GDN_DECODE_OPS,
@@ -113,7 +114,7 @@ class FlashInferDecode(DecodeKernels):
 
     def __init__(self, heads: HeadShape, workspace: torch.Tensor, buckets: tuple[int, ...],
                  max_pages_per_row: int, decode_gemm: str = "skinny",
-                 fusion: DecodeFusion | None = None) -> None:
+                 fusion: DecodeFusion | None = None, table: GemvTable | None = None) -> None:
         flashinfer = _import_flashinfer()
         device = workspace.device
         self.heads = heads
@@ -143,7 +144,7 @@ class FlashInferDecode(DecodeKernels):
                 paged_kv_last_page_len_buffer=self._last_page_len[bucket], backend="fa2")
             self.wrappers[bucket] = wrapper
             ops = dataclasses.replace(fused[bucket], attention=_run(wrapper))
-            self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm, fusion)
+            self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm, fusion, table)
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

@@ -9,6 +9,12 @@ from functools import partial
 import torch
 
 from resident.backends.base import DecodeKernels
+from resident.backends.gemv_table import (
+    GemvTable,
+    table_linear_add_norm,
+    table_narrow_linear,
+    table_wide_linear,
+)
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
@@ -109,6 +115,22 @@ class DecodeFusion:
         return {bucket: layer if bucket <= FUSED_GDN_MAX_ROWS else prologue
                 for bucket in buckets}
 
+    def apply_table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
+        """Each projection of a shape the table holds on its measured winner (the ops given
+        run the others)."""
+        if table is None:
+            return ops
+        add_norm = ops.narrow_linear_add_norm
+        return dataclasses.replace(
+            ops,
+            narrow_linear=partial(table_narrow_linear, table=table, fallback=ops.narrow_linear,
+                                  pdl=self.pdl),
+            wide_linear=partial(table_wide_linear, table=table, fallback=ops.wide_linear,
+                                pdl=self.pdl),
+            narrow_linear_add_norm=add_norm and partial(
+                table_linear_add_norm, table=table, fallback=add_norm, scratch=self.scratch,
+                pdl=self.pdl))
+
     def apply_gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
         with the next add + norm; under pdl launched with PDL, each starting to read its
@@ -133,7 +155,8 @@ def silu_mul_skinny_linear(gate_up, weight):
 
 
 def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
-                    fusion: DecodeFusion | None = None) -> ModelOps:
+                    fusion: DecodeFusion | None = None,
+                    table: GemvTable | None = None) -> ModelOps:
     """The decode_gemm knob. A bucket of at most 16 rows runs its narrow projections (out_proj,
     o_proj, down) on the skinny Triton GEMM (measured against cuBLAS in
     results/2026-11-29-h200-0.8b-fusions/gemv_cold.json), its split-K partials added up by the
@@ -141,14 +164,17 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
     attention output gate run inside those projections' kernels, which measured slower: 1.31 ms
     of GPU time a c=1 step on the 0.8B against 1.03 (results/2026-11-29-h200-0.8b-fusions). The
     wide projections stay on cuBLAS (as fast there alone) but under `wide`. Under pdl the
-    Triton GEMMs launch with PDL. `cublas` and wider buckets keep `ops`."""
+    Triton GEMMs launch with PDL. `cublas` and wider buckets keep `ops`. A measured `table`
+    (the gemv_table knob, gemv_table.py) picks the kernel of each shape it holds under
+    `skinny` and `wide`."""
     if bucket > MIN_DOT or decode_gemm == "cublas":
         return ops
     ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
     if decode_gemm == "wide":
         ops = dataclasses.replace(ops, wide_linear=wide_linear)
     if decode_gemm in ("skinny", "wide"):
-        return (fusion or DecodeFusion()).apply_gemms(ops)
+        fusion = fusion or DecodeFusion()
+        return fusion.apply_table(fusion.apply_gemms(ops), table)
     return dataclasses.replace(ops, silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
                                sigmoid_gate_linear=sigmoid_gate_linear_partials)
@@ -158,14 +184,14 @@ class TritonDecode(DecodeKernels):
     name = "triton"
 
     def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny",
-                 fusion: DecodeFusion | None = None) -> None:
+                 fusion: DecodeFusion | None = None, table: GemvTable | None = None) -> None:
         fusion = fusion or DecodeFusion()
         gated = partial(gated_attention_decode_op, pdl=fusion.pdl) if fusion.epilogues else None
         ops = dataclasses.replace(GDN_DECODE_OPS,
                                   attention=partial(attention_decode_op, pdl=fusion.pdl),
                                   gated_attention=gated)
         fused = fusion.bucket_ops(ops, buckets)
-        self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion)
+        self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion, table)
                      for bucket in buckets}
 
     def ops(self, bucket: int) -> ModelOps:

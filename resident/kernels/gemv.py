@@ -319,27 +319,24 @@ def sigmoid_gate_linear_partials(
 
 class AddNormScratch:
     """Where the add + norm epilogue's programs meet (_add_norm): an arrival counter a column
-    block and one for all, and each (column block, row)'s sum of squares, for projections of
-    `columns` outputs under `tile`. Made zeroed at the first call and kept: a captured graph
-    holds their addresses, and the kernels leave the counters at zero. One scratch serves
-    every projection of a forward that runs one kernel at a time."""
+    block and one for all, and each (column block, row)'s sum of squares. Made zeroed at the
+    first call for each count of column blocks (projections of other widths or tiles) and kept:
+    a captured graph holds their addresses, and the kernels leave the counters at zero. One
+    scratch serves every projection of a forward that runs one kernel at a time."""
 
     def __init__(self) -> None:
-        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tensors: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def get(self, columns: int, tile: GemvTile, dtype: torch.dtype,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(counts [1 + blocks] int32, sums_sq [a power of two >= blocks, MIN_DOT] dtype)"""
         blocks = triton.cdiv(columns, tile.block_n)
-        if self._tensors is None:
-            self._tensors = (
+        key = (blocks, dtype)
+        if key not in self._tensors:
+            self._tensors[key] = (
                 torch.zeros(1 + blocks, dtype=torch.int32, device=device),
                 torch.zeros(triton.next_power_of_2(blocks), MIN_DOT, dtype=dtype, device=device))
-        counts, sums_sq = self._tensors
-        if counts.shape[0] != 1 + blocks or sums_sq.dtype != dtype:
-            raise ValueError(f"AddNormScratch was made for {counts.shape[0] - 1} column blocks "
-                             f"of {sums_sq.dtype}, asked for {blocks} of {dtype}")
-        return self._tensors
+        return self._tensors[key]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,145 @@
+"""A measured table of which kernel runs each decode projection: the knob `gemv_table`.
+
+`python -m resident.tools.bench_gemv --json FILE` times, at each (N, K) projection of a model and
+each row count, the skinny Triton GEMV's tiles (both forms) against cuBLAS on the GPU it runs on,
+with cold weights. Given that file, a decode bucket of at most 16 rows runs each projection on
+whichever was faster at the nearest measured row count at or above the bucket's (the largest
+measured one past them), so a Triton tile is chosen only where it beat cuBLAS, and the choices
+are logged at start. A narrow projection that runs the next add + norm in its kernel
+(fused_decode=full) keeps its best Triton tile even where cuBLAS won alone: cuBLAS would leave
+the norm a kernel of its own. Shapes the table lacks keep decode_gemm's rule.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from resident.kernels.gemv import (
+    MIN_DOT,
+    AddNormScratch,
+    GemvTile,
+    skinny_linear,
+    skinny_linear_add_norm,
+    skinny_linear_partials,
+)
+
+log = logging.getLogger("resident.backends")
+
+
+@dataclass(frozen=True)
+class GemvChoice:
+    """What bench_gemv measured at one (N, K, rows): its best Triton tile and both times."""
+
+    rows: int
+    tile: GemvTile
+    triton_us: float
+    cublas_us: float
+
+    @property
+    def triton(self) -> bool:
+        return self.triton_us < self.cublas_us
+
+
+class GemvTable:
+    """The choices of one bench_gemv file, by (N, K), each shape's sorted by rows."""
+
+    def __init__(self, choices: dict[tuple[int, int], list[GemvChoice]], source: str) -> None:
+        self.source = source
+        self._choices = {shape: sorted(found, key=lambda c: c.rows)
+                         for shape, found in choices.items()}
+
+    @classmethod
+    def load(cls, path: str) -> GemvTable:
+        """Reads bench_gemv's --json rows; a file that is not one fails naming the knob."""
+        try:
+            rows = json.loads(Path(path).read_text())
+            choices: dict[tuple[int, int], list[GemvChoice]] = {}
+            tile_fields = {f.name for f in fields(GemvTile)}
+            for row in rows:
+                tile = GemvTile(**{k: v for k, v in row["tile"].items() if k in tile_fields})
+                choices.setdefault((int(row["n"]), int(row["k"])), []).append(GemvChoice(
+                    int(row["rows"]), tile, float(row["triton_us"]), float(row["cublas_us"])))
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            raise ValueError(f"knob gemv_table: {path!r} is not a bench_gemv --json file "
+                             f"({type(error).__name__}: {error})") from None
+        if not choices:
+            raise ValueError(f"knob gemv_table: {path!r} holds no measured shape")
+        return cls(choices, path)
+
+    def choose(self, n: int, k: int, rows: int) -> GemvChoice | None:
+        """The measurement for a bucket of `rows` rows: at the smallest measured row count at
+        or above it, else the largest; None for a shape the table lacks."""
+        found = self._choices.get((n, k))
+        if not found:
+            return None
+        at = bisect.bisect_left([choice.rows for choice in found], rows)
+        return found[min(at, len(found) - 1)]
+
+    def describe(self, buckets: tuple[int, ...]) -> list[str]:
+        """One line a shape: the kernel each bucket runs and what it measured."""
+        lines = []
+        for n, k in self._choices:
+            picks = []
+            for bucket in buckets:
+                choice = self.choose(n, k, bucket)
+                kernel = _tile_name(choice.tile) if choice.triton else "cuBLAS"
+                picks.append(f"{bucket}: {kernel} ({choice.triton_us:.2f} us, cuBLAS "
+                             f"{choice.cublas_us:.2f} at {choice.rows} rows)")
+            lines.append(f"{n}x{k}: " + "; ".join(picks))
+        return lines
+
+
+def _tile_name(tile: GemvTile) -> str:
+    return (f"{'fma ' if tile.fma else ''}{tile.block_n}x{tile.block_k} w{tile.num_warps} "
+            f"s{tile.num_stages} p{tile.target_programs}")
+
+
+def table_narrow_linear(x: torch.Tensor, weight: torch.Tensor, *, table: GemvTable,
+                        fallback, pdl: bool = False) -> torch.Tensor:
+    """ModelOps.narrow_linear by the table: the winner's fp32 split-K partials, or cuBLAS's
+    [M, N]; `fallback` for a shape it lacks."""
+    choice = table.choose(*weight.shape, x.shape[0])
+    if choice is None:
+        return fallback(x, weight)
+    if not choice.triton:
+        return F.linear(x, weight)
+    return skinny_linear_partials(x, weight, choice.tile, pdl=pdl)
+
+
+def table_wide_linear(x: torch.Tensor, weight: torch.Tensor, *, table: GemvTable, fallback,
+                      pdl: bool = False) -> torch.Tensor:
+    """ModelOps.wide_linear by the table: a finished [M, N] from the winner."""
+    choice = table.choose(*weight.shape, x.shape[0])
+    if choice is None:
+        return fallback(x, weight)
+    if not choice.triton:
+        return F.linear(x, weight)
+    return skinny_linear(x, weight, choice.tile, pdl=pdl)
+
+
+def table_linear_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                          norm_weight: torch.Tensor, eps: float, *, table: GemvTable,
+                          fallback, scratch: AddNormScratch,
+                          pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelOps.narrow_linear_add_norm on the table's best Triton tile for the shape, cuBLAS's
+    win or not (the norm would otherwise need its own kernel); `fallback` for a shape it
+    lacks."""
+    choice = table.choose(*weight.shape, x.shape[0])
+    if choice is None:
+        return fallback(x, weight, residual, norm_weight, eps)
+    return skinny_linear_add_norm(x, weight, residual, norm_weight, eps, scratch, choice.tile,
+                                  pdl=pdl)
+
+
+def log_table(table: GemvTable, buckets: tuple[int, ...]) -> None:
+    small = tuple(bucket for bucket in buckets if bucket <= MIN_DOT)
+    log.info("gemv_table %s: the decode projections' kernels by bucket", table.source)
+    for line in table.describe(small):
+        log.info("  %s", line)
