@@ -328,9 +328,9 @@ DOT_TILE = {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 3,
 
 
 def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
-    """A bucket takes the measurement at the nearest row count at or above its own (the largest
-    past them), the Triton tile only where it beat cuBLAS; a shape the table lacks keeps the
-    rule; a file that is not bench_gemv's fails naming the knob."""
+    """A bucket takes the measurement at the nearest row count at or above its own, the Triton
+    tile only where it beat cuBLAS; a shape the table lacks, or measured only at fewer rows,
+    keeps the rule; a file that is not bench_gemv's fails naming the knob."""
     from resident.backends.gemv_table import GemvTable
 
     win, lose = (FMA_TILE, 2.0, 3.0), (DOT_TILE, 4.0, 3.0)
@@ -339,10 +339,11 @@ def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
         "attn o_proj": (lose, lose), "mlp gate_up": (win, lose), "mlp down": (win, win)}))
     assert table.choose(200, 64, 1).triton and table.choose(200, 64, 1).tile.fma
     assert not table.choose(200, 64, 2).triton  # measured at 4
-    assert not table.choose(200, 64, 16).triton  # past the largest: 4
+    assert table.choose(200, 64, 16) is None  # measured up to 4 rows only
     assert table.choose(64, 64, 4).tile.block_n == 8 and table.choose(64, 64, 4).triton
     assert table.choose(7, 64, 1) is None
-    assert any("200x64: 1: fma 8x64" in line for line in table.describe((1, 2)))
+    assert any("200x64: 1: fma 8x64" in line and "16: decode_gemm's rule" in line
+               for line in table.describe((1, 2, 16)))
     (tmp_path / "bad.json").write_text('[{"n": 1}]')
     with pytest.raises(ValueError, match="knob gemv_table: .* is not a bench_gemv --json"):
         GemvTable.load(str(tmp_path / "bad.json"))

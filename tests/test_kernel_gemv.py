@@ -126,6 +126,8 @@ def test_tile_names_a_bad_value():
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16"):
         GemvTile(block_n=8)
     assert GemvTile(block_n=8, fma=True).block_n == 8
+    with pytest.raises(ValueError, match="a CUDA-core tile .fma. takes at most 4 rows, got 5"):
+        skinny_linear(torch.zeros(5, 64), torch.zeros(8, 64), GemvTile(8, 64, fma=True))
 
 
 @pytest.mark.parametrize("rows", [1, 5])

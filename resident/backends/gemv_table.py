@@ -3,11 +3,11 @@
 `python -m resident.tools.bench_gemv --json FILE` times, at each (N, K) projection of a model and
 each row count, the skinny Triton GEMV's tiles (both forms) against cuBLAS on the GPU it runs on,
 with cold weights. Given that file, a decode bucket of at most 16 rows runs each projection on
-whichever was faster at the nearest measured row count at or above the bucket's (the largest
-measured one past them), so a Triton tile is chosen only where it beat cuBLAS, and the choices
-are logged at start. A narrow projection that runs the next add + norm in its kernel
-(fused_decode=full) keeps its best Triton tile even where cuBLAS won alone: cuBLAS would leave
-the norm a kernel of its own. Shapes the table lacks keep decode_gemm's rule.
+whichever was faster at the nearest measured row count at or above the bucket's, so a Triton
+tile is chosen only where it beat cuBLAS, and the choices are logged at start. A narrow
+projection that runs the next add + norm in its kernel (fused_decode=full) keeps its best
+Triton tile even where cuBLAS won alone: cuBLAS would leave the norm a kernel of its own.
+Shapes the table lacks, or measured only at fewer rows than a bucket's, keep decode_gemm's rule.
 """
 
 from __future__ import annotations
@@ -75,12 +75,11 @@ class GemvTable:
 
     def choose(self, n: int, k: int, rows: int) -> GemvChoice | None:
         """The measurement for a bucket of `rows` rows: at the smallest measured row count at
-        or above it, else the largest; None for a shape the table lacks."""
-        found = self._choices.get((n, k))
-        if not found:
-            return None
+        or above it; None for a shape the table lacks or measured only at fewer rows (a tile
+        timed at 4 rows says nothing of 16, and the CUDA-core form stops at 4)."""
+        found = self._choices.get((n, k), [])
         at = bisect.bisect_left([choice.rows for choice in found], rows)
-        return found[min(at, len(found) - 1)]
+        return found[at] if at < len(found) else None
 
     def describe(self, buckets: tuple[int, ...]) -> list[str]:
         """One line a shape: the kernel each bucket runs and what it measured."""
@@ -89,6 +88,9 @@ class GemvTable:
             picks = []
             for bucket in buckets:
                 choice = self.choose(n, k, bucket)
+                if choice is None:
+                    picks.append(f"{bucket}: decode_gemm's rule (not measured)")
+                    continue
                 kernel = _tile_name(choice.tile) if choice.triton else "cuBLAS"
                 picks.append(f"{bucket}: {kernel} ({choice.triton_us:.2f} us, cuBLAS "
                              f"{choice.cublas_us:.2f} at {choice.rows} rows)")

@@ -42,6 +42,7 @@ from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release, prefetch
 from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
+FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, block_k] spills
 # Under PDL a weight of at most this many bytes is sent to the L2 before the kernel's wait. The
 # H200's L2 holds 50 MB; a larger weight (2B's 16-25 MB narrow projections) would evict what the
 # kernel before it is still reading and compete with it for HBM: measured in
@@ -412,6 +413,9 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
     num_rows, k = x.shape[0], weight.shape[1]
     if num_rows > MIN_DOT:
         raise ValueError(f"skinny_linear takes at most {MIN_DOT} rows, got {num_rows}")
+    if tile.fma and num_rows > FMA_MAX_ROWS:
+        raise ValueError(f"a CUDA-core tile (fma) takes at most {FMA_MAX_ROWS} rows, got "
+                         f"{num_rows}")
     if x.shape[1] != (2 * k if gated else k) or x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must share a "
                          f"contiguous K{' (x holding gate and up)' if gated else ''}")

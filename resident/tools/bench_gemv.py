@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from resident.kernels.gemv import GemvTile, skinny_linear
+from resident.kernels.gemv import FMA_MAX_ROWS, GemvTile, skinny_linear
 from resident.model.config import ModelConfig, load_model_config
 from resident.tools.bench_attention import graph_time_us
 from resident.tools.bench_io import require_cuda, write_json
@@ -41,7 +41,6 @@ FMA_TILES = tuple(GemvTile(block_n, block_k, 4, 3, target, fma=True)
                   for (block_n, block_k), target in itertools.product(
                       ((4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512), (32, 256)),
                       (0, 264, 528)))
-FMA_MAX_ROWS = 4  # above, the [rows, block_n, block_k] product outgrows the registers
 
 
 def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
