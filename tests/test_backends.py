@@ -342,7 +342,7 @@ def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
     assert table.choose(200, 64, 16) is None  # measured up to 4 rows only
     assert table.choose(64, 64, 4).tile.block_n == 8 and table.choose(64, 64, 4).triton
     assert table.choose(7, 64, 1) is None
-    assert any("200x64: 1: fma 8x64" in line and "16: decode_gemm's rule" in line
+    assert any("200x64: 1: fma 8x64 w4 s3 p8 u1" in line and "16: decode_gemm's rule" in line
                for line in table.describe((1, 2, 16)))
     (tmp_path / "bad.json").write_text('[{"n": 1}]')
     with pytest.raises(ValueError, match="knob gemv_table: .* is not a bench_gemv --json"):
@@ -370,7 +370,7 @@ def test_gemv_table_gives_the_reference_tokens(tmp_path, fused_decode):
         engine = build_engine(TINY, config, "cpu")
         if knobs:
             ops = engine.runner.kernels.decode.ops(1)
-            assert ops.narrow_linear.func.__name__ == "table_narrow_linear"
+            assert ops.narrow_linear.func.__name__ == "table_linear"
             assert (ops.narrow_linear_add_norm is not None) == (fused_decode == "full")
         return run_engine(engine, requests, concurrency=3)
 

@@ -21,14 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from resident.kernels.gemv import (
-    MIN_DOT,
-    AddNormScratch,
-    GemvTile,
-    skinny_linear,
-    skinny_linear_add_norm,
-    skinny_linear_partials,
-)
+from resident.kernels.gemv import MIN_DOT, AddNormScratch, GemvTile, skinny_linear_add_norm
 
 log = logging.getLogger("resident.backends")
 
@@ -91,39 +84,24 @@ class GemvTable:
                 if choice is None:
                     picks.append(f"{bucket}: decode_gemm's rule (not measured)")
                     continue
-                kernel = _tile_name(choice.tile) if choice.triton else "cuBLAS"
+                kernel = choice.tile.name if choice.triton else "cuBLAS"
                 picks.append(f"{bucket}: {kernel} ({choice.triton_us:.2f} us, cuBLAS "
                              f"{choice.cublas_us:.2f} at {choice.rows} rows)")
             lines.append(f"{n}x{k}: " + "; ".join(picks))
         return lines
 
 
-def _tile_name(tile: GemvTile) -> str:
-    return (f"{'fma ' if tile.fma else ''}{tile.block_n}x{tile.block_k} w{tile.num_warps} "
-            f"s{tile.num_stages} p{tile.target_programs}")
-
-
-def table_narrow_linear(x: torch.Tensor, weight: torch.Tensor, *, table: GemvTable,
-                        fallback, pdl: bool = False) -> torch.Tensor:
-    """ModelOps.narrow_linear by the table: the winner's fp32 split-K partials, or cuBLAS's
-    [M, N]; `fallback` for a shape it lacks."""
+def table_linear(x: torch.Tensor, weight: torch.Tensor, *, table: GemvTable, fallback,
+                 triton_linear, pdl: bool = False) -> torch.Tensor:
+    """ModelOps.narrow_linear or wide_linear by the table: the winner, `triton_linear` (the
+    split-K partials for a narrow one, a finished [M, N] for a wide one) on its tile or
+    cuBLAS; `fallback` for a shape it lacks."""
     choice = table.choose(*weight.shape, x.shape[0])
     if choice is None:
         return fallback(x, weight)
     if not choice.triton:
         return F.linear(x, weight)
-    return skinny_linear_partials(x, weight, choice.tile, pdl=pdl)
-
-
-def table_wide_linear(x: torch.Tensor, weight: torch.Tensor, *, table: GemvTable, fallback,
-                      pdl: bool = False) -> torch.Tensor:
-    """ModelOps.wide_linear by the table: a finished [M, N] from the winner."""
-    choice = table.choose(*weight.shape, x.shape[0])
-    if choice is None:
-        return fallback(x, weight)
-    if not choice.triton:
-        return F.linear(x, weight)
-    return skinny_linear(x, weight, choice.tile, pdl=pdl)
+    return triton_linear(x, weight, choice.tile, pdl=pdl)
 
 
 def table_linear_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,

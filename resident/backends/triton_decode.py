@@ -9,12 +9,7 @@ from functools import partial
 import torch
 
 from resident.backends.base import DecodeKernels
-from resident.backends.gemv_table import (
-    GemvTable,
-    table_linear_add_norm,
-    table_narrow_linear,
-    table_wide_linear,
-)
+from resident.backends.gemv_table import GemvTable, table_linear, table_linear_add_norm
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
@@ -24,6 +19,7 @@ from resident.kernels.gemv import (
     AddNormScratch,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
+    skinny_linear,
     skinny_linear_add_norm,
     skinny_linear_partials,
     wide_linear,
@@ -123,10 +119,10 @@ class DecodeFusion:
         add_norm = ops.narrow_linear_add_norm
         return dataclasses.replace(
             ops,
-            narrow_linear=partial(table_narrow_linear, table=table, fallback=ops.narrow_linear,
-                                  pdl=self.pdl),
-            wide_linear=partial(table_wide_linear, table=table, fallback=ops.wide_linear,
-                                pdl=self.pdl),
+            narrow_linear=partial(table_linear, table=table, fallback=ops.narrow_linear,
+                                  triton_linear=skinny_linear_partials, pdl=self.pdl),
+            wide_linear=partial(table_linear, table=table, fallback=ops.wide_linear,
+                                triton_linear=skinny_linear, pdl=self.pdl),
             narrow_linear_add_norm=add_norm and partial(
                 table_linear_add_norm, table=table, fallback=add_norm, scratch=self.scratch,
                 pdl=self.pdl))

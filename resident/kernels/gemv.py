@@ -70,6 +70,12 @@ class GemvTile:
     unroll: int = 1
     fma: bool = False
 
+    @property
+    def name(self) -> str:
+        """As the sweeps and the start-up log print it."""
+        return (f"{'fma ' if self.fma else ''}{self.block_n}x{self.block_k} w{self.num_warps} "
+                f"s{self.num_stages} p{self.target_programs} u{self.unroll}")
+
     def __post_init__(self) -> None:
         smallest = {"block_n": 1 if self.fma else MIN_DOT, "block_k": MIN_DOT}
         for name, least in smallest.items():

@@ -72,13 +72,8 @@ def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) 
     try:
         return cold_time_us(lambda a, w: skinny_linear(a, w, tile), x, weights)
     except OutOfResources as err:
-        print(f"skip {tile_name(tile)}: {err}", file=sys.stderr)
+        print(f"skip {tile.name}: {err}", file=sys.stderr)
         return None
-
-
-def tile_name(tile: GemvTile) -> str:
-    return (f"{'fma ' if tile.fma else ''}{tile.block_n}x{tile.block_k} w{tile.num_warps} "
-            f"s{tile.num_stages} p{tile.target_programs} u{tile.unroll}")
 
 
 def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
@@ -103,11 +98,11 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str) -> list[
         best = min(sweep, key=sweep.get)
         cublas = cold_time_us(F.linear, x, weights)
         results.append({
-            "shape": name, "n": n, "k": k, "rows": num_rows, "best_tile": tile_name(best),
+            "shape": name, "n": n, "k": k, "rows": num_rows, "best_tile": best.name,
             "tile": best.__dict__, "cublas_us": round(cublas, 2),
             "triton_us": round(sweep[best], 2), "cublas_tb_s": round(gbytes * 1e3 / cublas, 2),
             "triton_tb_s": round(gbytes * 1e3 / sweep[best], 2),
-            "sweep_us": {tile_name(t): round(us, 2) for t, us in sweep.items()},
+            "sweep_us": {t.name: round(us, 2) for t, us in sweep.items()},
         })
     return results
 
