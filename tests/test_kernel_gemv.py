@@ -53,13 +53,19 @@ def test_fma_tiles_match_torch(rows, tile):
 
 
 def test_fma_tile_runs_the_add_norm_epilogue():
-    """The epilogue's sums at the CUDA-core form's row block (2, not 16)."""
+    """The epilogue's sums at the CUDA-core form's row block (2, not 16), on a scratch a
+    16-row bucket's MMA tile of as many column blocks used first (its sums lie past this
+    launch's)."""
     x, weight, residual, norm_weight = _add_norm_operands(2, 70, 256, torch.float64)
-    tile = GemvTile(block_n=8, block_k=64, target_programs=27, fma=True)
+    tile = GemvTile(block_n=16, block_k=64, target_programs=27, fma=True)
+    scratch = AddNormScratch()
+    wide_x, _, wide_residual, _ = _add_norm_operands(16, 70, 256, torch.float64)
+    skinny_linear_add_norm(wide_x, weight, wide_residual, norm_weight, 1e-6, scratch,
+                           GemvTile(block_n=16, block_k=64))
     want_normed, want_summed = add_rms_norm(skinny_linear_partials(x, weight, tile), residual,
                                             norm_weight, 1e-6)
-    normed, summed = skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6,
-                                            AddNormScratch(), tile)
+    normed, summed = skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch,
+                                            tile)
     assert torch.equal(summed, want_summed)
     torch.testing.assert_close(normed, want_normed, atol=1e-13, rtol=1e-13)
 

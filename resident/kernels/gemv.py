@@ -188,8 +188,8 @@ def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, 
     the last column block to arrive (counter 0) norms every row of `summed` into `normed`.
     Each last program sets its counter back to 0. residual, summed and normed are [M, N] with
     rows N apart; partials [NUM_SPLITS, M, N] fp32; sums_sq [SQ_ROWS, BLOCK_M] in COMPUTE,
-    SQ_ROWS a power of two at least the column blocks, the rows past them zero; counts
-    [1 + column blocks] int32, zero between launches."""
+    SQ_ROWS a power of two at least the column blocks; counts [1 + column blocks] int32, zero
+    between launches."""
     dtype = summed.dtype.element_ty
     if last_to_arrive(counts + 1 + pid_n, NUM_SPLITS):
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -216,8 +216,11 @@ def _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M: tl.constexpr
     """normed = dense.rms_norm(summed): each row's sum of squares from its column blocks',
     then the rows NORM_BLOCK columns at a time, in NORM_CHUNKS chunks."""
     offs_m = tl.arange(0, BLOCK_M)
-    squares = tl.load(sums_sq + tl.arange(0, SQ_ROWS)[:, None] * BLOCK_M + offs_m[None, :],
-                      cache_modifier=".cg")
+    # only this launch's column blocks: a launch of another row block (BLOCK_M) may have left
+    # sums past them in the same scratch
+    blocks = tl.arange(0, SQ_ROWS)[:, None]
+    squares = tl.load(sums_sq + blocks * BLOCK_M + offs_m[None, :],
+                      mask=blocks < tl.num_programs(0), other=0.0, cache_modifier=".cg")
     rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)
     for chunk in tl.static_range(NORM_CHUNKS):
         cols = chunk * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
