@@ -131,7 +131,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
     if USE_PDL and PREFETCH:
@@ -146,24 +146,26 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
                          other=0.0)
         if PROLOGUE == SILU_MUL:
-            gate = x_tile.to(tl.float32)
+            gate = x_tile.to(COMPUTE)
             up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
-                         other=0.0).to(tl.float32)
+                         other=0.0).to(COMPUTE)
             x_tile = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
         if PROLOGUE == GATED_RMS_NORM:
-            head = x_tile.to(tl.float32)
+            head = x_tile.to(COMPUTE)
             rstd = tl.rsqrt(tl.sum(head * head, axis=1) / BLOCK_K + eps)  # [BM]
-            normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(tl.float32)
-            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM)
-            scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(tl.float32)
+            normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(COMPUTE)
+            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM,
+                               COMPUTE)
+            scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(COMPUTE)
             x_tile = (scale[None, :] * normed * gate * tl.sigmoid(gate)).to(x.dtype.element_ty)
         if PROLOGUE == SIGMOID_GATE:
-            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM)
-            x_tile = (x_tile.to(tl.float32) * tl.sigmoid(gate)).to(x.dtype.element_ty)
+            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM,
+                               COMPUTE)
+            x_tile = (x_tile.to(COMPUTE) * tl.sigmoid(gate)).to(x.dtype.element_ty)
         w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
                          mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
         if FMA:  # [BM, 1, BK] x [1, BN, BK], summed over K: BM is the rows there are
-            acc += tl.sum(x_tile.to(tl.float32)[:, None, :] * w_tile.to(tl.float32)[None, :, :],
+            acc += tl.sum(x_tile.to(COMPUTE)[:, None, :] * w_tile.to(COMPUTE)[None, :, :],
                           axis=2)
         else:
             acc += tl.dot(x_tile, tl.trans(w_tile))
@@ -187,12 +189,12 @@ def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, 
     `summed`: the next residual stream) and leaves each row's sum of squares of its block;
     the last column block to arrive (counter 0) norms every row of `summed` into `normed`.
     Each last program sets its counter back to 0. residual, summed and normed are [M, N] with
-    rows N apart; partials [NUM_SPLITS, M, N] fp32; sums_sq [SQ_ROWS, BLOCK_M] in COMPUTE,
+    rows N apart; partials [NUM_SPLITS, M, N] in COMPUTE; sums_sq [SQ_ROWS, BLOCK_M] in COMPUTE,
     SQ_ROWS a power of two at least the column blocks; counts [1 + column blocks] int32, zero
     between launches."""
     dtype = summed.dtype.element_ty
     if last_to_arrive(counts + 1 + pid_n, NUM_SPLITS):
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
         for split in tl.static_range(NUM_SPLITS):
             total += tl.load(partials + split * stride_ps + offs_m[:, None] * stride_pm
                              + offs_n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
@@ -233,11 +235,12 @@ def _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _load_heads(z, offs_m, offs_k, mask, stride_zm, stride_zh, HEAD_DIM: tl.constexpr):
-    """The [BM, BK] fp32 tile of z [M, heads, HEAD_DIM] at flat columns offs_k."""
+def _load_heads(z, offs_m, offs_k, mask, stride_zm, stride_zh, HEAD_DIM: tl.constexpr,
+                COMPUTE: tl.constexpr):
+    """The [BM, BK] COMPUTE tile of z [M, heads, HEAD_DIM] at flat columns offs_k."""
     columns = (offs_k // HEAD_DIM) * stride_zh + offs_k % HEAD_DIM
     return tl.load(z + offs_m[:, None] * stride_zm + columns[None, :], mask=mask,
-                   other=0.0).to(tl.float32)
+                   other=0.0).to(COMPUTE)
 
 
 @triton.jit
@@ -246,7 +249,7 @@ def _sum_splits_kernel(partial, out, M, N, stride_ps, stride_pm, stride_om,
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     m, n = offs // N, offs % N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK,), dtype=partial.dtype.element_ty)
     for split in tl.static_range(NUM_SPLITS):
         acc += tl.load(partial + split * stride_ps + m * stride_pm + n, mask=mask, other=0.0)
     tl.store(out + m * stride_om + n, acc.to(out.dtype.element_ty), mask=mask)
@@ -269,7 +272,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     if splits == 1:
         _launch(x, weight, tile, out.unsqueeze(0), k_per_split, pdl=pdl)
         return out
-    partials = torch.empty(splits, num_rows, n, dtype=torch.float32, device=x.device)
+    partials = torch.empty(splits, num_rows, n, dtype=accumulation_dtype(x.dtype),
+                           device=x.device)
     _launch(x, weight, tile, partials, k_per_split, pdl=pdl)
     block = 1024
     _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
@@ -288,10 +292,11 @@ def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False) -> 
 def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
                            tile: GemvTile = DEFAULT_TILE, *, gated: bool = False,
                            pdl: bool = False) -> torch.Tensor:
-    """As skinny_linear, but -> the fp32 partial sums [S, M, N] of its S K-splits, left for the
-    consumer to add up (DenseOps.add_rms_norm does, inside its fused kernel). With gated, x is
-    an MLP's [M, 2K] gate_up and the product is (silu(gate) * up) @ weight^T: the MLP's down
-    projection with its activation in the same kernel."""
+    """As skinny_linear, but -> the partial sums [S, M, N] (fp32; fp64 for a fp64 model:
+    accumulation_dtype) of its S K-splits, left for the consumer to add up
+    (DenseOps.add_rms_norm does, inside its fused kernel). With gated, x is an MLP's [M, 2K]
+    gate_up and the product is (silu(gate) * up) @ weight^T: the MLP's down projection with
+    its activation in the same kernel."""
     return _launch_partials(x, weight, tile, SILU_MUL if gated else PLAIN, gated=gated, pdl=pdl)
 
 
@@ -302,7 +307,7 @@ def gated_norm_linear_partials(
     eps: float,
     weight: torch.Tensor,  # [N, H * D]
     tile: GemvTile = DEFAULT_TILE,
-) -> torch.Tensor:  # [S, M, N] fp32 partial sums
+) -> torch.Tensor:  # [S, M, N] partial sums, accumulation_dtype
     """out_proj(gated_rms_norm(x, gate)) in one kernel: each K tile of the product is one head,
     normed and gated as it is loaded."""
     num_rows, num_heads, head_dim = x.shape
@@ -320,7 +325,7 @@ def sigmoid_gate_linear_partials(
     gate: torch.Tensor,  # [M, H, D]: its output gate (a strided view, each head's D contiguous)
     weight: torch.Tensor,  # [N, H * D]
     tile: GemvTile = DEFAULT_TILE,
-) -> torch.Tensor:  # [S, M, N] fp32 partial sums
+) -> torch.Tensor:  # [S, M, N] partial sums, accumulation_dtype
     """o_proj(x * sigmoid(gate)) in one kernel: the gated attention's output gate applied as
     each tile of x is loaded."""
     _check_gated(x, gate)
@@ -389,9 +394,9 @@ def skinny_linear_add_norm(
             or norm_weight.shape != (n,):
         raise ValueError(f"residual {tuple(residual.shape)} must be a contiguous [{num_rows}, "
                          f"{n}] and norm_weight {tuple(norm_weight.shape)} [{n}]")
-    compute = torch.float64 if residual.dtype == torch.float64 else torch.float32
+    compute = accumulation_dtype(x.dtype)
     counts, sums_sq = scratch.get(n, tile, compute, x.device)
-    partials = torch.empty(splits, num_rows, n, dtype=torch.float32, device=x.device)
+    partials = torch.empty(splits, num_rows, n, dtype=compute, device=x.device)
     add_norm = AddNorm(residual, norm_weight, eps, torch.empty_like(residual),
                        torch.empty_like(residual), counts, sums_sq)
     _launch(x, weight, tile, partials, k_per_split, pdl=pdl, add_norm=add_norm)
@@ -401,10 +406,10 @@ def skinny_linear_add_norm(
 def _launch_partials(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
                      prologue: tl.constexpr, *, gated: bool = False, pdl: bool = False,
                      **prologue_args) -> torch.Tensor:
-    """The [S, M, N] fp32 partial sums of x @ weight^T after `prologue` (see _launch)."""
+    """The [S, M, N] partial sums of x @ weight^T after `prologue` (see _launch)."""
     splits, k_per_split = _split(x, weight, tile, gated)
-    partials = torch.empty(splits, x.shape[0], weight.shape[0], dtype=torch.float32,
-                           device=x.device)
+    partials = torch.empty(splits, x.shape[0], weight.shape[0],
+                           dtype=accumulation_dtype(x.dtype), device=x.device)
     _launch(x, weight, tile, partials, k_per_split, prologue, pdl=pdl, **prologue_args)
     return partials
 
@@ -460,12 +465,15 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         PREFETCH=weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
         ADD_NORM=add_norm is not None, NUM_SPLITS=splits,
         SQ_ROWS=add_norm.sums_sq.shape[0] if add_norm else 1,
-        NORM_CHUNKS=triton.cdiv(n, NORM_BLOCK.value), COMPUTE=_compute(target.dtype, x.dtype),
+        NORM_CHUNKS=triton.cdiv(n, NORM_BLOCK.value),
+        COMPUTE=tl.float64 if accumulation_dtype(x.dtype) == torch.float64 else tl.float32,
         # the MMA form's loop keeps the launch's pipelining (num_stages=None: the default)
         FMA=tile.fma, NUM_STAGES=tile.num_stages if tile.fma else None, num_warps=tile.num_warps,
         num_stages=tile.num_stages, **launch_options(pdl),
     )
 
 
-def _compute(*dtypes: torch.dtype) -> tl.dtype:
-    return tl.float64 if torch.float64 in dtypes else tl.float32
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the GEMV accumulates and leaves its partials in for activations of `dtype`: fp32,
+    fp64 for a fp64 model (the CPU's exact runs)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
