@@ -262,6 +262,8 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
     small = [decode.ops(bucket).narrow_linear_add_norm for bucket in (1, 16)]
     assert all(op.keywords == {"scratch": pdl.scratch, "pdl": True} for op in small)
     assert decode.ops(32).narrow_linear_add_norm is None
+    assert decode.ops(1).silu_mul_linear_add_norm.keywords["pdl"]
+    assert decode.ops(16).silu_mul_linear_add_norm is None  # the CUDA-core form: 4 rows at most
     assert all(decode.ops(bucket).gated_attention.keywords == {"pdl": True}
                for bucket in (1, 16, 32))
     assert TritonDecode((1,), fusion=DecodeFusion(True, True)).ops(1).gated_attention is None
@@ -272,7 +274,8 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
 
 def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     """fused_decode=full's epilogues (interpreted): the narrow projections each running the
-    next block's add + norm in its kernel, the decode attention's combine the output gate;
+    next block's add + norm in its kernel (the MLP's down with its silu-mul too, a CUDA-core
+    tile at 2 rows), the decode attention's combine the output gate;
     teacher-forced through decode steps of a 2-row bucket against the same bucket with both
     apart: the logits to float64 rounding (a norm weight off by 1% moves them by 1e-3 here, a
     gate by 1% 3e-4, where greedy tokens may not move at all)."""
@@ -288,8 +291,9 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     runs = {full: (TritonDecode((rows,), fusion=DecodeFusion(True, False, full)).ops(rows),
                    ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu"))
             for full in (False, True)}
-    assert None not in (runs[True][0].narrow_linear_add_norm, runs[True][0].gated_attention)
-    assert runs[False][0].narrow_linear_add_norm is runs[False][0].gated_attention is None
+    epilogues = ("narrow_linear_add_norm", "gated_attention", "silu_mul_linear_add_norm")
+    assert all(getattr(runs[True][0], name) is not None for name in epilogues)
+    assert all(getattr(runs[False][0], name) is None for name in epilogues)
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, TINY.vocab_size, (rows * prompt_len,), generator=generator)
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(rows)], page, "cpu")

@@ -70,6 +70,24 @@ def test_fma_tile_runs_the_add_norm_epilogue():
     torch.testing.assert_close(normed, want_normed, atol=1e-13, rtol=1e-13)
 
 
+@pytest.mark.parametrize("tile", [GemvTile(block_n=8, block_k=64, target_programs=20, fma=True),
+                                  GemvTile(block_n=16, block_k=64, target_programs=20)])
+def test_gated_add_norm_is_the_mlps_down_and_the_next_norm(tile):
+    """silu-mul, down and the next add + norm in one kernel: add_rms_norm of the down
+    projection of silu_mul(gate_up) to float64 rounding, on either form."""
+    from resident.model.dense import silu_mul
+
+    generator = torch.Generator().manual_seed(11)
+    gate_up = torch.randn(3, 2 * 128 + 8, generator=generator,
+                          dtype=torch.float64).to(DEVICE)[:, :256]
+    _, weight, residual, norm_weight = _add_norm_operands(3, 40, 128, torch.float64)
+    want = add_rms_norm(silu_mul(gate_up) @ weight.T, residual, norm_weight, 1e-6)
+    got = skinny_linear_add_norm(gate_up, weight, residual, norm_weight, 1e-6, AddNormScratch(),
+                                 tile, gated=True)
+    for got_part, want_part in zip(got, want, strict=True):
+        torch.testing.assert_close(got_part, want_part, atol=1e-12, rtol=1e-12)
+
+
 def test_splits_fill_the_grid_and_stop_at_k():
     assert gemv_splits(1024, 3584, GemvTile(32, 256)) == 9  # 32 column blocks, 14 K blocks
     assert gemv_splits(248320, 1024, GemvTile(32, 256)) == 1
@@ -91,6 +109,26 @@ def test_matches_torch_bf16_gpu(rows, n, k):
     want = (x.float() @ weight.float().T)
     got = skinny_linear(x, weight).float()
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("n, k", [(1024, 3584), (4096, 12288)])
+def test_gated_add_norm_fma_bf16_gpu(rows, n, k):
+    """The MLP's silu-mul + down + next add + norm on the default CUDA-core tile with PDL, at
+    the 0.8B's and 9B's down projection, against the separate ops in bf16."""
+    from resident.kernels.gemv import DEFAULT_FMA_TILE
+    from resident.model.dense import silu_mul
+
+    gate_up = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16)
+    _, weight, residual, norm_weight = _add_norm_operands(rows, n, k, torch.bfloat16, "cuda")
+    want_normed, want_summed = add_rms_norm(silu_mul(gate_up) @ weight.T, residual,
+                                            norm_weight, 1e-6)
+    normed, summed = skinny_linear_add_norm(gate_up, weight, residual, norm_weight, 1e-6,
+                                            AddNormScratch(), DEFAULT_FMA_TILE, gated=True,
+                                            pdl=True)
+    torch.testing.assert_close(summed.float(), want_summed.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(normed.float(), want_normed.float(), atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.gpu

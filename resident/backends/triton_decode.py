@@ -15,6 +15,8 @@ from resident.kernels.decode_attention import paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
+    DEFAULT_FMA_TILE,
+    FMA_MAX_ROWS,
     MIN_DOT,
     AddNormScratch,
     gated_norm_linear_partials,
@@ -127,6 +129,16 @@ class DecodeFusion:
                 table_linear_add_norm, table=table, fallback=add_norm, scratch=self.scratch,
                 pdl=self.pdl))
 
+    def apply_mlp(self, ops: ModelOps, bucket: int, table: GemvTable | None) -> ModelOps:
+        """Under epilogues, a bucket of at most FMA_MAX_ROWS rows runs its MLP's silu-mul, down
+        projection and the next add + norm in one CUDA-core kernel: the activation there costs
+        the rows there are (in the MMA form's 16-row tiles it measured slower than its own
+        kernel, results/2026-11-29-h200-0.8b-fusions)."""
+        if not self.epilogues or bucket > FMA_MAX_ROWS:
+            return ops
+        return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
+            silu_mul_linear_add_norm_op, table=table, scratch=self.scratch, pdl=self.pdl))
+
     def apply_gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
         with the next add + norm; under pdl launched with PDL, each starting to read its
@@ -150,6 +162,16 @@ def silu_mul_skinny_linear(gate_up, weight):
     return skinny_linear_partials(gate_up, weight, gated=True)
 
 
+def silu_mul_linear_add_norm_op(gate_up, weight, residual, norm_weight, eps, *,
+                                table: GemvTable | None, scratch: AddNormScratch, pdl: bool):
+    """The MLP's silu-mul, down projection and next add + norm on a CUDA-core tile: the
+    table's, where it measured one for the shape and rows, else DEFAULT_FMA_TILE."""
+    choice = table.choose(*weight.shape, gate_up.shape[0]) if table is not None else None
+    tile = choice.tile if choice is not None and choice.tile.fma else DEFAULT_FMA_TILE
+    return skinny_linear_add_norm(gate_up, weight, residual, norm_weight, eps, scratch, tile,
+                                  gated=True, pdl=pdl)
+
+
 def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
                     fusion: DecodeFusion | None = None,
                     table: GemvTable | None = None) -> ModelOps:
@@ -170,7 +192,8 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
         ops = dataclasses.replace(ops, wide_linear=wide_linear)
     if decode_gemm in ("skinny", "wide"):
         fusion = fusion or DecodeFusion()
-        return fusion.apply_table(fusion.apply_gemms(ops), table)
+        return fusion.apply_mlp(fusion.apply_table(fusion.apply_gemms(ops), table), bucket,
+                                table)
     return dataclasses.replace(ops, silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
                                sigmoid_gate_linear=sigmoid_gate_linear_partials)

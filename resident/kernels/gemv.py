@@ -98,6 +98,10 @@ DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, targ
 # same sweep (in_proj 6.48 us against 6.70), 257 programs for the 0.8B's in_proj (the sweep's
 # 64x256 tile, level with it, spills registers once the prefetch is in)
 WIDE_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=0)
+# The CUDA-core form where nothing measured picks one (the MLP's silu-mul + down + next add +
+# norm in one kernel at 1-4 rows, fused_decode=full): not yet timed on the H200
+DEFAULT_FMA_TILE = GemvTile(block_n=16, block_k=512, num_warps=4, num_stages=3,
+                            target_programs=264, fma=True)
 
 
 # what the kernel does to x before the product
@@ -381,14 +385,17 @@ def skinny_linear_add_norm(
     scratch: AddNormScratch,
     tile: GemvTile = DEFAULT_TILE,
     *,
+    gated: bool = False,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # normed [M, N], summed [M, N]
     """dense.add_rms_norm(x @ weight^T, residual, norm_weight, eps) in the projection's own
     kernel: a block's closing projection followed by the next block's opening add + norm, with
     no kernel of the norm's own (issue 33). Numerics as add_rms_norm over skinny_linear_partials:
     the split-K partials added in split order in fp32, rounded, the residual added and rounded,
-    the norm in fp32 (fp64 for a fp64 model)."""
-    splits, k_per_split = _split(x, weight, tile)
+    the norm in fp32 (fp64 for a fp64 model). gated: x is an MLP's [M, 2K] gate_up and the
+    product is (silu(gate) * up) @ weight^T, its activation in the prologue (with a CUDA-core
+    tile it runs on the rows there are, not 16)."""
+    splits, k_per_split = _split(x, weight, tile, gated)
     num_rows, n = x.shape[0], weight.shape[0]
     if residual.shape != (num_rows, n) or not residual.is_contiguous() \
             or norm_weight.shape != (n,):
@@ -399,7 +406,8 @@ def skinny_linear_add_norm(
     partials = torch.empty(splits, num_rows, n, dtype=compute, device=x.device)
     add_norm = AddNorm(residual, norm_weight, eps, torch.empty_like(residual),
                        torch.empty_like(residual), counts, sums_sq)
-    _launch(x, weight, tile, partials, k_per_split, pdl=pdl, add_norm=add_norm)
+    _launch(x, weight, tile, partials, k_per_split, SILU_MUL if gated else PLAIN, pdl=pdl,
+            add_norm=add_norm)
     return add_norm.normed, add_norm.summed
 
 

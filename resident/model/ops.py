@@ -83,6 +83,11 @@ class ModelOps:
     # skinny_linear_add_norm). None: narrow_linear, then DenseOps.add_rms_norm. Where a
     # *_linear prologue op below is set, that op runs and the norm stays apart.
     narrow_linear_add_norm: Callable | None = None
+    # (gate_up [T, 2I], down weight [H, I], residual [T, H], norm weight [H], eps) -> (normed,
+    # summed): the MLP's silu-mul, down projection and the next block's add + norm in one
+    # kernel (gemv.skinny_linear_add_norm, gated). None: DenseOps.silu_mul, then the down
+    # projection as narrow_linear_add_norm or narrow_linear says.
+    silu_mul_linear_add_norm: Callable | None = None
     # (x, weight) -> x @ weight.T for a block's opening projections (GDN in_proj, attention
     # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV in small
     # buckets under decode_gemm=wide (slower than cuBLAS on the H200, with or without PDL)

@@ -125,6 +125,10 @@ class MLP(nn.Module):
         if ops.silu_mul_linear is not None:
             return BlockInput(ops.silu_mul_linear(gate_up, self.down_proj.weight), residual,
                               next_norm)
+        if ops.silu_mul_linear_add_norm is not None:
+            normed, summed = ops.silu_mul_linear_add_norm(
+                gate_up, self.down_proj.weight, residual, next_norm.weight, next_norm.eps)
+            return BlockInput(normed, summed, next_norm, normed=True)
         return block_output(self.dense.silu_mul(gate_up), self.down_proj.weight, residual,
                             next_norm, ops)
 

@@ -117,6 +117,9 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         *(_gemv(f"CUDA-core GEMV 16x512, {rows} row{'s' if rows > 1 else ''} (PDL)", hidden,
                 config.linear_value_dim, gemv.GemvTile(16, 512, 4, 3, fma=True), gemv.PLAIN,
                 pdl=True, rows=rows) for rows in (1, 4)),
+        *(_gemv(f"mlp silu-mul + down + next add + norm, CUDA-core, {rows} row"
+                f"{'s' if rows > 1 else ''} (PDL)", hidden, inter, gemv.DEFAULT_FMA_TILE,
+                gemv.SILU_MUL, pdl=True, add_norm=True, rows=rows) for rows in (1, 4)),
         _gemv("wide GEMM: gdn in_proj (PDL)",
               config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
               gemv.WIDE_TILE, gemv.PLAIN, pdl=True),
