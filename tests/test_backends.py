@@ -314,10 +314,9 @@ def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]]) -> str:
     row count (1 and 4), the tile and (triton_us, cublas_us) given by `picks[shape name]`."""
     import json
 
-    from resident.tools.bench_gemv import projection_shapes
 
     rows = []
-    for name, (n, k) in projection_shapes(TINY).items():
+    for name, (n, k) in TINY.decode_projections.items():
         for num_rows, (tile, triton_us, cublas_us) in zip((1, 4), picks[name], strict=True):
             rows.append({"shape": name, "n": n, "k": k, "rows": num_rows, "tile": tile,
                          "triton_us": triton_us, "cublas_us": cublas_us})

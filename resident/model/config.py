@@ -128,6 +128,23 @@ class ModelConfig:
         """Channels of the GDN depthwise conv: q, k and v projections side by side."""
         return 2 * self.linear_key_dim + self.linear_value_dim
 
+    @property
+    def decode_projections(self) -> dict[str, tuple[int, int]]:
+        """(N, K) of each fused projection a decode step runs, lm_head aside: the shapes
+        bench_gemv times and a gemv table holds."""
+        hidden = self.hidden_size
+        q_dim = self.num_attention_heads * self.head_dim
+        kv_dim = self.num_key_value_heads * self.head_dim
+        return {
+            "gdn in_proj": (self.conv_dim + self.linear_value_dim
+                            + 2 * self.linear_num_value_heads, hidden),
+            "gdn out_proj": (hidden, self.linear_value_dim),
+            "attn qkv": (2 * q_dim + 2 * kv_dim, hidden),
+            "attn o_proj": (hidden, q_dim),
+            "mlp gate_up": (2 * self.intermediate_size, hidden),
+            "mlp down": (hidden, self.intermediate_size),
+        }
+
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with fields changed; a new layer count re-derives the layer pattern."""
         if "layer_types" not in changes and (

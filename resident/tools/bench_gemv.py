@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
 from resident.kernels.gemv import FMA_MAX_ROWS, GemvTile, skinny_linear
-from resident.model.config import ModelConfig, load_model_config
+from resident.model.config import load_model_config
 from resident.tools.bench_attention import graph_time_us
 from resident.tools.bench_io import require_cuda, write_json
 
@@ -41,22 +41,6 @@ FMA_TILES = tuple(GemvTile(block_n, block_k, 4, 3, target, fma=True)
                   for (block_n, block_k), target in itertools.product(
                       ((4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512), (32, 256)),
                       (0, 264, 528)))
-
-
-def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(N, K) of each fused projection a decode step runs, lm_head aside."""
-    hidden = config.hidden_size
-    q_dim = config.num_attention_heads * config.head_dim
-    kv_dim = config.num_key_value_heads * config.head_dim
-    return {
-        "gdn in_proj": (config.conv_dim + config.linear_value_dim
-                        + 2 * config.linear_num_value_heads, hidden),
-        "gdn out_proj": (hidden, config.linear_value_dim),
-        "attn qkv": (2 * q_dim + 2 * kv_dim, hidden),
-        "attn o_proj": (hidden, q_dim),
-        "mlp gate_up": (2 * config.intermediate_size, hidden),
-        "mlp down": (hidden, config.intermediate_size),
-    }
 
 
 def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
@@ -121,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(f"{'shape':>12} {'M':>3} {'cublas us':>10} {'triton us':>10} {'best tile':>26} "
           f"{'cublas TB/s':>12} {'triton TB/s':>12}")
-    for name, (n, k) in projection_shapes(load_model_config(args.model)).items():
+    for name, (n, k) in load_model_config(args.model).decode_projections.items():
         for row in bench_shape(name, n, k, rows, args.tiles):
             results.append(row)
             print(f"{name:>12} {row['rows']:>3} {row['cublas_us']:>10} {row['triton_us']:>10} "

@@ -347,13 +347,16 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
     """A 4-row bucket's decode ops (the skinny GEMMs with their norms and activation, the GDN
     kernels with their gates, the Triton KV write and attention; then fused_decode's GDN layer
     and attention prologue kernels, without and with PDL, and with fused_decode=full's epilogues:
-    the add + norm in the narrow projections' kernels, the output gate in the attention's),
-    teacher-forced for 8 steps at 0.8B in
-    bf16, against the same steps on the torch reference ops in bf16, each measured against an
-    fp32 run of the reference: no Triton path is further from fp32."""
+    the add + norm in the narrow projections' kernels, the output gate in the attention's, the
+    silu-mul in the down projection's; then every projection on a CUDA-core tile through a
+    gemv table), teacher-forced for 8 steps at 0.8B in bf16, against the same steps on the torch
+    reference ops in bf16, each measured against an fp32 run of the reference: no Triton path
+    is further from fp32."""
     import copy
 
+    from resident.backends.gemv_table import GemvChoice, GemvTable
     from resident.backends.triton_decode import DecodeFusion, TritonDecode
+    from resident.kernels.gemv import DEFAULT_FMA_TILE
     from resident.model.cache import ModelCache
     from resident.model.ops import ModelOps
     from resident.model.weights import load_model
@@ -361,6 +364,9 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
     model = load_model(MODEL, DEVICE, torch.bfloat16)
     exact = copy.deepcopy(model).to(torch.float32)
     num_rows, prompt_len, pages_per_row = 4, 48, 8
+    # every projection's CUDA-core tile "won" at 4 rows
+    cuda_core = GemvTable({shape: [GemvChoice(num_rows, DEFAULT_FMA_TILE, 1.0, 2.0)]
+                           for shape in MODEL.decode_projections.values()}, "test")
     pages = [list(range(1 + r * pages_per_row, 1 + (r + 1) * pages_per_row))
              for r in range(num_rows)]
     runs = {name: (net, ops, ModelCache.allocate(MODEL, num_rows * pages_per_row + 1, PAGE,
@@ -373,13 +379,17 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
                     True, True)).ops(num_rows), torch.bfloat16),
                 ("fused_decode=full+pdl", model, TritonDecode((num_rows,), fusion=DecodeFusion(
                     True, True, True)).ops(num_rows), torch.bfloat16),
+                ("full+pdl, CUDA-core table", model, TritonDecode(
+                    (num_rows,), fusion=DecodeFusion(True, True, True),
+                    table=cuda_core).ops(num_rows), torch.bfloat16),
                 ("reference", model, ModelOps(), torch.bfloat16),
                 ("fp32", exact, ModelOps(), torch.float32)]}
     generator = torch.Generator().manual_seed(5)
     ids = torch.randint(0, MODEL.vocab_size, (num_rows * prompt_len,), generator=generator)
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(num_rows)], PAGE,
                            DEVICE)
-    fused = ("fused", "fused_decode", "fused_decode+pdl", "fused_decode=full+pdl")
+    fused = ("fused", "fused_decode", "fused_decode+pdl", "fused_decode=full+pdl",
+             "full+pdl, CUDA-core table")
     errors = dict.fromkeys((*fused, "reference"), 0.0)
     with torch.inference_mode():
         for net, _, cache in runs.values():  # prefill on the reference ops
