@@ -10,6 +10,7 @@ tl = pytest.importorskip("triton.language")
 
 from resident.kernels.attention import paged_attention_ref  # noqa: E402
 from resident.kernels.decode_attention import (  # noqa: E402
+    ArrivalCounts,
     decode_scratch,
     paged_decode_attention,
 )
@@ -164,6 +165,25 @@ def test_output_gate_in_the_combine_is_sigmoid_gate_of_the_output(dtype, toleran
                                gate=wide[:, :, 8:40:2])
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("gated", [False, True])
+def test_one_kernel_with_a_meeting_gives_the_two_kernels_output(num_splits, gated):
+    """The last split of each (row, kv head) combines its heads: the same output as the
+    separate combine, twice on one meeting (its counters back at zero), a padding row too."""
+    query, kv, tables, token_seq, positions = make_step(
+        [9, 0, 21], page_size=4, num_kv_heads=2, head_dim=16, num_heads=4,
+        dtype=torch.float64, width=8, seed=5)
+    gate = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(5)).to(
+        DEVICE, torch.float64) if gated else None
+    apart = run_poisoned(query, kv, tables, token_seq, positions, 0.25, num_splits, gate=gate)
+    meeting = ArrivalCounts()
+    for _ in range(2):
+        merged = run_poisoned(query, kv, tables, token_seq, positions, 0.25, num_splits,
+                              gate=gate, meeting=meeting)
+        assert torch.equal(merged, apart)
+        assert not meeting.get((3, 2), query.device).any()
+
+
 def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -190,6 +210,9 @@ def test_real_shape_bf16_gpu(batch, num_splits):
                          gate=gate)
     torch.testing.assert_close(gated.float(), (out.float() * gate.float().sigmoid()),
                                atol=1e-2, rtol=1e-2)
+    merged = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
+                          gate=gate, meeting=ArrivalCounts(), pdl=True)
+    assert torch.equal(merged, gated)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ import torch
 from resident.backends.base import DecodeKernels
 from resident.backends.gemv_table import GemvTable, table_linear, table_linear_add_norm
 from resident.kernels.attention_prologue import attention_prologue
-from resident.kernels.decode_attention import paged_decode_attention
+from resident.kernels.decode_attention import ArrivalCounts, paged_decode_attention
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
@@ -50,14 +50,15 @@ def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_po
 
 
 def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False,
-                        gate=None):
+                        gate=None, meeting: ArrivalCounts | None = None):
     return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
-                                  scale, pdl=pdl, gate=gate)
+                                  scale, pdl=pdl, gate=gate, meeting=meeting)
 
 
 def gated_attention_decode_op(query, gate, kv_layer, meta: StepMeta, scale: float, *,
-                              pdl: bool = False):
-    return attention_decode_op(query, kv_layer, meta, scale, pdl=pdl, gate=gate)
+                              pdl: bool = False, meeting: ArrivalCounts | None = None):
+    return attention_decode_op(query, kv_layer, meta, scale, pdl=pdl, gate=gate,
+                               meeting=meeting)
 
 
 def gdn_layer_op(projected, weights, conv_pool, state_pool, meta: StepMeta, *,
@@ -85,13 +86,14 @@ class DecodeFusion:
     (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
     has no kernel of its own: the next block's add + norm in each narrow projection's Triton
     GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm, its programs meeting in
-    `scratch`), and the gated attention's output gate in the Triton decode attention's
-    combine (every bucket)."""
+    `scratch`), and in every bucket the Triton decode attention's combine, with the gated
+    attention's output gate, in its split pass's last programs (meeting at `arrivals`)."""
 
     fused: bool = False
     pdl: bool = False
     epilogues: bool = False
     scratch: AddNormScratch = dataclasses.field(default_factory=AddNormScratch, compare=False)
+    arrivals: ArrivalCounts = dataclasses.field(default_factory=ArrivalCounts, compare=False)
 
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
@@ -205,10 +207,13 @@ class TritonDecode(DecodeKernels):
     def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny",
                  fusion: DecodeFusion | None = None, table: GemvTable | None = None) -> None:
         fusion = fusion or DecodeFusion()
-        gated = partial(gated_attention_decode_op, pdl=fusion.pdl) if fusion.epilogues else None
-        ops = dataclasses.replace(GDN_DECODE_OPS,
-                                  attention=partial(attention_decode_op, pdl=fusion.pdl),
-                                  gated_attention=gated)
+        # under epilogues the attention is one kernel (its combine in the split pass)
+        meeting = fusion.arrivals if fusion.epilogues else None
+        gated = partial(gated_attention_decode_op, pdl=fusion.pdl, meeting=meeting) \
+            if fusion.epilogues else None
+        ops = dataclasses.replace(
+            GDN_DECODE_OPS, attention=partial(attention_decode_op, pdl=fusion.pdl,
+                                              meeting=meeting), gated_attention=gated)
         fused = fusion.bucket_ops(ops, buckets)
         self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion, table)
                      for bucket in buckets}

@@ -13,7 +13,8 @@ Two kernels:
      to scratch; a split with no keys writes zeros and lse = -inf.
   2. `_combine_kernel`, grid (B, H): rescales the splits by exp2(lse - max lse) and sums them
      (and, given the gated attention's output gate, multiplies by its sigmoid: no kernel of the
-     gate's own).
+     gate's own). Given a `meeting`, the last split of each (row, kv head) does this itself and
+     the launch is one kernel.
 
 Splits are balanced per row on the device: a row of L keys has ceil(L / BLOCK_N) tiles, split s
 takes tiles [s * t, (s + 1) * t) with t = ceil(tiles / num_splits). Sizing the splits by the
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import pdl_wait_then_release
+from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options
 
 # tl.dot needs every dimension >= 16. The group of query heads sharing a kv head (1..8 for
@@ -59,6 +60,20 @@ def decode_scratch(batch: int, num_heads: int, head_dim: int, num_splits: int,
         torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
         torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device),
     )
+
+
+class ArrivalCounts:
+    """Zeroed int32 counters a kernel's programs meet at (gdc.last_to_arrive), one tensor a
+    shape, made at the first call and kept: a captured graph holds their addresses, and the
+    kernels leave them at zero."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def get(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        if shape not in self._counts:
+            self._counts[shape] = torch.zeros(shape, dtype=torch.int32, device=device)
+        return self._counts[shape]
 
 
 @triton.jit
@@ -104,11 +119,17 @@ def _split_kernel(
     stride_btb, stride_btw, stride_posb,
     stride_pob, stride_poh, stride_pos, stride_pod,
     stride_lb, stride_lh, stride_ls,
+    out, gate, counts,
+    stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, MERGED: tl.constexpr, BLOCK_S: tl.constexpr, GATED: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):
+    """MERGED: the last split of a (row, kv head) to arrive (counts [B, Hkv], zero between
+    launches) combines its group's heads (_combine_head), so the combine has no kernel of its
+    own."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -157,14 +178,23 @@ def _split_kernel(
     # An empty split (no tiles) leaves l_i = 0: write zeros and lse = -inf, which the combine
     # weighs by exactly 0.
     has_keys = l_i > 0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    normed = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
 
     po_ptrs = (partial_out + row * stride_pob + heads[:, None] * stride_poh
                + split * stride_pos + offs_d[None, :] * stride_pod)
-    tl.store(po_ptrs, out, mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(po_ptrs, normed, mask=g_mask[:, None] & d_mask[None, :])
     tl.store(partial_lse + row * stride_lb + heads * stride_lh + split * stride_ls, lse,
              mask=g_mask)
+    if MERGED:
+        count = counts + row * tl.num_programs(1) + kv_head
+        if last_to_arrive(count, NUM_SPLITS):
+            for g in tl.static_range(GROUP):
+                _combine_head(partial_out, partial_lse, out, gate, row, kv_head * GROUP + g,
+                              stride_pob, stride_poh, stride_pos, stride_pod, stride_lb,
+                              stride_lh, stride_ls, stride_ob, stride_oh, stride_od, stride_gb,
+                              stride_gh, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, GATED, COMPUTE)
+            tl.store(count, 0)
 
 
 @triton.jit
@@ -177,26 +207,41 @@ def _combine_kernel(
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr, COMPUTE: tl.constexpr,
 ):
-    """GATED: the output times sigmoid(gate) (a head's D values contiguous), as
-    dense.sigmoid_gate under Inductor: the attention output rounded to the output's dtype, the
-    product in COMPUTE rounded once."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     pdl_wait_then_release(USE_PDL)
+    _combine_head(partial_out, partial_lse, out, gate, row, head,
+                  stride_pob, stride_poh, stride_pos, stride_pod, stride_lb, stride_lh, stride_ls,
+                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, GATED, COMPUTE)
+
+
+@triton.jit
+def _combine_head(partial_out, partial_lse, out, gate, row, head,
+                  stride_pob, stride_poh, stride_pos, stride_pod, stride_lb, stride_lh, stride_ls,
+                  stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
+                  HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_D: tl.constexpr, GATED: tl.constexpr, COMPUTE: tl.constexpr):
+    """One (row, head)'s output from its splits: rescaled by exp2(lse - max lse) and summed.
+    GATED: times sigmoid(gate) (a head's D values contiguous), as dense.sigmoid_gate under
+    Inductor: the attention output rounded to the output's dtype, the product in COMPUTE
+    rounded once. The partials are read past the L1 (.cg): in the merged launch other
+    programs of this kernel wrote them."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
 
     lse = tl.load(partial_lse + row * stride_lb + head * stride_lh + offs_s * stride_ls,
-                  mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+                  mask=s_mask, other=float("-inf"), cache_modifier=".cg")  # [BLOCK_S]
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys at all: weights all 0
     weight = tl.exp2(lse - top)  # empty splits: exp2(-inf) = 0
 
     po_ptrs = (partial_out + row * stride_pob + head * stride_poh
                + offs_s[:, None] * stride_pos + offs_d[None, :] * stride_pod)
-    part = tl.load(po_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    part = tl.load(po_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0,
+                   cache_modifier=".cg")
     part = tl.where(weight[:, None] > 0, part, 0.0)  # never 0 * (whatever scratch held)
     total = tl.sum(weight, 0)
     result = tl.sum(weight[:, None] * part, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
@@ -239,6 +284,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     pdl: bool = False,
     gate: torch.Tensor | None = None,  # [B, H, D], each head's D values contiguous
+    meeting: ArrivalCounts | None = None,
 ) -> torch.Tensor:  # [B, H, D] in query's dtype
     """Decode attention over a paged KV cache: one token a row, the same contract as
     `paged_attention_ref` with token_seq = arange(B).
@@ -256,7 +302,9 @@ def paged_decode_attention(
     `num_splits` and `block_n` (tokens a tile, a power of two >= 16; by default 32 at D = 256,
     else 64) are compile-time constants: each value is one more compile. pdl: both kernels
     launched with programmatic dependent launch (pdl.py). gate: the gated attention's output
-    gate, out * sigmoid(gate) written by the combine kernel (dense.sigmoid_gate's numerics).
+    gate, out * sigmoid(gate) written by the combine (dense.sigmoid_gate's numerics). meeting:
+    one kernel, not two: the last split of each (row, kv head) combines its heads, counting in
+    at the meeting's counters (kept across launches and graph replays, zero between them).
     """
     batch, num_heads, head_dim = query.shape
     _, planes, page_size, num_kv_heads, kv_dim = kv_layer.shape
@@ -293,26 +341,29 @@ def paged_decode_attention(
         raise ValueError(f"gate {tuple(gate.shape)} must be query's {tuple(query.shape)} with "
                          f"each head's values contiguous, got strides {gate.stride()}")
 
+    gated = out if gate is None else gate
+    counts = meeting.get((batch, num_kv_heads), query.device) if meeting is not None else out
+    tail = {"BLOCK_S": triton.next_power_of_2(num_splits), "BLOCK_D": block_d,
+            "GATED": gate is not None,
+            "COMPUTE": tl.float64 if query.dtype == torch.float64 else tl.float32}
     _split_kernel[(batch, num_kv_heads, num_splits)](
         query, kv_layer, block_tables, positions, partial_out, partial_lse,
         scale * math.log2(math.e), block_tables.shape[1],
         *query.stride(), *kv_layer.stride(), *block_tables.stride(), positions.stride(0),
-        *partial_out.stride(), *partial_lse.stride(),
+        *partial_out.stride(), *partial_lse.stride(), out, gated, counts, *out.stride(),
+        *gated.stride()[:2],
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_SPLITS=num_splits,
-        BLOCK_G=max(triton.next_power_of_2(group), _MIN_DOT), BLOCK_D=block_d, BLOCK_N=block_n,
+        BLOCK_G=max(triton.next_power_of_2(group), _MIN_DOT), BLOCK_N=block_n,
         # fp32 caches would otherwise run the dots in tf32 on the GPU
         DOT_PRECISION="ieee" if kv_layer.dtype == torch.float32 else "tf32",
-        WHILE_LOOP=_interpreting(),
+        WHILE_LOOP=_interpreting(), MERGED=meeting is not None, **tail,
         **launch_options, **pdl_options(pdl),
     )
-    _combine_kernel[(batch, num_heads)](
-        partial_out, partial_lse, out, out if gate is None else gate,
-        *partial_out.stride(), *partial_lse.stride(), *out.stride(),
-        *(out if gate is None else gate).stride()[:2],
-        HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        GATED=gate is not None,
-        COMPUTE=tl.float64 if query.dtype == torch.float64 else tl.float32,
-        num_warps=4, **pdl_options(pdl),
-    )
+    if meeting is None:
+        _combine_kernel[(batch, num_heads)](
+            partial_out, partial_lse, out, gated,
+            *partial_out.stride(), *partial_lse.stride(), *out.stride(), *gated.stride()[:2],
+            HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=4, **tail,
+            **pdl_options(pdl),
+        )
     return out

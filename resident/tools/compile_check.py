@@ -139,7 +139,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _fused_decode_variants(config)
-    variants += _combine_variants(config)
+    variants += _decode_attention_variants(config)
     variants.append(_gumbel_race_variant())
     variants += _nucleus_race_variants(config)
     variants += _conv_varlen_variants(config)
@@ -153,16 +153,35 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     return variants
 
 
-def _combine_variants(config: ModelConfig) -> list[Variant]:
-    """Decode attention's combine pass (8 splits), with and without the output gate, under PDL."""
-    kernel = decode_attention._combine_kernel
-    types = {"partial_out": "*fp32", "partial_lse": "*fp32", "out": "*bf16", "gate": "*bf16"}
-    types |= {arg: "i32" for arg in kernel.arg_names if arg.startswith("stride_")}
-    shape = {"HEAD_DIM": config.head_dim, "NUM_SPLITS": 8, "BLOCK_S": 8,
-             "BLOCK_D": triton.next_power_of_2(config.head_dim), "USE_PDL": True,
-             "COMPUTE": triton.language.float32}
-    return [Variant(f"decode attention combine{' + output gate' if gated else ''} (PDL)",
-                    kernel, types, shape | {"GATED": gated}) for gated in (False, True)]
+def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
+    """Decode attention (8 splits, PDL) as the decode step launches it: the split pass and the
+    combine, with and without the output gate, and the split pass that combines itself (a
+    meeting: fused_decode=full)."""
+    block_d = triton.next_power_of_2(config.head_dim)
+    block_n, launch = decode_attention._tile_config(block_d, None)
+    group = config.num_attention_heads // config.num_key_value_heads
+    common = {"HEAD_DIM": config.head_dim, "NUM_SPLITS": 8, "BLOCK_S": 8, "BLOCK_D": block_d,
+              "USE_PDL": True, "COMPUTE": triton.language.float32}
+    split = decode_attention._split_kernel
+    split_types = {"query": "*bf16", "kv": "*bf16", "block_tables": "*i32", "positions": "*i64",
+                   "partial_out": "*fp32", "partial_lse": "*fp32", "qk_scale": "fp32",
+                   "width": "i32", "out": "*bf16", "gate": "*bf16", "counts": "*i32"}
+    split_types |= {arg: "i32" for arg in split.arg_names if arg.startswith("stride_")}
+    split_shape = common | {"GROUP": group, "PAGE_SIZE": 16,
+                            "BLOCK_G": max(triton.next_power_of_2(group), 16),
+                            "BLOCK_N": block_n, "DOT_PRECISION": "tf32", "WHILE_LOOP": False}
+    combine = decode_attention._combine_kernel
+    combine_types = {name: split_types[name] for name in ("partial_out", "partial_lse", "out",
+                                                           "gate")}
+    combine_types |= {arg: "i32" for arg in combine.arg_names if arg.startswith("stride_")}
+    return [
+        Variant("decode attention split (PDL)", split, split_types,
+                split_shape | {"MERGED": False, "GATED": False}, **launch),
+        Variant("decode attention split + combine + output gate (PDL, a meeting)", split,
+                split_types, split_shape | {"MERGED": True, "GATED": True}, **launch),
+        *(Variant(f"decode attention combine{' + output gate' if gated else ''} (PDL)",
+                  combine, combine_types, common | {"GATED": gated}) for gated in (False, True)),
+    ]
 
 
 def _gumbel_race_variant() -> Variant:
