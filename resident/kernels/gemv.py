@@ -56,9 +56,10 @@ class GemvTile:
     """A launch shape: block_n output columns by block_k of K per loop step; K is split across
     programs until the grid has about target_programs of them (0: never split). fma: the
     product as CUDA-core multiply-adds over the rows there are (rounded up to a power of two)
-    instead of tl.dot's 16-row MMA; the weight tiles' loads then stream through a
-    num_stages-deep cp.async pipeline, which the MMA form does not get (for batch 1-4; not
-    yet measured on the H200: python -m resident.tools.bench_gemv --tiles fma)."""
+    instead of tl.dot's 16-row MMA, for 1-4 rows: a program's block_n x block_k weight tile
+    (8-32 KB) is loaded at once, where the MMA form keeps one 8 KB tile of plain loads in
+    flight (neither gets cp.async on sm_90). Not yet measured on the H200:
+    python -m resident.tools.bench_gemv --tiles fma."""
 
     block_n: int = 32
     block_k: int = 256
@@ -117,9 +118,9 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
                  PREFETCH: tl.constexpr, ADD_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                  SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
-                 COMPUTE: tl.constexpr, FMA: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """What PROLOGUE does to x before the product, in fp32, rounded once to the activations'
-    dtype:
+                 COMPUTE: tl.constexpr, FMA: tl.constexpr):
+    """What PROLOGUE does to x before the product, in COMPUTE (fp32; fp64 for a fp64 model),
+    rounded once to the activations' dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
     - GATED_RMS_NORM: each BLOCK_K of x is one head; the input is
       norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
@@ -143,7 +144,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         span = tl.minimum(K - k_start, K_TILES * BLOCK_K) * w.dtype.element_ty.primitive_bitwidth
         prefetch_l2(rows, tl.full((BLOCK_N,), span // 8, tl.int32))
     pdl_wait_then_release(USE_PDL)
-    for tile in tl.range(K_TILES, num_stages=NUM_STAGES, loop_unroll_factor=UNROLL):
+    for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x_mask = (offs_m[:, None] < M) & k_mask[None, :]
@@ -475,8 +476,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         SQ_ROWS=add_norm.sums_sq.shape[0] if add_norm else 1,
         NORM_CHUNKS=triton.cdiv(n, NORM_BLOCK.value),
         COMPUTE=tl.float64 if accumulation_dtype(x.dtype) == torch.float64 else tl.float32,
-        # the MMA form's loop keeps the launch's pipelining (num_stages=None: the default)
-        FMA=tile.fma, NUM_STAGES=tile.num_stages if tile.fma else None, num_warps=tile.num_warps,
+        FMA=tile.fma, num_warps=tile.num_warps,
         num_stages=tile.num_stages, **launch_options(pdl),
     )
 

@@ -90,8 +90,7 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
         "PREFETCH": 2 * n * k <= gemv.PREFETCH_MAX_BYTES, "ADD_NORM": add_norm,
         "NUM_SPLITS": splits, "SQ_ROWS": triton.next_power_of_2(blocks),
         "NORM_CHUNKS": triton.cdiv(n, gemv.NORM_BLOCK.value),
-        "COMPUTE": triton.language.float32, "FMA": tile.fma,
-        "NUM_STAGES": tile.num_stages if tile.fma else None}, tile.num_warps, tile.num_stages)
+        "COMPUTE": triton.language.float32, "FMA": tile.fma}, tile.num_warps, tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
