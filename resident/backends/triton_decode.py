@@ -86,8 +86,9 @@ class DecodeFusion:
     (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
     has no kernel of its own: the next block's add + norm in each narrow projection's Triton
     GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm, its programs meeting in
-    `scratch`), and in every bucket the Triton decode attention's combine, with the gated
-    attention's output gate, in its split pass's last programs (meeting at `arrivals`)."""
+    `scratch`), with the MLP's silu-mul in its down projection's at 1-4 rows; and in every
+    bucket the Triton decode attention's combine, with the gated attention's output gate, in
+    its split pass's last programs (meeting at `arrivals`)."""
 
     fused: bool = False
     pdl: bool = False
@@ -115,7 +116,14 @@ class DecodeFusion:
         return {bucket: layer if bucket <= FUSED_GDN_MAX_ROWS else prologue
                 for bucket in buckets}
 
-    def apply_table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
+    def small_bucket_ops(self, ops: ModelOps, bucket: int,
+                         table: GemvTable | None) -> ModelOps:
+        """The projections of a bucket of at most 16 rows on the Triton GEMV (decode_gemm
+        skinny or wide): PDL and the epilogues as this fusion says, then a measured table's
+        picks."""
+        return self._mlp(self._table(self._gemms(ops), table), bucket, table)
+
+    def _table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
         """Each projection of a shape the table holds on its measured winner (the ops given
         run the others)."""
         if table is None:
@@ -131,7 +139,7 @@ class DecodeFusion:
                 table_linear_add_norm, table=table, fallback=add_norm, scratch=self.scratch,
                 pdl=self.pdl))
 
-    def apply_mlp(self, ops: ModelOps, bucket: int, table: GemvTable | None) -> ModelOps:
+    def _mlp(self, ops: ModelOps, bucket: int, table: GemvTable | None) -> ModelOps:
         """Under epilogues, a bucket of at most FMA_MAX_ROWS rows runs its MLP's silu-mul, down
         projection and the next add + norm in one CUDA-core kernel: the activation there costs
         the rows there are (in the MMA form's 16-row tiles it measured slower than its own
@@ -141,7 +149,7 @@ class DecodeFusion:
         return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
             silu_mul_linear_add_norm_op, table=table, scratch=self.scratch, pdl=self.pdl))
 
-    def apply_gemms(self, ops: ModelOps) -> ModelOps:
+    def _gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
         with the next add + norm; under pdl launched with PDL, each starting to read its
         weights while the kernel before runs."""
@@ -193,9 +201,7 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
     if decode_gemm == "wide":
         ops = dataclasses.replace(ops, wide_linear=wide_linear)
     if decode_gemm in ("skinny", "wide"):
-        fusion = fusion or DecodeFusion()
-        return fusion.apply_mlp(fusion.apply_table(fusion.apply_gemms(ops), table), bucket,
-                                table)
+        return (fusion or DecodeFusion()).small_bucket_ops(ops, bucket, table)
     return dataclasses.replace(ops, silu_mul_linear=silu_mul_skinny_linear,
                                gated_norm_linear=gated_norm_linear_partials,
                                sigmoid_gate_linear=sigmoid_gate_linear_partials)
