@@ -371,7 +371,7 @@ for part in "$@"; do
         "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     fused-kernels)
-      run fused-kernels 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      run fused-kernels "${KERNELS_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
         tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py ;;
     arms)
