@@ -32,7 +32,8 @@
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off;
 #             nopdl: pdl=off; pdlonly: fused_decode=off; wide: decode_gemm=wide; full:
 #             fused_decode=full (the next add + norm in each narrow projection's kernel);
-#             table: gemv_table=$OUT/gemv-<model>.json (run gemv-sweep first, same call);
+#             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
+#             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
 #             kernels, greedy and concurrency), tarred
@@ -384,9 +385,9 @@ for part in "$@"; do
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
           full) knobs=(--set fused_decode=full) ;;
-          table) knobs=(--set "gemv_table=$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json") ;;
+          table) knobs=(--set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
           fulltable) knobs=(--set fused_decode=full
-                            --set "gemv_table=$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json") ;;
+                            --set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
         esac
         TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
