@@ -151,12 +151,16 @@ def test_two_engine_ranks_serve_one_ranks_tokens_and_displace_alike():
     assert rank0["displaced"] == rank1["displaced"] == reference["displaced"] > 0
 
 
-def test_two_ranks_on_the_triton_decode_kernels_serve_one_ranks_tokens():
+@pytest.mark.parametrize("kernels", [{"decode_gemm": "fused"}, {"fused_decode": "full"}],
+                         ids=["gemm-prologues", "full"])
+def test_two_ranks_on_the_triton_decode_kernels_serve_one_ranks_tokens(kernels):
     """The decode kernels a GPU runs (interpreted here) at a rank's head counts: the fused
     GDN layer and attention prologue, and the skinny GEMM with its prologues, whose
-    row-parallel outputs (split-K partials) are all-reduced."""
+    row-parallel outputs (split-K partials) are all-reduced; or fused_decode=full, whose
+    attention combines and gates in one kernel a rank while the add + norm after a
+    row-parallel projection waits for the all-reduce (the epilogues are off under ranks)."""
     knobs = {"dtype": "float64", "attention_backend": "triton", "decode_buckets": (1, 2),
-             "max_num_seqs": 2, "decode_gemm": "fused"}
+             "max_num_seqs": 2, **kernels}
     prompts = _prompts(2, seed=9)
     reference = _engine_run(single_rank(CPU), knobs, prompts, 4)
     rank0, rank1 = in_ranks(2, _engine_run, knobs, prompts, 4)
