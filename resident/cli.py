@@ -227,7 +227,8 @@ KNOB_MEANINGS = {
     "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM (narrow: skinny, "
                    "all: wide) or cuBLAS",
     "gemv_table": "a bench_gemv --json file of this GPU: each decode projection on what it "
-                  "timed fastest (Triton tile or cuBLAS)",
+                  "timed fastest (Triton tile or cuBLAS); auto: configs/gemv/<GPU name>.json "
+                  "if committed",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto); "
                     "full: also the next add + norm and the attention output gate in the "
                     "kernels before them",

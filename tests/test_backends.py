@@ -353,6 +353,21 @@ def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
         GemvTable.load(str(tmp_path / "bad.json"))
     with pytest.raises(ValueError, match="under decode_gemm skinny or wide, not cublas"):
         EngineConfig(gemv_table=str(tmp_path / "t.json"), decode_gemm="cublas")
+    assert EngineConfig(decode_gemm="cublas").gemv_table == "auto"  # auto: only where it can
+
+
+def test_gemv_table_auto_is_the_gpus_committed_file_and_nothing_on_cpu():
+    """auto looks for configs/gemv/<the GPU's name>.json (one file a GPU, every model's shapes);
+    on CPU there is no GPU table, so the projections keep decode_gemm's rule."""
+    from resident.backends.gemv_table import shipped_table_path
+    from resident.model.config import configs_dir
+
+    assert shipped_table_path("NVIDIA H100 80GB HBM3") == \
+        configs_dir() / "gemv" / "NVIDIA_H100_80GB_HBM3.json"
+    config = EngineConfig(attention_backend="triton", decode_buckets=(1,), max_num_seqs=1)
+    assert config.gemv_table == "auto"
+    ops = build_engine(TINY, config, "cpu").runner.kernels.decode.ops(1)
+    assert ops.narrow_linear.__name__ == "skinny_linear_partials"
 
 
 @pytest.mark.parametrize("fused_decode", ["auto", "full"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 
@@ -13,6 +14,8 @@ from resident.config import EngineConfig
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps, gated_delta_rule_ref_op
+
+log = logging.getLogger("resident.backends")
 
 __all__ = ["DecodeKernels", "PagedLayout", "PrefillKernels", "PrefillStep", "StepKernels",
            "build_kernels", "paged_layout"]
@@ -45,7 +48,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
             gated_delta_rule_ref_op, l2norm_qk=False)))
         fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
         return StepKernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm,
-                                                 fusion, _gemv_table(config)), padded)
+                                                 fusion, _gemv_table(config, device)), padded)
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -62,21 +65,31 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,
-                                  config.decode_gemm, fusion, _gemv_table(config))
+                                  config.decode_gemm, fusion, _gemv_table(config, device))
     elif name == "triton":
         decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
-                              _gemv_table(config))
+                              _gemv_table(config, device))
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return StepKernels(prefill, decode, padded)
 
 
-def _gemv_table(config: EngineConfig):
-    """The gemv_table knob's measured table (logged), or None."""
-    if not config.gemv_table:
-        return None
-    from resident.backends.gemv_table import GemvTable, log_table
+def _gemv_table(config: EngineConfig, device: torch.device):
+    """The gemv_table knob's measured table (logged), or None: `auto` reads the one committed
+    for this GPU (gemv_table.shipped_table_path), on CUDA under decode_gemm skinny or wide."""
+    from resident.backends.gemv_table import GemvTable, log_table, shipped_table_path
 
-    table = GemvTable.load(config.gemv_table)
+    path = config.gemv_table
+    if path == "auto":
+        if device.type != "cuda" or config.decode_gemm not in ("skinny", "wide"):
+            return None
+        shipped = shipped_table_path(torch.cuda.get_device_name(device))
+        if not shipped.is_file():
+            log.info("no measured gemv table for this GPU (%s): decode_gemm's rule", shipped)
+            return None
+        path = str(shipped)
+    if not path:
+        return None
+    table = GemvTable.load(path)
     log_table(table, config.decode_buckets)
     return table

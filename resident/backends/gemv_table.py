@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from resident.kernels.gemv import MIN_DOT, AddNormScratch, GemvTile, skinny_linear_add_norm
+from resident.model.config import configs_dir
 
 log = logging.getLogger("resident.backends")
 
@@ -116,6 +118,12 @@ def table_linear_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch
         return fallback(x, weight, residual, norm_weight, eps)
     return skinny_linear_add_norm(x, weight, residual, norm_weight, eps, scratch, choice.tile,
                                   pdl=pdl)
+
+
+def shipped_table_path(device_name: str) -> Path:
+    """Where `gemv_table=auto` looks for a GPU's table: configs/gemv/<its name, spaces and
+    slashes as underscores>.json, one file holding every model's shapes measured there."""
+    return configs_dir() / "gemv" / (re.sub(r"[^\w.-]+", "_", device_name.strip()) + ".json")
 
 
 def log_table(table: GemvTable, buckets: tuple[int, ...]) -> None:
