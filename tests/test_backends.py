@@ -387,6 +387,7 @@ def test_gemv_table_gives_the_reference_tokens(tmp_path, fused_decode):
         config = EngineConfig(attention_backend=backend, decode_buckets=(1, 2, 4),
                               max_num_seqs=4, resident_planning="off", **knobs)
         engine = build_engine(TINY, config, "cpu")
+        assert engine.info()["gemv_table"] == (path if knobs else None)
         if knobs:
             ops = engine.runner.kernels.decode.ops(1)
             assert ops.narrow_linear.func.__name__ == "table_linear"

@@ -41,6 +41,7 @@ class PrefillKernels(ABC):
 class DecodeKernels(ABC):
     name: str
     host_plan: bool = False
+    gemv_table: str | None = None  # the measured table its projections follow (gemv_table.py)
 
     @abstractmethod
     def ops(self, bucket: int) -> ModelOps:

@@ -145,6 +145,7 @@ class FlashInferDecode(DecodeKernels):
             self.wrappers[bucket] = wrapper
             ops = dataclasses.replace(fused[bucket], attention=_run(wrapper))
             self._ops[bucket] = decode_gemm_ops(ops, bucket, decode_gemm, fusion, table)
+        self.gemv_table = table and table.source
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

@@ -223,6 +223,7 @@ class TritonDecode(DecodeKernels):
         fused = fusion.bucket_ops(ops, buckets)
         self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion, table)
                      for bucket in buckets}
+        self.gemv_table = table and table.source
 
     def ops(self, bucket: int) -> ModelOps:
         return self._ops[bucket]

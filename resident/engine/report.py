@@ -116,6 +116,8 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "prefill_graphs": _padded_graphs(engine),
         # decode buckets whose attention reads pages and lengths on the device
         "host_plan_free": not engine.kernels.decode.host_plan,
+        # the measured table the small buckets' projections follow (gemv_table), if any
+        "gemv_table": engine.kernels.decode.gemv_table,
         "dtype": engine.config.dtype,
         "device": str(engine.device),
         **describe(),  # the package path, its commit, git_dirty, source_digest
