@@ -228,7 +228,7 @@ KNOB_MEANINGS = {
                    "all: wide) or cuBLAS",
     "gemv_table": "a bench_gemv --json file of this GPU: each decode projection on what it "
                   "timed fastest (Triton tile or cuBLAS); auto: configs/gemv/<GPU name>.json "
-                  "if committed",
+                  "if committed; off",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto); "
                     "full: also the next add + norm and the attention output gate in the "
                     "kernels before them",

@@ -92,7 +92,7 @@ class EngineConfig:
     # a bench_gemv --json file measured on this GPU: under decode_gemm skinny or wide, each
     # projection of a bucket of <= 16 rows runs on what it timed fastest there, Triton tile or
     # cuBLAS (backends/gemv_table.py); auto: configs/gemv/<the GPU's name>.json where one was
-    # measured and committed, else decode_gemm's rule; empty: the rule alone
+    # measured and committed, else decode_gemm's rule; off: the rule alone
     gemv_table: str = "auto"
     # decode buckets under triton and flashinfer: a GDN layer's conv, gates, delta rule and
     # output norm in one kernel, an attention layer's q/k norm, RoPE and KV write in one
@@ -179,7 +179,7 @@ class EngineConfig:
             raise ValueError("knob num_state_slots: needs at least 2 (slot 0 is the sink)")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"knob kv_cache_gib: must be > 0, got {self.kv_cache_gib}")
-        if self.gemv_table not in ("", "auto") and self.decode_gemm not in ("skinny", "wide"):
+        if self.gemv_table not in ("auto", "off") and self.decode_gemm not in ("skinny", "wide"):
             raise ValueError(f"knob gemv_table: picks kernels under decode_gemm skinny or wide, "
                              f"not {self.decode_gemm}")
         _check_buckets("decode_buckets", self.decode_buckets, allow_empty=False)

@@ -88,7 +88,7 @@ def _gemv_table(config: EngineConfig, device: torch.device):
             log.info("no measured gemv table for this GPU (%s): decode_gemm's rule", shipped)
             return None
         path = str(shipped)
-    if not path:
+    if path == "off":
         return None
     table = GemvTable.load(path)
     log_table(table, config.decode_buckets)

@@ -29,9 +29,9 @@
 #             launches (GEMV, decode attention) against their references at the real shapes
 #   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
-#             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off;
-#             nopdl: pdl=off; pdlonly: fused_decode=off; wide: decode_gemm=wide; full:
-#             fused_decode=full (the next add + norm in each narrow projection's kernel);
+#             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
+#             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
+#             decode_gemm=wide; full: fused_decode=full (the next add + norm in each narrow projection's kernel);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
@@ -380,7 +380,7 @@ for part in "$@"; do
       for arm in ${ARMS:-fused off nopdl wide}; do
         knobs=()
         case $arm in
-          off) knobs=(--set fused_decode=off --set pdl=off) ;;
+          off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
