@@ -31,8 +31,8 @@
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
-#             decode_gemm=wide; full: fused_decode=full (the next add + norm in each narrow projection's kernel);
-#             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
+#             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
+#             them); table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
