@@ -193,7 +193,8 @@ def _split_kernel(
                 _combine_head(partial_out, partial_lse, out, gate, row, kv_head * GROUP + g,
                               stride_pob, stride_poh, stride_pos, stride_pod, stride_lb,
                               stride_lh, stride_ls, stride_ob, stride_oh, stride_od, stride_gb,
-                              stride_gh, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, GATED, COMPUTE)
+                              stride_gh, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, GATED, COMPUTE,
+                              ".cg")
             tl.store(count, 0)
 
 
@@ -213,7 +214,7 @@ def _combine_kernel(
     _combine_head(partial_out, partial_lse, out, gate, row, head,
                   stride_pob, stride_poh, stride_pos, stride_pod, stride_lb, stride_lh, stride_ls,
                   stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
-                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, GATED, COMPUTE)
+                  HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_D, GATED, COMPUTE, "")
 
 
 @triton.jit
@@ -221,19 +222,20 @@ def _combine_head(partial_out, partial_lse, out, gate, row, head,
                   stride_pob, stride_poh, stride_pos, stride_pod, stride_lb, stride_lh, stride_ls,
                   stride_ob, stride_oh, stride_od, stride_gb, stride_gh,
                   HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr, GATED: tl.constexpr, COMPUTE: tl.constexpr):
+                  BLOCK_D: tl.constexpr, GATED: tl.constexpr, COMPUTE: tl.constexpr,
+                  CACHE: tl.constexpr):
     """One (row, head)'s output from its splits: rescaled by exp2(lse - max lse) and summed.
     GATED: times sigmoid(gate) (a head's D values contiguous), as dense.sigmoid_gate under
     Inductor: the attention output rounded to the output's dtype, the product in COMPUTE
-    rounded once. The partials are read past the L1 (.cg): in the merged launch other
-    programs of this kernel wrote them."""
+    rounded once. CACHE: the partials' loads' modifier, ".cg" (past the L1) in the merged
+    launch, where other programs of this kernel wrote them."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
 
     lse = tl.load(partial_lse + row * stride_lb + head * stride_lh + offs_s * stride_ls,
-                  mask=s_mask, other=float("-inf"), cache_modifier=".cg")  # [BLOCK_S]
+                  mask=s_mask, other=float("-inf"), cache_modifier=CACHE)  # [BLOCK_S]
     top = tl.max(lse, 0)
     top = tl.where(top == float("-inf"), 0.0, top)  # a row with no keys at all: weights all 0
     weight = tl.exp2(lse - top)  # empty splits: exp2(-inf) = 0
@@ -241,7 +243,7 @@ def _combine_head(partial_out, partial_lse, out, gate, row, head,
     po_ptrs = (partial_out + row * stride_pob + head * stride_poh
                + offs_s[:, None] * stride_pos + offs_d[None, :] * stride_pod)
     part = tl.load(po_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0,
-                   cache_modifier=".cg")
+                   cache_modifier=CACHE)
     part = tl.where(weight[:, None] > 0, part, 0.0)  # never 0 * (whatever scratch held)
     total = tl.sum(weight, 0)
     result = tl.sum(weight[:, None] * part, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
