@@ -57,8 +57,8 @@ class GemvTile:
     programs until the grid has about target_programs of them (0: never split). fma: the
     product as CUDA-core multiply-adds over the rows there are (rounded up to a power of two)
     instead of tl.dot's 16-row MMA, for 1-4 rows: a program's block_n x block_k weight tile
-    (8-32 KB) is loaded at once, where the MMA form keeps one 8 KB tile of plain loads in
-    flight (neither gets cp.async on sm_90). Not yet measured on the H200:
+    (8-16 KB in the sweep) is loaded at once, where the MMA form keeps one 8 KB tile of plain
+    loads in flight (neither gets cp.async on sm_90). Not yet measured on the H200:
     python -m resident.tools.bench_gemv --tiles fma."""
 
     block_n: int = 32
