@@ -260,12 +260,12 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
     pdl = DecodeFusion(True, True, True)
     decode = TritonDecode((1, 16, 32), fusion=pdl)
     small = [decode.ops(bucket).narrow_linear_add_norm for bucket in (1, 16)]
-    assert all(op.keywords == {"scratch": pdl.scratch, "pdl": True} for op in small)
+    assert all(op.keywords == {"scratch": pdl.meeting, "pdl": True} for op in small)
     assert decode.ops(32).narrow_linear_add_norm is None
     assert decode.ops(1).silu_mul_linear_add_norm.keywords["pdl"]
     assert decode.ops(16).silu_mul_linear_add_norm is None  # the CUDA-core form: 4 rows at most
     assert all(decode.ops(bucket).gated_attention.keywords == {"pdl": True,
-                                                               "meeting": pdl.arrivals}
+                                                               "meeting": pdl.meeting}
                for bucket in (1, 16, 32))
     assert TritonDecode((1,), fusion=DecodeFusion(True, True)).ops(1).gated_attention is None
     prologues = TritonDecode((1,), "fused", fusion=pdl).ops(1)

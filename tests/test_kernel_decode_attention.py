@@ -10,10 +10,10 @@ tl = pytest.importorskip("triton.language")
 
 from resident.kernels.attention import paged_attention_ref  # noqa: E402
 from resident.kernels.decode_attention import (  # noqa: E402
-    ArrivalCounts,
     decode_scratch,
     paged_decode_attention,
 )
+from resident.kernels.gdc import KeptZeros  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SINK = 0
@@ -176,12 +176,12 @@ def test_one_kernel_with_a_meeting_gives_the_two_kernels_output(num_splits, gate
     gate = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(5)).to(
         DEVICE, torch.float64) if gated else None
     apart = run_poisoned(query, kv, tables, token_seq, positions, 0.25, num_splits, gate=gate)
-    meeting = ArrivalCounts()
+    meeting = KeptZeros()
     for _ in range(2):
         merged = run_poisoned(query, kv, tables, token_seq, positions, 0.25, num_splits,
                               gate=gate, meeting=meeting)
         assert torch.equal(merged, apart)
-        assert not meeting.get((3, 2), query.device).any()
+        assert not meeting.get((3, 2), torch.int32, query.device).any()
 
 
 def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -211,7 +211,7 @@ def test_real_shape_bf16_gpu(batch, num_splits):
     torch.testing.assert_close(gated.float(), (out.float() * gate.float().sigmoid()),
                                atol=1e-2, rtol=1e-2)
     merged = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
-                          gate=gate, meeting=ArrivalCounts(), pdl=True)
+                          gate=gate, meeting=KeptZeros(), pdl=True)
     assert torch.equal(merged, gated)
 
 

@@ -7,9 +7,9 @@ import torch
 
 pytest.importorskip("triton")
 
+from resident.kernels.gdc import KeptZeros
 from resident.kernels.gemv import (
     DEFAULT_TILE,
-    AddNormScratch,
     GemvTile,
     gated_norm_linear_partials,
     gemv_splits,
@@ -58,7 +58,7 @@ def test_fma_tile_runs_the_add_norm_epilogue():
     launch's)."""
     x, weight, residual, norm_weight = _add_norm_operands(2, 70, 256, torch.float64)
     tile = GemvTile(block_n=16, block_k=64, target_programs=27, fma=True)
-    scratch = AddNormScratch()
+    scratch = KeptZeros()
     wide_x, _, wide_residual, _ = _add_norm_operands(16, 70, 256, torch.float64)
     skinny_linear_add_norm(wide_x, weight, wide_residual, norm_weight, 1e-6, scratch,
                            GemvTile(block_n=16, block_k=64))
@@ -82,7 +82,7 @@ def test_gated_add_norm_is_the_mlps_down_and_the_next_norm(tile):
                           dtype=torch.float64).to(DEVICE)[:, :256]
     _, weight, residual, norm_weight = _add_norm_operands(3, 40, 128, torch.float64)
     want = add_rms_norm(silu_mul(gate_up) @ weight.T, residual, norm_weight, 1e-6)
-    got = skinny_linear_add_norm(gate_up, weight, residual, norm_weight, 1e-6, AddNormScratch(),
+    got = skinny_linear_add_norm(gate_up, weight, residual, norm_weight, 1e-6, KeptZeros(),
                                  tile, gated=True)
     for got_part, want_part in zip(got, want, strict=True):
         torch.testing.assert_close(got_part, want_part, atol=1e-12, rtol=1e-12)
@@ -125,7 +125,7 @@ def test_gated_add_norm_fma_bf16_gpu(rows, n, k):
     want_normed, want_summed = add_rms_norm(silu_mul(gate_up) @ weight.T, residual,
                                             norm_weight, 1e-6)
     normed, summed = skinny_linear_add_norm(gate_up, weight, residual, norm_weight, 1e-6,
-                                            AddNormScratch(), DEFAULT_FMA_TILE, gated=True,
+                                            KeptZeros(), DEFAULT_FMA_TILE, gated=True,
                                             pdl=True)
     torch.testing.assert_close(summed.float(), want_summed.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(normed.float(), want_normed.float(), atol=5e-2, rtol=5e-2)
@@ -266,6 +266,11 @@ def test_sigmoid_gate_partials_bf16_gpu(rows):
     assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
+def _counts(scratch: KeptZeros, columns: int, tile: GemvTile) -> torch.Tensor:
+    """The add + norm epilogue's arrival counters for a projection of `columns` outputs."""
+    return scratch.get((1 + -(-columns // tile.block_n),), torch.int32, DEVICE)
+
+
 def _add_norm_operands(rows: int, n: int, k: int, dtype: torch.dtype, device: str = DEVICE):
     generator = torch.Generator().manual_seed(rows * n + k)
     x, weight, residual, norm_weight = (
@@ -289,14 +294,13 @@ def test_add_norm_epilogue_is_add_rms_norm_of_the_projection(dtype, atol, rows, 
     tile = GemvTile(block_n=16, block_k=64, target_programs=target_programs)
     want_normed, want_summed = add_rms_norm(skinny_linear_partials(x, weight, tile), residual,
                                             norm_weight, 1e-6)
-    scratch = AddNormScratch()
+    scratch = KeptZeros()
     for _ in range(2):
         normed, summed = skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch,
                                                 tile)
         assert torch.equal(summed, want_summed)
         torch.testing.assert_close(normed, want_normed, atol=atol, rtol=atol)
-        counts, _ = scratch.get(n, tile, dtype, x.device)
-        assert not counts.any()
+        assert not _counts(scratch, n, tile).any()
 
 
 def test_add_norm_scratch_keeps_one_meeting_place_a_width_and_names_bad_operands():
@@ -304,16 +308,16 @@ def test_add_norm_scratch_keeps_one_meeting_place_a_width_and_names_bad_operands
     one's addresses); operands that do not fit fail naming them."""
     x, weight, residual, norm_weight = _add_norm_operands(2, 32, 64, torch.float32)
     tile = GemvTile(block_n=16, block_k=64)
-    scratch = AddNormScratch()
+    scratch = KeptZeros()
     skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch, tile)
-    two_blocks = scratch.get(32, tile, torch.float32, x.device)
+    two_blocks = _counts(scratch, 32, tile)
     wide = (weight.repeat(2, 1)[:48], residual.repeat(1, 2)[:, :48].clone(),
             norm_weight.repeat(2)[:48])
     normed, _ = skinny_linear_add_norm(x, wide[0], wide[1], wide[2], 1e-6, scratch, tile)
     torch.testing.assert_close(normed, add_rms_norm(x @ wide[0].T, wide[1], wide[2], 1e-6)[0],
                                atol=1e-5, rtol=1e-5)
-    assert scratch.get(48, tile, torch.float32, x.device)[0].shape == (4,)
-    assert scratch.get(32, tile, torch.float32, x.device)[0] is two_blocks[0]
+    assert _counts(scratch, 48, tile).shape == (4,) and not _counts(scratch, 48, tile).any()
+    assert _counts(scratch, 32, tile) is two_blocks
     with pytest.raises(ValueError, match=r"residual \(2, 16\) must be a contiguous \[2, 32\]"):
         skinny_linear_add_norm(x, weight, residual[:, :16], norm_weight, 1e-6, scratch, tile)
 
@@ -329,7 +333,7 @@ def test_add_norm_epilogue_bf16_gpu(rows, n, k, pdl):
     x, weight, residual, norm_weight = _add_norm_operands(rows, n, k, torch.bfloat16, "cuda")
     want_normed, want_summed = add_rms_norm(skinny_linear_partials(x, weight), residual,
                                             norm_weight, 1e-6)
-    scratch = AddNormScratch()
+    scratch = KeptZeros()
     skinny_linear_add_norm(x, weight, residual, norm_weight, 1e-6, scratch, pdl=pdl)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -341,4 +345,4 @@ def test_add_norm_epilogue_bf16_gpu(rows, n, k, pdl):
         torch.cuda.synchronize()
         torch.testing.assert_close(summed, want_summed, atol=0, rtol=1 / 128)
         torch.testing.assert_close(normed.float(), want_normed.float(), atol=2e-2, rtol=2e-2)
-    assert not scratch.get(n, DEFAULT_TILE, torch.float32, x.device)[0].any()
+    assert not _counts(scratch, n, DEFAULT_TILE).any()

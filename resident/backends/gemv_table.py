@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from resident.kernels.gemv import MIN_DOT, AddNormScratch, GemvTile, skinny_linear_add_norm
+from resident.kernels.gdc import KeptZeros
+from resident.kernels.gemv import MIN_DOT, GemvTile, skinny_linear_add_norm
 from resident.model.config import configs_dir
 
 log = logging.getLogger("resident.backends")
@@ -108,7 +109,7 @@ def table_linear(x: torch.Tensor, weight: torch.Tensor, *, table: GemvTable, fal
 
 def table_linear_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
                           norm_weight: torch.Tensor, eps: float, *, table: GemvTable,
-                          fallback, scratch: AddNormScratch,
+                          fallback, scratch: KeptZeros,
                           pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """ModelOps.narrow_linear_add_norm on the table's best Triton tile for the shape, cuBLAS's
     win or not (the norm would otherwise need its own kernel); `fallback` for a shape it

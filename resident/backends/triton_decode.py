@@ -11,14 +11,14 @@ import torch
 from resident.backends.base import DecodeKernels
 from resident.backends.gemv_table import GemvTable, table_linear, table_linear_add_norm
 from resident.kernels.attention_prologue import attention_prologue
-from resident.kernels.decode_attention import ArrivalCounts, paged_decode_attention
+from resident.kernels.decode_attention import paged_decode_attention
+from resident.kernels.gdc import KeptZeros
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
     DEFAULT_FMA_TILE,
     FMA_MAX_ROWS,
     MIN_DOT,
-    AddNormScratch,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
     skinny_linear,
@@ -50,13 +50,13 @@ def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_po
 
 
 def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False,
-                        gate=None, meeting: ArrivalCounts | None = None):
+                        gate=None, meeting: KeptZeros | None = None):
     return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
                                   scale, pdl=pdl, gate=gate, meeting=meeting)
 
 
 def gated_attention_decode_op(query, gate, kv_layer, meta: StepMeta, scale: float, *,
-                              pdl: bool = False, meeting: ArrivalCounts | None = None):
+                              pdl: bool = False, meeting: KeptZeros | None = None):
     return attention_decode_op(query, kv_layer, meta, scale, pdl=pdl, gate=gate,
                                meeting=meeting)
 
@@ -85,16 +85,16 @@ class DecodeFusion:
     """What the fused_decode and pdl knobs give a decode backend on its device. epilogues
     (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
     has no kernel of its own: the next block's add + norm in each narrow projection's Triton
-    GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm, its programs meeting in
-    `scratch`), with the MLP's silu-mul in its down projection's at 1-4 rows; and in every
-    bucket the Triton decode attention's combine, with the gated attention's output gate, in
-    its split pass's last programs (meeting at `arrivals`)."""
+    GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm), with the MLP's silu-mul
+    in its down projection's at 1-4 rows; and in every bucket the Triton decode attention's
+    combine, with the gated attention's output gate, in its split pass's last programs. Their
+    programs meet in `meeting` (one kernel runs at a time, and each leaves its counters at
+    zero)."""
 
     fused: bool = False
     pdl: bool = False
     epilogues: bool = False
-    scratch: AddNormScratch = dataclasses.field(default_factory=AddNormScratch, compare=False)
-    arrivals: ArrivalCounts = dataclasses.field(default_factory=ArrivalCounts, compare=False)
+    meeting: KeptZeros = dataclasses.field(default_factory=KeptZeros, compare=False)
 
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
@@ -136,7 +136,7 @@ class DecodeFusion:
             wide_linear=partial(table_linear, table=table, fallback=ops.wide_linear,
                                 triton_linear=skinny_linear, pdl=self.pdl),
             narrow_linear_add_norm=add_norm and partial(
-                table_linear_add_norm, table=table, fallback=add_norm, scratch=self.scratch,
+                table_linear_add_norm, table=table, fallback=add_norm, scratch=self.meeting,
                 pdl=self.pdl))
 
     def _mlp(self, ops: ModelOps, bucket: int, table: GemvTable | None) -> ModelOps:
@@ -147,7 +147,7 @@ class DecodeFusion:
         if not self.epilogues or bucket > FMA_MAX_ROWS:
             return ops
         return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
-            silu_mul_linear_add_norm_op, table=table, scratch=self.scratch, pdl=self.pdl))
+            silu_mul_linear_add_norm_op, table=table, scratch=self.meeting, pdl=self.pdl))
 
     def _gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
@@ -156,7 +156,7 @@ class DecodeFusion:
         replaced = {}
         if self.epilogues:
             replaced["narrow_linear_add_norm"] = partial(skinny_linear_add_norm,
-                                                         scratch=self.scratch, pdl=self.pdl)
+                                                         scratch=self.meeting, pdl=self.pdl)
         if self.pdl:
             replaced["narrow_linear"] = partial(ops.narrow_linear, pdl=True)
             if ops.wide_linear is wide_linear:
@@ -173,7 +173,7 @@ def silu_mul_skinny_linear(gate_up, weight):
 
 
 def silu_mul_linear_add_norm_op(gate_up, weight, residual, norm_weight, eps, *,
-                                table: GemvTable | None, scratch: AddNormScratch, pdl: bool):
+                                table: GemvTable | None, scratch: KeptZeros, pdl: bool):
     """The MLP's silu-mul, down projection and next add + norm on a CUDA-core tile: the
     table's, where it measured one for the shape and rows, else DEFAULT_FMA_TILE."""
     choice = table.choose(*weight.shape, gate_up.shape[0]) if table is not None else None
@@ -214,7 +214,7 @@ class TritonDecode(DecodeKernels):
                  fusion: DecodeFusion | None = None, table: GemvTable | None = None) -> None:
         fusion = fusion or DecodeFusion()
         # under epilogues the attention is one kernel (its combine in the split pass)
-        meeting = fusion.arrivals if fusion.epilogues else None
+        meeting = fusion.meeting if fusion.epilogues else None
         gated = partial(gated_attention_decode_op, pdl=fusion.pdl, meeting=meeting) \
             if fusion.epilogues else None
         ops = dataclasses.replace(

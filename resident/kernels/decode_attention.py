@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release
+from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options
 
 # tl.dot needs every dimension >= 16. The group of query heads sharing a kv head (1..8 for
@@ -60,20 +60,6 @@ def decode_scratch(batch: int, num_heads: int, head_dim: int, num_splits: int,
         torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
         torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device),
     )
-
-
-class ArrivalCounts:
-    """Zeroed int32 counters a kernel's programs meet at (gdc.last_to_arrive), one tensor a
-    shape, made at the first call and kept: a captured graph holds their addresses, and the
-    kernels leave them at zero."""
-
-    def __init__(self) -> None:
-        self._counts: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def get(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        if shape not in self._counts:
-            self._counts[shape] = torch.zeros(shape, dtype=torch.int32, device=device)
-        return self._counts[shape]
 
 
 @triton.jit
@@ -286,7 +272,7 @@ def paged_decode_attention(
     block_n: int | None = None,
     pdl: bool = False,
     gate: torch.Tensor | None = None,  # [B, H, D], each head's D values contiguous
-    meeting: ArrivalCounts | None = None,
+    meeting: KeptZeros | None = None,
 ) -> torch.Tensor:  # [B, H, D] in query's dtype
     """Decode attention over a paged KV cache: one token a row, the same contract as
     `paged_attention_ref` with token_seq = arange(B).
@@ -344,7 +330,8 @@ def paged_decode_attention(
                          f"each head's values contiguous, got strides {gate.stride()}")
 
     gated = out if gate is None else gate
-    counts = meeting.get((batch, num_kv_heads), query.device) if meeting is not None else out
+    counts = meeting.get((batch, num_kv_heads), torch.int32, query.device) \
+        if meeting is not None else out
     tail = {"BLOCK_S": triton.next_power_of_2(num_splits), "BLOCK_D": block_d,
             "GATED": gate is not None,
             "COMPUTE": tl.float64 if query.dtype == torch.float64 else tl.float32}

@@ -3,10 +3,12 @@ dependency control a kernel launched with programmatic dependent launch uses ins
 says when and why: the wait on the kernel before, the release of the next, and an L2 prefetch
 for what may be read before the wait), and the meeting at an atomic counter where the last
 program of a group finishes the group's work (last_to_arrive: the fused GDN layer, the GEMV's
-add + norm epilogue, the sampler's judges)."""
+add + norm epilogue, decode attention's merged combine, the sampler's judges), its counters
+and scratch kept zeroed between launches on the host (KeptZeros)."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -40,3 +42,19 @@ def last_to_arrive(counter, num_programs):
     and acquire of the atomic order the others' stores before that read."""
     tl.debug_barrier()
     return tl.atomic_add(counter, 1, sem="acq_rel") == num_programs - 1
+
+
+class KeptZeros:
+    """Zeroed tensors made at the first ask for each (shape, dtype) and kept: where a kernel's
+    programs meet (counters they count in at with last_to_arrive and leave at zero) and what
+    they leave each other, at addresses a captured graph holds."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = {}
+
+    def get(self, shape: tuple[int, ...], dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+        key = (tuple(shape), dtype)
+        if key not in self._tensors:
+            self._tensors[key] = torch.zeros(shape, dtype=dtype, device=device)
+        return self._tensors[key]

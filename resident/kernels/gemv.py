@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release, prefetch_l2
+from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release, prefetch_l2
 from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
@@ -271,15 +271,15 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                   tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 16, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
     accumulated in fp32. pdl: launched with programmatic dependent launch (pdl.py)."""
-    splits, k_per_split = _split(x, weight, tile)
+    splits, _ = _split(x, weight, tile)
     num_rows, n = x.shape[0], weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     if splits == 1:
-        _launch(x, weight, tile, out.unsqueeze(0), k_per_split, pdl=pdl)
+        _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl)
         return out
     partials = torch.empty(splits, num_rows, n, dtype=accumulation_dtype(x.dtype),
                            device=x.device)
-    _launch(x, weight, tile, partials, k_per_split, pdl=pdl)
+    _launch(x, weight, tile, partials, pdl=pdl)
     block = 1024
     _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
         partials, out, num_rows, n, partials.stride(0), partials.stride(1), out.stride(0),
@@ -337,26 +337,10 @@ def sigmoid_gate_linear_partials(
     return _launch_partials(x.view(x.shape[0], -1), weight, tile, SIGMOID_GATE, z=gate)
 
 
-class AddNormScratch:
-    """Where the add + norm epilogue's programs meet (_add_norm): an arrival counter a column
-    block and one for all, and each (column block, row)'s sum of squares. Made zeroed at the
-    first call for each count of column blocks (projections of other widths or tiles) and kept:
-    a captured graph holds their addresses, and the kernels leave the counters at zero. One
-    scratch serves every projection of a forward that runs one kernel at a time."""
-
-    def __init__(self) -> None:
-        self._tensors: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def get(self, columns: int, tile: GemvTile, dtype: torch.dtype,
-            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(counts [1 + blocks] int32, sums_sq [a power of two >= blocks, MIN_DOT] dtype)"""
-        blocks = triton.cdiv(columns, tile.block_n)
-        key = (blocks, dtype)
-        if key not in self._tensors:
-            self._tensors[key] = (
-                torch.zeros(1 + blocks, dtype=torch.int32, device=device),
-                torch.zeros(triton.next_power_of_2(blocks), MIN_DOT, dtype=dtype, device=device))
-        return self._tensors[key]
+def sums_rows(columns: int, tile: GemvTile) -> int:
+    """The add + norm epilogue's rows of sums of squares: a power of two at least the column
+    blocks (_norm_rows reads them as one tile)."""
+    return triton.next_power_of_2(triton.cdiv(columns, tile.block_n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +367,7 @@ def skinny_linear_add_norm(
     residual: torch.Tensor,  # [M, N]
     norm_weight: torch.Tensor,  # [N]
     eps: float,
-    scratch: AddNormScratch,
+    scratch: KeptZeros,
     tile: GemvTile = DEFAULT_TILE,
     *,
     gated: bool = False,
@@ -395,20 +379,21 @@ def skinny_linear_add_norm(
     the split-K partials added in split order in fp32, rounded, the residual added and rounded,
     the norm in fp32 (fp64 for a fp64 model). gated: x is an MLP's [M, 2K] gate_up and the
     product is (silu(gate) * up) @ weight^T, its activation in the prologue (with a CUDA-core
-    tile it runs on the rows there are, not 16)."""
-    splits, k_per_split = _split(x, weight, tile, gated)
+    tile it runs on the rows there are, not 16). The programs meet in `scratch`: an arrival
+    counter a column block and one for all, and each (column block, row)'s sum of squares;
+    projections of other widths or tiles get their own, and a forward that runs one kernel at
+    a time can share one scratch."""
     num_rows, n = x.shape[0], weight.shape[0]
     if residual.shape != (num_rows, n) or not residual.is_contiguous() \
             or norm_weight.shape != (n,):
         raise ValueError(f"residual {tuple(residual.shape)} must be a contiguous [{num_rows}, "
                          f"{n}] and norm_weight {tuple(norm_weight.shape)} [{n}]")
-    compute = accumulation_dtype(x.dtype)
-    counts, sums_sq = scratch.get(n, tile, compute, x.device)
-    partials = torch.empty(splits, num_rows, n, dtype=compute, device=x.device)
+    counts = scratch.get((1 + triton.cdiv(n, tile.block_n),), torch.int32, x.device)
+    sums_sq = scratch.get((sums_rows(n, tile), MIN_DOT), accumulation_dtype(x.dtype), x.device)
     add_norm = AddNorm(residual, norm_weight, eps, torch.empty_like(residual),
                        torch.empty_like(residual), counts, sums_sq)
-    _launch(x, weight, tile, partials, k_per_split, SILU_MUL if gated else PLAIN, pdl=pdl,
-            add_norm=add_norm)
+    _launch_partials(x, weight, tile, SILU_MUL if gated else PLAIN, gated=gated, pdl=pdl,
+                     add_norm=add_norm)
     return add_norm.normed, add_norm.summed
 
 
@@ -416,10 +401,10 @@ def _launch_partials(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
                      prologue: tl.constexpr, *, gated: bool = False, pdl: bool = False,
                      **prologue_args) -> torch.Tensor:
     """The [S, M, N] partial sums of x @ weight^T after `prologue` (see _launch)."""
-    splits, k_per_split = _split(x, weight, tile, gated)
+    splits, _ = _split(x, weight, tile, gated)
     partials = torch.empty(splits, x.shape[0], weight.shape[0],
                            dtype=accumulation_dtype(x.dtype), device=x.device)
-    _launch(x, weight, tile, partials, k_per_split, prologue, pdl=pdl, **prologue_args)
+    _launch(x, weight, tile, partials, prologue, pdl=pdl, **prologue_args)
     return partials
 
 
@@ -453,31 +438,47 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
     return triton.cdiv(k, k_per_split), k_per_split
 
 
+def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
+                      prologue: tl.constexpr = PLAIN, *, head_dim: int = 1,
+                      element_size: int = 2, add_norm: bool = False,
+                      dtype: torch.dtype = torch.bfloat16) -> dict:
+    """_gemv_kernel's compile-time arguments for an [N, K] weight of `element_size`-byte
+    elements and `num_rows` rows of `dtype` activations (USE_PDL aside: pdl.launch_options):
+    what _launch passes, and what tools/compile_check compiles."""
+    splits, k_per_split = split_plan(n, k, tile)
+    return {
+        "K_TILES": k_per_split // tile.block_k,
+        "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
+        "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
+        "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
+        "PREFETCH": n * k * element_size <= PREFETCH_MAX_BYTES,
+        "ADD_NORM": add_norm, "NUM_SPLITS": splits,
+        "SQ_ROWS": sums_rows(n, tile) if add_norm else 1,
+        "NORM_CHUNKS": triton.cdiv(n, NORM_BLOCK.value),
+        "COMPUTE": tl.float64 if accumulation_dtype(dtype) == torch.float64 else tl.float32,
+        "FMA": tile.fma,
+    }
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
-            k_per_split: int, prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
+            prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False,
             add_norm: AddNorm | None = None) -> None:
-    """target [S, M, N]: split s's sums of x @ weight^T over its K range, in target's dtype.
-    x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the prologue's (see
-    _gemv_kernel); add_norm, the epilogue's (_add_norm)."""
+    """target [S, M, N]: split s's sums of x @ weight^T over its K range (split_plan's S), in
+    target's dtype. x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the
+    prologue's (see _gemv_kernel); add_norm, the epilogue's (_add_norm)."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
-    grid = (triton.cdiv(n, tile.block_n), splits)
     epilogue = add_norm.kernel_args() if add_norm else (x,) * 6 + (0.0,)
-    _gemv_kernel[grid](
+    constexprs = launch_constexprs(
+        n, k, num_rows, tile, prologue, element_size=weight.element_size(), dtype=x.dtype,
+        head_dim=z.shape[2] if z is not None and z.dim() == 3 else 1,
+        add_norm=add_norm is not None)
+    _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),
         0 if z is None else z.stride(0), 0 if z is None or z.dim() < 3 else z.stride(1), eps,
-        *epilogue, K_TILES=k_per_split // tile.block_k,
-        BLOCK_M=triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT, BLOCK_N=tile.block_n,
-        BLOCK_K=tile.block_k, PROLOGUE=prologue, UNROLL=tile.unroll,
-        HEAD_DIM=z.shape[2] if z is not None and z.dim() == 3 else 1,
-        PREFETCH=weight.numel() * weight.element_size() <= PREFETCH_MAX_BYTES,
-        ADD_NORM=add_norm is not None, NUM_SPLITS=splits,
-        SQ_ROWS=add_norm.sums_sq.shape[0] if add_norm else 1,
-        NORM_CHUNKS=triton.cdiv(n, NORM_BLOCK.value),
-        COMPUTE=tl.float64 if accumulation_dtype(x.dtype) == torch.float64 else tl.float32,
-        FMA=tile.fma, num_warps=tile.num_warps,
-        num_stages=tile.num_stages, **launch_options(pdl),
+        *epilogue, **constexprs, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        **launch_options(pdl),
     )
 
 

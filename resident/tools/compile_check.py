@@ -74,23 +74,16 @@ class Variant:
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
           rows: int = gemv.MIN_DOT) -> Variant:
-    """The GEMV at a shape; `rows` matter to the CUDA-core form (tile.fma) only."""
-    splits, k_per_split = gemv.split_plan(n, k, tile)
+    """The GEMV at a shape, bf16; `rows` matter to the CUDA-core form (tile.fma) only."""
     types = {"x": "*bf16", "w": "*bf16", "out": "*fp32", "z": "*bf16", "norm_w": "*bf16",
              "eps": "fp32", "residual": "*bf16", "out_norm_w": "*bf16", "normed_out": "*bf16",
              "summed_out": "*bf16", "counts": "*i32", "sums_sq": "*fp32", "out_eps": "fp32"}
     types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
                                      "stride_os", "stride_zm", "stride_zh")}
-    blocks = triton.cdiv(n, tile.block_n)
-    return Variant(name, gemv._gemv_kernel, types, {
-        "K_TILES": k_per_split // tile.block_k,
-        "BLOCK_M": triton.next_power_of_2(rows) if tile.fma else gemv.MIN_DOT,
-        "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
-        "HEAD_DIM": head_dim, "UNROLL": tile.unroll, "USE_PDL": pdl,
-        "PREFETCH": 2 * n * k <= gemv.PREFETCH_MAX_BYTES, "ADD_NORM": add_norm,
-        "NUM_SPLITS": splits, "SQ_ROWS": triton.next_power_of_2(blocks),
-        "NORM_CHUNKS": triton.cdiv(n, gemv.NORM_BLOCK.value),
-        "COMPUTE": triton.language.float32, "FMA": tile.fma}, tile.num_warps, tile.num_stages)
+    constexprs = gemv.launch_constexprs(n, k, rows, tile, prologue, head_dim=head_dim,
+                                        add_norm=add_norm)
+    return Variant(name, gemv._gemv_kernel, types, constexprs | {"USE_PDL": pdl},
+                   tile.num_warps, tile.num_stages)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
