@@ -192,13 +192,12 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     pivots = nucleus_race.PIVOTS
     by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
-               "greedy": "*i64", "ident": "*i64", "judged": "*i64",
-               "tokens": "*i64", "bad": "*i32", "done": "*i32", "arrivals": "*i32",
-               "failures": "*i1",
+               "greedy": "*i64", "ident": "*i64", "judged": "*i64", "tokens": "*i64",
+               "done": "*i32", "arrivals": "*i32", "failures": "*i1",
                "stride": "i64", "floats_stride": "i64", "ints_stride": "i64"}
 
     def types(kernel: triton.JITFunction, constexprs: dict[str, object]) -> dict[str, str]:
-        return {arg: by_name.get(arg, "i32" if arg in ("vocab", "num_chunks", "num_rows", "step")
+        return {arg: by_name.get(arg, "i32" if arg in ("vocab", "num_chunks", "num_rows")
                                  else "*fp32")
                 for arg in kernel.arg_names if arg not in constexprs}
 
