@@ -114,15 +114,18 @@ def test_aborts_and_errors_on_either_process(server):
 
 def test_a_killed_api_process_fails_only_its_own_streams(server):
     """SIGKILL API process 1 mid-stream: its streams end (their connections close), process
-    0's finish whole, the core aborts the dead process's requests (pages return) and the
-    server serves on, then exits 0 on SIGTERM. Last in this module: it stops the server."""
-    body = {"prompt": PROMPT, "max_tokens": 60, "ignore_eos": True}
+    0's stream on to their 60th token (then the client leaves), the core aborts the dead
+    process's requests (pages return) and the server serves on, then exits 0 on SIGTERM. Last
+    in this module: it stops the server."""
+    # long enough that the core cannot finish the dead process's requests before its watch
+    # (every WATCH_S) hears of the death: the core then has some of them to abort
+    body = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
     pid = _api_process_pid(server)
 
     async def body_():
         before = await metrics(server.url)
         started = [asyncio.Event() for _ in range(NUM_STREAMS)]
-        streams = [asyncio.create_task(_stream(server.url, body, started=event))
+        streams = [asyncio.create_task(_stream(server.url, body, started=event, stop_after=60))
                    for event in started]
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
         os.kill(pid, signal.SIGKILL)
@@ -132,7 +135,7 @@ def test_a_killed_api_process_fails_only_its_own_streams(server):
         return before, results, after, again
 
     before, results, after, again = run(body_())
-    whole = [r for r in results if r["finish"] == "length" and r["tokens"] == 60]
+    whole = [r for r in results if r["finish"] == "client left" and r["tokens"] == 60]
     cut = [r for r in results if r not in whole]
     assert whole and cut, results  # both processes had streams
     assert all(r["error"] is not None and r["tokens"] < 60 for r in cut), cut
@@ -145,6 +148,6 @@ def test_a_killed_api_process_fails_only_its_own_streams(server):
     server.process.send_signal(signal.SIGTERM)  # the one left drains and the server exits 0
     assert server.process.wait(timeout=30) == 0
     gone = re.search(r"API process 1 is gone: aborted its (\d+) requests", log)
-    # at most the cut ones (one may have finished in the core before it heard), and none of
-    # the earlier tests' aborted requests (aborts leave no owner behind)
-    assert gone and 1 <= int(gone.group(1)) <= len(cut)
+    # the cut ones (all still running when the core heard), and none of the earlier tests'
+    # aborted requests (aborts leave no owner behind)
+    assert gone and int(gone.group(1)) == len(cut)
