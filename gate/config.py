@@ -48,6 +48,9 @@ class GateConfig:
     # none: max(8, requests_per_slot x concurrency)
     requests: tuple[int, ...] = ()
     requests_per_slot: int = 4
+    # measured requests a second, open loop (load.py): one rate for every cell or one per cell,
+    # each cell's concurrency the most in flight; none: a closed loop
+    request_rate: tuple[float, ...] = ()
     clients: int = 0  # load client processes a run; 0: clients_for's rule
     aa: bool = False
     interleave: bool = False  # every arm's server up at once in a round, runs alternating
@@ -86,6 +89,12 @@ class GateConfig:
         if len(self.requests) not in (0, 1, len(self.concurrency)):
             raise ValueError(f"--requests {_ints(self.requests)}: give one number, or one per "
                              f"cell of --concurrency {_ints(self.concurrency)}")
+        if any(not 0 < rate < float("inf") for rate in self.request_rate):
+            raise ValueError(f"--request-rate must be > 0 and finite, got "
+                             f"{_ints(self.request_rate)}")
+        if len(self.request_rate) not in (0, 1, len(self.concurrency)):
+            raise ValueError(f"--request-rate {_ints(self.request_rate)}: give one rate, or one "
+                             f"per cell of --concurrency {_ints(self.concurrency)}")
         if not 0 <= self.temperature < float("inf"):
             raise ValueError(f"--temperature must be >= 0 and finite, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -132,6 +141,18 @@ class GateConfig:
             return self.requests[0]
         return max(8, self.requests_per_slot * concurrency)
 
+    def rate_for(self, concurrency: int) -> float:
+        """The open loop's requests a second at `concurrency` (0.0: a closed loop)."""
+        if len(self.request_rate) > 1:
+            return self.request_rate[self.concurrency.index(concurrency)]
+        return self.request_rate[0] if self.request_rate else 0.0
+
+    @property
+    def request_rates(self) -> dict[str, float] | None:
+        """Each cell's open-loop rate, as the manifest records it; None for a closed loop."""
+        return {f"c={c}": self.rate_for(c) for c in self.concurrency} if self.request_rate \
+            else None
+
     def clients_for(self, concurrency: int, num_client_cpus: int) -> int:
         """Load client processes at `concurrency` (the module's clients_for)."""
         return clients_for(concurrency, num_client_cpus, self.clients)
@@ -152,17 +173,26 @@ class GateConfig:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _ints(values: tuple[int, ...]) -> str:
+def _ints(values: tuple[float, ...]) -> str:
     return ",".join(map(str, values))
 
 
 def parse_ints(text: str | int | list | tuple, option: str) -> tuple[int, ...]:
+    return _parse_list(text, option, int, "integers like 1,16,64")
+
+
+def parse_floats(text: str | float | list | tuple, option: str) -> tuple[float, ...]:
+    return _parse_list(text, option, float, "numbers like 4,12.5")
+
+
+def _parse_list(text, option: str, kind: type, expected: str) -> tuple:
+    """`1,16,64`, one number, or a YAML list, as a tuple of `kind`."""
     items = text.split(",") if isinstance(text, str) else (
-        [text] if isinstance(text, int) else list(text))
+        list(text) if isinstance(text, list | tuple) else [text])
     try:
-        return tuple(int(str(item).strip()) for item in items if str(item).strip())
+        return tuple(kind(str(item).strip()) for item in items if str(item).strip())
     except ValueError:
-        raise ValueError(f"{option} {text!r}: expected integers like 1,16,64") from None
+        raise ValueError(f"{option} {text!r}: expected {expected}") from None
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -191,7 +221,8 @@ def option_fields(  # noqa: PLR0913 - one keyword an option
         until_verdict: bool | None = None, max_rounds: int | None = None,
         min_effect: float | None = None, runs: int | None = None,
         requests: str | list[int] | None = None, requests_per_slot: int | None = None,
-        clients: int | None = None, aa: bool | None = None, interleave: bool | None = None,
+        request_rate: str | list[float] | None = None, clients: int | None = None,
+        aa: bool | None = None, interleave: bool | None = None,
         parallel_start: bool | None = None, seed: int | None = None, name: str | None = None,
         out: str | None = None, startup_timeout: float | None = None,
         server_cpus: str | None = None, step_cores: str | None = None,
@@ -207,7 +238,8 @@ def option_fields(  # noqa: PLR0913 - one keyword an option
         "shared_prefix_len": shared_prefix_len, "output_len": output_len,
         "rounds": rounds, "until_verdict": until_verdict, "max_rounds": max_rounds,
         "min_effect": min_effect, "runs": runs, "requests": requests,
-        "requests_per_slot": requests_per_slot, "clients": clients, "aa": aa,
+        "requests_per_slot": requests_per_slot, "request_rate": request_rate,
+        "clients": clients, "aa": aa,
         "interleave": interleave, "parallel_start": parallel_start, "seed": seed, "name": name,
         "out": out, "startup_timeout": startup_timeout, "server_cpus": server_cpus,
         "step_cores": step_cores, "api_core": api_core, "client_cpus": client_cpus, "gpu": gpu,
@@ -241,4 +273,6 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
     for key in ("concurrency", "requests"):
         if key in values:
             values[key] = parse_ints(values[key], f"--{key}")
+    if "request_rate" in values:
+        values["request_rate"] = parse_floats(values["request_rate"], "--request-rate")
     return values

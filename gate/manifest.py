@@ -128,7 +128,7 @@ class HostLoad:
 # what a `run` (or `phases`) manifest always holds and a check's never does
 RUN_KEYS = ("aa_arm", "cells", "prompt_len", "shared_prefix_len", "output_len", "rounds",
             "until_verdict", "max_rounds", "min_effect", "rounds_run", "runs", "interleave",
-            "parallel_start", "requests", "seed", "profile", "sampling")
+            "parallel_start", "requests", "seed", "profile", "sampling", "request_rate")
 # written only where set
 OPTIONAL_KEYS = ("timing", "stopped", "resumed", "command_kind", "yardstick", "check",
                  "prompts", "host_load")
@@ -170,6 +170,8 @@ class Manifest:
     profile: dict[str, Any] | None = None  # the profiler and its steps, with --profile
     # the requests' temperature, top_p and top_k; None: an older session's, greedy
     sampling: dict[str, Any] | None = None
+    # "c=N" -> the open loop's requests a second (--request-rate); None: a closed loop
+    request_rate: dict[str, float] | None = None
     # what became of it
     timing: Timing | None = None
     stopped: Stop | None = None

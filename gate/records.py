@@ -65,6 +65,9 @@ class RunRecord:
     # (records before 2026-12-04 18:00 UTC counted the gate's whole process and the clients' lives)
     client_cpu_s: float | None = None
     num_clients: int = 1
+    # open loop (--request-rate): measured requests that arrived with every slot busy and
+    # waited for one
+    num_waited: int = 0
     gpu: GpuSample | None = None
     server_tracebacks: int = 0  # in the arm's server log so far
     recompile_limit_lines: int = 0

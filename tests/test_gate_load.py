@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import pytest
 
 from gate.run.load import (
     LoadSpec,
     RequestResult,
+    arrival_offsets,
     client_shares,
     make_prompts,
     run_load,
@@ -66,6 +68,43 @@ def test_a_sampled_run_sends_its_sampling(server):
     assert (result.metrics.completed, result.metrics.failed) == (8, 0)
     refused = run(run_load(server.url, dataclasses.replace(spec, temperature=-1.0)))
     assert refused.metrics.failed == 8 and "'temperature'" in refused.errors[0]
+
+
+def test_open_loop_arrivals_are_a_seeded_poisson_process():
+    spec = LoadSpec(concurrency=8, num_requests=4000, request_rate=50.0, seed=3)
+    offsets = arrival_offsets(spec, 4000)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    assert offsets[0] == 0 and all(gap >= 0 for gap in gaps)
+    # exponential gaps: mean 1/rate, and as spread as their mean
+    assert sum(gaps) / len(gaps) == pytest.approx(0.02, rel=0.06)
+    assert statistics.pstdev(gaps) == pytest.approx(0.02, rel=0.1)
+    assert arrival_offsets(spec, 4000) == offsets  # arms on one seed see the same arrivals
+    assert arrival_offsets(dataclasses.replace(spec, run=1), 10) != offsets[:10]
+    assert arrival_offsets(dataclasses.replace(spec, request_rate=0.0), 10) is None
+    with pytest.raises(ValueError, match="request_rate must be >= 0 and finite"):
+        dataclasses.replace(spec, request_rate=float("inf"))
+
+
+def test_an_open_loop_sends_each_request_at_its_arrival(server):
+    """At 20 requests a second each request leaves at its own time (the run lasts past the last
+    arrival); at a million a second every request but the first finds the one slot busy."""
+    spec = LoadSpec(concurrency=4, num_requests=6, prompt_len=8, output_len=4, seed=4,
+                    request_rate=20.0)
+    result = run(run_load(server.url, spec))
+    assert (result.metrics.completed, result.metrics.failed) == (6, 0)
+    assert result.metrics.duration >= arrival_offsets(spec, 6)[-1]
+    burst = dataclasses.replace(spec, concurrency=1, num_requests=4, request_rate=1e6)
+    result = run(run_load(server.url, burst))
+    assert (result.metrics.completed, result.num_waited) == (4, 3)
+
+
+def test_client_processes_share_an_open_loop(server):
+    """Two processes, a slot each, a million requests a second: each process's first request
+    takes its slot and the other two of its three wait; every request streams."""
+    spec = LoadSpec(concurrency=2, num_requests=6, prompt_len=8, output_len=4, seed=6,
+                    num_clients=2, request_rate=1e6)
+    result = run(run_load(server.url, spec))
+    assert (result.metrics.completed, result.metrics.failed, result.num_waited) == (6, 0, 4)
 
 
 def test_client_processes_that_cannot_connect_fail_their_requests():

@@ -4,6 +4,7 @@ session warning."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -72,3 +73,7 @@ def test_a_long_cpu_session_is_warned_of_and_the_demo_is_not():
     demo = GateConfig.from_options(ROOT / "configs" / "gate" / "demo-cpu.yaml", {})
     assert long_session_warning(demo, 2) is None
     assert long_session_warning(GateConfig(arms=("a=.",), device="cuda"), 1) is None
+    # open loop, a run lasts until its last arrival at least: 16 requests at 0.01 a second
+    slow = dataclasses.replace(demo, concurrency=(4,), requests=(16,), request_rate=(0.01,),
+                               rounds=1, runs=1)
+    assert "about 27 minutes" in long_session_warning(slow, 1)

@@ -353,6 +353,11 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     (["run", "--arm", "main=.", "--min-effect", "2"], "--min-effect must be a fraction"),
     (["run", "--arm", "main=.", "--clients", "-1"], "--clients must be >= 0, got -1"),
     (["run", "--arm", "main=.", "--parallel-start"], "--parallel-start goes with --interleave"),
+    (["run", "--arm", "main=.", "--request-rate", "0"], "--request-rate must be > 0 and finite"),
+    (["run", "--arm", "main=.", "--request-rate", "fast"], "--request-rate 'fast': expected "
+     "numbers"),
+    (["run", "--arm", "main=.", "--concurrency", "1,4,16", "--request-rate", "2,8"],
+     "--request-rate 2.0,8.0: give one rate, or one per cell of --concurrency 1,4,16"),
     (["report", "/no/such/session"], "/no/such/session"),
 ])
 def test_bad_options_are_named(args, message):

@@ -157,6 +157,21 @@ def test_client_processes_follow_the_slots_and_the_client_cpus():
     assert GateConfig(arms=("main=.",), clients=3).clients_for(2, 4) == 2
 
 
+def test_request_rates_one_for_every_cell_or_one_per_cell(tmp_path):
+    closed = GateConfig(arms=("main=.",))
+    assert closed.rate_for(16) == 0.0 and closed.request_rates is None
+    assert GateConfig(arms=("main=.",), request_rate=(2.5,)).request_rates == {
+        "c=1": 2.5, "c=16": 2.5, "c=64": 2.5}
+    config_file = tmp_path / "gate.yaml"
+    config_file.write_text('arm: ["main=."]\nconcurrency: [16, 64]\nrequest_rate: [20, 80.5]\n')
+    config = GateConfig.from_options(config_file, {})
+    assert (config.rate_for(16), config.rate_for(64)) == (20.0, 80.5)
+    assert GateConfig.from_options(config_file, {"request_rate": "4"}).rate_for(64) == 4.0
+    for bad in ((float("inf"),), (-1.0,)):
+        with pytest.raises(ValueError, match="--request-rate must be > 0 and finite"):
+            GateConfig(arms=("main=.",), request_rate=bad)
+
+
 def test_requests_per_run_one_for_every_cell_or_one_per_cell(tmp_path):
     assert [GateConfig(arms=("main=.",)).requests_for(c) for c in (1, 4, 64)] == [8, 16, 256]
     assert GateConfig(arms=("main=.",), requests=(5,)).requests_for(64) == 5

@@ -19,7 +19,7 @@ from gate.commands.report import report
 from gate.manifest import Manifest, write_manifest_json
 from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord, append_run, read_runs
-from gate.report import notes, rounds, summary, write
+from gate.report import markdown, notes, rounds, summary, write
 from gate.report.timing import startup_wall, time_line, time_summary
 from gate.run.load import LoadSpec, RequestResult, summarize
 
@@ -318,6 +318,22 @@ def test_the_summary_says_whether_an_event_loop_paced_a_cell():
         "- c=256 head: each client was busy 1.00 of a core over the runs: its one event loop, "
         "not the engine, may set this cell's pace."]
     assert notes.cpu_bound_lines([row("c=1", None, None, 1)]) == []
+
+
+def test_an_open_loop_says_its_rates_and_the_requests_that_waited_for_a_slot():
+    manifest = Manifest.from_dict({"cells": [16, 64], "prompt_len": 8, "output_len": 4,
+                                   "request_rate": {"c=16": 20.0, "c=64": 80.5}})
+    assert ("cells c=16, c=64 (open loop, Poisson arrivals: c=16 at 20 requests/s, c=64 at "
+            "80.5 requests/s);") in markdown.header_line(manifest)
+    assert "open loop" not in markdown.header_line(Manifest.from_dict({"cells": [16]}))
+    rows = [{"cell": "c=16", "arm": "main", "requests_waited": 0, "completed": 64, "failed": 0,
+             "max_concurrency": 16},
+            {"cell": "c=64", "arm": "head", "requests_waited": 7, "completed": 255, "failed": 1,
+             "max_concurrency": 64}]
+    assert notes.waited_lines(rows) == [
+        "- c=64 head: 7 of 256 requests arrived with all 64 slots busy and waited for one (not "
+        "counted in their TTFT, as vLLM counts it): the rate asked more than the cell's "
+        "concurrency let through."]
 
 
 def test_start_up_counts_servers_that_started_together_once():

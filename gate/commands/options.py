@@ -87,6 +87,12 @@ RequestsOpt = Annotated[str | None, typer.Option(
 RequestsPerSlotOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Requests per run per unit of concurrency, when --requests is not "
     "given." + config_default("requests_per_slot"), rich_help_panel=CELLS)]
+RequestRateOpt = Annotated[str | None, typer.Option(
+    metavar="FLOAT,...", help="Open loop: measured requests a second, Poisson arrivals, at most "
+    "the cell's concurrency in flight (a request finding every slot busy waits, and is "
+    "counted); one rate for every cell, or one per cell in --concurrency's order."
+    + default("none: a closed loop, each slot sending its next request as its last ends"),
+    rich_help_panel=CELLS)]
 ClientsOpt = Annotated[int | None, typer.Option(
     metavar="INT", help="Load client processes a run, each driving its share of the slots; 0: "
     "one per 128 slots, at most one per client CPU." + config_default("clients"),

@@ -36,6 +36,7 @@ def run(
     runs: opt.RunsOpt = None,
     requests: opt.RequestsOpt = None,
     requests_per_slot: opt.RequestsPerSlotOpt = None,
+    request_rate: opt.RequestRateOpt = None,
     clients: opt.ClientsOpt = None,
     seed: opt.SeedOpt = None,
     profile: opt.ProfileOpt = None,
@@ -66,7 +67,8 @@ def run(
         temperature=temperature, top_p=top_p, top_k=top_k, rounds=rounds,
         until_verdict=until_verdict, max_rounds=max_rounds, min_effect=min_effect,
         interleave=interleave, parallel_start=parallel_start, runs=runs, requests=requests,
-        requests_per_slot=requests_per_slot, clients=clients, seed=seed, profile=profile,
+        requests_per_slot=requests_per_slot, request_rate=request_rate, clients=clients,
+        seed=seed, profile=profile,
         profile_steps=profile_steps, startup_timeout=startup_timeout, server_cpus=server_cpus,
         step_cores=step_cores, api_core=api_core, client_cpus=client_cpus, gpu=gpu, name=name,
         out=out)

@@ -132,8 +132,16 @@ def header_line(manifest: Manifest) -> str:
             + (f" after one shared {manifest.shared_prefix_len}-token prefix"
                if manifest.shared_prefix_len else "") + ", "
             f"output {known(manifest.output_len)} tokens, {sampling_text(manifest.sampling)}; "
-            f"cells {cells}; "
+            f"cells {cells}{arrivals_text(manifest.request_rate)}; "
             f"{rounds} x {known(manifest.runs)} runs{servers}.")
+
+
+def arrivals_text(rates: dict[str, float] | None) -> str:
+    """Nothing for a closed loop; the open loop's rate a cell otherwise."""
+    if not rates:
+        return ""
+    return (" (open loop, Poisson arrivals: "
+            + ", ".join(f"{cell} at {rate:g} requests/s" for cell, rate in rates.items()) + ")")
 
 
 def sampling_text(sampling: dict | None) -> str:

@@ -76,6 +76,16 @@ def prefix_cache_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def waited_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell and arm of an open loop where requests arrived with every slot busy:
+    they waited in the client, so that cell ran partly as a closed loop at its concurrency."""
+    return [f"- {row['cell']} {row['arm']}: {row['requests_waited']:,} of "
+            f"{(row['completed'] or 0) + (row['failed'] or 0):,} requests arrived with all "
+            f"{row['max_concurrency']} slots busy and waited for one (not counted in their TTFT, "
+            "as vLLM counts it): the rate asked more than the cell's concurrency let through."
+            for row in rows if row.get("requests_waited")]
+
+
 def _session_cpus(manifest: Manifest) -> int:
     """The CPUs the session's servers and client were placed on (the host's, unrecorded)."""
     placement = manifest.placement

@@ -126,7 +126,8 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     server's and the client's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token,
     core_cpu_share, client_cpu_share); the prefix cache's hits and restored prompt tokens over
     the runs that recorded them, and those runs' requests (`prefix_hits`,
-    `prefix_saved_tokens`, `prefix_requests`; None for a server without them).
+    `prefix_saved_tokens`, `prefix_requests`; None for a server without them); open loop, the
+    requests that arrived with every slot busy and waited for one (`requests_waited`).
     """
     baseline = manifest.baseline
     flagged = stats.planner_off_arms(frame, manifest)
@@ -141,7 +142,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
-                **_prefix_cache(runs),
+                **_prefix_cache(runs), "requests_waited": int(runs["num_waited"].sum()),
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
                 "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
@@ -267,6 +268,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
         parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged) + notes.short_run_lines(rows)
                            + notes.cpu_bound_lines(rows) + notes.prefix_cache_lines(rows)
+                           + notes.waited_lines(rows)
                            + notes.host_load_lines(manifest)
                            + notes.next_step_lines(rows, manifest)))
     return "\n\n".join(parts) + "\n"

@@ -27,13 +27,19 @@ def _run_seconds(config: GateConfig, concurrency: int, requests: int) -> float:
     return tokens * (1 + context / CONTEXT_TOKENS) / rate
 
 
+def _timed_run_seconds(config: GateConfig, concurrency: int) -> float:
+    """A measured run: open loop, it lasts at least until its last request arrives."""
+    requests, rate = config.requests_for(concurrency), config.rate_for(concurrency)
+    return max(_run_seconds(config, concurrency, requests), requests / rate if rate else 0.0)
+
+
 def estimated_seconds(config: GateConfig, arms: int) -> float | None:
     """The session's rough wall time on the CPU (None on a GPU): every round starts each arm's
     server once, warms each cell (one request a slot) and times its runs."""
     if config.device != "cpu":
         return None
-    cell_s = sum(_run_seconds(config, c, c) + config.runs * _run_seconds(
-        config, c, config.requests_for(c)) for c in config.concurrency)
+    cell_s = sum(_run_seconds(config, c, c) + config.runs * _timed_run_seconds(config, c)
+                 for c in config.concurrency)
     return config.planned_rounds * arms * (START_S + cell_s)
 
 

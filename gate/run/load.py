@@ -5,7 +5,14 @@ two arms given one seed see the same prompts; with `shared_prefix_len` every pro
 (warm-up too) opens with one shared prefix of that many tokens, seeded alike, then its own
 `prompt_len`, so a cell measures what a prefix cache buys. Every request asks for exactly
 `output_len` tokens (ignore_eos), sampled as the spec says (greedy by default; sampled requests
-bring no seed). Warm-up requests run first at the same concurrency and are left out. A run's
+bring no seed). Warm-up requests run first at the same concurrency and are left out.
+
+Requests arrive in a closed loop by default: each of `concurrency` slots sends its next request
+as its last one ends, so equal output lengths send them in waves. With `request_rate` they arrive
+open loop, as `vllm bench serve --request-rate --max-concurrency` sends them: a Poisson process
+at that rate (seeded like the prompts), each on a free slot, at most `concurrency` in flight; a
+request that finds every slot busy waits for one, is counted (`RunResult.num_waited`), and its
+TTFT counts from its send, as vLLM's does. A run's
 numbers are a ServeMetrics, named as `vllm bench serve --save-result` names them:
 output_throughput (output tok/s) = output tokens of the measured requests over the measured wall
 time; TTFT, TPOT, ITL and E2EL as ServeMetrics says. Failed requests are counted and kept out of
@@ -61,6 +68,7 @@ class LoadSpec:
     # the run's number in its cell: with the concurrency it keys the prompts' own tokens, so no
     # run repeats another's prompts (a prefix cache would serve a repeat as a whole-prompt hit)
     run: int = 0
+    request_rate: float = 0.0  # measured requests a second, open loop; 0: a closed loop
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size",
@@ -71,6 +79,8 @@ class LoadSpec:
             raise ValueError(f"num_warmup must be >= 0, got {self.num_warmup}")
         if self.shared_prefix_len < 0:
             raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
+        if not 0 <= self.request_rate < float("inf"):
+            raise ValueError(f"request_rate must be >= 0 and finite, got {self.request_rate}")
 
     @property
     def total_prompt_len(self) -> int:
@@ -86,6 +96,7 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     latency_s: float | None = None  # request sent to its last token
     error: str | None = None
+    waited: bool = False  # open loop: it arrived with every slot busy
 
 
 BARRIER_TIMEOUT_S = 120.0  # client processes wait this long for each other to be ready
@@ -98,6 +109,7 @@ class RunResult:
     # CPU seconds the client spent sending the measured requests and reading their streams: its
     # event loop's thread, or the sum over its processes (warm-up and process start-up left out)
     client_cpu_s: float = 0.0
+    num_waited: int = 0  # open loop: measured requests that arrived with every slot busy
 
 
 def make_prompts(spec: LoadSpec, count: int, salt: int) -> list[list[int]]:
@@ -128,6 +140,20 @@ def measured_prompts(spec: LoadSpec) -> list[list[int]]:
     """The prompts of a run's measured requests (salt 2), in the order one client sends them:
     what an in-process run of the same load (gate/tools/served_ratio.py) gives the engine."""
     return make_prompts(spec, spec.num_requests, salt=2)
+
+
+def arrival_offsets(spec: LoadSpec, count: int) -> list[float] | None:
+    """Open loop (`request_rate`): when each of `count` measured requests is sent, seconds
+    after the run's start, the first at 0 and then exponential gaps (a Poisson process), seeded
+    as the prompts are, so arms on one seed see the same arrivals; None for a closed loop."""
+    if not spec.request_rate:
+        return None
+    rng = random.Random(f"{spec.seed}:arrivals:c{spec.concurrency}:r{spec.run}")
+    offsets, at = [], 0.0
+    for _ in range(count):
+        offsets.append(at)
+        at += rng.expovariate(spec.request_rate)
+    return offsets
 
 
 def _body(spec: LoadSpec, prompt: list[int]) -> bytes:
@@ -173,7 +199,12 @@ async def _one(client: SseClient, slot: int, spec: LoadSpec,
     return RequestResult(True, len(stamps), stamps[0] - start, gaps, stamps[-1] - start)
 
 
-async def _drive(client: SseClient, spec: LoadSpec, prompts: list[list[int]]):
+async def _drive(client: SseClient, spec: LoadSpec, prompts: list[list[int]],
+                 offsets: list[float] | None = None) -> list[RequestResult]:
+    """The prompts' requests on `spec.concurrency` slots: a closed loop, or open loop when
+    `offsets` gives each one's send time (seconds after now)."""
+    if offsets is not None:
+        return await _arrive(client, spec, prompts, offsets)
     queue = list(reversed(prompts))
     results: list[RequestResult] = []
 
@@ -184,6 +215,30 @@ async def _drive(client: SseClient, spec: LoadSpec, prompts: list[list[int]]):
     await asyncio.gather(*(worker(slot)
                            for slot in range(min(spec.concurrency, len(prompts)))))
     return results
+
+
+async def _arrive(client: SseClient, spec: LoadSpec, prompts: list[list[int]],
+                  offsets: list[float]) -> list[RequestResult]:
+    """Open loop: prompt i is sent `offsets[i]` s after the start on a free slot; one that
+    finds none waits for the first to free (arrival order), and says so."""
+    free: asyncio.Queue[int] = asyncio.Queue()
+    for slot in range(min(spec.concurrency, len(prompts))):
+        free.put_nowait(slot)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(prompt: list[int], offset: float) -> RequestResult:
+        await asyncio.sleep(start + offset - loop.time())
+        waited = free.empty()
+        slot = await free.get()
+        try:
+            result = await _one(client, slot, spec, prompt)
+        finally:
+            free.put_nowait(slot)
+        return dataclasses.replace(result, waited=waited)
+
+    return list(await asyncio.gather(*(one(p, at) for p, at in zip(prompts, offsets,
+                                                                    strict=True))))
 
 
 async def steady_load(url: str, spec: LoadSpec, stop: asyncio.Event) -> int:
@@ -237,33 +292,38 @@ async def run_load(url: str, spec: LoadSpec) -> RunResult:
     processes start together (a barrier) and the run's wall time spans the first start to the
     last finish."""
     prompts = measured_prompts(spec)
+    offsets = arrival_offsets(spec, len(prompts))
     with _client(url, spec) as client:
         if spec.num_warmup:
             await _warm(client, spec)
         if spec.num_clients == 1:
             start, cpu_start = time.perf_counter(), time.thread_time()
-            results = await _drive(client, spec, prompts)
+            results = await _drive(client, spec, prompts, offsets)
             wall, cpu_s = time.perf_counter() - start, time.thread_time() - cpu_start
     if spec.num_clients > 1:
-        results, wall, cpu_s = await asyncio.to_thread(_drive_in_processes, url, spec, prompts)
+        results, wall, cpu_s = await asyncio.to_thread(_drive_in_processes, url, spec, prompts,
+                                                       offsets)
     return summarize(spec, results, wall, cpu_s)
 
 
-def client_shares(spec: LoadSpec, prompts: list[list[int]]) -> list[tuple[int, list]]:
-    """(slots, prompts) of each client process: slots split as evenly as they go, and prompt
+def client_shares(spec: LoadSpec, requests: list) -> list[tuple[int, list]]:
+    """(slots, requests) of each client process: slots split as evenly as they go, and request
     j to the process of slot j mod concurrency, so each process's queue lasts as long."""
     num = min(spec.num_clients, spec.concurrency)
     return [(spec.concurrency // num + (i < spec.concurrency % num),
-             [p for j, p in enumerate(prompts) if (j % spec.concurrency) % num == i])
+             [p for j, p in enumerate(requests) if (j % spec.concurrency) % num == i])
             for i in range(num)]
 
 
-def _drive_in_processes(url: str, spec: LoadSpec,
-                        prompts: list[list[int]]) -> tuple[list[RequestResult], float, float]:
+def _drive_in_processes(url: str, spec: LoadSpec, prompts: list[list[int]],
+                        offsets: list[float] | None
+                        ) -> tuple[list[RequestResult], float, float]:
     """The processes' results, the wall time from the first start to the last finish, and
-    their CPU seconds over their requests."""
+    their CPU seconds over their requests. Open loop, each process sends its share of the
+    arrivals at their times after its start (the processes start together: a barrier)."""
     context = multiprocessing.get_context("spawn")
-    shares = client_shares(spec, prompts)
+    shares = client_shares(spec, list(zip(prompts, offsets or [None] * len(prompts),
+                                          strict=True)))
     barrier, answers = context.Barrier(len(shares)), context.Queue()
     processes = [context.Process(target=_client_process, daemon=True,
                                  args=(url, dataclasses.replace(spec, concurrency=slots),
@@ -301,18 +361,20 @@ def _answers(answers, processes, timeout_s: float) -> list[tuple]:
     return spans
 
 
-def _client_process(url: str, spec: LoadSpec, prompts: list[list[int]], barrier, answers,
-                    gate_pid: int) -> None:
+def _client_process(url: str, spec: LoadSpec, requests: list[tuple[list[int], float | None]],
+                    barrier, answers, gate_pid: int) -> None:
     """One client process: its slots' requests; answers (start, end, results, CPU seconds),
     start and end on the system-wide monotonic clock (None when it could not run). Killed with the
     gate: with no reader, its answer could never leave and the process would hang at exit."""
     end_with_parent(gate_pid, signal.SIGKILL)
+    prompts = [prompt for prompt, _ in requests]
+    offsets = None if spec.request_rate == 0 else [offset for _, offset in requests]
 
     async def drive() -> tuple[float, float, list[RequestResult], float]:
         with _client(url, spec) as client:
             barrier.wait(timeout=BARRIER_TIMEOUT_S)
             start, cpu_start = time.monotonic(), time.process_time()
-            results = await _drive(client, spec, prompts)
+            results = await _drive(client, spec, prompts, offsets)
             return start, time.monotonic(), results, time.process_time() - cpu_start
 
     try:
@@ -352,4 +414,4 @@ def summarize(spec: LoadSpec, results: list[RequestResult], wall_s: float,
         request_throughput=_rate(len(ok), wall_s), output_throughput=_rate(output, wall_s),
         total_token_throughput=_rate(prompt + output, wall_s), **latencies)
     return RunResult(metrics, tuple(r.error for r in results if r.error)[:5],
-                     round(client_cpu_s, 4))
+                     round(client_cpu_s, 4), sum(r.waited for r in results))

@@ -28,7 +28,7 @@ async def warmed_load(server: Server, config: GateConfig, concurrency: int, voca
                     vocab_size=vocab, seed=config.seed * 1000 + round_index,
                     num_warmup=num_warmup_for(concurrency, config.shared_prefix_len),
                     num_clients=config.clients_for(concurrency, num_client_cpus),
-                    **config.sampling)
+                    request_rate=config.rate_for(concurrency), **config.sampling)
     await warm_up(server.url, spec)
     return dataclasses.replace(spec, num_warmup=0)
 
@@ -71,7 +71,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         metrics=metrics, steps=steps, step_ms=step_ms,
         prefix=prefix_counts(metrics_before, metrics_after), sibling_busy_cpus=busy,
         api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=result.client_cpu_s,
-        num_clients=spec.num_clients,
+        num_clients=spec.num_clients, num_waited=result.num_waited,
         gpu=gpu_sample, server_tracebacks=tracebacks, recompile_limit_lines=recompiles,
         planner_off=planner_off, log_tail=None if ok else server.log_tail(),
         started_at=started,

@@ -18,7 +18,7 @@ from gate.verdict.rule import MIN_EFFECT
 # an older manifest lacks
 RESUME_KEYS = ("baseline", "aa_arm", "model", "device", "cells", "prompt_len", "output_len",
                "runs", "requests", "seed", "until_verdict", "min_effect", "interleave",
-               "shared_prefix_len", "sampling")
+               "shared_prefix_len", "sampling", "request_rate")
 RESUME_DEFAULTS = {"until_verdict": False, "min_effect": MIN_EFFECT, "interleave": False,
                    "shared_prefix_len": 0,
                    "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0}}

@@ -117,7 +117,8 @@ class Session:
             rounds_run=0, runs=config.runs, interleave=config.interleave,
             parallel_start=config.parallel_start,
             requests={f"c={c}": config.requests_for(c) for c in config.concurrency},
-            seed=config.seed, sampling=config.sampling, placement=self.placement.to_dict(),
+            seed=config.seed, sampling=config.sampling, request_rate=config.request_rates,
+            placement=self.placement.to_dict(),
             removed_env=tuple(removed_env), host=host_info(), versions=gather_versions(),
             profile=({**profile_tool(config.device), "steps": config.profile_steps}
                      if config.profile else None),

@@ -104,6 +104,8 @@
 #             snapshot, shared prefix as gate-prefix), tarred
 #   gate-prefix-long  configs/gate/h200-0.8b-prefix-long.yaml (on against off, 4,000-token
 #             fresh prompts at c=1/16: the cut's TTFT cost), tarred
+#   gate-prefix-open  configs/gate/h200-0.8b-prefix-open.yaml (gate-prefix's load open loop:
+#             Poisson arrivals at 25 and 45 requests/s, c=16/64 the most in flight), tarred
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
 #             torch's filter, and a seeded request alone (eager, host-planned) against among 15
 #             (graphs, resident slots), torch and triton;
@@ -328,7 +330,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
