@@ -30,3 +30,23 @@ def test_decode_kernels_compile_for_hopper(model):
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) >= 6 and all(line.startswith("  ok ") for line in lines), result.stdout
+
+
+def test_every_launched_kernel_is_found_for_its_resources():
+    """compiled_kernels (bench.py's record of what the driver loaded) finds each kernel of
+    resident/kernels/ by module: plain JIT functions and the autotuned chunk-states kernel; a
+    helper another module imports is named by its own module once. Compiled (not interpreted)
+    functions only: in a subprocess without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = ("from resident.tools.compiled_kernels import compiled_kernels, jit_functions\n"
+              "print(sorted(jit_functions()))\nprint(compiled_kernels())")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    names, compiled = result.stdout.splitlines()
+    for kernel in ("decode_attention._split_kernel", "gemv._gemv_kernel",
+                   "chunk_states._chunk_states_kernel", "nucleus_race._round_kernel",
+                   "gdn_layer_decode._gdn_layer_decode_kernel", "gumbel_race._gumbel"):
+        assert f"'{kernel}'" in names, kernel
+    assert "nucleus_race._gumbel" not in names  # imported from gumbel_race
+    assert compiled == "[]"  # nothing was launched here

@@ -14,6 +14,7 @@ from resident.kernels.decode_attention import (  # noqa: E402
     paged_decode_attention,
 )
 from resident.kernels.gdc import KeptZeros  # noqa: E402
+from resident.tools.compiled_kernels import compiled_kernels  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SINK = 0
@@ -245,3 +246,18 @@ def test_cuda_graph_replay_reads_new_rows_gpu():
         graph.replay()
         ref = paged_attention_ref(query.float(), kv.float(), tables, token_seq, positions, scale)
         assert _relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_the_launched_split_pass_reports_its_registers_gpu():
+    """compiled_kernels lists the split pass as the driver loaded it at the real shapes (what
+    bench.py records): a thread's registers and no spill. compile_check's figure for it (241,
+    as typed) is an upper bound; with the launch's hints ptxas gives it ~92."""
+    query, kv, tables, token_seq, positions = make_step(
+        [640] * 4, page_size=16, num_kv_heads=2, head_dim=256, num_heads=8,
+        dtype=torch.bfloat16, width=48, seed=3)
+    paged_decode_attention(query, kv, tables, token_seq, positions, 256**-0.5, 8)
+    torch.cuda.synchronize()
+    split = [k for k in compiled_kernels() if k["kernel"] == "decode_attention._split_kernel"]
+    assert split and all(0 < k["registers"] <= 255 and k["spill_bytes"] == 0 for k in split)
+    print(split)

@@ -27,6 +27,9 @@ time the prefill makes the GPU wait for.
 With --cprofile DIR, once the timed steps are done, it runs decode steps and then one fresh
 prompt's prefill under cProfile and writes the costliest Python functions of each to
 DIR/decode_c{c}.txt and DIR/prefill_c{c}.txt: where the host time of a step goes.
+
+Last, a line for each Triton kernel specialization compiled in the run: its warps, stages,
+registers, spill and shared bytes as loaded (compiled_kernels.py).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.profiling.summary import union_us
 from resident.tools.bench_io import require_cuda, write_json
+from resident.tools.compiled_kernels import compiled_kernels
 
 TIMED, PROFILED, TOP_KERNELS = 40, 10, 14
 
@@ -294,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
                   row["kernels_per_step"], row["host_gap_ms"], row["gc_ms_per_step"],
                   row["roofline_ms"], row["fresh_prefill_ms"], row["fresh_prefill_gpu_ms"])
         print(" ".join(f"{v:>11}" for v in values))
-    write_json(args.json, {"knobs": knobs, "burst": burst, "rows": rows})
+    compiled = compiled_kernels()
+    for kernel in compiled:
+        print(json.dumps(kernel))
+    write_json(args.json, {"knobs": knobs, "burst": burst, "rows": rows,
+                           "compiled_kernels": compiled})
     return 0
 
 

@@ -11,6 +11,14 @@ kernel variant a decode step launches, and the prefill's GDN conv, at the model'
 prints each one's shared memory against the limit, its registers and its spill bytes; shared
 memory over the limit or a spill fails it. It needs no driver; run it with TRITON_INTERPRET
 unset (the kernels must be JIT functions).
+
+Each kernel is compiled as typed, without what a launch specializes on (an int argument equal to
+1 becomes a constant; ints that are multiples of 16 and 16-byte-aligned pointers get a
+divisibility hint), so addresses are computed in full and loads are not vectorized or pipelined:
+registers read high (decode attention's split pass at the 0.8B: 241 here, 92 with its launch's
+hints) and shared memory can read low (25,600 bytes here, 41,984 with them, the K/V tiles then
+staged through cp.async). bench.py records the launched kernels' own figures
+(compiled_kernels.py).
 """
 
 from __future__ import annotations
