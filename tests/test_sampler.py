@@ -162,6 +162,23 @@ def test_a_seed_draws_the_same_tokens_in_any_row_of_any_batch():
     assert len(set(alone)) > 10, "a draw that ignores the token index repeats itself"
 
 
+def test_a_triton_sampler_draws_the_torch_samplers_tokens_step_after_step():
+    """The `triton` sampler (its race in the interpreter, its judges' counters kept between
+    draws), step after step with the row count changing and back, gives the `torch` sampler's
+    tokens (the same noise). That the counters stay zero is the draw's test's: stale ones
+    cost rounds, and a later round still finds the same token here."""
+    vocab = 300
+    generator = torch.Generator().manual_seed(5)
+    samplers = [Sampler(CPU, 0, vocab, 8, name) for name in ("torch", "triton")]
+    params = [SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, seed=s) for s in range(4)]
+    for index, num_rows in enumerate((4, 2, 4)):
+        logits = torch.randn(num_rows, vocab, generator=generator) * 2
+        rows = [SampleRow(f"r{i}", params[i], index) for i in range(num_rows)]
+        torch_tokens, triton_tokens = (sample(sampler, logits, rows).tokens.tolist()
+                                       for sampler in samplers)
+        assert triton_tokens == torch_tokens
+
+
 def test_unseeded_requests_differ():
     """Requests without a seed get distinct ones from the engine's: the same logits and
     index give different tokens."""
@@ -220,9 +237,12 @@ def test_the_triton_rejection_race_draws_the_torch_filters_tokens():
     """kernels/nucleus_race.py (in the interpreter) against the torch filter and race: the same
     noise, so the same tokens, over rows of every filter (tight top-p on flat logits takes
     several rounds), a vocabulary over two chunks, -inf logits, strided parameter columns and
-    greedy rows; a NaN row and a 1e-40 temperature fail alone and keep their greedy tokens."""
+    greedy rows; a NaN row and a 1e-40 temperature fail alone and keep their greedy tokens.
+    The draws of one vocabulary share kept counters: each judge leaves its own at zero."""
     from resident.engine.draw import RowParams, draw, vocab_counters
     from resident.engine.sampling_state import ParamColumns
+    from resident.kernels.gdc import KeptZeros
+    from resident.kernels.nucleus_race import ROUNDS
 
     generator = torch.Generator().manual_seed(7)
     settings = [(0.7, 0, 0.9, 0.0), (1.3, 5, 1.0, 0.0), (1.0, 0, 1.0, 0.2), (0.5, 6, 0.8, 0.0),
@@ -234,16 +254,17 @@ def test_the_triton_rejection_race_draws_the_torch_filters_tokens():
             columns.floats_gpu[row] = torch.tensor([temperature, top_p, min_p])
             columns.ints_gpu[row, :2] = torch.tensor([top_k, (-1) ** row * (row + 1) << 40])
         params = columns.params(len(settings))
-        counters = vocab_counters(vocab, CPU)
+        counters, meeting = vocab_counters(vocab, CPU), KeptZeros()
         for draw_index in range(3):
             columns.ints_gpu[:, 2] = draw_index * 11 + torch.arange(len(settings))
             logits = torch.randn(len(settings), vocab, generator=generator) * 2
             logits[logits < -2.5] = float("-inf")
             greedy = logits.argmax(dim=-1)
             want = draw(logits, params, greedy, counters, "torch", fused=True)
-            got = draw(logits, params, greedy, counters, "triton")
+            got = draw(logits, params, greedy, counters, "triton", meeting=meeting)
             assert got.tokens.tolist() == want.tokens.tolist()
             assert not got.failed.any()
+            assert not meeting.get((ROUNDS + 1, len(settings)), torch.int32, CPU).any()
     poison = torch.randn(3, 300, generator=generator)
     poison[0, 17] = float("nan")
     poison_params = RowParams(torch.tensor([1.0, 1e-40, 0.8]), torch.zeros(3, dtype=torch.int64),

@@ -83,6 +83,7 @@ class Sampler:
         self._columns = ParamColumns(max_rows, device)
         self._staging = HostColumns(max_rows, device)
         self._graphs = StepGraphs("sampler") if device.type == "cuda" else None
+        self._meeting = _kept_zeros() if name == "triton" else None  # the race's counters
         # (bucket, rows) -> views of the bucket's captured draw outputs: made once, reused
         self._replayed_views: dict[tuple[int, int], Drawn] = {}
 
@@ -160,7 +161,8 @@ class Sampler:
 
     def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
         return draw(step.logits[:num_rows], self._columns.params(num_rows),
-                    self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused)
+                    self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused,
+                    self._meeting)
 
     def _draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
         """A decode bucket's draw over all its rows: by slot under resident slots (gather,
@@ -206,6 +208,14 @@ class Sampler:
         sampled = logprobs.gather(1, tokens[select][:, None])
         values = torch.cat([sampled, top_values], dim=1).to(torch.float64)
         return StepLogprobs(tuple(asked), counts, values, top_ids)
+
+
+def _kept_zeros():
+    """A KeptZeros, imported at the sampler's build: triton must not load before
+    TRITON_INTERPRET is set, which a module import here could precede."""
+    from resident.kernels.gdc import KeptZeros
+
+    return KeptZeros()
 
 
 def _sliced(drawn: Drawn, num_rows: int) -> Drawn:

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import last_to_arrive
+from resident.kernels.gdc import KeptZeros, last_to_arrive
 from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
 ROUNDS = 6
@@ -298,6 +298,7 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
                                       step, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
             tl.store(floors + (step + 1) * num_rows + row, floor)
             tl.store(judged + (step + 1) * num_rows + row, candidate)
+        tl.store(arrivals + step * num_rows + row, 0)  # zero again for the next draw
 
 
 @triton.jit
@@ -352,14 +353,16 @@ def _common_stride(*columns: torch.Tensor) -> int:
 
 def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor,
-                 index: torch.Tensor, greedy: torch.Tensor,
-                 rounds: int = ROUNDS) -> tuple[torch.Tensor, torch.Tensor]:
+                 index: torch.Tensor, greedy: torch.Tensor, rounds: int = ROUNDS,
+                 meeting: KeptZeros | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [rows, vocab] (a float dtype, unit stride along the vocabulary); per row
     ([rows] each, draw.RowParams' dtypes and order; each dtype's with one row stride):
     temperature (<= 0: greedy), top_k, top_p, min_p,
     seed, index; greedy: [rows] int64, the rows' argmax as torch.argmax gives it (a NaN counts
     as the largest): the race reads each row's top there. Returns ([rows] int64 tokens, [rows]
-    bool failed). Static grids, temporaries only: a CUDA graph can hold it."""
+    bool failed). Static grids, temporaries only: a CUDA graph can hold it. meeting: where
+    the judges' arrival counters are kept, zero between draws (each judge leaves its own at 0),
+    so a draw clears none; without it they are zero-filled every draw."""
     if logits.stride(1) != 1:
         raise ValueError("logits must be contiguous along the vocabulary")
     if rounds < 1:
@@ -380,7 +383,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     floors = torch.empty(rounds + 1, num_rows, dtype=torch.float32, device=device)
     judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
     done = torch.empty(num_rows, dtype=torch.int32, device=device)
-    arrivals = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device)
+    arrivals = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device) \
+        if meeting is None else meeting.get((rounds + 1, num_rows), torch.int32, device)
     tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
     failed = torch.empty(num_rows, dtype=torch.bool, device=device)
     strides = (_common_stride(temperature, top_p, min_p), _common_stride(top_k, seed, index))
