@@ -24,7 +24,7 @@ from resident.server.tokenizer import (
     HFTokenizer,
     load_tokenizer,
 )
-from resident.server.validation import ApiError, parse_completion_request
+from resident.server.validation import ApiError, all_in_vocab, parse_completion_request
 
 VOCAB = 512
 MAX_LEN = 64
@@ -107,6 +107,8 @@ def test_another_models_name_is_not_found():
         ({"prompt": [1, 2.0]}, ["'prompt[1]'", "2.0"]),
         ({"prompt": [1, -1]}, ["'prompt[1]'", "-1"]),
         ({"prompt": [VOCAB]}, ["'prompt[0]'", str(VOCAB)]),
+        ({"prompt": [1, 2**70]}, ["'prompt[1]'", str(2**70)]),
+        ({"prompt": [1, None]}, ["'prompt[1]'", "null"]),
         ({"prompt": [0] * 60, "max_tokens": 5}, ["60", "5", "65", str(MAX_LEN)]),
         ({"prompt": "x", "max_tokens": 0}, ["'max_tokens'", "0"]),
         ({"prompt": "x", "max_tokens": -3}, ["'max_tokens'", "-3"]),
@@ -161,6 +163,12 @@ def test_bad_input_is_a_400_naming_the_field(body, names):
     assert (info.value.status, info.value.type) == (400, "invalid_request_error")
     for name in names:
         assert name in info.value.message, (name, info.value.message)
+
+
+def test_the_fast_id_check_takes_only_ints_in_the_vocabulary():
+    assert all_in_vocab([0, 5, VOCAB - 1], VOCAB)
+    for ids in ([], [1, True], [1, 2.0], [1, None], [1, "2"], [-1, 3], [3, VOCAB], [[1]]):
+        assert not all_in_vocab(ids, VOCAB), ids
 
 
 def test_string_prompt_ids_are_checked_against_the_vocabulary():

@@ -184,6 +184,31 @@ def test_bad_input_gets_400_and_the_server_carries_on(server, body, names):
     assert complete(server.url, [1, 2, 3], 2)["usage"]["completion_tokens"] == 2
 
 
+# raw bodies the API's two JSON readers read apart (orjson refuses or reads otherwise): each
+# answered as the stdlib's reading decides (api._parse)
+RAW_BODIES = [
+    (b'{"prompt":[1,2],"max_tokens":2,"top_k":100000000000000000000000000000}', 200, ""),
+    (b'{"prompt":[1,123456789012345678901234567890],"max_tokens":2}', 400,
+     "'prompt[1]' = 123456789012345678901234567890 is outside the vocabulary"),
+    (b'{"prompt":"\\ud800 x","max_tokens":2}', 400, "lone surrogate"),
+    (b'{"prompt":[1,2],"max_tokens":2,"temperature":NaN}', 400, "'temperature'"),
+    (b'\xef\xbb\xbf{"prompt":[1,2],"max_tokens":2}', 200, ""),
+    (b'{"prompt":[1,2],', 400, "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("raw, status, message", RAW_BODIES,
+                         ids=[str(i) for i in range(len(RAW_BODIES))])
+def test_a_body_means_what_the_stdlibs_json_reads(server, raw, status, message):
+    got, data = run(post(server.url + "/v1/completions", raw,
+                         {"Content-Type": "application/json"}))
+    assert got == status, data
+    if status == 200:
+        assert data["usage"]["completion_tokens"] == 2
+    else:
+        assert message in data["error"]["message"], data
+
+
 def test_unknown_model_is_404(server):
     status, data = run(post(server.url + "/v1/completions",
                             {"prompt": [1], "max_tokens": 1, "model": "gpt-5"}))

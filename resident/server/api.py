@@ -44,7 +44,7 @@ from resident.server.choices import Choice
 from resident.server.client import EngineClient, EngineUnavailable
 from resident.server.debug import add_debug_routes
 from resident.server.http import auth, errors, request_ids
-from resident.server.jsonenc import dumps
+from resident.server.jsonenc import FAST_LOADS, dumps, loads
 from resident.server.pushed import PushedStream
 from resident.server.responses import ChatFormat, TextFormat
 from resident.server.state import STATE, ApiState, ready_client
@@ -160,10 +160,23 @@ async def _read_body(request: web.Request, state: ApiState) -> bytes:
 
 
 def _parse(raw: bytes, state: ApiState, info: dict[str, Any], chat: bool) -> CompletionRequest:
+    """The request a body asks for: read by the fast parser (jsonenc.loads) and validated; a
+    body it refuses, or whose reading fails validation, is read again by the stdlib's json,
+    whose reading decides (what it refuses is a 400). orjson reads an integer past 64 bits as a
+    float, the one way the two differ on what both read, so an answer is always the one the
+    stdlib's reading gives."""
+    if FAST_LOADS:
+        with contextlib.suppress(ValueError, RecursionError, ApiError):
+            return _validated(loads(raw), state, info, chat)
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    return _validated(body, state, info, chat)
+
+
+def _validated(body: Any, state: ApiState, info: dict[str, Any], chat: bool
+               ) -> CompletionRequest:
     if chat:
         return parse_chat_request(body, state.tokenizer, state.chat_template, state.model_name,
                                   info["vocab_size"], info["max_model_len"])
