@@ -21,10 +21,14 @@ def test_the_synthetic_decode_streams_every_token(capsys):
     assert (result["requests_ok"], result["failed"], result["tokens"]) == (64, 0, 64 * 64)
     assert result["api_us_per_token"] > 0 and result["core_cores"] > 0
     assert result["api_processes"] == 1
+    assert result["api_us_per_request"] == pytest.approx(result["api_us_per_token"] * 64,
+                                                         rel=0.01)
 
 
-@pytest.mark.parametrize("args", [["--step-ms", "1"], ["--synthetic-decode", "--step-ms", "-1"]])
-def test_a_bad_step_ms_is_refused_naming_it(args, capsys):
+@pytest.mark.parametrize("args, named", [
+    (["--step-ms", "1"], "--step-ms"), (["--synthetic-decode", "--step-ms", "-1"], "--step-ms"),
+    (["--prompt-len", "0"], "--prompt-len"), (["--native"], "--native goes with --py-spy")])
+def test_bad_options_are_refused_naming_them(args, named, capsys):
     with pytest.raises(SystemExit):
         api_profile.main(args)
-    assert "--step-ms" in capsys.readouterr().err
+    assert named in capsys.readouterr().err

@@ -1,8 +1,9 @@
 """Where the API process's CPU goes per streamed token (the tiny model on the CPU by default).
 
     python -m gate.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
-        [--requests 128] [--output-len 128] [--api-processes 1] [--py-spy stacks.txt]
-        [--top 25] [--set knob=value ...] [--synthetic-decode [--step-ms 0]]
+        [--requests 128] [--prompt-len 16] [--output-len 128] [--api-processes 1]
+        [--py-spy stacks.txt [--native]] [--top 25] [--set knob=value ...]
+        [--synthetic-decode [--step-ms 0]]
 
 Starts `resident serve MODEL --device DEVICE`, drives it with the gate's load client
 (gate/run/load.py: streamed completions at a fixed concurrency, ignore_eos, after a warm-up at
@@ -12,7 +13,12 @@ and after the measured requests: µs of API CPU per streamed token (all API proc
 installed: `pip install py-spy`) py-spy samples the API process during the measured requests
 only (start-up and warm-up left out) into that file (collapsed stacks) and the tool prints the
 functions with the most own samples, as µs per token: their share of the samples times the
-measured µs per token.
+measured µs per token. With --native py-spy also walks the C frames (the system calls under a
+write: libc `send` took 49% of the API's samples at c=64 on the project's VM); it must then stop
+the process for each sample, so the run is slower and the CPU figures a little high.
+`api_us_per_request` is the same CPU per measured request: with --output-len 1 and a long
+--prompt-len, what taking in a request costs the API (resident/tools/intake_bench.py times its
+parts).
 
 With --synthetic-decode the server's engine core skips the decode forward
 (resident/tools/synthetic_core.py; each decode step sleeps --step-ms instead): on this host's
@@ -92,17 +98,19 @@ def core_pid(log_path: Path) -> int:
 
 
 async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
-                  stacks: Path | None) -> dict[str, Any]:
+                  stacks: Path | None, native: bool = False) -> dict[str, Any]:
     """Runs the load; the API processes' and the core's CPU over the measured requests (py-spy
     samples the first API process)."""
     pid = pids[0]
     await warm_up(url, spec)
     sampler = None
     if stacks is not None:
-        sampler = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "500",
-                                    "--nonblocking", "--format", "raw", "--output", str(stacks)],
+        # --nonblocking: py-spy never stops the process; native frames need it stopped
+        how = ["--native", "--rate", "200"] if native else ["--nonblocking", "--rate", "500"]
+        sampler = subprocess.Popen(["py-spy", "record", "--pid", str(pid), *how,
+                                    "--format", "raw", "--output", str(stacks)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        await asyncio.sleep(1.0)  # py-spy attaches (--nonblocking: it never stops the process)
+        await asyncio.sleep(1.0)  # py-spy attaches
     before = [cpu_seconds(p) for p in pids]
     core_before = cpu_seconds(core)
     # warmed above: run_load would warm again inside the window, its CPU on measured tokens
@@ -124,6 +132,7 @@ async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
             "api_cores": round(api_s / metrics.duration, 3),
             "busiest_api_cores": round(max(each_s) / metrics.duration, 3),
             "api_us_per_token": round(api_s / tokens * 1e6, 2),
+            "api_us_per_request": round(api_s / max(metrics.completed, 1) * 1e6, 1),
             "core_cores": round(core_s / metrics.duration, 3)}
 
 
@@ -152,9 +161,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="resident serve --api-processes (0: its default)")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--py-spy", dest="stacks", type=Path, default=None,
                         help="sample the API process with py-spy into this file; print its top")
+    parser.add_argument("--native", action="store_true",
+                        help="with --py-spy: C frames too (stops the process for each sample)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for the server, knob=value")
@@ -164,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --synthetic-decode: each decode step's sleep, ms")
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     args = parser.parse_args(argv)
-    for name in ("concurrency", "requests", "output_len", "top"):
+    for name in ("concurrency", "requests", "prompt_len", "output_len", "top"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.step_ms < 0 or (args.step_ms and not args.synthetic_decode):
         parser.error(f"--step-ms must be >= 0 and needs --synthetic-decode, got {args.step_ms}")
-    spec = LoadSpec(args.concurrency, args.requests, PROMPT_LEN, args.output_len,
+    if args.native and not args.stacks:
+        parser.error("--native goes with --py-spy")
+    spec = LoadSpec(args.concurrency, args.requests, args.prompt_len, args.output_len,
                     num_warmup=min(args.concurrency, args.requests))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -179,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(wait_ready(url, server))
         result = asyncio.run(measure(url, api_pids(server.pid, log_path), core_pid(log_path),
-                                     spec, args.stacks))
+                                     spec, args.stacks, args.native))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
