@@ -58,7 +58,8 @@
 #             socket send + recv, an epoll wait, an unpickle and a JSON encode (beside the VM's)
 #   api-spy   api-profile at c=64 and c=256 with the API process pinned (api_core=0) and sampled
 #             by py-spy (a static binary carried as .whl/bin/py-spy: the host has none): the top
-#             functions in api-spy-c<c>.log, the stacks tarred to api-spy.tgz
+#             functions in api-spy-c<c>.log, the stacks tarred to api-spy.tgz; API_SPY_NATIVE=1:
+#             with C frames (the send system call's share; py-spy stops the process a sample)
 #   api-synthetic  the API process alone at GPU token rates on this host's CPUs: api_profile
 #             --synthetic-decode (the tiny model, the core's decode forward skipped) at c=64 and
 #             c=256, the tool and its server on CPUs 0-5, the API process on CPU 0 (api_core),
@@ -251,7 +252,8 @@ for part in "$@"; do
       for c in 64 256; do
         PATH=$PWD/.whl/bin:$PATH run "api-spy-c$c" 200 python3 -m gate.tools.api_profile \
           --model qwen3.5-0.8b --device cuda --concurrency "$c" --requests $((4 * c)) \
-          --output-len 256 --set api_core=0 --py-spy "$OUT/api-spy/c$c.txt" --top 40
+          --output-len 256 --set api_core=0 --py-spy "$OUT/api-spy/c$c.txt" --top 40 \
+          ${API_SPY_NATIVE:+--native}
       done
       tar czf "$OUT/api-spy.tgz" -C "$OUT" api-spy && rm -rf "$OUT/api-spy" ;;
     api-synthetic)
