@@ -353,10 +353,10 @@ class _Completion:
             # so aiohttp sends the headers with it, before any write of the PushedStream's
             await response.write(b"".join(opening) + self._events(choice, first))
             await self._stream_rest(request, response, rest, deadline)
-            if self.parsed.include_usage:
-                await response.write(_sse(self._envelope([], True)
-                                          | {"usage": self._usage()}))
-            await response.write(b"data: [DONE]\n\n")
+            usage = _sse(self._envelope([], True) | {"usage": self._usage()}) \
+                if self.parsed.include_usage else b""
+            # with the response's end: one write, where three were a system call each
+            await response.write_eof(usage + b"data: [DONE]\n\n")
         except ConnectionResetError:
             # The client went away; leaving `rest`'s block aborts the request.
             log.debug("client left during %s", self.id)
