@@ -15,11 +15,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from resident.engine import draw
-
 MAX_CHUNK = 8192  # vocabulary ids a program scans
 MAX_BLOCK = 1024  # ids a loop iteration loads
-SERIES_BELOW = tl.constexpr(draw.SERIES_BELOW)  # the reference's, as a kernel constant
 
 
 @triton.jit
@@ -48,7 +45,7 @@ def _gumbel(bits, FAST: tl.constexpr):
     w = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # 2**-32
     tail = 1 / 4 + w * (1 / 5 + w * (1 / 6 + w * (1 / 7)))
     series = w * (1 + w * (1 / 2 + w * (1 / 3 + w * tail)))
-    exponential = tl.where(w < SERIES_BELOW, series, -_log(1 - w, FAST))
+    exponential = tl.where(w < 0.125, series, -_log(1 - w, FAST))  # draw.SERIES_BELOW
     return -_log(exponential, FAST)
 
 
