@@ -91,10 +91,46 @@ def test_the_closed_loop_runs_every_prompt_and_fails_a_bad_one_alone():
     assert sum(stats["steps"].values()) >= 16 / 2  # never more than 2 rows a step
 
 
+def test_an_open_loop_adds_each_prompt_at_its_arrival():
+    """Arrivals 0.5 s apart on 2 slots: each prompt waits for its time (the loop idles in
+    between), finds a slot free, and its clock starts at its arrival; three arriving at once
+    on one slot: two wait, each from the step that freed the slot."""
+    model = load_model_config("tiny")
+    engine = build_engine(model, EngineConfig(), "cpu")
+    spec = LoadSpec(2, 4, PROMPT_LEN, 4, vocab_size=model.vocab_size)
+    loop = closed_loop.ClosedLoop(engine, make_prompts(spec, 4, salt=2), 4, 2, "o",
+                                  [0.0, 0.5, 0.5, 1.0])
+    wall_s = loop.run()
+    assert wall_s >= 1.0 and loop.num_waited == 0
+    assert [r["ok"] for r in loop.results] == [True] * 4
+    assert all(0 < r["ttft_s"] < 0.5 for r in loop.results)
+    burst = closed_loop.ClosedLoop(engine, make_prompts(spec, 3, salt=3), 4, 1, "b",
+                                   [0.0, 0.0, 0.0])
+    burst.run()
+    assert burst.num_waited == 2 and all(r["ok"] for r in burst.results)
+
+
+def test_one_call_measures_an_open_loop_in_both_halves(tmp_path, capsys):
+    code = served_ratio.main([
+        "--concurrency", str(CONCURRENCY), "--prompt-len", str(PROMPT_LEN),
+        "--output-len", str(OUTPUT_LEN), "--requests", str(REQUESTS), "--request-rate", "40",
+        "--logs", str(tmp_path), "--format", "json"])
+    sections = json.loads(capsys.readouterr().out)
+    assert code == 0, sections
+    assert sections["served_ratio"]["request_rate"] == 40
+    rows = {row["what"]: row for row in sections["comparison"]}
+    for half in ("in_process", "served"):
+        assert rows["completed"][half] == REQUESTS and rows["failed"][half] == 0
+        assert rows["requests that waited for a slot"][half] >= 0
+        # 12 arrivals at 40 a second: the last comes after ~0.3 s, so a run lasts that long
+        assert rows["wall s"][half] >= 0.8 * 11 / 40
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
     (["--requests", "-1"], "--requests must be >= 0, got -1"),
     (["--shared-prefix-len", "-2"], "--shared-prefix-len must be >= 0, got -2"),
+    (["--request-rate", "-1"], "--request-rate must be >= 0 and finite, got -1.0"),
     (["--set", "bogus=1"], "unknown knob 'bogus'"),
     (["--model", "nope"], "unknown model 'nope'"),
     (["--server-cpus", "4096"], "--server-cpus 4096"),
@@ -106,9 +142,12 @@ def test_a_bad_option_is_named_before_anything_starts(args, named, capsys):
     assert named in capsys.readouterr().err
 
 
-def test_the_closed_loop_names_a_bad_prompts_file(tmp_path, capsys):
+@pytest.mark.parametrize("data", [{"warmup": [[1, 2]]},
+                                  {"measured": [[1], [2]], "arrivals": [0.0]},
+                                  {"measured": [[1], [2]], "arrivals": [0.5, 0.1]}])
+def test_the_closed_loop_names_a_bad_prompts_file(tmp_path, capsys, data):
     prompts = tmp_path / "prompts.json"
-    prompts.write_text(json.dumps({"warmup": [[1, 2]]}))
+    prompts.write_text(json.dumps(data))
     with pytest.raises(SystemExit) as exit_info:
         closed_loop.main(["tiny", "--prompts", str(prompts), "--json", str(tmp_path / "o")])
     assert exit_info.value.code == 2

@@ -2,15 +2,16 @@
 
     python -m gate.tools.served_ratio [--model tiny] [--device cpu] [--concurrency 64]
         [--prompt-len 512] [--shared-prefix-len 0] [--output-len 256] [--requests N]
-        [--clients N] [--seed 0]
+        [--request-rate R] [--clients N] [--seed 0]
         [--set knob=value ...] [--server-cpus LIST] [--client-cpus LIST] [--gpu N]
         [--startup-timeout 900] [--logs DIR] [--inductor-cache DIR] [--format table|json]
 
 One load (prompts of --prompt-len random token ids after a --shared-prefix-len prefix common
 to all, as the gate's shared-prefix workload; exactly --output-len tokens each, greedy,
-ignore_eos, --requests of them in a closed loop of --concurrency in flight, after a warm-up of
-one request a slot, two with a shared prefix) runs twice on the same engine, one half after the
-other:
+ignore_eos, --requests of them in a closed loop of --concurrency in flight, or with
+--request-rate open loop, arriving as the gate's `--request-rate` sends them, at most
+--concurrency in flight; after a warm-up of one request a slot, two with a shared prefix) runs
+twice on the same engine, one half after the other:
 
 - served: `resident serve` launched as the gate launches an arm's server (gate/run/server.py:
   clean environment, server CPUs, pinning knobs), driven by the gate's load client as a gate
@@ -18,7 +19,8 @@ other:
   counters, API/core/client CPU and GPU samples over the measured requests);
 - in process: `python -m resident.tools.closed_loop` in the server's environment and CPUs,
   the engine built as the engine core builds it, given the same warm-up and measured prompt
-  ids (gate/run/load.py: warmup_prompts, measured_prompts), no HTTP and no API process.
+  ids and arrivals (gate/run/load.py: warmup_prompts, measured_prompts, arrival_offsets), no
+  HTTP and no API process.
 
 Both halves' requests become the gate's ServeMetrics (load.summarize: output tok/s = output
 tokens over the first send to the last token), and the served/in-process ratio is printed
@@ -57,6 +59,7 @@ from gate.run.bytecode import server_pycache
 from gate.run.load import (
     LoadSpec,
     RequestResult,
+    arrival_offsets,
     measured_prompts,
     num_warmup_for,
     summarize,
@@ -102,6 +105,7 @@ class Half:
     step_ms: dict[str, float]
     prefix: dict[str, int]
     errors: tuple[str, ...] = ()
+    num_waited: int = 0  # open loop: requests that arrived with every slot busy
 
     @property
     def busy_s(self) -> float:
@@ -164,16 +168,17 @@ async def served_half(setup: Setup, spec: LoadSpec) -> tuple[Half, LoadSpec, dic
     if not record.ok or record.metrics is None:
         raise HalfFailed(f"served: {record.error}", record.log_tail or "")
     errors = (record.error,) if record.error else ()
-    return (Half(record.metrics, record.steps, record.step_ms, record.prefix, errors), spec,
-            debug, record)
+    return (Half(record.metrics, record.steps, record.step_ms, record.prefix, errors,
+                 record.num_waited), spec, debug, record)
 
 
 def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
     """The in-process half (resident.tools.closed_loop, in the server's environment and
     CPUs, on `spec`'s warm-up and measured prompts): (its measurement, its engine.info())."""
     prompts, answer = setup.work / "prompts.json", setup.work / "in_process.json"
-    prompts.write_text(json.dumps({"warmup": warmup_prompts(spec),
-                                   "measured": measured_prompts(spec)}))
+    measured_ids = measured_prompts(spec)
+    prompts.write_text(json.dumps({"warmup": warmup_prompts(spec), "measured": measured_ids,
+                                   "arrivals": arrival_offsets(spec, len(measured_ids))}))
     launch = setup.launch
     command = [sys.executable, "-m", "resident.tools.closed_loop", launch.model, "--device",
                launch.device, "--prompts", str(prompts), "--output-len", str(spec.output_len),
@@ -200,7 +205,8 @@ def in_process_half(setup: Setup, spec: LoadSpec) -> tuple[Half, dict]:
     before, after = data["stats_before"], data["stats_after"]
     steps, step_ms = _steps(after).since(_steps(before))
     prefix = prefix_counts(before, after, ENGINE_PREFIX_STATS)
-    return Half(measured.metrics, steps, step_ms, prefix, measured.errors), data["info"]
+    return (Half(measured.metrics, steps, step_ms, prefix, measured.errors, data["num_waited"]),
+            data["info"])
 
 
 def _steps(stats: dict) -> EngineSteps:
@@ -254,6 +260,7 @@ def comparison(in_process: Half, served: Half) -> list[dict[str, Any]]:
                  served.outside_ms_a_step()))
     rows += [(f"prefix {key.replace('_', ' ')}", in_process.prefix.get(key),
               served.prefix.get(key)) for key in ("hits", "saved_tokens")]
+    rows.append(("requests that waited for a slot", in_process.num_waited, served.num_waited))
     return [{"what": label, "in_process": _round(a, 4), "served": _round(b, 4),
              "served_over_in_process": _ratio(b, a)} for label, a, b in rows]
 
@@ -298,6 +305,7 @@ def measure(setup: Setup, spec: LoadSpec) -> tuple[dict[str, Any], bool]:
         "model": setup.launch.model, "device": setup.launch.device,
         "concurrency": spec.concurrency, "shared_prefix_len": spec.shared_prefix_len,
         "prompt_len": spec.prompt_len, "output_len": spec.output_len, "requests": spec.num_requests,
+        "request_rate": spec.request_rate or None,
         "warmup_requests": spec.num_warmup, "clients": spec.num_clients,
         "in_process_tok_s": in_process.metrics.output_throughput,
         "served_tok_s": served.metrics.output_throughput,
@@ -328,6 +336,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="tokens of one prefix every prompt opens with (the gate's "
                              "shared-prefix workload)")
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--request-rate", type=float, default=0.0,
+                        help="open loop: measured requests a second (0: a closed loop)")
     parser.add_argument("--requests", type=int, default=0,
                         help=f"measured requests (0: {REQUESTS_PER_SLOT} a slot, at least 8)")
     parser.add_argument("--clients", type=int, default=0,
@@ -382,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("requests", "clients", "shared_prefix_len"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if not 0 <= args.request_rate < math.inf:
+        parser.error(f"--request-rate must be >= 0 and finite, got {args.request_rate}")
     if args.startup_timeout <= 0:
         parser.error(f"--startup-timeout must be > 0, got {args.startup_timeout}")
     with tempfile.TemporaryDirectory(prefix="served-ratio-") as work:
@@ -396,7 +408,8 @@ def _run(setup: Setup, args: argparse.Namespace) -> int:
                     shared_prefix_len=args.shared_prefix_len,
                     num_warmup=num_warmup_for(args.concurrency, args.shared_prefix_len),
                     num_clients=clients_for(args.concurrency,
-                                            len(setup.placement.client_cpus), args.clients))
+                                            len(setup.placement.client_cpus), args.clients),
+                    request_rate=args.request_rate)
     allowed = os.sched_getaffinity(0)
     if setup.placement.client_cpus:  # as the gate pins itself: the load client's CPUs
         os.sched_setaffinity(0, setup.placement.client_cpus)

@@ -80,7 +80,8 @@
 #   ttft-prefix  where a prefix hit's TTFT goes: gate.tools.served_ratio at each c of
 #             $TTFT_CONC (default "16 64"), a shared 1,024-token prefix + 256 own, 256 out, 4
 #             requests a slot, prefix_cache on and off (one Inductor cache for all):
-#             ttft-<on|off>-c<c>.log holds the JSON (TTFT p50 in process and served)
+#             ttft-<on|off>-c<c>.log holds the JSON (TTFT p50 in process and served);
+#             TTFT_RATES="25 45" (one a c, in order): open loop at those requests a second
 #   prefix-engine  the prefix cache in the engine (tests/gpu/test_prefix_gpu.py: a second pass
 #             repeats the first bit for bit, hits, row check 0, everything returns)
 #   check-prefix  configs/gate/check-h200-0.8b-prefix.yaml (--sweep prefix: the cache off, on,
@@ -296,11 +297,15 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-addnorm.yaml --out "$OUT/gate-addnorm"
       tar czf "$OUT/gate-addnorm.tgz" -C "$OUT" gate-addnorm && rm -rf "$OUT/gate-addnorm" ;;
     ttft-prefix)
+      read -r -a rates <<< "${TTFT_RATES:-}"
+      i=0
       for c in ${TTFT_CONC:-16 64}; do
+        rate=${rates[$i]:-0}; i=$((i + 1))
         for cache in on off; do
           run "ttft-$cache-c$c" 300 python3 -m gate.tools.served_ratio --model qwen3.5-0.8b \
             --device cuda --concurrency "$c" --shared-prefix-len 1024 --prompt-len 256 \
             --output-len 256 --requests $((4 * c)) --set "prefix_cache=$cache" \
+            --request-rate "$rate" \
             --inductor-cache /tmp/ttft-inductor --logs "/tmp/ttft-$cache-c$c" --format json
           grep -E '"(in_process_tok_s|served_tok_s|ttft_p50_added_ms)"' "$OUT/ttft-$cache-c$c.log"
           python3 -c "$TTFT_ROWS" "$OUT/ttft-$cache-c$c.log"
