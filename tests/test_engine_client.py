@@ -8,11 +8,14 @@ import tempfile
 import time
 from contextlib import aclosing
 
+import zmq
+
 from resident.config import build_engine_config, model_yaml_knobs
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.server.client import EngineClient
 from resident.server.core import run_engine_core
+from resident.server.protocol import AbortRequest, AddRequest
 
 MAX_TOKENS = 24
 
@@ -74,3 +77,59 @@ def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
         assert len(_tokens(along)) == MAX_TOKENS
 
     asyncio.run(body())
+
+
+def test_what_one_turn_of_the_loop_queues_reaches_the_core_as_one_message_in_order():
+    """Requests and aborts queued in one turn of the event loop leave as one list, in order
+    (the core handles each); one queued alone leaves as itself. Read at the core's end of the
+    pipe by a plain PULL socket."""
+    request = EngineRequest("a", [1, 2], SamplingParams(max_tokens=2))
+
+    async def body():
+        with tempfile.TemporaryDirectory(prefix="rclient") as directory:
+            addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+            client = EngineClient(*addrs)
+            core_end = zmq.Context.instance().socket(zmq.PULL)
+            core_end.connect(addrs[0])
+            try:
+                await asyncio.sleep(0.2)  # connected, as a core is before its Ready
+                client._post(AddRequest(request))
+                client._post(AbortRequest("a"))
+                client._post(AddRequest(request, api_index=1))
+                await asyncio.sleep(0)  # the turn ends: one flush
+                client._post(AbortRequest("b"))
+                await asyncio.sleep(0.05)
+                assert core_end.poll(5000)
+                first = core_end.recv_pyobj()
+                assert core_end.poll(5000)
+                second = core_end.recv_pyobj()
+            finally:
+                core_end.close(linger=0)
+                await client.close()
+        assert first == [AddRequest(request), AbortRequest("a"), AddRequest(request, 1)]
+        assert second == AbortRequest("b")
+
+    asyncio.run(body())
+
+
+def test_a_message_the_pipe_cannot_take_yet_leaves_once_it_can():
+    """Queued before the core's end connects (zmq refuses a PUSH with no peer), a request is
+    retried every FLUSH_RETRY_S and arrives once the core is there, with what came after it."""
+    async def body():
+        with tempfile.TemporaryDirectory(prefix="rclient") as directory:
+            addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+            client = EngineClient(*addrs)
+            core_end = zmq.Context.instance().socket(zmq.PULL)
+            try:
+                client._post(AbortRequest("early"))
+                await asyncio.sleep(0.05)  # retried a few times: nobody is connected
+                client._post(AbortRequest("later"))
+                core_end.connect(addrs[0])
+                await asyncio.sleep(0.3)
+                assert core_end.poll(5000)
+                return core_end.recv_pyobj()
+            finally:
+                core_end.close(linger=0)
+                await client.close()
+
+    assert asyncio.run(body()) == [AbortRequest("early"), AbortRequest("later")]

@@ -195,9 +195,11 @@ def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int,
         boundary = _Boundary()
         while requests.poll(0):
             message = requests.recv_pyobj()
-            if not _handle(engine, message, pending, outputs, profiling, boundary,
-                           followers is not None):
-                return
+            # an API process sends what one turn of its event loop queued as one list
+            for one in message if isinstance(message, list) else (message,):
+                if not _handle(engine, one, pending, outputs, profiling, boundary,
+                               followers is not None):
+                    return
         phases.lap("intake")
         kind = _step(engine, followers, boundary, pending)
         if boundary.stats_queries:

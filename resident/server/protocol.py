@@ -1,7 +1,9 @@
 """Messages between the API processes and the engine-core process.
 
 Each API process has two ZMQ PUSH/PULL pipes over IPC to the core, carrying pickled
-dataclasses: requests go API -> core, outputs and replies go core -> API. A message that wants
+dataclasses: requests go API -> core, outputs and replies go core -> API (the AddRequests and
+AbortRequests one turn of an API process's event loop queues travel as one list, in order). A
+message that wants
 an answer names its API process (`api_index`, 0 for the first): the core answers it, and a
 request's outputs go to the process that added it (routing.py). The engine's own types
 (engine/types.py: EngineRequest, RequestOutput) travel inside them. Nothing here imports torch:
