@@ -160,8 +160,9 @@ class EngineClient:
         try:
             self._sending.send_pyobj(batch if len(batch) > 1 else batch[0], flags=zmq.NOBLOCK)
         except zmq.Again:  # the pipe to the core is full (the core is behind): try again soon
-            self._outbox[:0] = batch
-            asyncio.get_running_loop().call_later(FLUSH_RETRY_S, self._flush)
+            if self.fatal is None:  # else the core is gone and fail() has ended every stream
+                self._outbox[:0] = batch
+                asyncio.get_running_loop().call_later(FLUSH_RETRY_S, self._flush)
         except zmq.ZMQError:  # closed: the core is gone, and fail() ends the streams
             pass
 
