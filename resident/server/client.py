@@ -198,7 +198,9 @@ class EngineClient:
 
     async def close(self) -> None:
         """Stops routing and closes the pipes; the first API process (api_index 0, whose
-        child the core is) also tells the core to exit."""
+        child the core is) also tells the core to exit, after what is still queued."""
+        if self._outbox:
+            self._flush()
         if self.fatal is None and self.api_index == 0:
             with contextlib.suppress(zmq.ZMQError):
                 await self._requests.send_pyobj(Shutdown(), flags=zmq.NOBLOCK)
@@ -274,9 +276,8 @@ class EngineClient:
         """Aborts every request in flight (the core frees them; each stream ends with
         finish_reason `abort` and `reason`); returns how many."""
         request_ids = list(self._streams)
-        for request_id in request_ids:
-            with contextlib.suppress(zmq.ZMQError):
-                await self._requests.send_pyobj(AbortRequest(request_id), flags=zmq.NOBLOCK)
+        for request_id in request_ids:  # after any add still queued (_post keeps the order)
+            self._post(AbortRequest(request_id))
         self._end_streams(FINISH_ABORT, reason)
         return len(request_ids)
 
