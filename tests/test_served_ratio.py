@@ -20,17 +20,23 @@ from resident.tools import closed_loop
 CONCURRENCY, PROMPT_LEN, OUTPUT_LEN, REQUESTS = 4, 16, 8, 12
 
 
-def test_one_call_measures_both_halves_and_their_ratio(tmp_path, capsys):
-    allowed = os.sched_getaffinity(0)
+def _measured(tmp_path, capsys, *options: str) -> tuple[dict, dict]:
+    """A served_ratio call of the module's load (and `options`) that succeeded: its sections,
+    and its comparison rows by what they measure."""
     code = served_ratio.main([
         "--concurrency", str(CONCURRENCY), "--prompt-len", str(PROMPT_LEN),
-        "--output-len", str(OUTPUT_LEN), "--requests", str(REQUESTS), "--logs", str(tmp_path),
-        "--format", "json"])
+        "--output-len", str(OUTPUT_LEN), "--requests", str(REQUESTS), *options,
+        "--logs", str(tmp_path), "--format", "json"])
     sections = json.loads(capsys.readouterr().out)
     assert code == 0, sections
+    return sections, {row["what"]: row for row in sections["comparison"]}
+
+
+def test_one_call_measures_both_halves_and_their_ratio(tmp_path, capsys):
+    allowed = os.sched_getaffinity(0)
+    sections, rows = _measured(tmp_path, capsys)
     assert os.sched_getaffinity(0) == allowed  # the client's pinning undone
     assert set(sections) == {"served_ratio", "gap", "comparison", "served_cpu"}
-    rows = {row["what"]: row for row in sections["comparison"]}
     for half in ("in_process", "served"):  # every request, each with all its tokens
         assert rows["completed"][half] == REQUESTS and rows["failed"][half] == 0
         assert rows["output tokens"][half] == REQUESTS * OUTPUT_LEN
@@ -58,15 +64,9 @@ def test_one_call_measures_both_halves_and_their_ratio(tmp_path, capsys):
 def test_both_halves_hit_a_shared_prefix_alike(tmp_path, capsys):
     """A 32-token prefix opens every prompt and the cache snapshots every 2 pages: after the
     warm-up, every measured request restores the prefix, in process as served."""
-    code = served_ratio.main([
-        "--concurrency", str(CONCURRENCY), "--prompt-len", str(PROMPT_LEN),
-        "--shared-prefix-len", "32", "--output-len", str(OUTPUT_LEN), "--requests",
-        str(REQUESTS), "--set", "prefix_cache=on", "--set", "prefix_snapshot_interval=2",
-        "--logs", str(tmp_path), "--format", "json"])
-    sections = json.loads(capsys.readouterr().out)
-    assert code == 0, sections
+    sections, rows = _measured(tmp_path, capsys, "--shared-prefix-len", "32", "--set",
+                               "prefix_cache=on", "--set", "prefix_snapshot_interval=2")
     assert sections["served_ratio"]["shared_prefix_len"] == 32
-    rows = {row["what"]: row for row in sections["comparison"]}
     for half in ("in_process", "served"):
         assert rows["prefix hits"][half] == REQUESTS
         assert rows["prefix saved tokens"][half] == 32 * REQUESTS
@@ -111,14 +111,8 @@ def test_an_open_loop_adds_each_prompt_at_its_arrival():
 
 
 def test_one_call_measures_an_open_loop_in_both_halves(tmp_path, capsys):
-    code = served_ratio.main([
-        "--concurrency", str(CONCURRENCY), "--prompt-len", str(PROMPT_LEN),
-        "--output-len", str(OUTPUT_LEN), "--requests", str(REQUESTS), "--request-rate", "40",
-        "--logs", str(tmp_path), "--format", "json"])
-    sections = json.loads(capsys.readouterr().out)
-    assert code == 0, sections
+    sections, rows = _measured(tmp_path, capsys, "--request-rate", "40")
     assert sections["served_ratio"]["request_rate"] == 40
-    rows = {row["what"]: row for row in sections["comparison"]}
     for half in ("in_process", "served"):
         assert rows["completed"][half] == REQUESTS and rows["failed"][half] == 0
         assert rows["requests that waited for a slot"][half] >= 0
