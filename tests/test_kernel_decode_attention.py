@@ -213,7 +213,12 @@ def test_real_shape_bf16_gpu(batch, num_splits):
                                atol=1e-2, rtol=1e-2)
     merged = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
                           gate=gate, meeting=KeptZeros(), pdl=True)
-    assert torch.equal(merged, gated)
+    # the meeting's combine sums in the split kernel's layout (8 warps), which may round apart
+    # from the combine kernel's by an ulp in a few elements (H200: 5-10 of 131,072, at most
+    # 6e-5, the same error against the fp32 reference): equal to within that
+    torch.testing.assert_close(merged.float(), gated.float(), rtol=2**-7, atol=1e-4)
+    gated_ref = ref * gate.float().sigmoid()
+    assert abs(_relative_error(merged, gated_ref) - _relative_error(gated, gated_ref)) < 1e-4
 
 
 @pytest.mark.gpu

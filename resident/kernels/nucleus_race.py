@@ -40,11 +40,11 @@ from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
 ROUNDS = 6
 PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
-# The first round that counts them (from round 2, as measured when every program of a round
-# judged the pass before it). A round that counts them takes 180 registers a thread (2 programs
-# an SM), one that does not 72: 3 would run round 2's racing rows at round 1's size, the same
-# tokens (tests), not yet timed (tests/gpu/time_draw.py times both).
-PIVOTS_FROM = 2
+# The first round that counts them. A round that counts them takes 180 registers a thread (2
+# programs an SM), one that does not 72, so round 2 runs its racing rows at round 1's size from
+# 3 on: the draw at 64 rows took 108.1 us against 124.0 from round 2 (the same tokens: tests;
+# tests/gpu/time_draw.py, H200, results/2026-12-05-h200-race-judges).
+PIVOTS_FROM = 3
 
 
 @triton.jit
