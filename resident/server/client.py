@@ -272,7 +272,7 @@ class EngineClient:
             if not waiter.done():
                 waiter.set_exception(EngineUnavailable(reason))
 
-    async def abort_all(self, reason: str) -> int:
+    def abort_all(self, reason: str) -> int:
         """Aborts every request in flight (the core frees them; each stream ends with
         finish_reason `abort` and `reason`); returns how many."""
         request_ids = list(self._streams)

@@ -274,7 +274,7 @@ async def _drain(state: ApiState, grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     while state.client.num_streams and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    aborted = await state.client.abort_all(SHUTTING_DOWN)
+    aborted = state.client.abort_all(SHUTTING_DOWN)
     if aborted:
         log.warning("aborted %d requests still in flight after %g s", aborted, grace_s)
     await _handlers_finish(state, HANDLERS_FINISH_S)
