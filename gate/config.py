@@ -85,16 +85,16 @@ class GateConfig:
         if self.requests_per_slot < 1:
             raise ValueError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
         if any(n < 1 for n in self.requests):
-            raise ValueError(f"--requests must be >= 1, got {_ints(self.requests)}")
+            raise ValueError(f"--requests must be >= 1, got {_commas(self.requests)}")
         if len(self.requests) not in (0, 1, len(self.concurrency)):
-            raise ValueError(f"--requests {_ints(self.requests)}: give one number, or one per "
-                             f"cell of --concurrency {_ints(self.concurrency)}")
+            raise ValueError(f"--requests {_commas(self.requests)}: give one number, or one per "
+                             f"cell of --concurrency {_commas(self.concurrency)}")
         if any(not 0 < rate < float("inf") for rate in self.request_rate):
             raise ValueError(f"--request-rate must be > 0 and finite, got "
-                             f"{_ints(self.request_rate)}")
+                             f"{_commas(self.request_rate)}")
         if len(self.request_rate) not in (0, 1, len(self.concurrency)):
-            raise ValueError(f"--request-rate {_ints(self.request_rate)}: give one rate, or one "
-                             f"per cell of --concurrency {_ints(self.concurrency)}")
+            raise ValueError(f"--request-rate {_commas(self.request_rate)}: give one rate, or one "
+                             f"per cell of --concurrency {_commas(self.concurrency)}")
         if not 0 <= self.temperature < float("inf"):
             raise ValueError(f"--temperature must be >= 0 and finite, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -173,7 +173,7 @@ class GateConfig:
         return Path(self.out or f"results/{self.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _ints(values: tuple[float, ...]) -> str:
+def _commas(values: tuple[float, ...]) -> str:
     return ",".join(map(str, values))
 
 
