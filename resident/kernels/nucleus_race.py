@@ -19,7 +19,9 @@ read at its argmax, which the caller has (a decode graph computes it): a NaN the
 takes a NaN for the largest), +inf or -inf (every id -inf) fails the row (draw.Drawn.failed),
 which keeps its greedy token.
 
-Kernels: a first pass (the sum of exp(y - top), the race over all ids) and ROUNDS rounds. A
+Kernels: a first pass (the sum of exp(y - top), the race over all ids) and ROUNDS rounds, the
+first of which only counts above the first pass's winner: the race's noise (a hash and two logs
+an id) is most of a pass's arithmetic, and nine rows in ten need no second race. A
 row is split into chunks (grid rows x chunks). The last program of a row to finish a pass (an
 atomic counter a row and pass) judges it: it reduces the row's partials and writes the row's
 token, or sets the next pass's floor (_judge); the last round's judge writes every undecided
@@ -30,6 +32,8 @@ it: results/2026-12-04-h200-race-v3).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -45,6 +49,9 @@ PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floo
 # 3 on: the draw at 64 rows took 108.1 us against 124.0 from round 2 (the same tokens: tests;
 # tests/gpu/time_draw.py, H200, results/2026-12-05-h200-race-judges).
 PIVOTS_FROM = 3
+# Programs a late round (2 on) launches an SM, which stride over the rows its round takes: a
+# round with pivots fits 2 an SM, one without 7
+LATE_PROGRAMS_AN_SM = 4
 
 
 @triton.jit
@@ -124,15 +131,15 @@ def _kept(y, count, mass, top, total, top_ks, top_ps, min_ps, row, floats_stride
 @triton.jit
 def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
           CHUNK: tl.constexpr, BLOCK: tl.constexpr, PIVOTS: tl.constexpr, FIRST: tl.constexpr,
-          COUNT_PIVOTS: tl.constexpr, FAST: tl.constexpr):
+          COUNT_PIVOTS: tl.constexpr, RACE: tl.constexpr, FAST: tl.constexpr):
     """One chunk's pass over y = x / temperature, top the row's largest y. FIRST: the sum of
     exp(y - top) and the race over every id; else (count, sum of exp(y - top)) of y > floor,
     the same at each of _pivots(floor, top) where COUNT_PIVOTS (else zeros: every pivot then
-    looks kept by top-k and top-p and does not raise the floor), and the race over y > floor.
-    Both return the race's (score, id). Each lane keeps its own count, mass and race over the
-    chunk's blocks, reduced once at the end: a block reduction a block made the passes over
-    every row compute-bound. The pivots, counted only for the few rows still racing, are
-    reduced a block at a time."""
+    looks kept by top-k and top-p and does not raise the floor), and the race over y > floor
+    where RACE (else no noise is drawn: score -inf). Both return the race's (score, id). Each
+    lane keeps its own count, mass and race over the chunk's blocks, reduced once at the end: a
+    block reduction a block made the passes over every row compute-bound. The pivots, counted
+    only for the few rows still racing, are reduced a block at a time."""
     lanes = tl.arange(0, BLOCK)
     lane_a = tl.zeros([BLOCK], dtype=tl.float32)
     lane_b = tl.zeros([BLOCK], dtype=tl.float32)
@@ -168,11 +175,12 @@ def _pass(logits, stride, row, chunk, temperature, key, floor, top, vocab,
                 above = (weight[:, None] > pivot_weights[None, :]).to(tl.float32)
                 pivot_counts += tl.sum(above, axis=0)
                 pivot_masses += tl.sum(above * weight[:, None], axis=0)
-        noisy = tl.where(racing, y + _gumbel(_mix32(lane_bits), FAST), float("-inf"))
-        lane_bits += (BLOCK * 0x9E3779B9) % 4294967296
-        better = noisy > lane_score  # a lane's earlier block wins its ties
-        lane_id = tl.where(better, ids, lane_id)
-        lane_score = tl.where(better, noisy, lane_score)
+        if RACE:
+            noisy = tl.where(racing, y + _gumbel(_mix32(lane_bits), FAST), float("-inf"))
+            lane_bits += (BLOCK * 0x9E3779B9) % 4294967296
+            better = noisy > lane_score  # a lane's earlier block wins its ties
+            lane_id = tl.where(better, ids, lane_id)
+            lane_score = tl.where(better, noisy, lane_score)
     best_score = tl.max(lane_score, axis=0)
     # the smallest id among the best, as torch.argmax's first index
     best_id = tl.min(tl.where(lane_score == best_score, lane_id, vocab + CHUNK), axis=0)
@@ -197,7 +205,8 @@ def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, st
 def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                   floats_stride, ints_stride, greedy, tops, part_a, part_b, pivot_a, pivot_b,
                   score, ident, ywin, floors, judged, done, tokens, failures, arrivals,
-                  num_rows, vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                  racing, num_racing, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
+                  BLOCK: tl.constexpr,
                   SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr,
                   FAST: tl.constexpr):
     """The first pass of every sampled row. Program 0 of each row writes its failure flag, the
@@ -213,6 +222,8 @@ def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
     if temperature > 0:
         top = _row_top(logits, stride, greedy, row, temperature)
         failed = _fails(top)
+    if (row == 0) & (chunk == 0):
+        tl.store(num_racing + 2, 0)  # round 1's judges list round 2's rows
     if chunk == 0:
         tl.store(failures + row, failed)
         if (temperature <= 0) | failed:
@@ -224,13 +235,13 @@ def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
         key = _row_key(seeds, indices, row, ints_stride)
         count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
             logits, stride, row, chunk, temperature, key, 0.0, top, vocab, CHUNK, BLOCK,
-            PIVOTS, True, False, FAST)
+            PIVOTS, True, False, True, FAST)
         _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
                     row, temperature, row * num_chunks + chunk, count, mass, pivot_counts,
                     pivot_masses, best_score, best_id, PIVOTS)
         _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, top,
-               row, 0, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, False)
+               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+               num_racing, top, row, 0, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, False)
 
 
 @triton.jit
@@ -241,32 +252,36 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
     it judges (-1: none). The floor is pass `before`'s winner, or the highest of its pivots
     that does not survive when that lies at or above the winner (which then lost too). Passes
     before PIVOTS_FROM count no pivots."""
-    base = before * num_rows * num_chunks + row * num_chunks
-    winner_id, winner_y, _ = _winner(score, ident, ywin, base, num_chunks, SPAN)
-    floor = winner_y
-    candidate = winner_id
-    if before >= PIVOTS_FROM:
-        chunks = tl.arange(0, SPAN)
-        at = (base + chunks)[:, None] * PIVOTS + tl.arange(0, PIVOTS)[None, :]
-        inside = (chunks < num_chunks)[:, None]
-        counts = tl.sum(tl.load(pivot_a + at, mask=inside, other=0.0, cache_modifier=".cg"),
-                        axis=0)
-        masses = tl.sum(tl.load(pivot_b + at, mask=inside, other=0.0, cache_modifier=".cg"),
-                        axis=0)
-        pivots = _pivots(tl.load(floors + before * num_rows + row), top, PIVOTS)
-        lost = _kept(pivots, counts, masses, top, total, top_ks, top_ps, min_ps, row,
-                     floats_stride, ints_stride) == 0
-        highest = tl.max(tl.where(lost, pivots, float("-inf")), axis=0)
-        floor = tl.where(highest >= winner_y, highest, winner_y)
-        candidate = tl.where(highest >= winner_y, -1, winner_id)
+    if before == 1:  # pass 1 judged the first pass's winner and raced nothing: race above it
+        floor = tl.load(floors + num_rows + row)
+        candidate = tl.full([], -1, tl.int64)
+    else:
+        base = before * num_rows * num_chunks + row * num_chunks
+        winner_id, winner_y, _ = _winner(score, ident, ywin, base, num_chunks, SPAN)
+        floor = winner_y
+        candidate = winner_id
+        if before >= PIVOTS_FROM:
+            chunks = tl.arange(0, SPAN)
+            at = (base + chunks)[:, None] * PIVOTS + tl.arange(0, PIVOTS)[None, :]
+            inside = (chunks < num_chunks)[:, None]
+            counts = tl.sum(tl.load(pivot_a + at, mask=inside, other=0.0, cache_modifier=".cg"),
+                            axis=0)
+            masses = tl.sum(tl.load(pivot_b + at, mask=inside, other=0.0, cache_modifier=".cg"),
+                            axis=0)
+            pivots = _pivots(tl.load(floors + before * num_rows + row), top, PIVOTS)
+            lost = _kept(pivots, counts, masses, top, total, top_ks, top_ps, min_ps, row,
+                         floats_stride, ints_stride) == 0
+            highest = tl.max(tl.where(lost, pivots, float("-inf")), axis=0)
+            floor = tl.where(highest >= winner_y, highest, winner_y)
+            candidate = tl.where(highest >= winner_y, -1, winner_id)
     return floor, candidate
 
 
 @triton.jit
 def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-           pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, top, row, step,
-           num_rows, num_chunks, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
-           PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr):
+           pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+           num_racing, top, row, step, num_rows, num_chunks, SPAN: tl.constexpr,
+           PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr):
     """Called by every program of a row once its part of pass `step` is stored; the last one
     to arrive (a counter a row and pass) judges the pass: its candidate, when it survives, is
     the row's token (`tokens`, `done`); else pass step + 1's floor and candidate (_floor), or
@@ -298,39 +313,86 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
                                       step, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM)
             tl.store(floors + (step + 1) * num_rows + row, floor)
             tl.store(judged + (step + 1) * num_rows + row, candidate)
+            if step >= 1:  # round 1 takes every row; later rounds the ones listed here
+                listed = tl.atomic_add(num_racing + step + 1, 1)
+                tl.store(racing + (step + 1) * num_rows + listed, row)
         tl.store(arrivals + step * num_rows + row, 0)  # zero again for the next draw
+
+
+@triton.jit
+def _round(row, chunk, logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
+           floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score, ident,
+           ywin, floors, judged, done, tokens, arrivals, racing, num_racing, num_rows, vocab,
+           num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
+           PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, STEP: tl.constexpr,
+           LAST: tl.constexpr, FAST: tl.constexpr):
+    """Pass STEP over one chunk of an undecided row, above the floor pass STEP - 1's judge set,
+    then the row's judge if this program is its last to arrive. Round 1 only counts (no noise
+    drawn: the race is most of a pass's arithmetic), so a row whose first winner loses races
+    above it in round 2, whose winner round 3 judges. Rounds from PIVOTS_FROM on count pivots,
+    which raise the floor fastest (tight top-k)."""
+    temperature = tl.load(temperatures + row * floats_stride)
+    top = tl.load(tops + row)
+    floor = tl.load(floors + STEP * num_rows + row)
+    key = _row_key(seeds, indices, row, ints_stride)
+    count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
+        logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
+        PIVOTS, False, STEP >= PIVOTS_FROM, STEP != 1, FAST)
+    _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
+                row, temperature, (STEP * num_rows + row) * num_chunks + chunk, count,
+                mass, pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
+    _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
+           pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+           num_racing, top, row, STEP, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, LAST)
+
+
+@triton.jit
+def _round_one_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
+                      floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
+                      ident, ywin, floors, judged, done, tokens, arrivals, racing, num_racing,
+                      rounds, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
+                      BLOCK: tl.constexpr, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
+                      PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr):
+    """Round 1 over a (rows, chunks) grid: every sampled row not failed; the winner it judges
+    is kept with probability about top_p, so later rounds take few (the ones its judges
+    list)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    if (row == 0) & (chunk == 0) & (rounds >= 3):
+        tl.store(num_racing + 3, 0)
+    if (tl.load(temperatures + row * floats_stride) > 0) & (tl.load(done + row) == 0):
+        _round(row, chunk, logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
+               floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score, ident,
+               ywin, floors, judged, done, tokens, arrivals, racing, num_racing, num_rows,
+               vocab, num_chunks, CHUNK, BLOCK, SPAN, PIVOTS, PIVOTS_FROM, 1, LAST, FAST)
 
 
 @triton.jit
 def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                   floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
-                  ident, ywin, floors, judged, done, tokens, arrivals, num_rows, vocab,
-                  num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
-                  PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, STEP: tl.constexpr,
-                  LAST: tl.constexpr, FAST: tl.constexpr):
-    """Round STEP (1..ROUNDS): pass STEP over the ids above the floor pass STEP - 1's judge
-    set, for the rows not decided yet; round 1 takes every sampled row, and the winner
-    it judges is kept with probability about top_p, so later rounds take few. Rounds from
-    PIVOTS_FROM on count pivots, which raise the floor fastest (tight top-k). The row's last
-    program judges the pass (_judge); the LAST round's judge writes every undecided row's
-    token. STEP is a constant: each round compiles its own judge, and round 1's (no pivots to
-    read) holds fewer registers."""
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    temperature = tl.load(temperatures + row * floats_stride)
-    if (temperature > 0) & (tl.load(done + row) == 0):
-        top = tl.load(tops + row)
-        floor = tl.load(floors + STEP * num_rows + row)
-        key = _row_key(seeds, indices, row, ints_stride)
-        count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
-            logits, stride, row, chunk, temperature, key, floor, top, vocab, CHUNK, BLOCK,
-            PIVOTS, False, STEP >= PIVOTS_FROM, FAST)
-        _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, stride,
-                    row, temperature, (STEP * num_rows + row) * num_chunks + chunk, count,
-                    mass, pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
-        _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, top, row,
-               STEP, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, LAST)
+                  ident, ywin, floors, judged, done, tokens, arrivals, racing, num_racing,
+                  rounds, num_rows, vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                  SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr,
+                  STEP: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr):
+    """Round STEP (2..ROUNDS) over the (row, chunk) items of the rows round STEP - 1's judges
+    listed, strided over a grid of a few programs an SM: most draws list no row after round
+    2, and a (rows, chunks) grid of programs that return at once took ~5.7 us a round at 64
+    rows (their registers let 2 programs an SM in, so 15 waves of them). The LAST round's
+    judge writes every undecided row's token. STEP is a constant: each round compiles its own
+    judge. Its program 0 zeroes round STEP + 2's count, which round STEP + 1's judges raise."""
+    program = tl.program_id(0)
+    if (program == 0) & (rounds >= STEP + 2):
+        tl.store(num_racing + STEP + 2, 0)
+    item = program
+    num_items = tl.load(num_racing + STEP) * num_chunks
+    while item < num_items:  # not a range: the interpreter's wants Python ints
+        row = tl.load(racing + STEP * num_rows + item // num_chunks)
+        _round(row, item % num_chunks, logits, stride, temperatures, top_ks, top_ps, min_ps,
+               seeds, indices, floats_stride, ints_stride, tops, part_a, part_b, pivot_a,
+               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+               num_racing, num_rows, vocab, num_chunks, CHUNK, BLOCK, SPAN, PIVOTS,
+               PIVOTS_FROM, STEP, LAST, FAST)
+        item += tl.num_programs(0)
 
 
 def launch_sizes(vocab: int) -> tuple[int, int, int]:
@@ -340,6 +402,14 @@ def launch_sizes(vocab: int) -> tuple[int, int, int]:
     sweeps the sizes)."""
     chunk = min(MAX_CHUNK // 2, triton.next_power_of_2(vocab))
     return chunk, min(MAX_BLOCK, chunk), triton.next_power_of_2(triton.cdiv(vocab, chunk))
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    """The device's SMs (the interpreter's: 1, so a late round's programs loop over its list)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _common_stride(*columns: torch.Tensor) -> int:
@@ -365,8 +435,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     so a draw clears none; without it they are zero-filled every draw."""
     if logits.stride(1) != 1:
         raise ValueError("logits must be contiguous along the vocabulary")
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if rounds < 2:
+        raise ValueError(f"rounds must be >= 2 (round 1 judges, it races nothing), got {rounds}")
     num_rows, vocab = logits.shape
     chunk, block, span = launch_sizes(vocab)
     num_chunks = triton.cdiv(vocab, chunk)
@@ -395,11 +465,17 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     grid = (num_rows, num_chunks)
     sizes = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": PIVOTS,
              "PIVOTS_FROM": PIVOTS_FROM, "FAST": logits.is_cuda}
+    # [rounds + 1, rows]: the rows round s takes from 2 on, listed by round s - 1's judges, and
+    # [rounds + 1] their counts; the kernels zero each count before its judges raise it
+    racing = torch.empty(rounds + 1, num_rows, dtype=torch.int32, device=device)
+    num_racing = torch.empty(rounds + 1, dtype=torch.int32, device=device)
+    lists = (arrivals, racing, num_racing)
     _first_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, greedy,
-                        *passes, *state, failed, arrivals, num_rows, vocab, num_chunks,
-                        **sizes)
-    for step in range(1, rounds + 1):
-        _round_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, *passes,
-                            *state, arrivals, num_rows, vocab, num_chunks, STEP=step,
-                            LAST=step == rounds, **sizes)
+                        *passes, *state, failed, *lists, num_rows, vocab, num_chunks, **sizes)
+    args = (logits, logits.stride(0), *limits, seed, index, *strides, *passes, *state, *lists,
+            rounds, num_rows, vocab, num_chunks)
+    _round_one_kernel[grid](*args, LAST=False, **sizes)
+    late_grid = (min(num_rows * num_chunks, LATE_PROGRAMS_AN_SM * _num_sms(device)),)
+    for step in range(2, rounds + 1):
+        _round_kernel[late_grid](*args, STEP=step, LAST=step == rounds, **sizes)
     return tokens, failed

@@ -202,22 +202,23 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
                "greedy": "*i64", "ident": "*i64", "judged": "*i64", "tokens": "*i64",
                "done": "*i32", "arrivals": "*i32", "failures": "*i1",
+               "racing": "*i32", "num_racing": "*i32",
                "stride": "i64", "floats_stride": "i64", "ints_stride": "i64"}
 
     def types(kernel: triton.JITFunction, constexprs: dict[str, object]) -> dict[str, str]:
-        return {arg: by_name.get(arg, "i32" if arg in ("vocab", "num_chunks", "num_rows")
+        return {arg: by_name.get(arg, "i32" if arg in ("vocab", "num_chunks", "num_rows", "rounds")
                                  else "*fp32")
                 for arg in kernel.arg_names if arg not in constexprs}
 
     first = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
              "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "FAST": True}
-    round_one = {**first, "STEP": 1, "LAST": False}
+    round_one = {**first, "LAST": False}
     round_ = {**first, "STEP": 2, "LAST": False}
     last = {**first, "STEP": nucleus_race.ROUNDS, "LAST": True}
     return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
                     constexprs)
             for name, kernel, constexprs in (("first pass", nucleus_race._first_kernel, first),
-                                             ("round 1", nucleus_race._round_kernel, round_one),
+                                             ("round 1", nucleus_race._round_one_kernel, round_one),
                                              ("round", nucleus_race._round_kernel, round_),
                                              ("last round", nucleus_race._round_kernel, last))]
 
