@@ -45,10 +45,11 @@ from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 ROUNDS = 6
 PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
 # The first round that counts them. A round that counts them takes 180 registers a thread (2
-# programs an SM), one that does not 72, so round 2 runs its racing rows at round 1's size from
-# 3 on: the draw at 64 rows took 108.1 us against 124.0 from round 2 (the same tokens: tests;
-# tests/gpu/time_draw.py, H200, results/2026-12-05-h200-race-judges).
-PIVOTS_FROM = 3
+# programs an SM), one that does not 72, so the rounds most rows that lose once reach run at
+# the size of the rounds before: round 1 counts, round 2 races above its loser, round 3 judges
+# that winner (a 64-row draw took 102.5 us with pivots from round 3, round 3 alone 34.5 us;
+# tests/gpu/time_draw.py, H200, results/2026-12-05-h200-race-rounds).
+PIVOTS_FROM = 4
 # Programs a late round (2 on) launches an SM, which stride over the rows its round takes: a
 # round with pivots fits 2 an SM, one without 7
 LATE_PROGRAMS_AN_SM = 4

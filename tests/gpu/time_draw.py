@@ -49,7 +49,7 @@ def main() -> None:
 
 def print_launch_sizes(run) -> None:
     """The race's time at other chunk and block sizes than nucleus_race.launch_sizes', and
-    with its pivots counted from round 2 or 3 (nucleus_race.PIVOTS_FROM)."""
+    with its pivots counted from the round before nucleus_race.PIVOTS_FROM's, or the one after."""
     import triton
 
     from resident.kernels import nucleus_race
@@ -66,7 +66,7 @@ def print_launch_sizes(run) -> None:
         nucleus_race.launch_sizes = shipped
     shipped = nucleus_race.PIVOTS_FROM
     try:
-        for first in (2, 3):
+        for first in (shipped - 1, shipped, shipped + 1):
             nucleus_race.PIVOTS_FROM = first
             print(f"    pivots from round {first}: {graph_time_us(run):8.1f} us", flush=True)
     finally:
