@@ -42,14 +42,17 @@ import triton.language as tl
 from resident.kernels.gdc import KeptZeros, last_to_arrive
 from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
 
-ROUNDS = 6
+# A round no row reaches costs ~1.7 us (H200): a seventh keeps three pivot rounds for little
+ROUNDS = 7
 PIVOTS = 8  # thresholds a round counts beside its floor, to raise the next floor
 # The first round that counts them. A round that counts them takes 180 registers a thread (2
-# programs an SM), one that does not 72, so the rounds most rows that lose once reach run at
-# the size of the rounds before: round 1 counts, round 2 races above its loser, round 3 judges
-# that winner (a 64-row draw took 102.5 us with pivots from round 3, round 3 alone 34.5 us;
-# tests/gpu/time_draw.py, H200, results/2026-12-05-h200-race-rounds).
-PIVOTS_FROM = 4
+# programs an SM), one that does not 72, and a row that loses once reaches round 3 and one that
+# loses twice (about 1 in 100 at top_p 0.9) round 4: at 64 rows, pivots from round 3 / 4 / 5
+# drew in 124.6 / 99.7 / 86.8 us with 6 rounds (tests/gpu/time_draw.py, H200,
+# results/2026-12-05-h200-race-rounds). Pivots are what decide tight top-k rows (without any the
+# CPU tests' top-k rows end as near misses), so 7 rounds keep three pivot rounds, as 6 rounds
+# with pivots from 4 had.
+PIVOTS_FROM = 5
 # Programs a late round (2 on) launches an SM, which stride over the rows its round takes: a
 # round with pivots fits 2 an SM, one without 7
 LATE_PROGRAMS_AN_SM = 4
