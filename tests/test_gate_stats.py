@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from gate.manifest import Manifest
 from gate.metrics import ServeMetrics
 from gate.records import GpuSample, RunRecord
 from gate.verdict import rule, stats
@@ -203,7 +204,7 @@ def test_paired_deltas_use_round_medians_and_skip_unpaired_rounds():
     assert len(paired) == 1
     row = paired.iloc[0]
     assert (row["cell"], row["arm"], row["round"]) == ("c=1", "head", 0)
-    assert row["base_tok_s"] == 120.0
+    assert row["base_value"] == 120.0
     assert row["delta"] == pytest.approx(121.0 / 120.0 - 1)
 
 
@@ -249,7 +250,7 @@ def test_interleaved_rounds_pair_each_run_with_the_baselines_beside_it():
     assert list(by_medians["delta"]) == pytest.approx([57.0 / 60.0 - 1, 72.0 / 80.0 - 1])
     assert list(by_slot["delta"]) == pytest.approx([-0.10, -0.10])  # round 1's +20% slot is out
     assert list(by_slot.columns) == list(stats.PAIRED_COLUMNS)
-    assert list(by_slot["base_tok_s"]) == [60.0, 80.0]  # the round's medians, as reported
+    assert list(by_slot["base_value"]) == [60.0, 80.0]  # the round's medians, as reported
     # the rule's input: each arm's median of its log tok/s less the slot's mean, per round
     table = stats.round_table(frame, 1, ["main", "head"], slots=True)
     assert list(table.index) == [0, 1]
@@ -265,3 +266,31 @@ def test_slots_missing_an_arm_are_left_out():
     table = stats.round_table(stats.runs_frame(records), 1, ["main", "head"], slots=True)
     assert (table["head"] - table["main"]).to_numpy() == pytest.approx(np.log([0.9]))
     assert stats.round_table(stats.runs_frame(records[:1]), 1, ["main", "head"], slots=True).empty
+
+
+def _open_loop_records(arm: str, ttft_ms: list[float]) -> list[RunRecord]:
+    """One ok run per round at the same tok/s (an open loop's arrival rate), round i's TTFT p50
+    at ttft_ms[i]."""
+    return [RunRecord(round=i, arm=arm, position=0, concurrency=16, run=1, ok=True,
+                      metrics=dataclasses.replace(_metrics(1000.0), median_ttft_ms=value))
+            for i, value in enumerate(ttft_ms)]
+
+
+def test_an_open_loop_is_judged_on_ttft_not_on_the_arrival_rate():
+    """Equal tok/s in every run (the arrival rate) and head's TTFT p50 a fifth lower each round:
+    judged on tok/s nothing tells the arms apart; judged on TTFT (measure_of an open-loop
+    manifest) head is faster by 1 / 0.8 - 1 = 25%."""
+    base = [20.0 + 3.0 * i for i in range(4)]
+    records = _open_loop_records("main", base) + _open_loop_records(
+        "head", [0.8 * value for value in base])
+    by_tok_s = stats.verdicts(stats.runs_frame(records), "main")
+    assert by_tok_s.iloc[0]["verdict"] != "faster"
+    by_ttft = stats.verdicts(stats.runs_frame(records, "ttft"), "main")
+    assert by_ttft.iloc[0]["verdict"] == "faster"
+    assert by_ttft.iloc[0]["estimate"] == pytest.approx(0.25)
+    paired = stats.paired_deltas(stats.runs_frame(records, "ttft"), "main")
+    assert paired["base_value"].tolist() == pytest.approx([1000.0 / value for value in base])
+    assert stats.measure_of(Manifest(request_rate={"c=16": 25.0})) == "ttft"
+    assert stats.measure_of(Manifest()) == "tok/s"
+    with pytest.raises(ValueError, match="unknown measure 'itl'"):
+        stats.runs_frame(records, "itl")

@@ -348,3 +348,16 @@ def test_start_up_counts_servers_that_started_together_once():
     assert startup_wall(manifest.timing.servers) == pytest.approx(3.0 + 1.0 + 4.0)
     assert time_summary(manifest)["startup_s"] == pytest.approx(8.0)
     assert "started together counted once) took 8.0 s" in time_line(manifest)
+
+
+def test_an_open_loop_session_is_judged_on_ttft(tmp_path):
+    """The golden runs as an open loop: tok/s is then the arrival rate, so vs baseline and the
+    verdicts judge 1000 / TTFT p50, which these runs hold equal between the arms (their tok/s
+    differ by up to 10%)."""
+    build_session(tmp_path)
+    write_manifest_json(tmp_path, {**MANIFEST, "request_rate": {"c=1": 5.0, "c=16": 40.0}})
+    rows = write.write_reports(tmp_path)
+    judged = [row for row in rows if row["arm"] == "head"]
+    assert judged and all(row["vs_baseline"] == pytest.approx(0.0) for row in judged)
+    assert "the verdicts judge TTFT" in (tmp_path / "paired.md").read_text()
+    assert "Open loop: tok/s is the arrival rate" in (tmp_path / "summary.md").read_text()

@@ -16,27 +16,33 @@ from gate.verdict import calibration, rule, stats
 PAIRED_FILE = "paired.md"
 
 
-VALUE_BY_MEDIAN = "an arm's value in a round is the median output tok/s over its ok runs there"
+VALUE_BY_MEDIAN = "an arm's value in a round is the median {what} over its ok runs there"
 VALUE_BY_SLOT = (
     "the round's servers ran side by side (`--interleave`), slot j holding run j of every arm "
     "back to back, so an arm's value in a round is the median over the round's slots of its "
-    "run's log tok/s less the slot's mean over the arms compared (slots where one of them has "
+    "run's log {what} less the slot's mean over the arms compared (slots where one of them has "
     "no ok run are left out): a drift of the host's speed within the round reaches every arm "
     "of a slot alike and cancels")
 
 
-def rule_text(design: rule.Design, slots: bool = False) -> str:
+def rule_text(design: rule.Design, slots: bool = False, measure: str = "tok/s") -> str:
     """The rule, why it is built so, and how the A/A arm enters; `design`'s min effect;
-    `slots`: the session's rounds are summarised slot by slot (stats.by_slot)."""
+    `slots`: the session's rounds are summarised slot by slot (stats.by_slot); `measure`: what
+    it judges (stats.MEASURES)."""
     floor = f"{design.min_effect * 100:g}%"
+    what = stats.MEASURES[measure]
+    value = (VALUE_BY_SLOT if slots else VALUE_BY_MEDIAN).format(what=what)
+    if measure != "tok/s":
+        value += (" (requests arrived at a set rate, so tok/s is that rate whatever the arms "
+                  "do: the verdicts judge TTFT; `faster` is a lower TTFT p50)")
     return (
-        f"**Rule.** Paired by round: {VALUE_BY_SLOT if slots else VALUE_BY_MEDIAN}; the round "
+        f"**Rule.** Paired by round: {value}; the round "
         "is the unit (its arms share an Inductor cache, a prompt seed and the hour; the runs "
         "within it share one server, so they are not independent). "
         f"Two rules share a false `faster`/`slower` rate of {rule.ALPHA:.0%} per arm and cell "
         "over the session:\n\n"
         "1. *t rule*: the rounds where the baseline, the arm and, when `--aa` ran, the A/A arm "
-        "all have an ok run form a block design, log tok/s = round + arm + noise. The arm's "
+        "all have an ok run form a block design, log value = round + arm + noise. The arm's "
         "estimate is the geometric mean of its per-round ratios to the baseline, with a "
         "Student-t interval whose noise is estimated from the residuals of every arm in the "
         "design. **The A/A arm's rounds are the noise model**: with `--aa` they add n-1 "
@@ -157,7 +163,8 @@ def paired_md(paired: pd.DataFrame, verdicts: pd.DataFrame, manifest: Manifest,
     flagged = manifest.planner_off_arms | set(planner_off)
     arms = _paired_arms(paired, verdicts, manifest)
     slots = stats.by_slot(manifest)
-    parts = [page_title(manifest, "paired by round"), rule_text(design, slots),
+    parts = [page_title(manifest, "paired by round"),
+             rule_text(design, slots, stats.measure_of(manifest)),
              design_text(design, rounds)]
     if rounds >= 1:
         parts.append(error_rates_text(design, rounds, bool(manifest.aa_arm)))

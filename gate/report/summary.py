@@ -120,7 +120,8 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     Rates and latencies are named as `vllm bench serve --save-result` names them, each the
     median over the ok runs of all rounds of that run's number; output_throughput_min/max is
     tok/s's range over those runs; completed and failed requests and the token totals are sums
-    over every run. `vs_baseline` is the medians' ratio - 1 against the baseline (None for the
+    over every run. `vs_baseline` is the medians' ratio - 1 against the baseline of what the
+    verdicts judge (stats.JUDGED: tok/s, or in an open loop 1000 / TTFT p50; None for the
     baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
     one server log held, and whether the arm asked for the planner and did not get it; the
     server's and the client's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token,
@@ -135,10 +136,10 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     for cell in stats.cell_order(frame, manifest):
         in_cell = frame[frame["cell"] == cell]
         base_ok = in_cell[(in_cell["arm"] == baseline) & in_cell["ok"]]
-        base_median = median(base_ok[stats.THROUGHPUT])
+        base_median = median(base_ok[stats.JUDGED])
         for arm in cell_arms(frame, manifest, cell):
             runs = in_cell[in_cell["arm"] == arm]
-            arm_median = median(runs.loc[runs["ok"], stats.THROUGHPUT])
+            arm_median = median(runs.loc[runs["ok"], stats.JUDGED])
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
@@ -238,6 +239,16 @@ def summary_flagged(rows: list[dict[str, Any]], manifest: Manifest) -> set[str]:
     return manifest.planner_off_arms | {r["arm"] for r in rows if r["planner_off"]}
 
 
+def _judged_text(manifest: Manifest, baseline: str) -> str:
+    """What `vs baseline` and the verdicts judge (stats.measure_of)."""
+    if stats.measure_of(manifest) == "tok/s":
+        return (f"vs {baseline}: the tok/s medians' ratio. Verdicts are paired by round "
+                "(paired.md).")
+    return (f"Open loop: tok/s is the arrival rate whatever the arms do, so vs {baseline} and "
+            "the verdicts judge TTFT: the medians' ratio of 1000 / TTFT p50 (above 0: a lower "
+            "TTFT), verdicts paired by round (paired.md).")
+
+
 def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
     """Per cell and arm: tok/s median [min-max], req/s, vs baseline and verdict; then TTFT,
     TPOT, ITL and E2EL percentiles; then each arm's health."""
@@ -253,8 +264,8 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
              "req/s completed requests over it; TTFT the time to a request's first token, TPOT "
              "its time per output token after the first, ITL every gap between its tokens, "
              "E2EL the request's whole time. summary.json holds these rows under vLLM's names "
-             f"(`vllm bench serve --save-result`). vs {baseline}: the tok/s medians' ratio. "
-             "Verdicts are paired by round (paired.md). Server and client CPU: CPU time over "
+             f"(`vllm bench serve --save-result`). {_judged_text(manifest, baseline)} "
+             "Server and client CPU: CPU time over "
              "a run (from /proc) of the process the gate launched (a resident arm's API "
              "process, whose event loop is one thread: near 1.00 it is the limit), of its "
              "descendants (the engine core) and of the gate's load clients (each one event "

@@ -27,7 +27,7 @@ def write_reports(directory: Path) -> list[dict[str, Any]]:
     Reads runs.jsonl and manifest.json there; returns the summary rows.
     """
     manifest = Manifest.read(directory)
-    frame = stats.runs_frame(read_runs(directory))
+    frame = stats.runs_frame(read_runs(directory), stats.measure_of(manifest))
     baseline = manifest.baseline
     slots = stats.by_slot(manifest)
     paired = stats.paired_deltas(frame, baseline, slots)

@@ -37,7 +37,7 @@ from gate.run.resume import first_fingerprint, resume_manifest
 from gate.run.rounds import Round
 from gate.run.server import LaunchSpec, Server, clean_environment
 from gate.verdict.rule import FIRST_LOOK
-from gate.verdict.stats import runs_frame, undecided
+from gate.verdict.stats import measure_of, runs_frame, undecided
 
 WORKTREES = Path(".gate/worktrees")
 # One Inductor cache per round, shared by its arms (so they replay the same kernel choices) and
@@ -178,7 +178,8 @@ class Session:
         `rounds_done` rounds (judged as the report judges them); logs what is still open."""
         if not self.config.until_verdict or rounds_done < FIRST_LOOK:
             return False
-        open_cells = undecided(runs_frame(read_runs(self.out)), self.manifest)
+        open_cells = undecided(runs_frame(read_runs(self.out), measure_of(self.manifest)),
+                               self.manifest)
         if open_cells:
             self.console.log(f"after {rounds_done} rounds no verdict yet for "
                              f"{', '.join(open_cells)}")

@@ -31,8 +31,15 @@ ENGINE_KINDS = ("decode", "prefill", "mixed")  # step_ms kinds with a column: en
 RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *METRIC_FIELDS,
                *(f"gpu_{name}" for name in _GPU_FIELDS),
                *(f"engine_{kind}_ms" for kind in ENGINE_KINDS))
-PAIRED_COLUMNS = ("cell", "concurrency", "arm", "round", "arm_tok_s", "base_tok_s", "delta")
-THROUGHPUT = "output_throughput"  # the verdicts' measure: output tok/s of a run
+PAIRED_COLUMNS = ("cell", "concurrency", "arm", "round", "arm_value", "base_value", "delta")
+THROUGHPUT = "output_throughput"  # output tok/s of a run
+# The column the verdicts judge, higher is faster: a run's output tok/s in a closed loop; in an
+# open loop (requests arriving at a set rate) tok/s is the arrival rate whatever the arms do,
+# so a run's first tokens a second at its median, 1000 / TTFT p50 ms
+JUDGED = "judged"
+MEASURES = {"tok/s": "output tok/s",
+            "ttft": "1000 / TTFT p50 ms (first tokens a second at the median: higher is a "
+                    "lower TTFT)"}
 PLANNER_OFF = " (planner off!)"  # appended to a flagged arm's name in every table
 VERDICT_COLUMNS = ("cell", "arm", "rounds", "decided_at", "noise_arms", "estimate", "ci_low",
                    "ci_high", "p_t", "median_delta", "p_sign", "sign_threshold", "rule",
@@ -70,10 +77,16 @@ def _record_row(record: RunRecord) -> dict:
     return row
 
 
-def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
+def measure_of(manifest: Manifest) -> str:
+    """What the session's verdicts judge (a MEASURES key): `ttft` for an open loop."""
+    return "ttft" if manifest.request_rate else "tok/s"
+
+
+def runs_frame(records: Iterable[RunRecord], measure: str = "tok/s") -> pd.DataFrame:
     """One row per run record, `metrics` flattened to its ServeMetrics field names, `gpu` to
     `gpu_<field>` columns, the server's mean decode, prefill and mixed step to
-    `engine_<kind>_ms`, plus `cell` ("c=16").
+    `engine_<kind>_ms`, plus `cell` ("c=16") and JUDGED, the run's value of `measure`
+    (MEASURES).
 
     Numbers a run lacks are NaN; `steps` and `step_ms` stay dicts per row.
     """
@@ -84,17 +97,20 @@ def runs_frame(records: Iterable[RunRecord]) -> pd.DataFrame:
     frame[numeric] = frame[numeric].astype(float)
     frame["ok"] = frame["ok"].astype(bool)
     frame["planner_off"] = frame["planner_off"].astype(bool)
+    if measure not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
+    frame[JUDGED] = frame[THROUGHPUT] if measure == "tok/s" else 1000.0 / frame["median_ttft_ms"]
     return frame
 
 
 def _measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The ok runs with a throughput: what a round's value is made of."""
-    return frame[frame["ok"] & frame[THROUGHPUT].notna()]
+    """The ok runs with a judged value: what a round's value is made of."""
+    return frame[frame["ok"] & frame[JUDGED].notna()]
 
 
 def _round_medians(frame: pd.DataFrame) -> pd.DataFrame:
     return _measured(frame).groupby(["concurrency", "arm", "round"],
-                                    as_index=False)[THROUGHPUT].median()
+                                    as_index=False)[JUDGED].median()
 
 
 def _judged(frame: pd.DataFrame, baseline: str) -> Iterable[tuple[int, str]]:
@@ -111,7 +127,8 @@ def by_slot(manifest: Manifest) -> bool:
 
 
 def paired_deltas(frame: pd.DataFrame, baseline: str, slots: bool = False) -> pd.DataFrame:
-    """Per cell and round, each non-baseline arm's median tok/s against the baseline's.
+    """Per cell and round, each non-baseline arm's median judged value (tok/s, or in an open
+    loop 1000 / TTFT p50) against the baseline's.
 
     delta = arm / base - 1 (a fraction): the ratio of the round's medians, or with `slots`
     (by_slot) the median over the round's slots of the arm's run against the baseline's run
@@ -120,14 +137,14 @@ def paired_deltas(frame: pd.DataFrame, baseline: str, slots: bool = False) -> pd
     """
     medians = _round_medians(frame)
     base = medians[medians["arm"] == baseline].drop(columns="arm")
-    base = base.rename(columns={THROUGHPUT: "base_tok_s"})
-    arms = medians[medians["arm"] != baseline].rename(columns={THROUGHPUT: "arm_tok_s"})
+    base = base.rename(columns={JUDGED: "base_value"})
+    arms = medians[medians["arm"] != baseline].rename(columns={JUDGED: "arm_value"})
     paired = arms.merge(base, on=["concurrency", "round"], how="inner")
     if slots:
         paired = paired.merge(_slot_deltas(frame, baseline), on=["concurrency", "arm", "round"],
                               how="inner")
     else:
-        paired["delta"] = paired["arm_tok_s"] / paired["base_tok_s"] - 1.0
+        paired["delta"] = paired["arm_value"] / paired["base_value"] - 1.0
     paired["cell"] = [f"c={c}" for c in paired["concurrency"]]
     paired = paired.sort_values(["concurrency", "arm", "round"], kind="stable")
     return paired[list(PAIRED_COLUMNS)].reset_index(drop=True)
@@ -164,19 +181,20 @@ def design_of(manifest: Manifest) -> rule.Design:
 def round_table(frame: pd.DataFrame, concurrency: int, arms: list[str],
                 slots: bool = False) -> pd.DataFrame:
     """Each arm's value in each round of the cell (rows: rounds in order, columns: `arms`), over
-    the rounds where every one of `arms` has an ok run: the log of its median tok/s over its ok
-    runs; with `slots` (by_slot) its median over the round's slots (a run number: one run of
-    every arm, back to back) of its run's log tok/s less the slot's mean over `arms`, over the
-    slots where each of `arms` has an ok run. A round's level cancels in the rule's contrasts
-    either way; by slot, so does the host's speed at each moment of the round."""
+    the rounds where every one of `arms` has an ok run: the log of its median JUDGED value
+    (tok/s, or an open loop's 1000 / TTFT p50) over its ok runs; with `slots` (by_slot) its
+    median over the round's slots (a run number: one run of every arm, back to back) of its
+    run's log value less the slot's mean over `arms`, over the slots where each of `arms` has
+    an ok run. A round's level cancels in the rule's contrasts either way; by slot, so does the
+    host's speed at each moment of the round."""
     if not slots:
         medians = _round_medians(frame)
         in_cell = medians[medians["concurrency"] == concurrency]
-        table = in_cell.pivot(index="round", columns="arm", values=THROUGHPUT)
+        table = in_cell.pivot(index="round", columns="arm", values=JUDGED)
         return np.log(table.reindex(columns=arms).dropna().sort_index())
     ok = _measured(frame)
     ok = ok[ok["concurrency"] == concurrency]
-    logs = np.log(ok.pivot(index=["round", "run"], columns="arm", values=THROUGHPUT))
+    logs = np.log(ok.pivot(index=["round", "run"], columns="arm", values=JUDGED))
     logs = logs.reindex(columns=arms).dropna()
     centred = logs.sub(logs.mean(axis=1), axis=0)
     return centred.groupby(level="round").median().sort_index()
