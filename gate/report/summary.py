@@ -121,17 +121,19 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     median over the ok runs of all rounds of that run's number; output_throughput_min/max is
     tok/s's range over those runs; completed and failed requests and the token totals are sums
     over every run. `vs_baseline` is the medians' ratio - 1 against the baseline of what the
-    verdicts judge (stats.JUDGED: tok/s, or in an open loop 1000 / TTFT p50; None for the
-    baseline, as `verdict`); health: failed runs, the most tracebacks and recompile-limit lines
-    one server log held, and whether the arm asked for the planner and did not get it; the
-    server's and the client's CPU (`_server_cpu`: api_cpu_share, api_cpu_us_per_token,
-    core_cpu_share, client_cpu_share); the prefix cache's hits and restored prompt tokens over
-    the runs that recorded them, and those runs' requests (`prefix_hits`,
-    `prefix_saved_tokens`, `prefix_requests`; None for a server without them); open loop, the
-    requests that arrived with every slot busy and waited for one (`requests_waited`).
+    verdicts judge (`judged`, a stats.MEASURES key: tok/s, or in an open loop `ttft`, 1000 /
+    TTFT p50; None for the baseline, as `verdict`); health: failed runs, the most tracebacks and
+    recompile-limit lines one server log held, and whether the arm asked for the planner and did
+    not get it; the server's and the client's CPU (`_server_cpu`: api_cpu_share,
+    api_cpu_us_per_token, core_cpu_share, client_cpu_share); the prefix cache's hits and
+    restored prompt tokens over the runs that recorded them, and those runs' requests
+    (`prefix_hits`, `prefix_saved_tokens`, `prefix_requests`; None for a server without them);
+    open loop, the requests that arrived with every slot busy and waited for one
+    (`requests_waited`).
     """
     baseline = manifest.baseline
     flagged = stats.planner_off_arms(frame, manifest)
+    measure = stats.measure_of(manifest)
     rows = []
     for cell in stats.cell_order(frame, manifest):
         in_cell = frame[frame["cell"] == cell]
@@ -144,6 +146,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
                 **_prefix_cache(runs), "requests_waited": int(runs["num_waited"].sum()),
+                "judged": measure,
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
                 "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
                 **_arm_cell_health(runs, arm in flagged),
@@ -185,6 +188,8 @@ def summary_tables(rows: list[dict[str, Any]], baseline: str,
     throughput = [[row["cell"], label(row["arm"], flagged), _tok_range(row),
                    fmt(row["request_throughput"], 2), *_verdict_text(row, baseline)]
                   for row in rows]
+    # an open loop's vs and verdicts judge TTFT (stats.measure_of)
+    judged = "" if not rows or rows[0]["judged"] == "tok/s" else " (1/TTFT p50)"
     latency = [[row["cell"], label(row["arm"], flagged),
                 *(fmt_slashed(*(row[field] for field in fields))
                   for _, fields in LATENCY_COLUMNS)] for row in rows]
@@ -193,7 +198,7 @@ def summary_tables(rows: list[dict[str, Any]], baseline: str,
             _clients_text(row), fmt(row["client_cpu_us_per_token"], 1)] for row in rows]
     return [
         TableSpec("Throughput", ["cell", "arm", "tok/s median [min-max]", "req/s",
-                                 f"vs {baseline}", "verdict"], throughput, "llrrrl"),
+                                 f"vs {baseline}{judged}", "verdict"], throughput, "llrrrl"),
         TableSpec("Latency (ms)", ["cell", "arm", *(title for title, _ in LATENCY_COLUMNS)],
                   latency, "ll" + "r" * len(LATENCY_COLUMNS)),
         TableSpec("Server and client CPU", ["cell", "arm", "API process (cores)", "API µs a token",
