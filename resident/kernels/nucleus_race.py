@@ -210,9 +210,8 @@ def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                   floats_stride, ints_stride, greedy, tops, part_a, part_b, pivot_a, pivot_b,
                   score, ident, ywin, floors, judged, done, tokens, failures, arrivals,
                   racing, num_racing, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr,
-                  SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr,
-                  FAST: tl.constexpr):
+                  BLOCK: tl.constexpr, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
+                  PIVOTS_FROM: tl.constexpr, FAST: tl.constexpr):
     """The first pass of every sampled row. Program 0 of each row writes its failure flag, the
     greedy token of a greedy or failed row (a sampled row's comes from a judge: _judge), and
     for a sampled row its top to `tops` (for the rounds: one load there, not two in a row) and
