@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from resident.engine.types import FINISH_STOP, EngineRequest, RequestOutput, SamplingParams
 from resident.server.chat import parse_chat_request
 from resident.server.chat_template import (
     FALLBACK_NAME,
@@ -17,6 +18,7 @@ from resident.server.chat_template import (
     ChatTemplateError,
     load_chat_template,
 )
+from resident.server.choices import Choice
 from resident.server.stop import StopStrings
 from resident.server.tokenizer import ByteTokenizer, HFTokenizer
 from resident.server.validation import ApiError
@@ -71,6 +73,19 @@ def test_held_back_text_comes_out_when_the_match_fails():
 
 def _config(directory, **fields) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(fields))
+
+
+def test_a_choice_ended_by_a_stop_string_takes_no_later_tokens():
+    """Tokens of steps already under way when the stop string was found arrive after it, in
+    the same batch or later: the choice keeps the text before the stop and adds nothing (it
+    once added '<|502|' after '<|299|', the matcher having been reset by its match: a chat
+    test caught it once, under load)."""
+    choice = Choice(0, EngineRequest("r", [1], SamplingParams(max_tokens=8)), BYTES, ("><",), False)
+    pieces = [piece for tokens in ([299], [286], [502], [446])
+              for piece in choice.take(RequestOutput("r", tokens))]
+    assert choice.text() == "<|299|" and choice.done
+    assert [piece.finish_reason for piece in pieces] == [None, FINISH_STOP]
+    assert choice.take(RequestOutput("r", [7], True, "length")) == []
 
 
 def test_resolution_order_jinja_file_then_tokenizer_config_then_chatml(tmp_path):

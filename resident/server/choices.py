@@ -55,7 +55,12 @@ class Choice:
 
     def take(self, output: RequestOutput) -> list[Piece]:
         """Records one output of the core; the pieces it adds. Once a stop string is found
-        the choice is done and the output's later tokens are dropped."""
+        the choice is done and the output's later tokens are dropped, and so are later outputs:
+        the abort of its engine request reaches the core after the steps already under way,
+        whose tokens can arrive in the same batch as the stop's (the matcher, reset by the
+        match, would emit their text after the cut)."""
+        if self.done:
+            return []
         logprobs = output.logprobs or ()
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
         pieces = []
