@@ -208,15 +208,14 @@ def _store_pass(part_a, part_b, pivot_a, pivot_b, score, ident, ywin, logits, st
 @triton.jit
 def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                   floats_stride, ints_stride, greedy, tops, part_a, part_b, pivot_a, pivot_b,
-                  score, ident, ywin, floors, judged, done, tokens, failures, arrivals,
-                  racing, num_racing, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
+                  score, ident, ywin, floors, judged, tokens, failures, arrivals, racing,
+                  num_racing, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
                   BLOCK: tl.constexpr, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
                   PIVOTS_FROM: tl.constexpr, FAST: tl.constexpr):
     """The first pass of every sampled row. Program 0 of each row writes its failure flag, the
     greedy token of a greedy or failed row (a sampled row's comes from a judge: _judge), and
-    for a sampled row its top to `tops` (for the rounds: one load there, not two in a row) and
-    `done` (1 for a failed row: no pass will run; else 0 until a judge decides it). The row's
-    last program to finish sets round 1's floor and candidate."""
+    for a sampled row its top to `tops` (for the rounds: one load there, not two in a row).
+    The row's last program to finish sets round 1's floor and candidate."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temperature = tl.load(temperatures + row * floats_stride)
@@ -233,7 +232,6 @@ def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
             tl.store(tokens + row, tl.load(greedy + row))
         if temperature > 0:
             tl.store(tops + row, top)
-            tl.store(done + row, failed.to(tl.int32))
     if (temperature > 0) & (failed == 0):
         key = _row_key(seeds, indices, row, ints_stride)
         count, mass, pivot_counts, pivot_masses, best_score, best_id = _pass(
@@ -243,7 +241,7 @@ def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                     row, temperature, row * num_chunks + chunk, count, mass, pivot_counts,
                     pivot_masses, best_score, best_id, PIVOTS)
         _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+               pivot_b, score, ident, ywin, floors, judged, tokens, arrivals, racing,
                num_racing, top, row, 0, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, False)
 
 
@@ -282,12 +280,12 @@ def _floor(pivot_a, pivot_b, score, ident, ywin, floors, top, total,
 
 @triton.jit
 def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-           pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+           pivot_b, score, ident, ywin, floors, judged, tokens, arrivals, racing,
            num_racing, top, row, step, num_rows, num_chunks, SPAN: tl.constexpr,
            PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr):
     """Called by every program of a row once its part of pass `step` is stored; the last one
     to arrive (a counter a row and pass) judges the pass: its candidate, when it survives, is
-    the row's token (`tokens`, `done`); else pass step + 1's floor and candidate (_floor), or
+    the row's token (`tokens`); else pass step + 1's floor and candidate (_floor), or
     after the LAST pass the pass's winner (a near miss: above every rejected one, not judged).
     So a round's programs of a decided row return after two loads, and only one program a row
     reduces the partials (every program of the row did, 61 at 248k ids, when each round
@@ -304,7 +302,6 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
                          top_ks, top_ps, min_ps, row, floats_stride, ints_stride):
                     kept = True
                     tl.store(tokens + row, candidate)
-                    tl.store(done + row, 1)
         if LAST:
             if not kept:
                 winner_id, _, _ = _winner(score, ident, ywin,
@@ -325,7 +322,7 @@ def _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, p
 @triton.jit
 def _round(row, chunk, logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
            floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score, ident,
-           ywin, floors, judged, done, tokens, arrivals, racing, num_racing, num_rows, vocab,
+           ywin, floors, judged, tokens, arrivals, racing, num_racing, num_rows, vocab,
            num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
            PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr, STEP: tl.constexpr,
            LAST: tl.constexpr, FAST: tl.constexpr):
@@ -345,14 +342,15 @@ def _round(row, chunk, logits, stride, temperatures, top_ks, top_ps, min_ps, see
                 row, temperature, (STEP * num_rows + row) * num_chunks + chunk, count,
                 mass, pivot_counts, pivot_masses, best_score, best_id, PIVOTS)
     _judge(top_ks, top_ps, min_ps, floats_stride, ints_stride, part_a, part_b, pivot_a,
-           pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+           pivot_b, score, ident, ywin, floors, judged, tokens, arrivals, racing,
            num_racing, top, row, STEP, num_rows, num_chunks, SPAN, PIVOTS, PIVOTS_FROM, LAST)
 
 
 @triton.jit
 def _round_one_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                       floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
-                      ident, ywin, floors, judged, done, tokens, arrivals, racing, num_racing,
+                      ident, ywin, floors, judged, tokens, failures, arrivals, racing,
+                      num_racing,
                       rounds, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
                       BLOCK: tl.constexpr, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
                       PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr):
@@ -363,17 +361,17 @@ def _round_one_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seed
     chunk = tl.program_id(1)
     if (row == 0) & (chunk == 0) & (rounds >= 3):
         tl.store(num_racing + 3, 0)
-    if (tl.load(temperatures + row * floats_stride) > 0) & (tl.load(done + row) == 0):
+    if (tl.load(temperatures + row * floats_stride) > 0) & (tl.load(failures + row) == 0):
         _round(row, chunk, logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score, ident,
-               ywin, floors, judged, done, tokens, arrivals, racing, num_racing, num_rows,
+               ywin, floors, judged, tokens, arrivals, racing, num_racing, num_rows,
                vocab, num_chunks, CHUNK, BLOCK, SPAN, PIVOTS, PIVOTS_FROM, 1, LAST, FAST)
 
 
 @triton.jit
 def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, indices,
                   floats_stride, ints_stride, tops, part_a, part_b, pivot_a, pivot_b, score,
-                  ident, ywin, floors, judged, done, tokens, arrivals, racing, num_racing,
+                  ident, ywin, floors, judged, tokens, failures, arrivals, racing, num_racing,
                   rounds, num_rows, vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                   SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr,
                   STEP: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr):
@@ -392,7 +390,7 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
         row = tl.load(racing + STEP * num_rows + item // num_chunks)
         _round(row, item % num_chunks, logits, stride, temperatures, top_ks, top_ps, min_ps,
                seeds, indices, floats_stride, ints_stride, tops, part_a, part_b, pivot_a,
-               pivot_b, score, ident, ywin, floors, judged, done, tokens, arrivals, racing,
+               pivot_b, score, ident, ywin, floors, judged, tokens, arrivals, racing,
                num_racing, num_rows, vocab, num_chunks, CHUNK, BLOCK, SPAN, PIVOTS,
                PIVOTS_FROM, STEP, LAST, FAST)
         item += tl.num_programs(0)
@@ -455,7 +453,6 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     # [rounds + 1, rows]: pass s's floor and candidate, set by pass s - 1's judge
     floors = torch.empty(rounds + 1, num_rows, dtype=torch.float32, device=device)
     judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
-    done = torch.empty(num_rows, dtype=torch.int32, device=device)
     arrivals = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device) \
         if meeting is None else meeting.get((rounds + 1, num_rows), torch.int32, device)
     tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
@@ -464,7 +461,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     limits = (temperature, top_k, top_p, min_p)
     tops = torch.empty(num_rows, dtype=torch.float32, device=device)
     passes = (tops, part_a, part_b, pivot_a, pivot_b, score, ident, ywin)
-    state = (floors, judged, done, tokens)
+    state = (floors, judged, tokens, failed)
     grid = (num_rows, num_chunks)
     sizes = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": PIVOTS,
              "PIVOTS_FROM": PIVOTS_FROM, "FAST": logits.is_cuda}
@@ -474,7 +471,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     num_racing = torch.empty(rounds + 1, dtype=torch.int32, device=device)
     lists = (arrivals, racing, num_racing)
     _first_kernel[grid](logits, logits.stride(0), *limits, seed, index, *strides, greedy,
-                        *passes, *state, failed, *lists, num_rows, vocab, num_chunks, **sizes)
+                        *passes, *state, *lists, num_rows, vocab, num_chunks, **sizes)
     args = (logits, logits.stride(0), *limits, seed, index, *strides, *passes, *state, *lists,
             rounds, num_rows, vocab, num_chunks)
     _round_one_kernel[grid](*args, LAST=False, **sizes)

@@ -201,7 +201,7 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
     by_name = {"logits": "*bf16", "temperatures": "*fp32", "top_ps": "*fp32",
                "min_ps": "*fp32", "top_ks": "*i64", "seeds": "*i64", "indices": "*i64",
                "greedy": "*i64", "ident": "*i64", "judged": "*i64", "tokens": "*i64",
-               "done": "*i32", "arrivals": "*i32", "failures": "*i1",
+               "arrivals": "*i32", "failures": "*i1",
                "racing": "*i32", "num_racing": "*i32",
                "stride": "i64", "floats_stride": "i64", "ints_stride": "i64"}
 
