@@ -11,7 +11,10 @@ The draw's per-row parameters sit at fixed addresses (sampling_state.py). A deco
 resident planning gathers them by slot from `SamplingSlots` (written only for rows the planner
 writes whole) and advances each row's token index on the device; any other step uploads its
 rows' parameters. Under `cuda_graphs` each decode bucket's draw (gather, draw, advance) is a
-captured graph over its forward graph's logits, replayed after it when a row samples.
+captured graph over its forward graph's logits, replayed after it when a row samples; a varlen
+(prefill or mixed) step's rows' logits are copied into one fixed buffer and drawn by a graph
+captured over it, at the smallest decode bucket (or the step's most rows) that holds them:
+launched eagerly from Python the race's eight kernels cost a mixed step ~1 ms of host time.
 
 A row whose logits are not finite after its temperature (NaN logits; a temperature that
 overflows float32, 1e-40) keeps its greedy token and is flagged on the device; its request
@@ -19,6 +22,7 @@ fails alone when the flags are read back with the tokens (TokenReadback.failed).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections.abc import Callable
@@ -82,10 +86,12 @@ class Sampler:
         self._counters_gpu = vocab_counters(vocab_size, device)  # [vocab]
         self._columns = ParamColumns(max_rows, device)
         self._staging = HostColumns(max_rows, device)
-        self._graphs = StepGraphs("sampler") if device.type == "cuda" else None
+        cuda = device.type == "cuda"
+        self._graphs = _DrawGraphs(f"{name} decode draw") if cuda else None
+        self._varlen_graphs = _DrawGraphs(f"{name} varlen draw") if cuda else None
+        # [max_rows, vocab]: a varlen step's rows' logits, where its draw graphs read them
+        self._varlen_logits_gpu: torch.Tensor | None = None
         self._meeting = _kept_zeros() if name == "triton" else None  # the race's counters
-        # (bucket, rows) -> views of the bucket's captured draw outputs: made once, reused
-        self._replayed_views: dict[tuple[int, int], Drawn] = {}
 
     def add(self, request_id: str, params: SamplingParams) -> None:
         self._request_seeds[request_id] = (params.seed if params.seed is not None
@@ -126,7 +132,7 @@ class Sampler:
         self._staging.upload(self._columns, len(rows))
         if decode_bucket:
             return self._draw_bucket(step, decode_bucket, len(rows))
-        return _sliced(self._draw(step, len(rows)), len(rows))
+        return self._draw_varlen(step, len(rows))
 
     def sample_by_slot(self, step: StepLogits, num_rows: int, bucket: int,
                        whole: list[tuple[int, SampleRow]]) -> Drawn | None:
@@ -143,15 +149,19 @@ class Sampler:
         return self._draw_bucket(step, bucket, num_rows)
 
     def _draw_bucket(self, step: StepLogits, bucket: int, num_rows: int) -> Drawn:
-        """A decode bucket's draw, its first num_rows rows: a captured graph's outputs sit at
-        fixed addresses, so their views are made once."""
+        """A decode bucket's draw, its first num_rows rows: its graph's, or drawn now."""
         if self._graphs is None or not self._graphs.has(bucket):
             return _sliced(self._draw_decode(step, bucket), num_rows)
-        drawn = self._graphs.replay(bucket)
-        views = self._replayed_views.get((bucket, num_rows))
-        if views is None:
-            views = self._replayed_views[(bucket, num_rows)] = _sliced(drawn, num_rows)
-        return views
+        return self._graphs.replay_first(bucket, num_rows)
+
+    def _draw_varlen(self, step: StepLogits, num_rows: int) -> Drawn:
+        """A varlen step's draw of its first num_rows rows: their logits copied into the fixed
+        buffer and its smallest captured bucket that holds them replayed, or drawn now."""
+        bucket = self._varlen_graphs.fitting(num_rows) if self._varlen_graphs else None
+        if bucket is None:
+            return _sliced(self._draw(step, num_rows), num_rows)
+        self._varlen_logits_gpu[:num_rows].copy_(step.logits[:num_rows])
+        return self._varlen_graphs.replay_first(bucket, num_rows)
 
     def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
         """[num_rows] argmax tokens: the decode graph's own, or computed now."""
@@ -176,19 +186,30 @@ class Sampler:
 
     def capture(self, buckets: tuple[int, ...], outputs: Callable[[int], StepLogits]) -> None:
         """One draw graph per decode bucket over `outputs(bucket)`, the StepLogits its
-        forward graph gives back (fixed addresses); the uploaded columns' padding rows are
-        drawn too, and ignored. A capture that fails (a filter that syncs or reads back) is
-        logged and the draws run eagerly: sampled steps get slower, the server still starts."""
+        forward graph gives back (fixed addresses), and one per varlen bucket (the decode
+        buckets and the most rows a step holds) over the varlen logits buffer, which takes
+        the logits' dtype. The uploaded columns' padding rows are drawn too, and ignored. A
+        capture that fails (a filter that syncs or reads back) is logged and those draws run
+        eagerly: sampled steps get slower, the server still starts."""
         if self._graphs is None:
             return
-        try:
-            self._graphs.capture(buckets, lambda bucket: None,
-                                 lambda bucket: self._draw_decode(outputs(bucket), bucket),
-                                 lambda bucket: f"the {self.name} draw of {bucket} rows")
-        except Exception:  # noqa: BLE001 - a draw that cannot be held in a graph still draws
-            log.exception("the %s draw could not be captured: sampled decode steps draw "
-                          "eagerly", self.name)
+        if not self._graphs.capture(buckets, lambda bucket: self._draw_decode(outputs(bucket),
+                                                                              bucket)):
             self._graphs = None
+        sample = outputs(buckets[-1]).logits
+        max_rows = self._columns.floats_gpu.shape[0]
+        # zeros, not empty: its padding rows are drawn, and garbage there could be anything
+        self._varlen_logits_gpu = torch.zeros(max_rows, sample.shape[-1], dtype=sample.dtype,
+                                              device=self.device)
+        varlen_buckets = tuple(sorted({b for b in buckets if b < max_rows} | {max_rows}))
+        logits_gpu = self._varlen_logits_gpu
+        if not self._varlen_graphs.capture(varlen_buckets, lambda bucket: self._draw(
+                StepLogits(logits_gpu[:bucket]), bucket)):
+            self._varlen_graphs, self._varlen_logits_gpu = None, None
+            return
+        log.info("varlen draws: %d graphs over a %s logits buffer of %s (%.0f MiB)",
+                 len(varlen_buckets), list(logits_gpu.shape), logits_gpu.dtype,
+                 logits_gpu.numel() * logits_gpu.element_size() / 2**20)
 
     @staticmethod
     def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
@@ -208,6 +229,43 @@ class Sampler:
         sampled = logprobs.gather(1, tokens[select][:, None])
         values = torch.cat([sampled, top_values], dim=1).to(torch.float64)
         return StepLogprobs(tuple(asked), counts, values, top_ids)
+
+
+class _DrawGraphs:
+    """A StepGraphs of draws: the buckets captured, and each (bucket, rows)'s views of a
+    replay's outputs, made once (fixed addresses)."""
+
+    def __init__(self, kind: str) -> None:
+        self._graphs = StepGraphs(kind)
+        self._views: dict[tuple[int, int], Drawn] = {}
+        self._buckets: list[int] = []
+
+    def capture(self, buckets: tuple[int, ...], draw_bucket: Callable[[int], Drawn]) -> bool:
+        """Captures draw_bucket(b) for each bucket; False (logged) when a capture fails."""
+        try:
+            self._graphs.capture(buckets, lambda bucket: None, draw_bucket,
+                                 lambda bucket: f"the draw of {bucket} rows")
+        except Exception:  # noqa: BLE001 - a draw that cannot be held in a graph still draws
+            log.exception("the %s could not be captured: those draws run eagerly",
+                          self._graphs.kind)
+            return False
+        self._buckets = self._graphs.buckets
+        return True
+
+    def has(self, bucket: int) -> bool:
+        return self._graphs.has(bucket)
+
+    def fitting(self, num_rows: int) -> int | None:
+        """The smallest captured bucket of at least num_rows rows, or None."""
+        index = bisect.bisect_left(self._buckets, num_rows)
+        return self._buckets[index] if index < len(self._buckets) else None
+
+    def replay_first(self, bucket: int, num_rows: int) -> Drawn:
+        drawn = self._graphs.replay(bucket)
+        views = self._views.get((bucket, num_rows))
+        if views is None:
+            views = self._views[(bucket, num_rows)] = _sliced(drawn, num_rows)
+        return views
 
 
 def _kept_zeros():

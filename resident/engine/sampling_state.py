@@ -62,10 +62,14 @@ class HostColumns:
         if len(rows) > self.floats_cpu.shape[0]:
             raise ValueError(f"{len(rows)} sampling rows exceed the staging's "
                              f"{self.floats_cpu.shape[0]}")
-        floats, ints = self.floats_cpu.numpy(), self.ints_cpu.numpy()
-        for row, (params, seed, index) in enumerate(rows):
-            floats[row] = (params.temperature, params.top_p, params.min_p)
-            ints[row] = (params.top_k, seed_bits(seed), index)
+        if not rows:
+            return
+        # one block assignment a dtype: numpy converts the list at C speed (a row at a time
+        # cost ~2 us a row, 0.25 ms a 64-row step)
+        self.floats_cpu.numpy()[:len(rows)] = [
+            (params.temperature, params.top_p, params.min_p) for params, _, _ in rows]
+        self.ints_cpu.numpy()[:len(rows)] = [
+            (params.top_k, seed_bits(seed), index) for params, seed, index in rows]
 
     def upload(self, columns: ParamColumns, num_rows: int) -> None:
         columns.floats_gpu[:num_rows].copy_(self.floats_cpu[:num_rows], non_blocking=True)

@@ -13,6 +13,7 @@ import torch
 from resident.config import EngineConfig
 from resident.engine.draw import RowParams, draw, vocab_counters
 from resident.engine.engine import build_engine
+from resident.engine.sampler import Sampler, SampleRow, StepLogits
 from resident.engine.types import SamplingParams
 from resident.model.config import load_model_config
 
@@ -76,6 +77,38 @@ def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs(sampl
     requests = dict(order[:3] + [("me", (prompts[0], me))] + order[3:])
     assert run_sampled(crowd, requests, 16)["me"] == mine
     assert crowd.sampler.slots.rows_written >= 16
+
+
+@pytest.mark.parametrize("sampler", ["torch", "triton"])
+def test_a_varlen_steps_draw_graph_draws_the_eager_draws_tokens(sampler):
+    """A prefill or mixed step's rows drawn by the varlen draw graphs (their logits copied into
+    the fixed buffer, the smallest bucket that holds them replayed) against the same rows drawn
+    eagerly: the same tokens and failures, at row counts on and off the buckets, after a larger
+    step left other logits in the buffer's padding rows."""
+    vocab, buckets, max_rows = 248_320, (1, 2, 4, 8, 16, 24, 32, 48, 64), 72
+    decode_logits = {b: StepLogits(torch.zeros(b, vocab, device=DEVICE, dtype=torch.bfloat16),
+                                   torch.zeros(b, dtype=torch.int64, device=DEVICE))
+                     for b in buckets}
+    captured = Sampler(DEVICE, 0, vocab, max_rows, sampler)
+    captured.capture(buckets, decode_logits.__getitem__)
+    assert captured._varlen_graphs is not None  # noqa: SLF001 - the path under test
+    eager = Sampler(DEVICE, 0, vocab, max_rows, sampler)
+    generator = torch.Generator(device=DEVICE).manual_seed(11)
+    for num_rows in (72, 37, 1, 64, 5):
+        logits = torch.randn(num_rows, vocab, device=DEVICE, generator=generator,
+                             dtype=torch.bfloat16) * 4
+        logits[num_rows // 2, 7] = float("nan")  # a poison row fails alone either way
+        rows = [SampleRow(f"r{i}", SamplingParams(max_tokens=4, temperature=0.3 + i % 4 * 0.3,
+                                                  top_k=i % 5 * 20, top_p=0.8, seed=i), i)
+                for i in range(num_rows)]
+        for target in (captured, eager):
+            for row in rows:
+                target.add(row.request_id, row.params)
+        got = captured.sample(StepLogits(logits), rows)
+        want = eager.sample(StepLogits(logits), rows)
+        assert got.tokens.shape == (num_rows,)
+        assert torch.equal(got.tokens, want.tokens), num_rows
+        assert torch.equal(got.failed, want.failed) and got.failed.sum().item() == 1
 
 
 def test_the_kernels_fast_log_noise_stays_within_rounding_of_the_reference():

@@ -44,6 +44,7 @@ def main() -> None:
                 run = functools.partial(draw, logits, params, greedy, counters, "triton",
                                         fused=True)
                 print_kernels(run)
+                print_host_us(run)
                 print_launch_sizes(run)
 
 
@@ -71,6 +72,31 @@ def print_launch_sizes(run) -> None:
             print(f"    pivots from round {first}: {graph_time_us(run):8.1f} us", flush=True)
     finally:
         nucleus_race.PIVOTS_FROM = shipped
+
+
+def print_host_us(run, calls: int = 50) -> None:
+    """The host's µs a call: `run` launched eagerly (what a varlen step's draw cost before it
+    had graphs) against one replay of a graph holding it, the GPU kept busy behind both so
+    that neither waits on it."""
+    import time
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for name, call in (("eager", run), ("graph replay", graph.replay)):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU spin (cycles): the host runs ahead
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        host_us = (time.perf_counter() - started) * 1e6 / calls
+        torch.cuda.synchronize()
+        print(f"    host {name}: {host_us:8.1f} us a call", flush=True)
 
 
 def print_kernels(run) -> None:
