@@ -27,8 +27,9 @@ REPEAT, SAMPLES = 20, 15
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 8, 2, 256, 16
 
 
-def graph_time_us(run) -> float:
-    """Median per-call GPU time of `run` replayed REPEAT times inside one graph."""
+def captured(run, repeat: int = 1) -> torch.cuda.CUDAGraph:
+    """A graph of `repeat` back-to-back calls of `run`, after one warm-up call on a side stream
+    (compiles, tunes and allocates outside the capture)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -36,8 +37,14 @@ def graph_time_us(run) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(REPEAT):
+        for _ in range(repeat):
             run()
+    return graph
+
+
+def graph_time_us(run) -> float:
+    """Median per-call GPU time of `run` replayed REPEAT times inside one graph."""
+    graph = captured(run, REPEAT)
     times = []
     for _ in range(SAMPLES):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

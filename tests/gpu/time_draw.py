@@ -13,7 +13,7 @@ import sys
 import torch
 
 from resident.engine.draw import RowParams, draw, vocab_counters
-from resident.tools.bench_attention import graph_time_us
+from resident.tools.bench_attention import captured, graph_time_us
 
 VOCAB = 248_320
 
@@ -80,15 +80,7 @@ def print_host_us(run, calls: int = 50) -> None:
     that neither waits on it."""
     import time
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    for name, call in (("eager", run), ("graph replay", graph.replay)):
+    for name, call in (("eager", run), ("graph replay", captured(run).replay)):
         torch.cuda.synchronize()
         torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU spin (cycles): the host runs ahead
         started = time.perf_counter()
