@@ -120,9 +120,9 @@ def test_a_sampled_row_draws_and_leaves_the_graphs_output_alone():
 
 
 def test_a_step_by_slot_draws_only_while_an_added_request_samples():
-    """sample_by_slot reads no rows: it draws the bucket by slot while any added request
-    samples (its greedy slots then take their greedy tokens) and nothing once none does; the
-    rows written whole land in their slots either way."""
+    """stage_by_slot reads no rows: the bucket draws by slot while any added request samples
+    (its greedy slots then take their greedy tokens) and not once none does; the rows written
+    whole land in their slots either way, before the draw reads them."""
     from resident.engine.sampling_state import SamplingSlots
 
     vocab, bucket = 1000, 4
@@ -132,13 +132,33 @@ def test_a_step_by_slot_draws_only_while_an_added_request_samples():
     step = StepLogits(logits, logits.argmax(dim=-1))
     rows = {"cold": SampleRow("cold", GREEDY, 0), "hot": SampleRow("hot", HOT, 0)}
     sampler.add("cold", GREEDY)
-    assert sampler.sample_by_slot(step, 2, bucket, [(2, rows["cold"])]) is None
+    assert not sampler.stage_by_slot([(2, rows["cold"])])
     sampler.add("hot", HOT)
-    drawn = sampler.sample_by_slot(step, 2, bucket, [(0, rows["hot"])])
+    assert sampler.stage_by_slot([(0, rows["hot"])])
+    drawn = sampler.draw_decode(step, bucket).first(2)
     assert drawn.tokens.tolist()[0] == 0 and drawn.tokens.tolist()[1] != 0  # slots 2, 0
     assert sampler.slots.rows_written == 2
     sampler.drop("hot")
-    assert sampler.sample_by_slot(step, 2, bucket, []) is None
+    assert not sampler.stage_by_slot([])
+
+
+def test_a_host_planned_decode_step_draws_its_uploaded_rows():
+    """stage_rows uploads a decode step's rows only when one samples; draw_decode then draws
+    the bucket from them (its padding rows too), and the first rows' tokens are what a varlen
+    step's draw of the same rows gives."""
+    vocab, bucket = 1000, 4
+    sampler = make_sampler(vocab)
+    logits = torch.randn(bucket, vocab, generator=torch.Generator().manual_seed(2))
+    step = StepLogits(logits, logits.argmax(dim=-1))
+    rows = [SampleRow("cold", GREEDY, 0), SampleRow("hot", HOT, 3)]
+    for row in rows:
+        sampler.add(row.request_id, row.params)
+    assert not sampler.stage_rows(rows[:1])
+    assert sampler.stage_rows(rows)
+    drawn = sampler.draw_decode(step, bucket).first(2)
+    varlen = sampler.sample(StepLogits(logits[:2]), rows)
+    assert drawn.tokens.tolist() == varlen.tokens.tolist()
+    assert drawn.tokens[0] == logits[0].argmax()
 
 
 def test_a_seed_draws_the_same_tokens_in_any_row_of_any_batch():

@@ -60,6 +60,10 @@ class Drawn(NamedTuple):
     tokens: torch.Tensor  # [rows] int64
     failed: torch.Tensor  # [rows] bool: a sampled row whose logits were not finite
 
+    def first(self, num_rows: int) -> Drawn:
+        """The first num_rows rows' (views)."""
+        return Drawn(self.tokens[:num_rows], self.failed[:num_rows])
+
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
     """MurmurHash3's 32-bit finalizer on int64 tensors holding values in [0, 2**32): products

@@ -133,9 +133,10 @@ class Engine:
         self.inputs = StepInputs(config, self.kv, self.states, self.positions, self.kernels,
                                  self.phases, device)
         self.planning = self._build_planning()
-        self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
-                                 self.kernels, self.phases, config.cuda_graphs == "on")
         self.sampler = self._build_sampler()
+        self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
+                                 self.kernels, self.phases, config.cuda_graphs == "on",
+                                 self.sampler.draw_decode, config.max_step_rows)
         self.startup.lap("buffers")
         if device.type == "cuda":
             from resident.backends.gdn_prefill import tune_chunked_delta_rule
@@ -146,7 +147,7 @@ class Engine:
         if config.cuda_graphs == "on" or config.compile == "on":
             self.runner.prepare_all(config.decode_buckets, self.startup.lap)
         if self.runner.graphs is not None:
-            self.sampler.capture(config.decode_buckets, self.runner.graphs.output)
+            self.sampler.capture(config.decode_buckets, self.runner.logits_gpu)
             self.startup.lap("sampler graphs")
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
@@ -249,9 +250,8 @@ class Engine:
         prepared = self._prepared if self._prepared and self._prepared.plan is plan \
             else self._prepare(plan)
         self._prepared = None
-        # [sampling rows (then padding), vocab], and a decode graph's argmax of each row
-        logits, greedy = prepared.logits if prepared.logits is not None \
-            else self._launch(prepared)
+        # [sampling rows (then padding), vocab] logits, and a decode graph's argmax and draw
+        step = prepared.logits if prepared.logits is not None else self._launch(prepared)
         # a row whose request finished after this step was planned (one of the zombies) runs,
         # unsampled
         sampling = [row.request for row in plan.rows if row.samples]
@@ -259,7 +259,7 @@ class Engine:
             if self._zombies else None
         live = sampling if kept is None else [sampling[i] for i in kept]
         if live:
-            tokens_gpu = self._sample(prepared, logits, greedy, sampling, kept)
+            tokens_gpu = self._sample(prepared, step, sampling, kept)
         self.phases.lap("sampler")
         self._commit(prepared, live)
         if self.config.plan_ahead != "off":
@@ -289,21 +289,18 @@ class Engine:
             self._launch_ahead(None)
         return outputs
 
-    def _sample(self, prepared: PreparedStep, logits: torch.Tensor,
-                greedy: torch.Tensor | None, sampling: list[Request],
+    def _sample(self, prepared: PreparedStep, step: StepLogits, sampling: list[Request],
                 kept: list[int] | None) -> torch.Tensor:
-        """Draws every sampling row (a decode step's draw covers its bucket by slot, finished
-        rows included) and queues the read-back of the `kept` rows' (None: all) tokens,
-        failures and logprobs; returns their tokens on the device. A step drawn by slot makes
-        no pass over its rows unless a request asks for logprobs."""
-        step = StepLogits(logits, greedy)
-        if self.sampler.by_slot(prepared.bucket):
-            whole = [(slot, _sample_row(self.requests[rid]))
-                     for slot, rid in prepared.staged.whole_rows] if prepared.staged else []
-            drawn = self.sampler.sample_by_slot(step, len(sampling), prepared.bucket, whole)
+        """Takes every sampling row's token (a decode step's draw ran in its graph and covers
+        its bucket, finished rows included; a varlen step's rows are drawn now) and queues the
+        read-back of the `kept` rows' (None: all) tokens, failures and logprobs; returns their
+        tokens on the device. A decode step makes no pass over its rows here unless a request
+        asks for logprobs."""
+        if prepared.is_decode:
+            drawn = None if step.drawn is None else step.drawn.first(len(sampling))
         else:
-            drawn = self.sampler.sample(step, [_sample_row(r) for r in sampling],
-                                        prepared.bucket)
+            drawn = self.sampler.sample(step, [_sample_row(r) for r in sampling])
+        logits = step.logits
         tokens = drawn.tokens if drawn else self.sampler.greedy(step, len(sampling))
         failed = drawn.failed if drawn else None
         if kept is not None:
@@ -338,8 +335,23 @@ class Engine:
             self.readback.mark()
             return launch()
         self.planning.upload_decode(prepared, sampled)
+        draws = self._stage_draw(prepared)
         self.readback.mark()
-        return self.runner.forward_decode(prepared.bucket, prepared.width)
+        return self.runner.launch_decode(prepared.bucket, prepared.width, draws)
+
+    def _stage_draw(self, prepared: PreparedStep) -> bool:
+        """A decode step's sampling parameters, staged before its forward (its graph draws
+        after the forward); whether it draws. Under resident slots only the rows the planner
+        wrote whole are written; host-planned, every row is uploaded when one samples."""
+        if self.sampler.by_slot(prepared.bucket):
+            whole = [(slot, _sample_row(self.requests[rid]))
+                     for slot, rid in prepared.staged.whole_rows] if prepared.staged else []
+            draws = self.sampler.stage_by_slot(whole)
+        else:  # every decode row samples
+            draws = self.sampler.stage_rows([_sample_row(row.request)
+                                             for row in prepared.plan.rows])
+        self.phases.lap("sampler")
+        return draws
 
     def _commit(self, prepared: PreparedStep, live: list[Request]) -> None:
         """What the step did that needs no token value: the streams advance, each sampling row

@@ -29,17 +29,22 @@ class StepGraphs:
         self.kind = kind
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, Any] = {}
+        self.pool = None  # the memory pool of the last capture
 
     @property
     def buckets(self) -> list[int]:
         return sorted(self._graphs)
 
     def capture(self, buckets: tuple[int, ...], prepare: Callable[[int], None],
-                forward: Callable[[int], Any], describe: Callable[[int], str]) -> None:
+                forward: Callable[[int], Any], describe: Callable[[int], str],
+                pool=None) -> None:
         """prepare(b) stages an all-padding step of bucket b (and its host plan, if any);
         forward(b) runs the bucket's forward and logits over the fixed buffers and returns
-        them (a tensor or a tuple of tensors), what replay gives back."""
-        pool = torch.cuda.graph_pool_handle()
+        them (a tensor or a tuple of tensors), what replay gives back. pool: another
+        StepGraphs' `pool`, shared when only one of the two kinds' outputs is alive at a time
+        (None: a new one)."""
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
+        self.pool = pool
         side = torch.cuda.Stream()
         for bucket in sorted(buckets, reverse=True):
             started = time.perf_counter()
@@ -58,10 +63,6 @@ class StepGraphs:
 
     def has(self, bucket: int) -> bool:
         return bucket in self._graphs
-
-    def output(self, bucket: int) -> Any:
-        """The bucket's outputs (fixed addresses), what each replay rewrites."""
-        return self._outputs[bucket]
 
     def replay(self, bucket: int) -> Any:
         """The bucket's outputs (its logits), valid until the next replay of any bucket of

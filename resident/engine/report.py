@@ -113,6 +113,12 @@ def engine_info(engine: Engine) -> dict[str, Any]:
         "prefix_snapshot_bytes": engine.prefixes.snapshot_bytes,
         "attention_backend": engine.config.attention_backend,
         "cuda_graphs": engine.runner.graphs.buckets if engine.runner.graphs else [],
+        # the decode buckets captured again with the draw after the forward (sampled steps)
+        "drawing_graphs": (engine.runner.drawing_graphs.buckets
+                           if engine.runner.drawing_graphs else []),
+        # every decode step's logits, and a varlen step's for its draw (runner.logits_gpu)
+        "logits_buffer_bytes": (engine.runner.logits_gpu.numel()
+                                * engine.runner.logits_gpu.element_size()),
         "prefill_graphs": _padded_graphs(engine),
         # decode buckets whose attention reads pages and lengths on the device
         "host_plan_free": not engine.kernels.decode.host_plan,

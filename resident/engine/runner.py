@@ -10,12 +10,14 @@ is its graph's replay.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 
 from resident.backends import StepKernels
 from resident.engine.buffers import DecodeInputs
+from resident.engine.draw import Drawn
 from resident.engine.graphs import StepGraphs
 from resident.engine.inputs import StepInputs
 from resident.engine.phases import PhaseTiming
@@ -28,16 +30,30 @@ from resident.model.ops import ModelOps
 from resident.model.qwen3_5 import Qwen3_5ForCausalLM
 from resident.model.step import StepMeta
 
+log = logging.getLogger("resident.graphs")
+
 
 class StepRunner:
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, inputs: StepInputs,
                  planning: StepPlanning, kernels: StepKernels, phases: PhaseTiming,
-                 cuda_graphs: bool) -> None:
+                 cuda_graphs: bool, draw: Callable[[StepLogits, int], Drawn],
+                 max_step_rows: int) -> None:
+        """draw(step, bucket): a decode bucket's draw after its forward (the sampler's
+        `draw_decode`), captured in the bucket's drawing graph; max_step_rows: the logits
+        buffer's rows (a varlen step's are drawn there too under graphs: Sampler.capture)."""
         self.model, self.cache = model, cache
         self.inputs, self.planning, self.kernels, self.phases = inputs, planning, kernels, phases
+        self.draw = draw
         self.graphs = StepGraphs("decode") if cuda_graphs else None
+        self.drawing_graphs = StepGraphs("decode and draw") if cuda_graphs else None
         self.prefill_graphs = StepGraphs("prefill") if cuda_graphs else None
         self.num_padded_prefills = 0
+        # [max_step_rows, vocab]: every decode step's logits, at one fixed address (captured,
+        # each bucket's own held 0.5 GiB in all at 0.8B, for each of the two graphs of a
+        # bucket); zeros, not empty: a varlen draw graph reads its padding rows
+        weight = model.output_weight()
+        self.logits_gpu = torch.zeros(max_step_rows, model.config.vocab_size,
+                                      dtype=weight.dtype, device=weight.device)
 
     def plan_varlen(self, plan: StepPlan, staged: StagedVarlen) -> Callable[[], StepLogits]:
         """A staged varlen step's host work, done now (an eager step's prefill backend plans
@@ -57,12 +73,30 @@ class StepRunner:
         ids = self.inputs.buffers.input_ids_gpu[:staged.num_tokens]
         return lambda: StepLogits(self._timed(self.execute, ids, meta, ops))
 
+    def launch_decode(self, bucket: int, width: int, draw: bool) -> StepLogits:
+        """A decode bucket's step whose inputs (and host attention plan, if any) are in
+        place, and whose draw is staged when `draw`: its drawing graph's replay (the forward,
+        then `draw`), or `forward_decode` and the draw after it. (A replaced
+        `forward_decode`, as the synthetic core's, serves a drawing step only where no
+        drawing graph is captured: on CPU.)"""
+        if draw and self.drawing_graphs is not None and self.drawing_graphs.has(bucket):
+            return self._timed(self.drawing_graphs.replay, bucket)
+        step = self.forward_decode(bucket, width)
+        if not draw:
+            return step
+        step = self._with_draw(step, bucket)
+        self.phases.lap("sampler")
+        return step
+
     def forward_decode(self, bucket: int, width: int) -> StepLogits:
         """[bucket, vocab] logits and their argmax of a decode bucket whose inputs (and host
         attention plan, if any) are in place: its graph's replay, or the eager forward."""
         if self.graphs is not None and self.graphs.has(bucket):
             return self._timed(self.graphs.replay, bucket)
         return self._timed(self._decode_forward, bucket, width)
+
+    def _with_draw(self, step: StepLogits, bucket: int) -> StepLogits:
+        return step._replace(drawn=self.draw(step, bucket))
 
     def run_padded(self, bucket: PaddedBucket, max_query_len: int) -> torch.Tensor:
         """A staged padded step: its bucket's graph's replay, or the eager forward;
@@ -73,6 +107,23 @@ class StepRunner:
         return self.execute(self.inputs.buffers.input_ids_gpu[:bucket.tokens],
                             self.inputs.varlen.padded_meta(bucket, max_query_len),
                             self.kernels.padded)
+
+    def _capture_drawing(self, decode_buckets: tuple[int, ...], prepare: Callable[[int], None],
+                         width: int, describe: Callable[[int], str]) -> None:
+        """Each decode bucket again with the draw after its forward, in the greedy graphs'
+        pool (one of the two graphs of a bucket runs at a time, and its outputs are used
+        before the next step's graph replays). A capture that fails (a filter that syncs or
+        reads back) is logged, and drawing steps replay the greedy graph and draw eagerly:
+        slower, but the server starts."""
+        try:
+            self.drawing_graphs.capture(
+                decode_buckets, prepare,
+                lambda bucket: self._with_draw(self._decode_forward(bucket, width), bucket),
+                describe, pool=self.graphs.pool)
+        except Exception:  # noqa: BLE001 - a draw that cannot be held in a graph still draws
+            log.exception("the decode steps' draw could not be captured: drawing steps draw "
+                          "eagerly after the forward's graph")
+            self.drawing_graphs = None
 
     @torch.inference_mode()
     def execute(self, input_ids: torch.Tensor, meta: StepMeta, ops: ModelOps) -> torch.Tensor:
@@ -93,7 +144,7 @@ class StepRunner:
         with torch.inference_mode():
             input_ids = DecodeInputs.input_ids_of(self.inputs.buffers.decode_gpu, bucket)
             hidden = self.model(input_ids, meta, self.cache, self.kernels.decode.ops(bucket))
-            logits = self.model.compute_logits(hidden)
+            logits = self.model.compute_logits(hidden, self.logits_gpu[:bucket])
             greedy = logits.argmax(dim=-1)
         self.planning.after_forward(bucket)
         return StepLogits(logits, greedy)
@@ -136,6 +187,8 @@ class StepRunner:
         self.graphs.capture(decode_buckets, prepare,
                             lambda bucket: self._decode_forward(bucket, width), describe)
         lap("decode graphs")
+        self._capture_drawing(decode_buckets, prepare, width, describe)
+        lap("decode graphs with the draw")
         self.prefill_graphs.capture(tuple(range(len(buckets))),
                                     lambda index: inputs.varlen.stage_idle(buckets[index]),
                                     lambda index: self.run_padded(buckets[index], 1),

@@ -10,11 +10,14 @@ tokens are the argmax, a decode graph's own (`StepLogits.greedy`).
 The draw's per-row parameters sit at fixed addresses (sampling_state.py). A decode step under
 resident planning gathers them by slot from `SamplingSlots` (written only for rows the planner
 writes whole) and advances each row's token index on the device; any other step uploads its
-rows' parameters. Under `cuda_graphs` each decode bucket's draw (gather, draw, advance) is a
-captured graph over its forward graph's logits, replayed after it when a row samples; a varlen
-(prefill or mixed) step's rows' logits are copied into one fixed buffer and drawn by a graph
-captured over it, at the smallest decode bucket (or the step's most rows) that holds them:
-launched eagerly from Python the race's eight kernels cost a mixed step ~1 ms of host time.
+rows' parameters. A decode step's parameters are staged before its forward (`stage_rows`,
+`stage_by_slot`) and its draw (`draw_decode`: gather, draw, advance) runs after the forward
+inside the same graph: the runner captures each decode bucket twice, greedy and drawing
+(runner.py), and a step that draws replays the drawing one, so sampling costs a decode step no
+launch of its own. A varlen (prefill or mixed) step is drawn after its forward: its rows'
+logits are copied into the runner's fixed logits buffer and drawn by a graph captured over it,
+at the smallest decode bucket (or the step's most rows) that holds them; launched eagerly from
+Python the race's eight kernels cost a mixed step ~1 ms of host time.
 
 A row whose logits are not finite after its temperature (NaN logits; a temperature that
 overflows float32, 1e-40) keeps its greedy token and is flagged on the device; its request
@@ -44,10 +47,12 @@ FAILED_DRAW = "sampling failed: the logits are not finite at this temperature"
 class StepLogits(NamedTuple):
     """What a step's forward gives the sampler: [rows, vocab] logits and, from a decode
     bucket's graph, each row's argmax computed inside it ([rows] int64; None for other steps):
-    greedy rows then cost the host no launch."""
+    greedy rows then cost the host no launch; and from a decode step that draws, every row of
+    its bucket drawn after the forward (`Sampler.draw_decode`), else None."""
 
     logits: torch.Tensor
     greedy: torch.Tensor | None = None
+    drawn: Drawn | None = None
 
 
 class SampleRow(NamedTuple):
@@ -85,11 +90,14 @@ class Sampler:
         self._asking: set[str] = set()
         self._counters_gpu = vocab_counters(vocab_size, device)  # [vocab]
         self._columns = ParamColumns(max_rows, device)
-        self._staging = HostColumns(max_rows, device)
-        cuda = device.type == "cuda"
-        self._graphs = _DrawGraphs(f"{name} decode draw") if cuda else None
-        self._varlen_graphs = _DrawGraphs(f"{name} varlen draw") if cuda else None
-        # [max_rows, vocab]: a varlen step's rows' logits, where its draw graphs read them
+        # pinned staging, one for decode steps and one for varlen steps: a decode step
+        # launched ahead stages while the varlen step before it may not have copied its own
+        # rows yet (a staging is rewritten only after the read-back that follows its copy)
+        self._decode_staging = HostColumns(max_rows, device)
+        self._varlen_staging = HostColumns(max_rows, device)
+        self._varlen_graphs = _DrawGraphs(f"{name} varlen draw") \
+            if device.type == "cuda" else None
+        # [max_rows, vocab]: where a varlen step's rows' logits are copied for its draw graphs
         self._varlen_logits_gpu: torch.Tensor | None = None
         self._meeting = _kept_zeros() if name == "triton" else None  # the race's counters
 
@@ -113,70 +121,39 @@ class Sampler:
 
     def by_slot(self, decode_bucket: int) -> bool:
         """Whether a step of this decode bucket (0: not a decode step) draws by resident slot
-        (`sample_by_slot`), with no rows from the host."""
+        (`stage_by_slot`), with no rows from the host."""
         return self.slots is not None and decode_bucket > 0
 
     def values(self, row: SampleRow) -> RowValues:
         return RowValues(row.params, self._request_seeds.get(row.request_id, 0), row.index)
 
-    def sample(self, step: StepLogits, rows: list[SampleRow],
-               decode_bucket: int = 0) -> Drawn | None:
-        """A step whose rows' parameters the host uploads (not `by_slot`). step.logits:
-        [>= len(rows), vocab], row i's for rows[i]. Returns the [len(rows)] tokens and failures
-        on the logits' device, not yet read back (the caller's one host sync per step); None
-        when no row samples (the tokens are the greedy ones, `greedy`). decode_bucket: the
-        bucket of a decode step whose logits are its forward's own (0 otherwise)."""
-        if not any(row.params.temperature > 0 for row in rows):
-            return None
-        self._staging.put([self.values(row) for row in rows])
-        self._staging.upload(self._columns, len(rows))
-        if decode_bucket:
-            return self._draw_bucket(step, decode_bucket, len(rows))
-        return self._draw_varlen(step, len(rows))
+    # -- decode steps: staged before the forward, drawn inside its graph ----------------------
 
-    def sample_by_slot(self, step: StepLogits, num_rows: int, bucket: int,
-                       whole: list[tuple[int, SampleRow]]) -> Drawn | None:
-        """A decode step under resident slots (`by_slot`): its first num_rows rows'
-        parameters come by slot, after `whole` (slot, row) are written (even in a greedy
-        step: a later draw gathers these slots). No pass over the rows: the bucket is drawn
-        whenever an added request samples, whether or not it is in this step (its greedy rows
-        then draw their greedy tokens, at the cost of the draw's GPU time); None when none
-        does."""
+    def stage_rows(self, rows: list[SampleRow]) -> bool:
+        """A host-planned decode step (not `by_slot`): uploads its rows' parameters, row i's
+        for rows[i], before its forward, whose graph draws from them (`draw_decode`). Whether
+        any row samples; when none does nothing is uploaded and the step takes its greedy
+        tokens."""
+        if not any(row.params.temperature > 0 for row in rows):
+            return False
+        self._upload(rows, self._decode_staging)
+        return True
+
+    def stage_by_slot(self, whole: list[tuple[int, SampleRow]]) -> bool:
+        """A decode step under resident slots (`by_slot`): writes `whole` (slot, row) into
+        their slots before its forward (even in a greedy step: a later draw gathers these
+        slots). No pass over the rows: the bucket draws whenever an added request samples,
+        whether or not it is in this step (its greedy rows then draw their greedy tokens, at
+        the cost of the draw's GPU time). Whether the step draws."""
         if whole:
             self.slots.write([slot for slot, _ in whole], [self.values(row) for _, row in whole])
-        if not self._sampling:
-            return None
-        return self._draw_bucket(step, bucket, num_rows)
+        return bool(self._sampling)
 
-    def _draw_bucket(self, step: StepLogits, bucket: int, num_rows: int) -> Drawn:
-        """A decode bucket's draw, its first num_rows rows: its graph's, or drawn now."""
-        if self._graphs is None or not self._graphs.has(bucket):
-            return _sliced(self._draw_decode(step, bucket), num_rows)
-        return self._graphs.replay_first(bucket, num_rows)
-
-    def _draw_varlen(self, step: StepLogits, num_rows: int) -> Drawn:
-        """A varlen step's draw of its first num_rows rows: their logits copied into the fixed
-        buffer and its smallest captured bucket that holds them replayed, or drawn now."""
-        bucket = self._varlen_graphs.fitting(num_rows) if self._varlen_graphs else None
-        if bucket is None:
-            return _sliced(self._draw(step, num_rows), num_rows)
-        self._varlen_logits_gpu[:num_rows].copy_(step.logits[:num_rows])
-        return self._varlen_graphs.replay_first(bucket, num_rows)
-
-    def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
-        """[num_rows] argmax tokens: the decode graph's own, or computed now."""
-        if step.greedy is not None:
-            return step.greedy[:num_rows]
-        return step.logits[:num_rows].argmax(dim=-1)
-
-    def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
-        return draw(step.logits[:num_rows], self._columns.params(num_rows),
-                    self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused,
-                    self._meeting)
-
-    def _draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
-        """A decode bucket's draw over all its rows: by slot under resident slots (gather,
-        draw, advance), else from the uploaded columns. Device ops only: it is captured."""
+    def draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
+        """A decode bucket's draw over all its rows, staged by `stage_rows` or
+        `stage_by_slot`: by slot under resident slots (gather, draw, advance), else from the
+        uploaded columns. Device ops only: the runner captures it in the bucket's drawing
+        graph, after the forward."""
         if self.slots is not None:
             self.slots.gather(self._columns, bucket)
         drawn = self._draw(step, bucket)
@@ -184,32 +161,53 @@ class Sampler:
             self.slots.advance(bucket)
         return drawn
 
-    def capture(self, buckets: tuple[int, ...], outputs: Callable[[int], StepLogits]) -> None:
-        """One draw graph per decode bucket over `outputs(bucket)`, the StepLogits its
-        forward graph gives back (fixed addresses), and one per varlen bucket (the decode
-        buckets and the most rows a step holds) over the varlen logits buffer, which takes
-        the logits' dtype. The uploaded columns' padding rows are drawn too, and ignored. A
-        capture that fails (a filter that syncs or reads back) is logged and those draws run
-        eagerly: sampled steps get slower, the server still starts."""
-        if self._graphs is None:
+    # -- varlen (prefill and mixed) steps: drawn after the forward ----------------------------
+
+    def sample(self, step: StepLogits, rows: list[SampleRow]) -> Drawn | None:
+        """A varlen step's draw. step.logits: [>= len(rows), vocab], row i's for rows[i].
+        Returns the [len(rows)] tokens and failures on the logits' device, not yet read back
+        (the caller's one host sync per step); None when no row samples (the tokens are the
+        greedy ones, `greedy`)."""
+        if not any(row.params.temperature > 0 for row in rows):
+            return None
+        self._upload(rows, self._varlen_staging)
+        num_rows = len(rows)
+        bucket = self._varlen_graphs.fitting(num_rows) if self._varlen_graphs else None
+        if bucket is None:
+            return self._draw(step, num_rows).first(num_rows)
+        self._varlen_logits_gpu[:num_rows].copy_(step.logits[:num_rows])
+        return self._varlen_graphs.replay_first(bucket, num_rows)
+
+    def capture(self, buckets: tuple[int, ...], logits_gpu: torch.Tensor) -> None:
+        """One draw graph per varlen bucket (the decode buckets below logits_gpu's rows, and
+        its rows) over logits_gpu ([max rows, vocab], the runner's decode logits: a varlen
+        step's are copied there). The uploaded columns' padding rows are drawn too, and
+        ignored. A capture that fails (a filter that syncs or reads back) is logged and those
+        draws run eagerly: sampled steps get slower, the server still starts."""
+        if self._varlen_graphs is None:
             return
-        if not self._graphs.capture(buckets, lambda bucket: self._draw_decode(outputs(bucket),
-                                                                              bucket)):
-            self._graphs = None
-        sample = outputs(buckets[-1]).logits
-        max_rows = self._columns.floats_gpu.shape[0]
-        # zeros, not empty: its padding rows are drawn, and garbage there could be anything
-        self._varlen_logits_gpu = torch.zeros(max_rows, sample.shape[-1], dtype=sample.dtype,
-                                              device=self.device)
+        max_rows = logits_gpu.shape[0]
         varlen_buckets = tuple(sorted({b for b in buckets if b < max_rows} | {max_rows}))
-        logits_gpu = self._varlen_logits_gpu
         if not self._varlen_graphs.capture(varlen_buckets, lambda bucket: self._draw(
                 StepLogits(logits_gpu[:bucket]), bucket)):
-            self._varlen_graphs, self._varlen_logits_gpu = None, None
+            self._varlen_graphs = None
             return
-        log.info("varlen draws: %d graphs over a %s logits buffer of %s (%.0f MiB)",
-                 len(varlen_buckets), list(logits_gpu.shape), logits_gpu.dtype,
-                 logits_gpu.numel() * logits_gpu.element_size() / 2**20)
+        self._varlen_logits_gpu = logits_gpu
+
+    def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
+        """[num_rows] argmax tokens: the decode graph's own, or computed now."""
+        if step.greedy is not None:
+            return step.greedy[:num_rows]
+        return step.logits[:num_rows].argmax(dim=-1)
+
+    def _upload(self, rows: list[SampleRow], staging: HostColumns) -> None:
+        staging.put([self.values(row) for row in rows])
+        staging.upload(self._columns, len(rows))
+
+    def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
+        return draw(step.logits[:num_rows], self._columns.params(num_rows),
+                    self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused,
+                    self._meeting)
 
     @staticmethod
     def logprobs(logits: torch.Tensor, tokens: torch.Tensor,
@@ -252,9 +250,6 @@ class _DrawGraphs:
         self._buckets = self._graphs.buckets
         return True
 
-    def has(self, bucket: int) -> bool:
-        return self._graphs.has(bucket)
-
     def fitting(self, num_rows: int) -> int | None:
         """The smallest captured bucket of at least num_rows rows, or None."""
         index = bisect.bisect_left(self._buckets, num_rows)
@@ -264,7 +259,7 @@ class _DrawGraphs:
         drawn = self._graphs.replay(bucket)
         views = self._views.get((bucket, num_rows))
         if views is None:
-            views = self._views[(bucket, num_rows)] = _sliced(drawn, num_rows)
+            views = self._views[(bucket, num_rows)] = drawn.first(num_rows)
         return views
 
 
@@ -274,10 +269,6 @@ def _kept_zeros():
     from resident.kernels.gdc import KeptZeros
 
     return KeptZeros()
-
-
-def _sliced(drawn: Drawn, num_rows: int) -> Drawn:
-    return Drawn(drawn.tokens[:num_rows], drawn.failed[:num_rows])
 
 
 class _Prefixes:

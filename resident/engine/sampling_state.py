@@ -8,8 +8,8 @@
 - `SamplingSlots` (resident planning): the same columns for every slot of the resident planner's
   store. A request's row is written only when the planner writes its row whole (new, displaced,
   or stale after a host-planned step); a decode step gathers its rows by slot into the step's
-  columns and advances their token index on the device, inside the draw's graph, so a captured
-  resident step uploads no sampling parameters.
+  columns and advances their token index on the device, inside the decode step's graph, so a
+  captured resident step uploads no sampling parameters.
 """
 
 from __future__ import annotations

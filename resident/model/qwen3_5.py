@@ -359,5 +359,9 @@ class Qwen3_5ForCausalLM(nn.Module):
             block = layer(block, rope, meta, cache, ops, next_norm)
         return block.normed_input(self.dense)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, V]
-        return F.linear(hidden, self.output_weight())
+    def compute_logits(self, hidden: torch.Tensor,
+                       out: torch.Tensor | None = None) -> torch.Tensor:  # [N, hidden] -> [N, V]
+        """out: [N, V] rows of a fixed buffer to write them in (a captured decode step's)."""
+        if out is None:
+            return F.linear(hidden, self.output_weight())
+        return torch.mm(hidden, self.output_weight().t(), out=out)

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LAUNCH = "        return self.runner.forward_decode(prepared.bucket, prepared.width)\n"
+LAUNCH = "        return self.runner.launch_decode(prepared.bucket, prepared.width, draws)\n"
 
 
 def plant(dest: Path, cycles: int) -> Path:
