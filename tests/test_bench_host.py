@@ -1,4 +1,5 @@
-"""`python -m resident.tools.bench_host` runs both planning modes on CPU and reports each cell."""
+"""`python -m resident.tools.bench_host` runs both planning modes on CPU and reports each cell;
+`bench_staging` stages a mixed step at each concurrency."""
 
 from __future__ import annotations
 
@@ -52,3 +53,15 @@ def test_the_bench_draws_its_decode_rows_as_asked():
     assert [(p.temperature, p.top_p, p.seed) for p in params] == [(0.7, 0.9, i) for i in range(3)]
     with pytest.raises(ValueError, match="top_p"):
         Draw(0.7, 0.0)
+
+
+def test_bench_staging_stages_a_mixed_step_of_each_concurrency(capsys):
+    from resident.tools.bench_staging import main as bench_staging
+
+    assert bench_staging(["--concurrency", "2,5", "--repeat", "3", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["mixed_step_staging"]
+    assert [(row["concurrency"], row["rows"]) for row in rows] == [(2, 3), (5, 6)]
+    assert [row["tokens"] for row in rows] == [514, 517] and all(r["staging_us"] > 0 for r in rows)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_staging(["--repeat", "0"])
+    assert exit_info.value.code == 2

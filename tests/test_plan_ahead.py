@@ -210,3 +210,29 @@ def test_ids_from_sampled_moves_each_pending_row_its_token(sources, want):
     rows = torch.zeros(8, dtype=torch.int64)
     ids_from_sampled(ids, sources, sampled, rows.clone().numpy(), rows, torch.zeros(4).long())
     assert ids.tolist() == want
+
+
+def test_a_mixed_steps_decode_row_without_its_last_token_is_refused():
+    """A varlen step's decode row whose last token is pending must take it from the step
+    before's sampled tokens: staged without them the step is refused, naming the request; with
+    them its host id is zeroed for the device copy, and the others keep theirs."""
+    from resident.engine.request import PENDING_TOKEN
+
+    engine = make_engine("off", "off")
+    for rid, (prompt, max_tokens) in workload(3, 4).items():
+        engine.add_request(EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens + 20,
+                                                                     ignore_eos=True)))
+    while not all(r.output_ids for r in engine.requests.values()):
+        engine.step()
+    engine.add_request(EngineRequest("late", [1, 2, 3], SamplingParams(max_tokens=2)))
+    plan = engine.scheduler.schedule()
+    assert plan.kind == "mixed" and plan.num_decode_rows == 3
+    pending = plan.rows[1].request
+    pending.output_ids[-1] = PENDING_TOKEN
+    with pytest.raises(RuntimeError, match=pending.request_id):
+        engine.inputs.varlen.stage(plan)
+    sampled = SampledTokens(torch.tensor([5, 6]), {pending.request_id: 1})
+    engine.inputs.varlen.stage(plan, sampled)
+    host_ids = engine.inputs.varlen.host.input_ids[:3].tolist()
+    assert host_ids[1] == 0 and host_ids[0] == plan.rows[0].request.output_ids[-1]
+    assert int(engine.inputs.buffers.input_ids_gpu[1]) == 6

@@ -31,7 +31,7 @@ from resident.engine.buffers import (
 )
 from resident.engine.phases import PhaseTiming
 from resident.engine.scheduler import StepPlan
-from resident.engine.varlen import VarlenInputs
+from resident.engine.varlen import VarlenInputs, fill_tables, write_locations
 from resident.model.step import GDN_CHUNK, StepMeta
 from resident.resources.kv import SINK_PAGE, KVPool
 from resident.resources.positions import Positions
@@ -74,9 +74,7 @@ class StepInputs:
                                      for rid, start in zip(ids, starts, strict=True)]
         phases.lap("positions")
         page_lists = [self.kv.streams[rid].pages for rid in ids]
-        host.kv_write_loc[:num_rows] = [
-            pages[start // page_size] * page_size + start % page_size
-            for pages, start in zip(page_lists, starts, strict=True)]
+        host.kv_write_loc[:num_rows] = write_locations(page_lists, starts, page_size)
         width = self._stage_tables(page_lists, bucket)
         phases.lap("kv_plan")
         host.state_slots[:num_rows] = [self.states.slots[rid] for rid in ids]
@@ -99,10 +97,9 @@ class StepInputs:
     def _stage_tables(self, page_lists: list[list[int]], bucket: int) -> int:
         """Block-table rows, then padding rows on the sink page; returns the width."""
         tables = self.host.block_tables
-        for row_index, pages in enumerate(page_lists):
-            tables[row_index, :len(pages)] = pages
+        width = fill_tables(tables, page_lists)
         tables[len(page_lists):bucket, 0] = SINK_PAGE
-        return max(map(len, page_lists), default=1)
+        return width
 
     def upload_decode(self, bucket: int) -> None:
         """A decode bucket's two copies: its inputs block past the token ids (which upload at
