@@ -25,6 +25,7 @@ from resident.engine.sampler import StepLogits
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
+from resident.tools.bench_io import positive_ints
 
 WARM_STEPS = 5
 
@@ -58,12 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     args = parser.parse_args(argv)
-    try:
-        cells = [int(c) for c in args.concurrency.split(",")]
-    except ValueError:
-        parser.error(f"--concurrency {args.concurrency!r}: expected integers like 1,16,64")
-    if any(c < 1 for c in cells) or args.steps < 1:
-        parser.error("--concurrency and --steps must be positive")
+    cells = positive_ints(parser, "--concurrency", args.concurrency)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     rows = []
     for concurrency in cells:
         off, auto = (host_us_per_step(p, concurrency, args.steps) for p in ("off", "auto"))

@@ -28,6 +28,7 @@ from resident.engine.engine import build_engine
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
+from resident.tools.bench_io import positive_ints
 
 PROMPT_LEN, NEW_PROMPT_LEN = 300, 512
 BATCHES = 5
@@ -77,12 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=500)
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     args = parser.parse_args(argv)
-    try:
-        levels = [int(part) for part in args.concurrency.split(",")]
-    except ValueError:
-        parser.error(f"--concurrency: {args.concurrency!r} is not a list of integers")
-    if args.repeat < 1 or any(level < 1 for level in levels):
-        parser.error("--repeat and every --concurrency must be >= 1")
+    levels = positive_ints(parser, "--concurrency", args.concurrency)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, got {args.repeat}")
     torch.set_num_threads(1)
     rows = [staging_us(level, args.repeat) for level in levels]
     render({"mixed_step_staging": rows}, OutputFormat(args.format))

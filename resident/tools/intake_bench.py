@@ -31,6 +31,7 @@ from resident.server import jsonenc
 from resident.server.protocol import AddRequest
 from resident.server.tokenizer import ByteTokenizer
 from resident.server.validation import parse_completion_request
+from resident.tools.bench_io import positive_ints
 
 ROUNDS = 5
 VOCAB = 248_320  # Qwen3.5's
@@ -78,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     args = parser.parse_args(argv)
-    lengths = [int(n) for n in args.prompt_lens.split(",") if n]
-    if not lengths or min(lengths) < 1 or args.repeats < 1:
-        parser.error("--prompt-lens takes positive ints, --repeats >= 1")
+    lengths = positive_ints(parser, "--prompt-lens", args.prompt_lens)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     rows = [measure(n, args.repeats) for n in lengths]
     render({"intake_bench": rows}, OutputFormat(args.format))
     return 0
