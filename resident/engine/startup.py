@@ -4,8 +4,10 @@ core process's start), `device` (the CUDA context), `model` (building the weight
 fingerprint), `buffers` (KV and state caches, kernels and planning), `fla tuning` (on CUDA:
 fla's chunked delta rule autotuned on real work, gdn_prefill.tune_chunked_delta_rule),
 `decode graphs` and `prefill graphs` (each bucket warmed, which is where torch.compile, Triton
-autotuning and FlashInfer's JIT run, then captured; `... warm-up` without CUDA graphs). Each
-captured bucket's own seconds go to the capture log line."""
+autotuning and FlashInfer's JIT run, then captured; `... warm-up` without CUDA graphs), between
+them `decode graphs with the draw` (each decode bucket again, its draw after the forward), and
+`sampler graphs` (the varlen draws). Each captured bucket's own seconds go to the capture log
+line."""
 
 from __future__ import annotations
 
