@@ -109,11 +109,12 @@
 #   gate-prefix-open  configs/gate/h200-0.8b-prefix-open.yaml (gate-prefix's load open loop:
 #             Poisson arrivals at 25 and 45 requests/s, c=16/64 the most in flight), tarred
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
-#             torch's filter, and a seeded request alone (eager, host-planned) against among 15
-#             (graphs, resident slots), torch and triton;
+#             torch's filter, a seeded request alone (eager, host-planned) against among 15
+#             (the drawing decode graphs, resident slots and host-planned), torch and triton, and
+#             the varlen draw graphs against the eager draw;
 #             then tests/gpu/time_draw.py: a captured draw's GPU time at the 0.8B vocabulary,
 #             each filter, at 1/16/64/256 rows, beside the argmax alone, and the race's
-#             kernels at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
+#             kernels and the host's µs a call (eager, replayed) at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
 #             flashinfer" skips FlashInfer's minutes of JIT build on a fresh machine); SAMPLERS:
 #             time_draw's samplers (default torch triton flashinfer)
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
