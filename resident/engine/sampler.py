@@ -134,10 +134,7 @@ class Sampler:
         for rows[i], before its forward, whose graph draws from them (`draw_decode`). Whether
         any row samples; when none does nothing is uploaded and the step takes its greedy
         tokens."""
-        if not any(row.params.temperature > 0 for row in rows):
-            return False
-        self._upload(rows, self._decode_staging)
-        return True
+        return self._upload(rows, self._decode_staging)
 
     def stage_by_slot(self, whole: list[tuple[int, SampleRow]]) -> bool:
         """A decode step under resident slots (`by_slot`): writes `whole` (slot, row) into
@@ -168,9 +165,8 @@ class Sampler:
         Returns the [len(rows)] tokens and failures on the logits' device, not yet read back
         (the caller's one host sync per step); None when no row samples (the tokens are the
         greedy ones, `greedy`)."""
-        if not any(row.params.temperature > 0 for row in rows):
+        if not self._upload(rows, self._varlen_staging):
             return None
-        self._upload(rows, self._varlen_staging)
         num_rows = len(rows)
         bucket = self._varlen_graphs.fitting(num_rows) if self._varlen_graphs else None
         if bucket is None:
@@ -200,9 +196,14 @@ class Sampler:
             return step.greedy[:num_rows]
         return step.logits[:num_rows].argmax(dim=-1)
 
-    def _upload(self, rows: list[SampleRow], staging: HostColumns) -> None:
+    def _upload(self, rows: list[SampleRow], staging: HostColumns) -> bool:
+        """Uploads the rows' parameters through `staging` when one of them samples; whether
+        one does (none: nothing is uploaded, the rows take their greedy tokens)."""
+        if not any(row.params.temperature > 0 for row in rows):
+            return False
         staging.put([self.values(row) for row in rows])
         staging.upload(self._columns, len(rows))
+        return True
 
     def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
         return draw(step.logits[:num_rows], self._columns.params(num_rows),
