@@ -112,6 +112,19 @@ def test_matches_torch_bf16_gpu(rows, n, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 16])
+@pytest.mark.parametrize("n, k", [(1024, 2048), (1024, 3584)])
+def test_float32_is_not_rounded_to_tf32_gpu(rows, n, k):
+    """A float32 model's projections keep fp32's precision: tl.dot's tf32 default rounds each
+    operand to 10 mantissa bits, a relative error near 1e-3; fp64 is the yardstick."""
+    x = torch.randn(rows, k, device="cuda", dtype=torch.float64)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.float64) * k**-0.5
+    want = x @ weight.T
+    got = skinny_linear(x.float(), weight.float()).double()
+    assert ((got - want).norm() / want.norm()).item() < 1e-5
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("n, k", [(1024, 3584), (4096, 12288)])
 def test_gated_add_norm_fma_bf16_gpu(rows, n, k):

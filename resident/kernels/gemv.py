@@ -118,7 +118,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
                  PREFETCH: tl.constexpr, ADD_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                  SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
-                 COMPUTE: tl.constexpr, FMA: tl.constexpr):
+                 COMPUTE: tl.constexpr, FMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """What PROLOGUE does to x before the product, in COMPUTE (fp32; fp64 for a fp64 model),
     rounded once to the activations' dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -132,7 +132,9 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     that kernel, the loop then reads the L2.
     With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). FMA:
     the product by CUDA-core multiply-adds, BLOCK_M the rows rounded up to a power of two
-    (else tl.dot's 16)."""
+    (else tl.dot's 16). DOT_PRECISION: tl.dot's input_precision, "ieee" for fp32 activations
+    (tl.dot's default rounds fp32 inputs to tf32 on the GPU, ~1e-3 relative: a float32 model's
+    projections would lose what cuBLAS keeps); bf16 and fp16 inputs are exact either way."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -173,7 +175,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
             acc += tl.sum(x_tile.to(COMPUTE)[:, None, :] * w_tile.to(COMPUTE)[None, :, :],
                           axis=2)
         else:
-            acc += tl.dot(x_tile, tl.trans(w_tile))
+            acc += tl.dot(x_tile, tl.trans(w_tile), input_precision=DOT_PRECISION)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
@@ -457,6 +459,7 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "NORM_CHUNKS": triton.cdiv(n, NORM_BLOCK.value),
         "COMPUTE": tl.float64 if accumulation_dtype(dtype) == torch.float64 else tl.float32,
         "FMA": tile.fma,
+        "DOT_PRECISION": dot_precision(dtype),
     }
 
 
@@ -480,6 +483,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         *epilogue, **constexprs, num_warps=tile.num_warps, num_stages=tile.num_stages,
         **launch_options(pdl),
     )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for activations of `dtype`: full precision for fp32 and fp64
+    (tf32 would round fp32 operands to 10 mantissa bits), tf32 (a no-op) for 16-bit ones."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -81,15 +82,19 @@ class Variant:
 
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
-          rows: int = gemv.MIN_DOT) -> Variant:
-    """The GEMV at a shape, bf16; `rows` matter to the CUDA-core form (tile.fma) only."""
-    types = {"x": "*bf16", "w": "*bf16", "out": "*fp32", "z": "*bf16", "norm_w": "*bf16",
-             "eps": "fp32", "residual": "*bf16", "out_norm_w": "*bf16", "normed_out": "*bf16",
-             "summed_out": "*bf16", "counts": "*i32", "sums_sq": "*fp32", "out_eps": "fp32"}
+          rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16) -> Variant:
+    """The GEMV at a shape, its activations and weights in `dtype`; `rows` matter to the
+    CUDA-core form (tile.fma) only."""
+    element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
+    types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
+                                        "normed_out", "summed_out")}
+    types |= {"out": "*fp32", "eps": "fp32", "counts": "*i32", "sums_sq": "*fp32",
+              "out_eps": "fp32"}
     types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
                                      "stride_os", "stride_zm", "stride_zh")}
     constexprs = gemv.launch_constexprs(n, k, rows, tile, prologue, head_dim=head_dim,
-                                        add_norm=add_norm)
+                                        add_norm=add_norm, dtype=dtype,
+                                        element_size=dtype.itemsize)
     return Variant(name, gemv._gemv_kernel, types, constexprs | {"USE_PDL": pdl},
                    tile.num_warps, tile.num_stages)
 
@@ -110,6 +115,9 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         _gemv("plain skinny GEMM", hidden, q_dim, narrow, gemv.PLAIN),
         _gemv("plain skinny GEMM (PDL, weights to L2 first)", hidden, q_dim, narrow, gemv.PLAIN,
               pdl=True),
+        # a float32 model's: tl.dot at full precision (ieee), not tf32
+        _gemv("plain skinny GEMM, float32 (PDL)", hidden, q_dim, narrow, gemv.PLAIN, pdl=True,
+              dtype=torch.float32),
         _gemv("mlp down + next add + norm (PDL)", hidden, inter, narrow, gemv.PLAIN, pdl=True,
               add_norm=True),
         _gemv("gdn out_proj + next add + norm", hidden, config.linear_value_dim, narrow,

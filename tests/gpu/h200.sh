@@ -37,6 +37,8 @@
 #             fulltable: both
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
 #             kernels, greedy and concurrency), tarred
+#   check-fused-fp32  the same in float32 (configs/gate/check-h200-0.8b-fused-fp32.yaml;
+#             $MODEL, default qwen3.5-0.8b: qwen3.5-2b for issue 33's 2B check), tarred
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
@@ -284,6 +286,12 @@ for part in "$@"; do
       run check-fused 400 python3 -m gate check --config configs/gate/check-h200-0.8b-fused.yaml \
         --out "$OUT/check-fused"
       tar czf "$OUT/check-fused.tgz" -C "$OUT" check-fused && rm -rf "$OUT/check-fused" ;;
+    check-fused-fp32)
+      dir=check-fused-fp32-${MODEL:-qwen3.5-0.8b}
+      run check-fused-fp32 "${CHECK_LIMIT:-400}" python3 -m gate check \
+        --config configs/gate/check-h200-0.8b-fused-fp32.yaml --model "${MODEL:-qwen3.5-0.8b}" \
+        --out "$OUT/$dir"
+      tar czf "$OUT/$dir.tgz" -C "$OUT" "$dir" && rm -rf "$OUT/$dir" ;;
     gate-fused)
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
         --out "$OUT/gate-fused"
