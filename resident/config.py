@@ -47,6 +47,7 @@ _CHOICES = {
     "prefix_cache": ("off", "on"),
     "prefix_snapshot_tail": ("off", "on"),
     "sampler": ("auto", "torch", "flashinfer", "triton"),
+    "argmax": ("torch", "triton"),
 }
 
 
@@ -124,6 +125,11 @@ class EngineConfig:
     # rejection race, no filter pass; CUDA); auto: triton on CUDA (it passed the H200's sampler
     # tests in a captured draw and is 11x faster than torch at 64 rows), torch elsewhere
     sampler: str = "auto"
+    # each row's greedy token (the decode graph's argmax, a varlen step's greedy rows): torch's
+    # reduction, or a [rows, blocks] Triton kernel that spreads a row over the GPU
+    # (kernels/argmax.py; CUDA, or TRITON_INTERPRET=1 for tests). torch until the H200 has
+    # timed the two (tests/gpu/time_draw.py prints both)
+    argmax: str = "torch"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned
@@ -228,6 +234,9 @@ class EngineConfig:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
         check_tensor_parallel(self.tensor_parallel, model)
+        if self.argmax == "triton" and device_type != "cuda" and not _interpreting():
+            raise ValueError("knob argmax: triton needs a CUDA device (or TRITON_INTERPRET=1 "
+                             "for tests)")
         dtype = _resolve_dtype(self.dtype, device_type)
         padded = self.padded_prefill
         if padded == "auto":
@@ -352,13 +361,18 @@ def _resolve_sampler(knob: str, device_type: str) -> str:
     return knob
 
 
+def _interpreting() -> bool:
+    """Whether Triton kernels run in the interpreter (TRITON_INTERPRET=1): on CPU, for tests."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _resolve_graphs(knob: str, backend: str, device_type: str) -> str:
     if device_type != "cuda":
         if knob == "on":
             raise ValueError("knob cuda_graphs: on needs a CUDA device")
         if backend == "flashinfer":
             raise ValueError("knob attention_backend: flashinfer needs a CUDA device")
-        if backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        if backend == "triton" and not _interpreting():
             raise ValueError("knob attention_backend: triton needs a CUDA device (or "
                              "TRITON_INTERPRET=1 for tests)")
         return "off"

@@ -94,6 +94,35 @@ def test_fused_decode_gives_the_unfused_tokens_in_float64():
     assert greedy("full") == unfused
 
 
+@pytest.mark.parametrize("planning", ["off", "auto"])
+def test_the_triton_argmax_gives_torchs_tokens(planning):
+    """argmax=triton (kernels/argmax.py, interpreted): the decode steps' and the mixed steps'
+    greedy tokens, a sampled request's draw from them too, equal argmax=torch's."""
+    from resident.kernels.argmax import RowsArgmax
+
+    generator = torch.Generator().manual_seed(8)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (n,), generator=generator).tolist(),
+                          out) for i, (n, out) in enumerate(((5, 6), (19, 3), (3, 5)))}
+
+    def tokens(argmax: str) -> dict[str, list[int]]:
+        config = EngineConfig(decode_buckets=(1, 2), max_num_seqs=2, argmax=argmax,
+                              resident_planning=planning)
+        engine = build_engine(TINY, config, "cpu")
+        assert isinstance(engine.kernels.argmax, RowsArgmax) == (argmax == "triton")
+        outputs = run_engine(engine, requests, concurrency=2)
+        assert engine.stats()["steps"]["mixed"] > 0
+        return outputs
+
+    assert tokens("triton") == tokens("torch")
+
+
+def test_the_triton_argmax_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="knob argmax: triton needs a CUDA device"):
+        EngineConfig(argmax="triton").resolve(TINY, "cpu")
+    assert EngineConfig(argmax="triton").resolve(TINY, "cuda").argmax == "triton"
+
+
 def test_padded_prefill_on_the_triton_kernels_gives_the_reference_tokens():
     """Prefills padded to their bucket on the Triton varlen attention and conv (they must keep
     the padding out of the rows' keys and windows), against unpadded prefills on the

@@ -8,7 +8,13 @@ from functools import partial
 
 import torch
 
-from resident.backends.base import DecodeKernels, PrefillKernels, PrefillStep, StepKernels
+from resident.backends.base import (
+    DecodeKernels,
+    PrefillKernels,
+    PrefillStep,
+    StepKernels,
+    torch_argmax,
+)
 from resident.backends.layout import PagedLayout, paged_layout
 from resident.config import EngineConfig
 from resident.model.config import ModelConfig
@@ -38,17 +44,18 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     name = config.attention_backend
     padded = (padded_ops(device.type == "cuda", name == "triton", gates)
               if config.padded_prefill == "on" else None)
+    kernels = partial(StepKernels, padded=padded, argmax=_argmax(config, device))
     if device.type != "cuda":
         if name != "triton":
-            return StepKernels(RefPrefill(), RefDecode(), padded)
+            return kernels(RefPrefill(), RefDecode())
         from resident.backends.gdn_prefill import conv_varlen_op
         from resident.backends.triton_decode import DecodeFusion, TritonDecode
         # the varlen conv l2-normalises query and key: the reference delta rule takes them so
         prefill = RefPrefill(ModelOps(conv=conv_varlen_op, gated_delta_rule=partial(
             gated_delta_rule_ref_op, l2norm_qk=False)))
         fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
-        return StepKernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm,
-                                                 fusion, _gemv_table(config, device)), padded)
+        return kernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
+                                             _gemv_table(config, device)))
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -71,7 +78,18 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
                               _gemv_table(config, device))
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
-    return StepKernels(prefill, decode, padded)
+    return kernels(prefill, decode)
+
+
+def _argmax(config: EngineConfig, device: torch.device) -> Callable:
+    """The argmax knob's greedy-token op: torch's, or the Triton rows kernel (with PDL where
+    the decode step's kernels have it)."""
+    if config.argmax == "torch":
+        return torch_argmax
+    from resident.kernels.argmax import RowsArgmax
+    from resident.kernels.pdl import pdl_on
+
+    return RowsArgmax(pdl=pdl_on(config.pdl, device))
 
 
 def _gemv_table(config: EngineConfig, device: torch.device):

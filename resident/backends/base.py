@@ -14,9 +14,11 @@ A step's kernels come in two halves, chosen separately:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from resident.backends.layout import PagedLayout
 from resident.model.ops import ModelOps
@@ -52,8 +54,15 @@ class DecodeKernels(ABC):
         del bucket, layout
 
 
+def torch_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[rows] int64: each row's argmax of [rows, vocab] logits (the argmax knob's `torch`)."""
+    return logits.argmax(dim=-1)
+
+
 @dataclass(frozen=True)
 class StepKernels:
     prefill: PrefillKernels  # eager varlen steps
     decode: DecodeKernels
     padded: ModelOps | None = None  # padded varlen steps (padded_prefill on)
+    # each row's greedy token of [rows, vocab] logits (knob argmax; kernels/argmax.py)
+    argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax

@@ -145,7 +145,7 @@ class StepRunner:
             input_ids = DecodeInputs.input_ids_of(self.inputs.buffers.decode_gpu, bucket)
             hidden = self.model(input_ids, meta, self.cache, self.kernels.decode.ops(bucket))
             logits = self.model.compute_logits(hidden, self.logits_gpu[:bucket])
-            greedy = logits.argmax(dim=-1)
+            greedy = self.kernels.argmax(logits)
         self.planning.after_forward(bucket)
         return StepLogits(logits, greedy)
 

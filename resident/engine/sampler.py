@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from resident.backends.base import torch_argmax
 from resident.engine.draw import Drawn, draw, vocab_counters
 from resident.engine.graphs import StepGraphs
 from resident.engine.sampling_state import HostColumns, ParamColumns, RowValues, SamplingSlots
@@ -76,11 +77,12 @@ class StepLogprobs:
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int, vocab_size: int, max_rows: int,
-                 name: str = "torch", slots: SamplingSlots | None = None) -> None:
+                 name: str = "torch", slots: SamplingSlots | None = None,
+                 argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax) -> None:
         """name: the draw's filter (draw.SAMPLERS); slots: the resident planner's sampling
         slots, or None when decode steps are host-planned; max_rows: the most rows a step
-        samples."""
-        self.device, self.name, self.slots = device, name, slots
+        samples; argmax: the greedy tokens of a step whose forward gave none (StepKernels')."""
+        self.device, self.name, self.slots, self.argmax = device, name, slots, argmax
         self.fused = device.type == "cuda"  # the race on its Triton kernel (draw.py)
         self._seeds = random.Random(seed)
         self._request_seeds: dict[str, int] = {}
@@ -194,7 +196,7 @@ class Sampler:
         """[num_rows] argmax tokens: the decode graph's own, or computed now."""
         if step.greedy is not None:
             return step.greedy[:num_rows]
-        return step.logits[:num_rows].argmax(dim=-1)
+        return self.argmax(step.logits[:num_rows])
 
     def _upload(self, rows: list[SampleRow], staging: HostColumns) -> bool:
         """Uploads the rows' parameters through `staging` when one of them samples; whether

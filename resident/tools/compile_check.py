@@ -39,6 +39,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from resident.kernels import (
+    argmax,
     attention_prologue,
     chunk_states,
     conv_varlen,
@@ -148,6 +149,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
     variants += _fused_decode_variants(config)
     variants += _decode_attention_variants(config)
+    variants.append(_argmax_variant(config))
     variants.append(_gumbel_race_variant())
     variants += _nucleus_race_variants(config)
     variants += _conv_varlen_variants(config)
@@ -190,6 +192,16 @@ def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
         *(Variant(f"decode attention combine{' + output gate' if gated else ''} (PDL)",
                   combine, combine_types, common | {"GATED": gated}) for gated in (False, True)),
     ]
+
+
+def _argmax_variant(config: ModelConfig) -> Variant:
+    """The rows' argmax (argmax=triton) over the model's bf16 logits, with PDL."""
+    num_blocks = triton.cdiv(config.vocab_size, argmax.BLOCK)
+    types = {"logits": "*bf16", "out": "*i64", "best_values": "*fp32", "best_ids": "*i32",
+             "counts": "*i32", "vocab": "i32", "stride_row": "i32"}
+    return Variant("rows argmax (PDL)", argmax._rows_argmax_kernel, types,
+                   {"NUM_BLOCKS": num_blocks, "BLOCKS_P2": triton.next_power_of_2(num_blocks),
+                    "BLOCK": argmax.BLOCK, "USE_PDL": True}, argmax.NUM_WARPS)
 
 
 def _gumbel_race_variant() -> Variant:

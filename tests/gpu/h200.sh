@@ -26,13 +26,15 @@
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
 #   tuned     the chunked delta rule against fla, the split GDN, and the start-up tuning
 #   fused-kernels  the fused decode kernels (GDN layer, attention prologue) and the PDL
-#             launches (GEMV, decode attention) against their references at the real shapes
+#             launches (GEMV, decode attention), the rows' argmax, against their references
+#             at the real shapes (the GEMV's float32 at full precision among them)
 #   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
 #             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
-#             them); table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
+#             them); argmax: argmax=triton (the greedy tokens on kernels/argmax.py);
+#             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
 #   check-fused  configs/gate/check-h200-0.8b-fused.yaml (the fused decode against the separate
@@ -392,7 +394,8 @@ for part in "$@"; do
     fused-kernels)
       run fused-kernels "${KERNELS_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
-        tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py ;;
+        tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py \
+        tests/test_kernel_argmax.py ;;
     arms)
       cache=$(mktemp -d)
       for arm in ${ARMS:-fused off nopdl wide}; do
@@ -403,6 +406,7 @@ for part in "$@"; do
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
           full) knobs=(--set fused_decode=full) ;;
+          argmax) knobs=(--set argmax=triton) ;;
           table) knobs=(--set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
           fulltable) knobs=(--set fused_decode=full
                             --set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;

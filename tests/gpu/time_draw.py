@@ -1,6 +1,7 @@
 """GPU time of one batched draw (engine/draw.py) at the 0.8B vocabulary, each filter, captured
 as a CUDA graph as the engine replays it, beside the greedy argmax alone: what sampling adds to a
-decode step. Prints one line per (rows, sampler), then the Triton race's kernels at 64 rows:
+decode step. Prints the argmax knob's two kernels' time per row count, one line per (rows,
+sampler), then the Triton race's kernels at 64 rows:
     python3 tests/gpu/time_draw.py [SAMPLER ...]   (default: torch triton, and flashinfer if
     installed; FlashInfer JIT-builds its sampling module on a fresh machine, minutes)"""
 
@@ -32,6 +33,7 @@ def main() -> None:
                            torch.arange(rows, dtype=torch.int64, device=device),
                            torch.zeros(rows, dtype=torch.int64, device=device))
         greedy_us = graph_time_us(lambda logits=logits: logits.argmax(dim=-1))
+        print_argmax_us(logits, greedy_us)
         for sampler in samplers:
             greedy = logits.argmax(dim=-1)
             # fused: the filters' race on its Triton kernel, as the engine draws on CUDA
@@ -46,6 +48,21 @@ def main() -> None:
                 print_kernels(run)
                 print_host_us(run)
                 print_launch_sizes(run)
+
+
+def print_argmax_us(logits: torch.Tensor, torch_us: float) -> None:
+    """The argmax knob's two choices, captured: torch's reduction against the Triton rows
+    kernel (kernels/argmax.py) with and without PDL, its tokens checked against torch's."""
+    from resident.kernels.argmax import RowsArgmax
+
+    line = f"rows {logits.shape[0]:4d} argmax: torch {torch_us:6.1f} us"
+    for pdl in (False, True):
+        argmax = RowsArgmax(pdl=pdl)
+        if not torch.equal(argmax(logits), logits.argmax(dim=-1)):
+            raise AssertionError(f"RowsArgmax(pdl={pdl}) differs from torch.argmax")
+        us = graph_time_us(lambda argmax=argmax: argmax(logits))
+        line += f", triton{' (PDL)' if pdl else ''} {us:6.1f} us"
+    print(line, flush=True)
 
 
 def print_launch_sizes(run) -> None:
