@@ -37,7 +37,13 @@ import torch
 from resident.backends.base import torch_argmax
 from resident.engine.draw import Drawn, draw, vocab_counters
 from resident.engine.graphs import StepGraphs
-from resident.engine.sampling_state import HostColumns, ParamColumns, RowValues, SamplingSlots
+from resident.engine.sampling_state import (
+    HostColumns,
+    ParamColumns,
+    RowColumns,
+    SamplingSlots,
+    seed_bits,
+)
 from resident.engine.types import MAX_LOGPROBS, SamplingParams, TokenLogprobs
 
 log = logging.getLogger("resident.engine")
@@ -85,7 +91,9 @@ class Sampler:
         self.device, self.name, self.slots, self.argmax = device, name, slots, argmax
         self.fused = device.type == "cuda"  # the race on its Triton kernel (draw.py)
         self._seeds = random.Random(seed)
-        self._request_seeds: dict[str, int] = {}
+        # each added request's columns but its token index: a step's rows are then looked up,
+        # not built (the host-planned arm stages every row of every step)
+        self._constants: dict[str, _RowConstants] = {}
         # the requests added and not dropped that sample (temperature > 0) / ask for logprobs:
         # a step under resident slots then needs no pass over its rows to know
         self._sampling: set[str] = set()
@@ -104,15 +112,15 @@ class Sampler:
         self._meeting = _kept_zeros() if name == "triton" else None  # the race's counters
 
     def add(self, request_id: str, params: SamplingParams) -> None:
-        self._request_seeds[request_id] = (params.seed if params.seed is not None
-                                           else self._seeds.getrandbits(63))
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        self._constants[request_id] = _RowConstants.of(params, seed)
         if params.temperature > 0:
             self._sampling.add(request_id)
         if params.logprobs is not None:
             self._asking.add(request_id)
 
     def drop(self, request_id: str) -> None:
-        self._request_seeds.pop(request_id, None)
+        self._constants.pop(request_id, None)
         self._sampling.discard(request_id)
         self._asking.discard(request_id)
 
@@ -126,8 +134,13 @@ class Sampler:
         (`stage_by_slot`), with no rows from the host."""
         return self.slots is not None and decode_bucket > 0
 
-    def values(self, row: SampleRow) -> RowValues:
-        return RowValues(row.params, self._request_seeds.get(row.request_id, 0), row.index)
+    def columns(self, rows: list[SampleRow]) -> RowColumns:
+        """The rows in ParamColumns' layout (a request never added draws with seed 0)."""
+        constants = [self._constants.get(row.request_id) or _RowConstants.of(row.params, 0)
+                     for row in rows]
+        return RowColumns([c.floats for c in constants],
+                          [(c.top_k, c.seed, row.index)
+                           for c, row in zip(constants, rows, strict=True)])
 
     # -- decode steps: staged before the forward, drawn inside its graph ----------------------
 
@@ -145,7 +158,7 @@ class Sampler:
         whether or not it is in this step (its greedy rows then draw their greedy tokens, at
         the cost of the draw's GPU time). Whether the step draws."""
         if whole:
-            self.slots.write([slot for slot, _ in whole], [self.values(row) for _, row in whole])
+            self.slots.write([slot for slot, _ in whole], self.columns([row for _, row in whole]))
         return bool(self._sampling)
 
     def draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
@@ -203,7 +216,7 @@ class Sampler:
         one does (none: nothing is uploaded, the rows take their greedy tokens)."""
         if not any(row.params.temperature > 0 for row in rows):
             return False
-        staging.put([self.values(row) for row in rows])
+        staging.put(self.columns(rows))
         staging.upload(self._columns, len(rows))
         return True
 
@@ -230,6 +243,19 @@ class Sampler:
         sampled = logprobs.gather(1, tokens[select][:, None])
         values = torch.cat([sampled, top_values], dim=1).to(torch.float64)
         return StepLogprobs(tuple(asked), counts, values, top_ids)
+
+
+class _RowConstants(NamedTuple):
+    """What a request's row of ParamColumns holds whatever its token index."""
+
+    floats: tuple[float, float, float]  # temperature, top_p, min_p
+    top_k: int
+    seed: int  # as int64 bits
+
+    @classmethod
+    def of(cls, params: SamplingParams, seed: int) -> _RowConstants:
+        return cls((params.temperature, params.top_p, params.min_p), params.top_k,
+                   seed_bits(seed))
 
 
 class _DrawGraphs:

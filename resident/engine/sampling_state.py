@@ -19,17 +19,16 @@ from typing import NamedTuple
 import torch
 
 from resident.engine.draw import RowParams
-from resident.engine.types import SamplingParams
 
 INDEX_COL = 2  # the token index's column among the int64 ones
 
 
-class RowValues(NamedTuple):
-    """One row's parameters as the host knows them."""
+class RowColumns(NamedTuple):
+    """A step's rows in ParamColumns' layout, as the host knows them: each row's float column
+    (temperature, top_p, min_p) and int column (top_k, seed as int64 bits, token index)."""
 
-    params: SamplingParams
-    seed: int  # the request's seed (its own, or the one the sampler gave it)
-    index: int  # the index of the token drawn in its request's output
+    floats: list[tuple[float, float, float]]
+    ints: list[tuple[int, int, int]]
 
 
 def seed_bits(seed: int) -> int:
@@ -58,18 +57,17 @@ class HostColumns:
         self.floats_cpu = torch.zeros(num_rows, 3, dtype=torch.float32, pin_memory=pin)
         self.ints_cpu = torch.zeros(num_rows, 3, dtype=torch.int64, pin_memory=pin)
 
-    def put(self, rows: list[RowValues]) -> None:
-        if len(rows) > self.floats_cpu.shape[0]:
-            raise ValueError(f"{len(rows)} sampling rows exceed the staging's "
+    def put(self, rows: RowColumns) -> None:
+        count = len(rows.floats)
+        if count > self.floats_cpu.shape[0]:
+            raise ValueError(f"{count} sampling rows exceed the staging's "
                              f"{self.floats_cpu.shape[0]}")
-        if not rows:
+        if not count:
             return
         # one block assignment a dtype: numpy converts the list at C speed (a row at a time
         # cost ~2 us a row, 0.25 ms a 64-row step)
-        self.floats_cpu.numpy()[:len(rows)] = [
-            (params.temperature, params.top_p, params.min_p) for params, _, _ in rows]
-        self.ints_cpu.numpy()[:len(rows)] = [
-            (params.top_k, seed_bits(seed), index) for params, seed, index in rows]
+        self.floats_cpu.numpy()[:count] = rows.floats
+        self.ints_cpu.numpy()[:count] = rows.ints
 
     def upload(self, columns: ParamColumns, num_rows: int) -> None:
         columns.floats_gpu[:num_rows].copy_(self.floats_cpu[:num_rows], non_blocking=True)
@@ -92,10 +90,10 @@ class SamplingSlots:
         self._ones_gpu = torch.ones(max_rows, dtype=torch.int64, device=device)
         self.rows_written = 0
 
-    def write(self, slots: list[int], rows: list[RowValues]) -> None:
+    def write(self, slots: list[int], rows: RowColumns) -> None:
         """Writes rows whole into their slots (three H2D copies and two scatters). The staging
         is reused by the next step's write only after this step's tokens are read back."""
-        count = len(rows)
+        count = len(slots)
         self._staging.put(rows)
         self._slots_cpu.numpy()[:count] = slots
         self._slots_gpu[:count].copy_(self._slots_cpu[:count], non_blocking=True)
