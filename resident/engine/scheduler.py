@@ -14,10 +14,11 @@ cached pages no request holds count as free and give way to KV pressure.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from resident.config import EngineConfig
 from resident.engine.prefix import NoPrefixCache
@@ -38,8 +39,9 @@ class Swapper(Protocol):
     def reset_state(self, request: Request) -> None: ...  # zero a fresh request's state slot
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
+    """One row of a step (a tuple: a step makes one a running request, 256 at c=256)."""
+
     request: Request
     num_new: int  # tokens this row feeds
     samples: bool  # whether the row samples a token (a decode row or a prompt's last chunk)
@@ -56,9 +58,10 @@ class StepPlan:
     def num_tokens(self) -> int:
         return sum(row.num_new for row in self.rows)
 
-    @property
+    @functools.cached_property
     def num_decode_rows(self) -> int:
-        """The leading rows that decode (their request's prompt is computed)."""
+        """The leading rows that decode (their request's prompt is computed); counted once,
+        before the step's commit moves any prompt on."""
         count = 0
         while count < len(self.rows) and not self.rows[count].request.is_prefilling:
             count += 1
@@ -116,12 +119,13 @@ class Scheduler:
         self._reload()
         rows: list[Row] = []
         self._add_decode_rows(rows)
+        num_decode = len(rows)
         budget = self.config.prefill_token_budget
         budget = self._add_prefill_rows(rows, budget, self._running_prefills())
         self._admit_waiting(rows, budget)
         for row in rows:
             row.request.last_run_step = self.step_number
-        return StepPlan(rows, _kind(rows))
+        return StepPlan(rows, _kind(num_decode, len(rows)))
 
     def _add_decode_rows(self, rows: list[Row]) -> None:
         ready = [r for r in self.running if r.is_decode_ready]
@@ -129,10 +133,13 @@ class Scheduler:
             ready.sort(key=lambda r: (r.last_run_step, r.arrival))
         else:
             ready.sort(key=lambda r: r.arrival)
+        widest, admit = self.config.max_decode_rows, self.kv.admit
         for request in ready:
-            if len(rows) == self.config.max_decode_rows:
+            if len(rows) == widest:
                 break
-            if self._admit_running(request, 1, rows):
+            # the usual case first: running, and its last page has room for the token
+            if request.status is Status.RUNNING and admit(request.request_id, 1) is None \
+                    or self._admit_running(request, 1, rows):
                 rows.append(Row(request, 1, samples=True))
 
     def _running_prefills(self) -> list[Request]:
@@ -236,9 +243,8 @@ def _prefill_row(request: Request, chunk: int) -> Row:
     return Row(request, chunk, samples=request.num_computed + chunk == len(request.prompt_ids))
 
 
-def _kind(rows: list[Row]) -> str:
-    prefill = any(row.request.is_prefilling for row in rows)
-    decode = any(not row.request.is_prefilling for row in rows)
-    if prefill and decode:
-        return "mixed"
-    return "prefill" if prefill else "decode"
+def _kind(num_decode: int, num_rows: int) -> str:
+    """decode rows come first, every row after them a prompt chunk"""
+    if num_decode == num_rows:
+        return "decode"
+    return "mixed" if num_decode else "prefill"
