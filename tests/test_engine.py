@@ -159,6 +159,8 @@ def test_a_poison_draw_fails_its_request_alone(workload):
     assert finished["warm"].finish_reason in ("length", "stop") and outputs["warm"]
     assert {rid: outputs[rid] for rid in requests} == expected
     assert engine.counters["failed_requests"] == 1
+    # the failed draw is no generated token
+    assert engine.counters["generated_tokens"] == sum(map(len, outputs.values()))
     assert (engine.kv.num_free, engine.states.num_free) == (free_pages, free_slots)
 
 

@@ -284,6 +284,7 @@ class Engine:
             if live else {}
         outputs = [self._emit(request, token, token_logprobs, failed.get(request.request_id))
                    for request, token, token_logprobs in zip(live, tokens, logprobs, strict=True)]
+        self.counters["generated_tokens"] += len(outputs) - len(failed)
         self.phases.lap("outputs")
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
             self._launch_ahead(None)
@@ -400,13 +401,12 @@ class Engine:
             self._finish(request)
             return RequestOutput(request.request_id, [], True, FINISH_ERROR, error)
         request.resolve(token)
-        self.counters["generated_tokens"] += 1
         if request.finish_reason and request.status is not Status.FINISHED:
             self._finish(request)
+        # by position: a NamedTuple's keywords cost ~0.25 us more a row, 256 rows a step
         return RequestOutput(request.request_id, [token], bool(request.finish_reason),
-                             request.finish_reason,
-                             logprobs=None if logprobs is None else (logprobs,),
-                             num_cached_tokens=request.num_cached_tokens)
+                             request.finish_reason, None, False, request.num_cached_tokens,
+                             None if logprobs is None else (logprobs,))
 
     def _finish(self, request: Request) -> None:
         """A finished or aborted request is released now, or after the step planned ahead
