@@ -160,6 +160,13 @@ export PYTHONPYCACHEPREFIX=$PWD/.gate/pycache
 unset PYTHONDONTWRITEBYTECODE
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+# the host's clock: every per-token timestamp (load client, API) and every phase lap reads it,
+# and a clock source without a vDSO read (not tsc) makes each read a system call
+{ echo "clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+  python3 -c 'import time, timeit
+for name in ("perf_counter", "monotonic", "thread_time"):
+    print(name, round(timeit.timeit(getattr(time, name), number=200000) / 200000 * 1e9), "ns")'
+} >>"$OUT/gpu.txt" 2>&1
 
 run() {  # name, timeout seconds, command...
   local name=$1 limit=$2
