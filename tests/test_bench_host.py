@@ -23,6 +23,26 @@ def test_reports_off_and_auto_for_each_concurrency(capsys):
         assert row["auto_minus_off_us"] == pytest.approx(row["auto_us"] - row["off_us"], abs=0.2)
 
 
+def test_sampled_rows_and_the_phase_parts_of_each_arm(capsys):
+    """--temperature makes every step draw (staged by slot, or uploaded row by row when
+    host-planned); --phases adds each arm's sampler, plan and main parts."""
+    argv = ["--concurrency", "4", "--steps", "6", "--temperature", "0.7", "--top-p", "0.9",
+            "--phases", "--format", "json"]
+    assert main(argv) == 0
+    [row] = json.loads(capsys.readouterr().out)["host_time_per_decode_step"]
+    assert all(row[f"{arm}_{part}_us"] > 0 for arm in ("off", "auto")
+               for part in ("sampler", "plan", "main"))
+
+
+def test_a_bad_draw_and_a_run_longer_than_the_model_are_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--top-p", "0"])
+    assert exit_info.value.code == 2
+    assert "top_p" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--steps 9000: request can never fit"):
+        main(["--concurrency", "1", "--steps", "9000"])
+
+
 def test_a_bad_concurrency_is_named(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--concurrency", "1,x"])

@@ -1,14 +1,22 @@
 """Host time of a decode step, resident planning off against auto, with no GPU in the way.
 
-    python -m resident.tools.bench_host [--concurrency 1,16,64,256] [--steps 1000] [--format json]
+    python -m resident.tools.bench_host [--concurrency 1,16,64,256] [--steps 1000]
+        [--temperature 0.7 --top-p 0.9] [--phases] [--format json]
 
 The tiny model on CPU holds c requests in decode. The bucket's forward (graph replay or eager
-model) is replaced by a zero logits tensor of its shape, so what each step times is the host's
-share: scheduling, then either the host plan (staging and upload of the rows) or the resident
-planner's plan, flush and commit with the token ids' upload, then sampling and emitting. On
-the GPU the resident ops themselves run inside the bucket's graph, so they are left out here as
-the forward is. The difference between the two columns is what resident planning adds to (or
-saves from) the host time between two replays.
+model) is replaced by fixed logits of its shape, and a drawing step's draw by fixed tokens, as a
+replay hands back its graph's outputs, so what each step times is the host's share: scheduling,
+then either the host plan (staging and upload of the rows) or the resident planner's plan,
+flush and commit with the token ids' upload, then sampling and emitting. On the GPU the resident
+ops and the draw run inside the bucket's graph, so they are left out here as the forward is.
+The difference between the two columns is what resident planning adds to (or saves from) the
+host time between two replays.
+
+--temperature / --top-p make every request sample (seeded by its index), so each step stages
+its draw: by slot under resident planning, every row uploaded when host-planned. --phases runs
+with phase timing on (engine/phases.py; its laps add a few µs a step) and adds each arm's
+`sampler`, `plan` and `main` thread-CPU parts a step: the sampler part is issue 36's sampler
+host time, here without the GPU's copy and event calls.
 """
 
 from __future__ import annotations
@@ -20,53 +28,100 @@ import time
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.engine import build_engine
+from resident.engine.draw import Drawn
+from resident.engine.engine import Engine, build_engine
 from resident.engine.sampler import StepLogits
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
+from resident.tools.bench import GREEDY, Draw
 from resident.tools.bench_io import positive_ints
 
 WARM_STEPS = 5
+PARTS = ("sampler", "plan", "main")
 
 
-def host_us_per_step(planning: str, concurrency: int, steps: int) -> float:
-    model = load_model_config("tiny")
-    config = EngineConfig(resident_planning=planning, max_num_seqs=max(concurrency, 1))
-    engine = build_engine(model, config, "cpu")
-    generator = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=steps + 64, ignore_eos=True)
-    for index in range(concurrency):
-        prompt = torch.randint(0, model.vocab_size, (40,), generator=generator).tolist()
-        engine.add_request(EngineRequest(f"r{index}", prompt, params))
-    while engine.stats()["steps"]["decode"] < WARM_STEPS:
-        engine.step()
-
-    def no_forward(bucket: int, width: int) -> StepLogits:
-        logits = torch.zeros(bucket, model.vocab_size)
-        return StepLogits(logits, logits.argmax(dim=-1))
-
-    engine.runner.forward_decode = no_forward
+def host_step(planning: str, concurrency: int, steps: int, draw: Draw = GREEDY,
+              phases: bool = False) -> dict[str, float]:
+    """µs a decode step (`step_us`), and with `phases` its PARTS (`<part>_us`)."""
+    engine = _decoding_engine(planning, concurrency, steps, draw, phases)
     start = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    return (time.perf_counter() - start) / steps * 1e6
+    result = {"step_us": (time.perf_counter() - start) / steps * 1e6}
+    if phases:
+        parts = engine.phases.report()["decode"]
+        result |= {f"{part}_us": parts[part] * 1e3 for part in PARTS}
+    return result
+
+
+def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
+                     phases: bool) -> Engine:
+    """c requests past their prefill and a few decode steps, the forward and draw replaced
+    by fixed outputs, the phase sums reset."""
+    model = load_model_config("tiny")
+    config = EngineConfig(resident_planning=planning, max_num_seqs=max(concurrency, 1),
+                          phase_timing="on" if phases else "off")
+    engine = build_engine(model, config, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    for index in range(concurrency):
+        prompt = torch.randint(0, model.vocab_size, (40,), generator=generator).tolist()
+        params = SamplingParams(max_tokens=steps + 64, ignore_eos=True, seed=index,
+                                temperature=draw.temperature, top_p=draw.top_p)
+        refused = engine.add_request(EngineRequest(f"r{index}", prompt, params))
+        if refused is not None:
+            raise ValueError(f"--steps {steps}: {refused.error}")
+    while engine.stats()["steps"]["decode"] < WARM_STEPS:
+        engine.step()
+    logits: dict[int, StepLogits] = {}
+    drawn: dict[int, Drawn] = {}
+
+    def replayed_forward(bucket: int, width: int) -> StepLogits:
+        if bucket not in logits:
+            zeros = torch.zeros(bucket, model.vocab_size)
+            logits[bucket] = StepLogits(zeros, zeros.argmax(dim=-1))
+        return logits[bucket]
+
+    def replayed_draw(step: StepLogits, bucket: int) -> Drawn:
+        if bucket not in drawn:
+            drawn[bucket] = Drawn(step.greedy.clone(), torch.zeros(bucket, dtype=torch.bool))
+        return drawn[bucket]
+
+    engine.runner.forward_decode = replayed_forward
+    engine.runner.draw = replayed_draw
+    engine.phases.reset()
+    return engine
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request's temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--phases", action="store_true",
+                        help="phase timing on: each arm's sampler, plan and main parts too")
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
     args = parser.parse_args(argv)
     cells = positive_ints(parser, "--concurrency", args.concurrency)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    try:
+        draw = Draw(args.temperature, args.top_p)
+    except ValueError as error:
+        parser.error(str(error))
     rows = []
     for concurrency in cells:
-        off, auto = (host_us_per_step(p, concurrency, args.steps) for p in ("off", "auto"))
-        rows.append({"concurrency": concurrency, "off_us": round(off, 1),
-                     "auto_us": round(auto, 1), "auto_minus_off_us": round(auto - off, 1)})
+        off, auto = (host_step(p, concurrency, args.steps, draw, args.phases)
+                     for p in ("off", "auto"))
+        row = {"concurrency": concurrency, "off_us": round(off["step_us"], 1),
+               "auto_us": round(auto["step_us"], 1),
+               "auto_minus_off_us": round(auto["step_us"] - off["step_us"], 1)}
+        for part in PARTS if args.phases else ():
+            row |= {f"off_{part}_us": round(off[f"{part}_us"], 1),
+                    f"auto_{part}_us": round(auto[f"{part}_us"], 1)}
+        rows.append(row)
     render({"host_time_per_decode_step": rows}, OutputFormat(args.format))
     return 0
 
