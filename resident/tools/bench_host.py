@@ -10,7 +10,9 @@ then either the host plan (staging and upload of the rows) or the resident plann
 flush and commit with the token ids' upload, then sampling and emitting. On the GPU the resident
 ops and the draw run inside the bucket's graph, so they are left out here as the forward is.
 The difference between the two columns is what resident planning adds to (or saves from) the
-host time between two replays.
+host time between two replays. One share reads high here: the host-planned arm uploads whole
+block-table rows (inputs.py), bucket x max pages x 4 bytes (2 MB at c=256 of the tiny model's
+max_model_len), which on CPU is a memcpy on this thread and on CUDA an asynchronous copy.
 
 --temperature / --top-p make every request sample (seeded by its index), so each step stages
 its draw: by slot under resident planning, every row uploaded when host-planned. --phases runs
@@ -22,6 +24,7 @@ host time, here without the GPU's copy and event calls.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
@@ -32,6 +35,7 @@ from resident.engine.draw import Drawn
 from resident.engine.engine import Engine, build_engine
 from resident.engine.sampler import StepLogits
 from resident.engine.types import EngineRequest, SamplingParams
+from resident.heap import freeze_heap
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
 from resident.tools.bench import GREEDY, Draw
@@ -43,12 +47,20 @@ PARTS = ("sampler", "plan", "main")
 
 def host_step(planning: str, concurrency: int, steps: int, draw: Draw = GREEDY,
               phases: bool = False) -> dict[str, float]:
-    """µs a decode step (`step_us`), and with `phases` its PARTS (`<part>_us`)."""
+    """µs a decode step (`step_us`), and with `phases` its PARTS (`<part>_us`). The heap alive
+    once the engine is built is frozen while it steps, as the engine core freezes it
+    (heap.py): else each full collection walks torch's and the engine's objects, several
+    hundred µs a step at c=256 here, charged to whichever part it falls in."""
     engine = _decoding_engine(planning, concurrency, steps, draw, phases)
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    result = {"step_us": (time.perf_counter() - start) / steps * 1e6}
+    freeze_heap()
+    try:
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        elapsed = time.perf_counter() - start
+    finally:
+        gc.unfreeze()  # the next engine's, and a caller's (the tests'), are collected as usual
+    result = {"step_us": elapsed / steps * 1e6}
     if phases:
         parts = engine.phases.report()["decode"]
         result |= {f"{part}_us": parts[part] * 1e3 for part in PARTS}
