@@ -50,7 +50,8 @@ class ParamColumns:
 
 
 class HostColumns:
-    """Pinned (on CUDA) host rows of ParamColumns' layout, written one row at a time."""
+    """Pinned (on CUDA) host rows of ParamColumns' layout, a step's rows written as one block a
+    dtype."""
 
     def __init__(self, num_rows: int, device: torch.device) -> None:
         pin = device.type == "cuda"
