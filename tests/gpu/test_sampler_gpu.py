@@ -66,12 +66,16 @@ def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs(sampl
     prompts = [torch.randint(0, model.vocab_size, (int(n),), generator=generator).tolist()
                for n in torch.randint(3, 60, (16,), generator=generator)]
     me = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=42, ignore_eos=True)
+    # 1 GiB of KV each: the tiny model's 16 requests need a few MB, and the default 16 GiB a
+    # parametrization ran an 80 GB H100 out of memory by the third
     alone = build_engine(model, EngineConfig(dtype="float32", cuda_graphs="off", sampler=sampler,
-                                             resident_planning="off", compile="off"), "cuda")
+                                             resident_planning="off", compile="off",
+                                             kv_cache_gib=1.0), "cuda")
     mine = run_sampled(alone, {"me": (prompts[0], me)}, 1)["me"]
     crowd = build_engine(model, EngineConfig(dtype="float32", cuda_graphs="on", compile="off",
                                              sampler=sampler, decode_buckets=(1, 2, 4, 8, 16),
-                                             resident_planning=planning), "cuda")
+                                             resident_planning=planning, kv_cache_gib=1.0),
+                         "cuda")
     assert crowd.planning.mode == ("resident" if planning == "auto" else "off")
     assert crowd.runner.drawing_graphs.buckets == [1, 2, 4, 8, 16]
     others = {f"o{i}": (p, SamplingParams(max_tokens=8 + i, temperature=(i % 3) * 0.5,
