@@ -136,13 +136,11 @@ class Scheduler:
             ready.sort(key=lambda r: (r.last_run_step, r.arrival))
         else:
             ready.sort(key=lambda r: r.arrival)
-        widest, admit = self.config.max_decode_rows, self.kv.admit
+        widest = self.config.max_decode_rows
         for request in ready:
             if len(rows) == widest:
                 break
-            # the usual case first: running, and its last page has room for the token
-            if request.status is Status.RUNNING and admit(request.request_id, 1) is None \
-                    or self._admit_running(request, 1, rows):
+            if self._admit_running(request, 1, rows):
                 rows.append(Row(request, 1, samples=True))
 
     def _running_prefills(self) -> list[Request]:
