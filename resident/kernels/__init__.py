@@ -1,2 +1,14 @@
 """Kernels behind the model's ops. Each op has a torch reference (CPU, tests, eager fallback);
 faster implementations take the same signature."""
+
+from __future__ import annotations
+
+import torch
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for operands of `dtype`: full precision for fp32 and fp64
+    (tl.dot's default, tf32, rounds fp32 operands to 10 mantissa bits, ~1e-3 relative on the
+    GPU: a float32 model's projections and attention would lose what cuBLAS keeps), tf32 (a
+    no-op) for 16-bit ones."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"

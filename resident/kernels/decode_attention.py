@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels import dot_precision
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options
 
@@ -343,8 +344,7 @@ def paged_decode_attention(
         *gated.stride()[:2],
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_SPLITS=num_splits,
         BLOCK_G=max(triton.next_power_of_2(group), _MIN_DOT), BLOCK_N=block_n,
-        # fp32 caches would otherwise run the dots in tf32 on the GPU
-        DOT_PRECISION="ieee" if kv_layer.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(kv_layer.dtype),
         WHILE_LOOP=_interpreting(), MERGED=meeting is not None, **tail,
         **launch_options, **pdl_options(pdl),
     )

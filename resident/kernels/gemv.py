@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels import dot_precision
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release, prefetch_l2
 from resident.kernels.pdl import launch_options
 
@@ -132,9 +133,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     that kernel, the loop then reads the L2.
     With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). FMA:
     the product by CUDA-core multiply-adds, BLOCK_M the rows rounded up to a power of two
-    (else tl.dot's 16). DOT_PRECISION: tl.dot's input_precision, "ieee" for fp32 activations
-    (tl.dot's default rounds fp32 inputs to tf32 on the GPU, ~1e-3 relative: a float32 model's
-    projections would lose what cuBLAS keeps); bf16 and fp16 inputs are exact either way."""
+    (else tl.dot's 16). DOT_PRECISION: tl.dot's input_precision (kernels.dot_precision)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -483,12 +482,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         *epilogue, **constexprs, num_warps=tile.num_warps, num_stages=tile.num_stages,
         **launch_options(pdl),
     )
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot's input_precision for activations of `dtype`: full precision for fp32 and fp64
-    (tf32 would round fp32 operands to 10 mantissa bits), tf32 (a no-op) for 16-bit ones."""
-    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels import dot_precision
 from resident.kernels.decode_attention import _MIN_DOT, _interpreting, _softmax_step
 
 BLOCK_Q = 16  # query tokens a program
@@ -172,7 +173,7 @@ def paged_varlen_attention(
         *query.stride(), *kv_layer.stride(), *block_tables.stride(), *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_Q=BLOCK_Q,
         BLOCK_M=tile.block_m, BLOCK_D=tile.block_d, BLOCK_N=tile.block_n,
-        DOT_PRECISION="ieee" if kv_layer.dtype in (torch.float32, torch.float64) else "tf32",
+        DOT_PRECISION=dot_precision(kv_layer.dtype),
         WHILE_LOOP=_interpreting(), num_warps=tile.num_warps, num_stages=2,
     )
     return out
