@@ -49,10 +49,9 @@ def _rows_argmax_kernel(logits, out, best_values, best_ids, counts, vocab, strid
         # .cg: the other programs' stores, past this SM's L1
         block_bests = tl.load(best_values + row * BLOCKS_P2 + blocks, mask=held,
                               other=float("-inf"), cache_modifier=".cg")
-        winners = tl.load(best_ids + row * BLOCKS_P2 + blocks, mask=held, other=0,
-                          cache_modifier=".cg")
         first = tl.argmax(block_bests, axis=0, tie_break_left=True)
-        tl.store(out + row, tl.sum(tl.where(blocks == first, winners, 0)).to(tl.int64))
+        winner = tl.load(best_ids + row * BLOCKS_P2 + first, cache_modifier=".cg")
+        tl.store(out + row, winner.to(tl.int64))
         tl.store(counts + row, 0)
 
 
