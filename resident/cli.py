@@ -246,7 +246,7 @@ KNOB_MEANINGS = {
     "sampler": "the batched draw: torch (a sort), flashinfer or triton (a rejection race; "
                "both CUDA); auto: triton on CUDA, torch on CPU",
     "argmax": "each row's greedy token: torch's reduction, or triton (kernels/argmax.py: a row "
-              "over many programs; CUDA)",
+              "over many programs; CUDA); auto: triton on CUDA, torch on CPU",
     "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "
                        "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",

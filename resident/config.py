@@ -47,7 +47,7 @@ _CHOICES = {
     "prefix_cache": ("off", "on"),
     "prefix_snapshot_tail": ("off", "on"),
     "sampler": ("auto", "torch", "flashinfer", "triton"),
-    "argmax": ("torch", "triton"),
+    "argmax": ("auto", "torch", "triton"),
 }
 
 
@@ -127,9 +127,9 @@ class EngineConfig:
     sampler: str = "auto"
     # each row's greedy token (the decode graph's argmax, a varlen step's greedy rows): torch's
     # reduction, or a [rows, blocks] Triton kernel that spreads a row over the GPU
-    # (kernels/argmax.py; CUDA, or TRITON_INTERPRET=1 for tests). torch until the H200 has
-    # timed the two (tests/gpu/time_draw.py prints both)
-    argmax: str = "torch"
+    # (kernels/argmax.py; CUDA, or TRITON_INTERPRET=1 for tests); auto: triton on CUDA (2.4-3x
+    # torch's at 1-64 rows, results/2026-12-05-h100-argmax), torch elsewhere
+    argmax: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned
@@ -234,9 +234,6 @@ class EngineConfig:
             raise ValueError(f"knob max_model_len: {max_len} exceeds the model's "
                              f"max_position_embeddings {model.max_position_embeddings}")
         check_tensor_parallel(self.tensor_parallel, model)
-        if self.argmax == "triton" and device_type != "cuda" and not _interpreting():
-            raise ValueError("knob argmax: triton needs a CUDA device (or TRITON_INTERPRET=1 "
-                             "for tests)")
         dtype = _resolve_dtype(self.dtype, device_type)
         padded = self.padded_prefill
         if padded == "auto":
@@ -258,6 +255,7 @@ class EngineConfig:
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
             sampler=_resolve_sampler(self.sampler, device_type),
+            argmax=_resolve_argmax(self.argmax, device_type),
         )
 
     def _token_buckets(self) -> tuple[int, ...]:
@@ -358,6 +356,17 @@ def _resolve_sampler(knob: str, device_type: str) -> str:
         raise ValueError("knob sampler: flashinfer is not installed")
     if knob == "auto":
         return "triton" if device_type == "cuda" else "torch"
+    return knob
+
+
+def _resolve_argmax(knob: str, device_type: str) -> str:
+    """auto: triton on CUDA, else torch (see EngineConfig.argmax); triton on CPU only under
+    the interpreter."""
+    if knob == "auto":
+        return "triton" if device_type == "cuda" else "torch"
+    if knob == "triton" and device_type != "cuda" and not _interpreting():
+        raise ValueError("knob argmax: triton needs a CUDA device (or TRITON_INTERPRET=1 for "
+                         "tests)")
     return knob
 
 

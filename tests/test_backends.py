@@ -123,6 +123,13 @@ def test_the_triton_argmax_needs_cuda_or_the_interpreter(monkeypatch):
     assert EngineConfig(argmax="triton").resolve(TINY, "cuda").argmax == "triton"
 
 
+@pytest.mark.parametrize(("device_type", "resolved"), [("cpu", "torch"), ("cuda", "triton")])
+def test_argmax_auto_is_triton_on_cuda_and_torch_elsewhere(monkeypatch, device_type, resolved):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter does not make CPU triton's
+    assert EngineConfig().argmax == "auto"
+    assert EngineConfig().resolve(TINY, device_type).argmax == resolved
+
+
 def test_padded_prefill_on_the_triton_kernels_gives_the_reference_tokens():
     """Prefills padded to their bucket on the Triton varlen attention and conv (they must keep
     the padding out of the rows' keys and windows), against unpadded prefills on the

@@ -49,6 +49,7 @@ def test_work_done_ahead_is_filed_under_its_own_steps_kind():
     """plan_ahead: a decode step stages and launches the mixed step after it; that work (CPU
     and wall) is the mixed step's, and the decode record keeps only its own."""
     phases = PhaseTiming()
+    started = time.perf_counter()
     phases.open()
     phases.kind("decode")
     phases.lap("sample_sync")
@@ -58,6 +59,7 @@ def test_work_done_ahead_is_filed_under_its_own_steps_kind():
         phases.lap("kv_plan")
     assert "mixed" not in phases.report()  # no mixed step has run yet
     phases.close()
+    decode_wall_ms = (time.perf_counter() - started) * 1e3
     phases.open()
     phases.kind("mixed")
     phases.lap("sample_sync")
@@ -65,7 +67,9 @@ def test_work_done_ahead_is_filed_under_its_own_steps_kind():
     report = phases.report()
     decode, mixed = report["decode"], report["mixed"]
     assert decode["kv_plan"] == 0 and mixed["kv_plan"] > 0
-    assert decode["step"] < 4.0 <= mixed["step"]
+    # the 4 ms slept ahead leave the decode record whatever else the machine runs
+    assert decode["step"] <= decode_wall_ms - 4.0 + WALL_SLACK_MS
+    assert mixed["step"] >= 4.0
     assert decode["steps"] == mixed["steps"] == 1
 
 

@@ -33,7 +33,8 @@
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
 #             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
-#             them); argmax: argmax=triton (the greedy tokens on kernels/argmax.py);
+#             them); torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
+#             kernels/argmax.py);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
@@ -415,7 +416,7 @@ for part in "$@"; do
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
           full) knobs=(--set fused_decode=full) ;;
-          argmax) knobs=(--set argmax=triton) ;;
+          torchargmax) knobs=(--set argmax=torch) ;;
           table) knobs=(--set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
           fulltable) knobs=(--set fused_decode=full
                             --set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
