@@ -121,9 +121,9 @@ def test_one_call_measures_an_open_loop_in_both_halves(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "named"), [
-    (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
-    (["--requests", "-1"], "--requests must be >= 0, got -1"),
-    (["--shared-prefix-len", "-2"], "--shared-prefix-len must be >= 0, got -2"),
+    (["--concurrency", "0"], "argument --concurrency: must be >= 1, got 0"),
+    (["--requests", "-1"], "argument --requests: must be >= 0, got -1"),
+    (["--shared-prefix-len", "-2"], "argument --shared-prefix-len: must be >= 0, got -2"),
     (["--request-rate", "-1"], "--request-rate must be >= 0 and finite, got -1.0"),
     (["--set", "bogus=1"], "unknown knob 'bogus'"),
     (["--model", "nope"], "unknown model 'nope'"),

@@ -1,14 +1,17 @@
 """The host tools that came out of results/: `resident.tools.host_noise` and
-`resident.tools.planning_cost` run on the CPU and report what their docstrings say."""
+`resident.tools.planning_cost` run on the CPU and report what their docstrings say; the
+tools' shared option types (`resident.tool_args`) name a bad value."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 
 import pytest
 
+from resident import tool_args
 from resident.tools import host_noise, planning_cost
 
 
@@ -54,3 +57,15 @@ def test_planning_cost_refuses_no_requests(capsys):
     with pytest.raises(SystemExit) as exit_info:
         planning_cost.main(["--requests", "0"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize(("text", "message"), [("0", "must be >= 1, got 0"),
+                                                ("two", "expected an integer, got 'two'")])
+def test_a_count_option_names_itself_and_the_bad_value(text, message, capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=tool_args.count)
+    parser.add_argument("--skip", type=tool_args.non_negative, default=0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--steps", text])
+    assert f"argument --steps: {message}" in capsys.readouterr().err
+    assert parser.parse_args(["--steps", "3", "--skip", "0"]).steps == 3

@@ -47,6 +47,7 @@ import aiohttp
 from gate.run.load import LoadSpec, run_load, warm_up
 from gate.run.server import free_port
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format, count
 
 STARTUP_TIMEOUT_S = 900.0  # a CUDA server compiles and captures its graphs first
 PROMPT_LEN = 16
@@ -159,26 +160,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--api-processes", type=int, default=1,
                         help="resident serve --api-processes (0: its default)")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, default=PROMPT_LEN)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--concurrency", type=count, default=64)
+    parser.add_argument("--requests", type=count, default=128)
+    parser.add_argument("--prompt-len", type=count, default=PROMPT_LEN)
+    parser.add_argument("--output-len", type=count, default=128)
     parser.add_argument("--py-spy", dest="stacks", type=Path, default=None,
                         help="sample the API process with py-spy into this file; print its top")
     parser.add_argument("--native", action="store_true",
                         help="with --py-spy: C frames too (stops the process for each sample)")
-    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--top", type=count, default=25)
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for the server, knob=value")
     parser.add_argument("--synthetic-decode", action="store_true",
                         help="the engine core skips the decode forward (synthetic_core.py)")
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="with --synthetic-decode: each decode step's sleep, ms")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     args = parser.parse_args(argv)
-    for name in ("concurrency", "requests", "prompt_len", "output_len", "top"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.step_ms < 0 or (args.step_ms and not args.synthetic_decode):
         parser.error(f"--step-ms must be >= 0 and needs --synthetic-decode, got {args.step_ms}")
     if args.native and not args.stacks:

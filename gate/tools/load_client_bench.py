@@ -32,6 +32,7 @@ from gate.run.load import LoadSpec, run_load
 from gate.run.server import free_port
 from gate.tools import fake_sse
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format, count
 
 READY_TIMEOUT_S = 30.0
 
@@ -81,22 +82,18 @@ def measure(spec: LoadSpec, server_processes: int, target: float,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--clients", type=int, default=4, help="load client processes")
-    parser.add_argument("--server-processes", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--concurrency", type=count, default=256)
+    parser.add_argument("--clients", type=count, default=4, help="load client processes")
+    parser.add_argument("--server-processes", type=count, default=4)
+    parser.add_argument("--requests", type=count, default=1024)
+    parser.add_argument("--output-len", type=count, default=256)
+    parser.add_argument("--prompt-len", type=count, default=512)
     parser.add_argument("--target", type=float, default=45000.0,
                         help="the fastest rate a gate cell asks, tok/s")
     parser.add_argument("--times", type=float, default=5.0,
                         help="pace the fake server to this many times the target; 0: unpaced")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     args = parser.parse_args(argv)
-    for name in ("concurrency", "clients", "server_processes", "requests", "output_len",
-                 "prompt_len"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.target <= 0:
         parser.error(f"--target must be > 0, got {args.target}")
     if args.times < 0:

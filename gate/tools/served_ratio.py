@@ -80,6 +80,7 @@ from gate.run.server import (
 from gate.run.session import PYCACHE, WORKTREES, triton_cache
 from resident.config import check_knobs_for_model, parse_set_options
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format, count, non_negative
 
 TREE = Path(__file__).resolve().parents[2]  # the tree whose engine both halves run
 ARM = "served"
@@ -330,17 +331,17 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--shared-prefix-len", type=int, default=0,
+    parser.add_argument("--concurrency", type=count, default=64)
+    parser.add_argument("--prompt-len", type=count, default=512)
+    parser.add_argument("--shared-prefix-len", type=non_negative, default=0,
                         help="tokens of one prefix every prompt opens with (the gate's "
                              "shared-prefix workload)")
-    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--output-len", type=count, default=256)
     parser.add_argument("--request-rate", type=float, default=0.0,
                         help="open loop: measured requests a second (0: a closed loop)")
-    parser.add_argument("--requests", type=int, default=0,
+    parser.add_argument("--requests", type=non_negative, default=0,
                         help=f"measured requests (0: {REQUESTS_PER_SLOT} a slot, at least 8)")
-    parser.add_argument("--clients", type=int, default=0,
+    parser.add_argument("--clients", type=non_negative, default=0,
                         help="load client processes (0: the gate's rule, one a 128 slots)")
     parser.add_argument("--seed", type=int, default=0, help="the prompts' seed")
     parser.add_argument("--set", dest="knobs", action="append", default=[],
@@ -356,7 +357,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--inductor-cache", type=Path, default=None,
                         help="Inductor cache for both halves (default: a fresh one; a kept "
                              "one spares later calls the compile)")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     return parser
 
 
@@ -386,12 +387,6 @@ def _setup(args: argparse.Namespace, parser: argparse.ArgumentParser, work: Path
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    for name in ("concurrency", "prompt_len", "output_len"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("requests", "clients", "shared_prefix_len"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not 0 <= args.request_rate < math.inf:
         parser.error(f"--request-rate must be >= 0 and finite, got {args.request_rate}")
     if args.startup_timeout <= 0:

@@ -40,6 +40,7 @@ from gate.run.server import free_port, parse_metrics
 from gate.run.sse_client import sse_data
 from gate.tools.api_profile import start_server, wait_ready
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format
 
 DEFAULT_KNOBS = ("prefix_cache=on", "row_check=on")
 DRAIN_TIMEOUT_S = 120.0  # the requests in flight at the end finish within this
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for the server, knob=value")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     args = parser.parse_args(argv)
     if args.sample_every <= 0:
         parser.error(f"--sample-every must be > 0, got {args.sample_every}")

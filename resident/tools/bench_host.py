@@ -38,6 +38,7 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.heap import freeze_heap
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format, count
 from resident.tools.bench import GREEDY, Draw
 from resident.tools.bench_io import positive_ints
 
@@ -108,17 +109,15 @@ def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,16,64,256")
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=count, default=1000)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="every request's temperature (0: greedy)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--phases", action="store_true",
                         help="phase timing on: each arm's sampler, plan and main parts too")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     args = parser.parse_args(argv)
     cells = positive_ints(parser, "--concurrency", args.concurrency)
-    if args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
     try:
         draw = Draw(args.temperature, args.top_p)
     except ValueError as error:

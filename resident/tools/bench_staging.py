@@ -28,6 +28,7 @@ from resident.engine.engine import build_engine
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format, count
 from resident.tools.bench_io import positive_ints
 
 PROMPT_LEN, NEW_PROMPT_LEN = 300, 512
@@ -75,12 +76,10 @@ def staging_us(concurrency: int, repeat: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="16,64,256")
-    parser.add_argument("--repeat", type=int, default=500)
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    parser.add_argument("--repeat", type=count, default=500)
+    add_format(parser)
     args = parser.parse_args(argv)
     levels = positive_ints(parser, "--concurrency", args.concurrency)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be >= 1, got {args.repeat}")
     torch.set_num_threads(1)
     rows = [staging_us(level, args.repeat) for level in levels]
     render({"mixed_step_staging": rows}, OutputFormat(args.format))

@@ -44,6 +44,7 @@ from resident.engine.startup import StartupTimes
 from resident.engine.types import EngineRequest, RequestOutput, SamplingParams
 from resident.model.config import load_model_config
 from resident.server.core import build_core_engine
+from resident.tool_args import count
 
 STEP_STATS = ("steps", "step_seconds", "generated_tokens", "prefix_hits", "prefix_cached_tokens")
 
@@ -195,14 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--prompts", type=Path, required=True,
                         help='JSON {"warmup": [[ids]], "measured": [[ids]]}')
-    parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--output-len", type=count, default=256)
+    parser.add_argument("--concurrency", type=count, default=64)
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     parser.add_argument("--json", required=True, help="write the measurement here")
     args = parser.parse_args(argv)
-    for name in ("output_len", "concurrency"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
         prompts = _read_prompts(args.prompts)
     except (OSError, ValueError) as err:

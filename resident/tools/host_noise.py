@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format
 
 BASE_S = 0.025
 WINDOWS = (1, 2, 4, 8, 16, 32)  # in BASE_S
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="per workload and CPU")
     parser.add_argument("--cpus", default=str(max(os.sched_getaffinity(0))),
                         help="comma-separated CPU ids, or 'all' (default: the last allowed)")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     args = parser.parse_args(argv)
     try:
         cpus = _cpus(args.cpus)

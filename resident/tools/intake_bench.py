@@ -31,6 +31,7 @@ from resident.server import jsonenc
 from resident.server.protocol import AddRequest
 from resident.server.tokenizer import ByteTokenizer
 from resident.server.validation import parse_completion_request
+from resident.tool_args import add_format, count
 from resident.tools.bench_io import positive_ints
 
 ROUNDS = 5
@@ -76,12 +77,10 @@ def measure(prompt_len: int, repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-lens", default="256,1280,4096")
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    parser.add_argument("--repeats", type=count, default=200)
+    add_format(parser)
     args = parser.parse_args(argv)
     lengths = positive_ints(parser, "--prompt-lens", args.prompt_lens)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     rows = [measure(n, args.repeats) for n in lengths]
     render({"intake_bench": rows}, OutputFormat(args.format))
     return 0

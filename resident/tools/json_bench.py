@@ -20,6 +20,7 @@ from typing import Any
 
 from resident.render import OutputFormat, render
 from resident.server import jsonenc
+from resident.tool_args import add_format, count
 
 ROUNDS = 5
 
@@ -63,11 +64,9 @@ def measure(num_events: int) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    parser.add_argument("--events", type=count, default=200_000)
+    add_format(parser)
     args = parser.parse_args(argv)
-    if args.events < 1:
-        parser.error(f"--events must be >= 1, got {args.events}")
     render({"json_bench": measure(args.events)}, OutputFormat(args.format))
     return 0
 

@@ -29,6 +29,7 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.heap import freeze_heap
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
+from resident.tool_args import add_format, count
 
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 32
@@ -76,12 +77,10 @@ def measure(model_name: str, requests: int, output_tokens: int = OUTPUT_TOKENS,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--requests", type=count, default=60)
     parser.add_argument("--model", default="tiny", help="a model config name; CPU-sized only")
-    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
+    add_format(parser)
     args = parser.parse_args(argv)
-    if args.requests < 1:
-        parser.error("--requests must be >= 1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -1,0 +1,31 @@
+"""What the argparse tools (resident/tools, gate/tools) share: the types of their count options,
+whose errors argparse prefixes with the option's name ("argument --steps: must be >= 1, got
+0"), and the --format option their one render path takes."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from resident.render import OutputFormat
+
+
+def _at_least(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+    return parse
+
+
+count = _at_least(1)  # an option counting things that must happen at least once
+non_negative = _at_least(0)
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    """--format: table (rich, on stdout) or json (resident.render)."""
+    parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")
