@@ -207,8 +207,9 @@ class Sampler:
 
     def greedy(self, step: StepLogits, num_rows: int) -> torch.Tensor:
         """[num_rows] argmax tokens: the decode graph's own, or computed now."""
-        if step.greedy is not None:
-            return step.greedy[:num_rows]
+        greedy = step.greedy
+        if greedy is not None:
+            return greedy if greedy.shape[0] == num_rows else greedy[:num_rows]
         return self.argmax(step.logits[:num_rows])
 
     def _upload(self, rows: list[SampleRow], staging: HostColumns) -> bool:
