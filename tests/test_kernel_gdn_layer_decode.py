@@ -117,6 +117,18 @@ def test_a_mismatched_layer_is_refused():
                          GdnLayerScratch(2))
 
 
+
+def test_the_scratch_is_shared_by_every_bucket_and_refuses_more_rows():
+    shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=16)
+    scratch = GdnLayerScratch(4)
+    sums, counts = scratch.get(1, shape, 2, torch.float32, torch.device("cpu"))
+    assert sums.shape == (4, 4, 2) and counts.shape == (4, 2) and not sums.any()
+    again = scratch.get(4, shape, 2, torch.float32, torch.device("cpu"))
+    assert again[0] is sums and again[1] is counts  # a graph captured at 1 row reads these
+    with pytest.raises(ValueError, match="holds 4 rows, asked for 5"):
+        scratch.get(5, shape, 2, torch.float32, torch.device("cpu"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [(16, 16), (16, 32)])  # 0.8B/2B, then 4B/9B
 @pytest.mark.parametrize("rows", [1, 16, 64])

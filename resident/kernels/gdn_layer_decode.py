@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import last_to_arrive, pdl_wait_then_release
+from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.gdn_decode import L2NORM_EPS, SOFTPLUS_THRESHOLD, compute_dtype
 from resident.kernels.layer_shapes import GdnLayerWeights, GdnShape
 from resident.kernels.pdl import launch_options
@@ -149,28 +149,21 @@ def _gdn_layer_decode_kernel(
 
 class GdnLayerScratch:
     """The fused kernel's meeting place: each (row, value head, column block)'s sum of
-    squares and each (row, key head)'s arrival counter, zero between launches. Made at the
-    first call for up to `max_rows` rows and kept: a captured graph holds its addresses, so a
-    later call that needs more fails rather than moving it."""
+    squares and each (row, key head)'s arrival counter, zero between launches. Kept zeros
+    (gdc.KeptZeros) sized for up to `max_rows` rows, so every bucket shares them: a captured
+    graph holds their addresses, and a call for more rows fails rather than moving them."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
-        self._sum_sq: torch.Tensor | None = None
-        self._counts: torch.Tensor | None = None
+        self._kept = KeptZeros()
 
     def get(self, rows: int, shape: GdnShape, num_blocks: int, dtype: torch.dtype,
             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(sums [max_rows, Hv, blocks] in the kernel's compute dtype, counts [max_rows, Hk])"""
-        if self._sum_sq is None:
-            self._sum_sq = torch.zeros(self.max_rows, shape.num_v_heads, num_blocks,
-                                       dtype=dtype, device=device)
-            self._counts = torch.zeros(self.max_rows, shape.num_k_heads, dtype=torch.int32,
-                                       device=device)
-        if rows > self.max_rows or self._sum_sq.shape[1:] != (shape.num_v_heads, num_blocks):
-            raise ValueError(f"GdnLayerScratch holds {self.max_rows} rows of "
-                             f"{tuple(self._sum_sq.shape[1:])} (heads, blocks), asked for "
-                             f"{rows} of {(shape.num_v_heads, num_blocks)}")
-        return self._sum_sq, self._counts
+        if rows > self.max_rows:
+            raise ValueError(f"GdnLayerScratch holds {self.max_rows} rows, asked for {rows}")
+        return (self._kept.get((self.max_rows, shape.num_v_heads, num_blocks), dtype, device),
+                self._kept.get((self.max_rows, shape.num_k_heads), torch.int32, device))
 
 
 def gdn_layer_decode(
