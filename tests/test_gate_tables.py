@@ -173,6 +173,24 @@ def test_summary_rows_values(tmp_path):
     json.dumps(list(rows.values()))  # plain Python values only
 
 
+def test_server_cpu_under_procs_ticks_reads_as_not_measured(tmp_path):
+    """/proc counts CPU in 10 ms ticks: runs whose API process read 0 or 1 tick give no API
+    figures (not 0.0 µs a token, nor one tick over the run's tokens); the engine core's, read
+    in whole seconds, stay."""
+    build_session(tmp_path)
+    runs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    for run in runs:
+        if run.get("api_cpu_s") is not None and run["concurrency"] == 1:
+            run["api_cpu_s"] = 0.01 if run["run"] % 2 else 0.0
+    (tmp_path / "runs.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs))
+    rows = {(r["cell"], r["arm"]): r for r in write.write_reports(tmp_path)}
+    assert rows[("c=1", "head")]["api_cpu_us_per_token"] is None
+    assert rows[("c=1", "head")]["api_cpu_share"] is None
+    assert rows[("c=1", "head")]["core_cpu_share"] > 1
+    assert rows[("c=16", "head")]["api_cpu_share"] > 0.9
+    assert "| c=1 | head (planner off!) | - | - | 1.50 |" in (tmp_path / "summary.md").read_text()
+
+
 def _session(directory: Path, records: list[RunRecord], **manifest) -> Path:
     directory.mkdir()
     write_manifest_json(directory, {**MANIFEST, **manifest})

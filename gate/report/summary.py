@@ -66,21 +66,36 @@ def _arm_cell_numbers(runs: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+# the server's CPU seconds are /proc's clock ticks (10 ms): a run's reading below ten ticks is
+# mostly their rounding (a short c=1 run's API process reads 0, one at c=4 one tick over its
+# tokens), so it counts as not measured
+PROC_CPU_READABLE_S = 0.1
+
+
 def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
     """Medians over the ok runs: the launched server process's CPU (a resident arm's API
     process, one event loop) as a share of one core and in µs an output token, its
     descendants' (the engine core's) in cores, the load's client processes' (the gate's own
     event loop with one) in cores and in µs an output token, and how many there were. None
-    where no run recorded it."""
+    where no run recorded it, and for the server's processes where the runs' median reading
+    is under PROC_CPU_READABLE_S."""
     ok = runs[runs["ok"]]
-    api, duration = ok["api_cpu_s"], ok["duration"]
+    api, core, duration = _readable(ok["api_cpu_s"]), _readable(ok["core_cpu_s"]), ok["duration"]
     return {"api_cpu_share": num(median(api / duration), 3),
             "api_cpu_us_per_token": num(median(api / ok["total_output_tokens"] * 1e6), 1),
-            "core_cpu_share": num(median(ok["core_cpu_s"] / duration), 3),
+            "core_cpu_share": num(median(core / duration), 3),
             "client_cpu_share": num(median(ok["client_cpu_s"] / duration), 3),
             "client_cpu_us_per_token": num(
                 median(ok["client_cpu_s"] / ok["total_output_tokens"] * 1e6), 1),
             "num_clients": num(median(ok["num_clients"]), 0)}
+
+
+def _readable(seconds: pd.Series) -> pd.Series:
+    """The runs' CPU seconds, or all missing where their median is below the ticks' reach."""
+    known = seconds.dropna()
+    if len(known) and known.median() < PROC_CPU_READABLE_S:
+        return seconds.where(seconds.isna())  # NaN throughout
+    return seconds
 
 
 def _prefix_cache(runs: pd.DataFrame) -> dict[str, int | None]:
@@ -276,7 +291,8 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
              "descendants (the engine core) and of the gate's load clients (each one event "
              "loop; in brackets how many processes, where more than one; their CPU while "
              "they send the measured requests, start-up and warm-up left out), over the "
-             "run's wall time."]
+             "run's wall time. /proc counts the server's in 10 ms ticks: where its runs read "
+             f"under {PROC_CPU_READABLE_S:g} s (short runs) the table says - , not a rounding."]
     if rows:
         parts += [f"## {table.title}\n\n" + md_table(table.header, table.rows, table.align)
                   for table in summary_tables(rows, baseline, flagged)]
