@@ -1,7 +1,8 @@
 """The package's import graph runs one way: kernels at the bottom, then the model and the
 resources, the backends and the planner, the engine, the server, and the tools and CLI on top;
 the gate stands apart (it measures other trees' engines over HTTP and imports only the knob
-parsing, the profile reading, the version, the CLI flags and the table rendering it shares), and
+parsing, the profile reading, the version, the CLI flags, the table rendering and the tools'
+option types it shares), and
 its own packages run one way too (GATE_LAYERS), with no cycle. Function-level imports count."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer or any below
 LAYERS = [
     ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
-     "resident.cli_flags", "resident.heap"),
+     "resident.cli_flags", "resident.heap", "resident.tool_args"),
     ("resident.model", "resident.resources", "resident.parallel"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),
@@ -23,7 +24,7 @@ LAYERS = [
     ("resident.tools", "resident.cli", "resident.__main__"),
 ]
 GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance",
-                   "resident.cli_flags", "resident.render")
+                   "resident.cli_flags", "resident.render", "resident.tool_args")
 
 
 def _layer(module: str) -> int:
