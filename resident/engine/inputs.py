@@ -31,7 +31,7 @@ from resident.engine.buffers import (
 )
 from resident.engine.phases import PhaseTiming
 from resident.engine.scheduler import StepPlan
-from resident.engine.varlen import VarlenInputs, fill_tables, write_locations
+from resident.engine.varlen import VarlenInputs, fill_tables, stage_one_token_rows
 from resident.model.step import GDN_CHUNK, StepMeta
 from resident.resources.kv import SINK_PAGE, KVPool
 from resident.resources.positions import Positions
@@ -61,29 +61,20 @@ class StepInputs:
 
     def stage_decode(self, plan: StepPlan, bucket: int) -> int:
         """A decode step's rows (one token each) then padding rows, staged with one list per
-        array rather than row by row: this is the host plan's hot loop at high concurrency.
-        Returns the block-table width."""
-        page_size, num_rows, phases = self.page_size, len(plan.rows), self.phases
+        array: this is the host plan's hot loop at high concurrency. Returns the block-table
+        width."""
+        num_rows = len(plan.rows)
         self.host = self.buffers.next_host()
         host = DecodeInputs.of(self.host.decode, bucket)
-        requests = [row.request for row in plan.rows]
-        ids = [r.request_id for r in requests]
-        starts = [r.num_computed for r in requests]
-        phases.lap("rest")
-        host.positions[:num_rows] = [self.positions.position(rid, start)
-                                     for rid, start in zip(ids, starts, strict=True)]
-        phases.lap("positions")
-        page_lists = [self.kv.streams[rid].pages for rid in ids]
-        host.kv_write_loc[:num_rows] = write_locations(page_lists, starts, page_size)
+        page_lists = stage_one_token_rows(host, [row.request for row in plan.rows], self.kv,
+                                          self.states, self.positions, self.phases)
         width = self._stage_tables(page_lists, bucket)
-        phases.lap("kv_plan")
-        host.state_slots[:num_rows] = [self.states.slots[rid] for rid in ids]
-        phases.lap("gdn_linear")
+        self.phases.lap("kv_plan")
         padding = slice(num_rows, bucket)
         host.positions[padding] = 0
-        host.kv_write_loc[padding] = SINK_PAGE * page_size
+        host.kv_write_loc[padding] = SINK_PAGE * self.page_size
         host.state_slots[padding] = SINK_SLOT
-        phases.lap("declare_admit_pad")
+        self.phases.lap("declare_admit_pad")
         return width
 
     def stage_host_tables(self, plan: StepPlan, bucket: int) -> int:

@@ -104,6 +104,27 @@ def write_locations(page_lists: list[list[int]], starts: list[int], page_size: i
             for pages, start in zip(page_lists, starts, strict=True)]
 
 
+def stage_one_token_rows(arrays, requests: list[Request], kv: KVPool, states: StatePool,
+                         positions: Positions, phases: PhaseTiming) -> list[list[int]]:
+    """Rows of one token each (decode rows: a decode step's, a mixed step's leading ones) into
+    `arrays`' positions, KV write locations and state slots, a list per array rather than row
+    by row (64 rows: ~0.5 ms on the VM row by row); returns their page lists, for the block
+    tables."""
+    num_rows = len(requests)
+    ids = [r.request_id for r in requests]
+    starts = [r.num_computed for r in requests]
+    phases.lap("rest")
+    arrays.positions[:num_rows] = [positions.position(rid, start)
+                                   for rid, start in zip(ids, starts, strict=True)]
+    phases.lap("positions")
+    page_lists = [kv.streams[rid].pages for rid in ids]
+    arrays.kv_write_loc[:num_rows] = write_locations(page_lists, starts, kv.page_size)
+    phases.lap("kv_plan")
+    arrays.state_slots[:num_rows] = [states.slots[rid] for rid in ids]
+    phases.lap("gdn_linear")
+    return page_lists
+
+
 def fill_tables(tables: np.ndarray, page_lists: list[list[int]]) -> int:
     """Block-table row i from page_lists[i] (columns past its pages left as they are); returns
     the width, the longest row's pages (at least 1)."""
@@ -204,18 +225,12 @@ class VarlenInputs:
         return num_tokens, width, num_sampling, max_len
 
     def _stage_decode_rows(self, host: HostStaging, requests: list[Request]) -> int:
-        """The leading decode rows (one token each, each its own logits row), a list per
-        array rather than row by row (64 rows: ~0.5 ms on the VM row by row); returns their
+        """The leading decode rows (one token each, each its own logits row); returns their
         block-table width."""
         num_rows = len(requests)
-        ids = [r.request_id for r in requests]
-        starts = [r.num_computed for r in requests]
+        page_lists = stage_one_token_rows(host, requests, self.kv, self.states, self.positions,
+                                          self.phases)
         host.input_ids[:num_rows] = [r.output_ids[-1] for r in requests]
-        host.positions[:num_rows] = [self.positions.position(rid, start)
-                                     for rid, start in zip(ids, starts, strict=True)]
-        page_lists = [self.kv.streams[rid].pages for rid in ids]
-        host.kv_write_loc[:num_rows] = write_locations(page_lists, starts, self.page_size)
-        host.state_slots[:num_rows] = [self.states.slots[rid] for rid in ids]
         host.token_seq[:num_rows] = self._row_indices[:num_rows]
         host.logits_indices[:num_rows] = self._row_indices[:num_rows]
         host.query_start_loc[:num_rows + 1] = self._row_indices[:num_rows + 1]
