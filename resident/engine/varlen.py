@@ -175,7 +175,9 @@ class VarlenInputs:
         host = self.host = self.buffers.next_host()
         num_tokens, width, num_sampling, max_len = self._stage_rows(host, plan)
         sources = self._pending_sources(host, plan, sampled)
-        self.phases.lap("kv_plan")  # a varlen step stages each row's arrays in one loop
+        # the decode rows' parts are lapped as a decode step's; a prompt row stages each of
+        # its arrays in one loop, charged here
+        self.phases.lap("kv_plan")
         num_rows, decode = len(plan.rows), plan.num_decode_rows
         bucket = self.bucket_for(num_tokens, decode, num_rows - decode)
         if bucket is None:
