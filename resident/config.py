@@ -255,7 +255,7 @@ class EngineConfig:
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
             sampler=_resolve_sampler(self.sampler, device_type),
-            argmax=_resolve_argmax(self.argmax, device_type),
+            argmax=_resolve_argmax(self.argmax, device_type, dtype),
         )
 
     def _token_buckets(self) -> tuple[int, ...]:
@@ -359,14 +359,17 @@ def _resolve_sampler(knob: str, device_type: str) -> str:
     return knob
 
 
-def _resolve_argmax(knob: str, device_type: str) -> str:
+def _resolve_argmax(knob: str, device_type: str, dtype: str) -> str:
     """auto: triton on CUDA, else torch (see EngineConfig.argmax); triton on CPU only under
-    the interpreter."""
+    the interpreter, and never for float64 logits (the kernel compares in float32)."""
     if knob == "auto":
         return "triton" if device_type == "cuda" else "torch"
     if knob == "triton" and device_type != "cuda" and not _interpreting():
         raise ValueError("knob argmax: triton needs a CUDA device (or TRITON_INTERPRET=1 for "
                          "tests)")
+    if knob == "triton" and dtype == "float64":
+        raise ValueError("knob argmax: triton compares in float32; a float64 model takes "
+                         "torch's argmax")
     return knob
 
 

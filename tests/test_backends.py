@@ -123,6 +123,13 @@ def test_the_triton_argmax_needs_cuda_or_the_interpreter(monkeypatch):
     assert EngineConfig(argmax="triton").resolve(TINY, "cuda").argmax == "triton"
 
 
+def test_the_triton_argmax_refuses_float64_logits(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="knob argmax: triton compares in float32"):
+        EngineConfig(argmax="triton", dtype="float64").resolve(TINY, "cpu")
+    assert EngineConfig(dtype="float64").resolve(TINY, "cpu").argmax == "torch"
+
+
 @pytest.mark.parametrize(("device_type", "resolved"), [("cpu", "torch"), ("cuda", "triton")])
 def test_argmax_auto_is_triton_on_cuda_and_torch_elsewhere(monkeypatch, device_type, resolved):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter does not make CPU triton's
