@@ -1,6 +1,7 @@
-"""What the argparse tools (resident/tools, gate/tools) share: the types of their count options,
-whose errors argparse prefixes with the option's name ("argument --steps: must be >= 1, got
-0"), and the --format option their one render path takes."""
+"""What the argparse tools (resident/tools, gate/tools) share: the types of their count options
+and of their comma-separated lists of counts, whose errors argparse prefixes with the option's
+name ("argument --steps: must be >= 1, got 0"), and the --format option their one render path
+takes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,18 @@ def _at_least(least: int) -> Callable[[str], int]:
 
 count = _at_least(1)  # an option counting things that must happen at least once
 non_negative = _at_least(0)
+
+
+def counts(text: str) -> list[int]:
+    """A comma-separated list of counts ("1,16,64"), each >= 1."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,16,64, got "
+                                         f"{text!r}")
+    return values
 
 
 def add_format(parser: argparse.ArgumentParser) -> None:

@@ -69,3 +69,14 @@ def test_a_count_option_names_itself_and_the_bad_value(text, message, capsys):
         parser.parse_args(["--steps", text])
     assert f"argument --steps: {message}" in capsys.readouterr().err
     assert parser.parse_args(["--steps", "3", "--skip", "0"]).steps == 3
+
+
+@pytest.mark.parametrize("text", ["0,4", "1,x", "", "1,,2"])
+def test_a_list_of_counts_names_its_option_and_the_bad_list(text, capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", type=tool_args.counts, default="1,16")
+    assert parser.parse_args([]).concurrency == [1, 16]  # a string default goes through it too
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--concurrency", text])
+    assert (f"argument --concurrency: expected positive integers like 1,16,64, got {text!r}"
+            in capsys.readouterr().err)

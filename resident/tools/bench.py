@@ -57,6 +57,7 @@ from resident.heap import freeze_heap
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.profiling.summary import union_us
+from resident.tool_args import counts
 from resident.tools.bench_io import require_cuda, write_json
 from resident.tools.compiled_kernels import compiled_kernels
 
@@ -253,7 +254,7 @@ def burst_rows(engine: Engine, count: int, prompt_len: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--concurrency", type=counts, default="1,16,64,256")
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--burst", type=int, default=64, help="prompts in the burst (0: none)")
     parser.add_argument("--set", dest="knobs", action="append", default=[])
@@ -281,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cprofile:
         args.cprofile.mkdir(parents=True, exist_ok=True)
     burst = burst_rows(engine, args.burst, args.prompt_len) if args.burst else None
-    rows = [profile_concurrency(engine, int(c), args.prompt_len, args.cprofile, draw)
-            for c in args.concurrency.split(",") if c]
+    rows = [profile_concurrency(engine, c, args.prompt_len, args.cprofile, draw)
+            for c in args.concurrency]
     knobs = {k: engine.config.to_dict()[k] for k in
              ("attention_backend", "decode_gemm", "cuda_graphs", "compile",
               "resident_planning", "padded_prefill", "prefill_token_budget", "sampler")}

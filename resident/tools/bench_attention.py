@@ -21,6 +21,7 @@ import torch
 from resident.backends.flashinfer import FlashInferDecode, HeadShape, flashinfer_workspace
 from resident.backends.layout import paged_layout
 from resident.kernels.decode_attention import decode_scratch, paged_decode_attention
+from resident.tool_args import counts
 from resident.tools.bench_io import require_cuda, write_json
 
 REPEAT, SAMPLES = 20, 15
@@ -92,14 +93,14 @@ def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--buckets", default="1,16,64,256")
+    parser.add_argument("--buckets", type=counts, default="1,16,64,256")
     parser.add_argument("--context", type=int, default=640)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if not require_cuda("resident.tools.bench_attention"):
         return 2
     device = torch.device("cuda")
-    rows = [bench_bucket(int(b), args.context, device) for b in args.buckets.split(",")]
+    rows = [bench_bucket(b, args.context, device) for b in args.buckets]
     print(f"{'batch':>6} {'triton us':>10} {'fa2 us':>8} {'ratio':>6} {'fa2 plan us':>12}")
     for row in rows:
         print(f"{row['batch']:>6} {row['triton_us']:>10} {row['fa2_us']:>8} "

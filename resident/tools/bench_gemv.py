@@ -24,6 +24,7 @@ from triton.runtime.errors import OutOfResources
 
 from resident.kernels.gemv import FMA_MAX_ROWS, GemvTile, skinny_linear
 from resident.model.config import load_model_config
+from resident.tool_args import counts
 from resident.tools.bench_attention import graph_time_us
 from resident.tools.bench_io import require_cuda, write_json
 
@@ -94,14 +95,14 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str) -> list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3.5-0.8b")
-    parser.add_argument("--rows", default="1,4,16")
+    parser.add_argument("--rows", type=counts, default="1,4,16")
     parser.add_argument("--tiles", choices=("dot", "fma", "all"), default="all",
                         help="the tiles swept at each row count")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if not require_cuda("resident.tools.bench_gemv"):
         return 2
-    rows = [int(r) for r in args.rows.split(",")]
+    rows = args.rows
     results = []
     print(f"{'shape':>12} {'M':>3} {'cublas us':>10} {'triton us':>10} {'best tile':>26} "
           f"{'cublas TB/s':>12} {'triton TB/s':>12}")

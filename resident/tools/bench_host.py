@@ -38,9 +38,8 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.heap import freeze_heap
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
-from resident.tool_args import add_format, count
+from resident.tool_args import add_format, count, counts
 from resident.tools.bench import GREEDY, Draw
-from resident.tools.bench_io import positive_ints
 
 WARM_STEPS = 5
 PARTS = ("sampler", "plan", "main")
@@ -108,7 +107,7 @@ def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", default="1,16,64,256")
+    parser.add_argument("--concurrency", type=counts, default="1,16,64,256")
     parser.add_argument("--steps", type=count, default=1000)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="every request's temperature (0: greedy)")
@@ -117,13 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="phase timing on: each arm's sampler, plan and main parts too")
     add_format(parser)
     args = parser.parse_args(argv)
-    cells = positive_ints(parser, "--concurrency", args.concurrency)
     try:
         draw = Draw(args.temperature, args.top_p)
     except ValueError as error:
         parser.error(str(error))
     rows = []
-    for concurrency in cells:
+    for concurrency in args.concurrency:
         off, auto = (host_step(p, concurrency, args.steps, draw, args.phases)
                      for p in ("off", "auto"))
         row = {"concurrency": concurrency, "off_us": round(off["step_us"], 1),

@@ -28,8 +28,7 @@ from resident.engine.engine import build_engine
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
-from resident.tool_args import add_format, count
-from resident.tools.bench_io import positive_ints
+from resident.tool_args import add_format, count, counts
 
 PROMPT_LEN, NEW_PROMPT_LEN = 300, 512
 BATCHES = 5
@@ -75,13 +74,12 @@ def staging_us(concurrency: int, repeat: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", default="16,64,256")
+    parser.add_argument("--concurrency", type=counts, default="16,64,256")
     parser.add_argument("--repeat", type=count, default=500)
     add_format(parser)
     args = parser.parse_args(argv)
-    levels = positive_ints(parser, "--concurrency", args.concurrency)
     torch.set_num_threads(1)
-    rows = [staging_us(level, args.repeat) for level in levels]
+    rows = [staging_us(level, args.repeat) for level in args.concurrency]
     render({"mixed_step_staging": rows}, OutputFormat(args.format))
     return 0
 

@@ -31,8 +31,7 @@ from resident.server import jsonenc
 from resident.server.protocol import AddRequest
 from resident.server.tokenizer import ByteTokenizer
 from resident.server.validation import parse_completion_request
-from resident.tool_args import add_format, count
-from resident.tools.bench_io import positive_ints
+from resident.tool_args import add_format, count, counts
 
 ROUNDS = 5
 VOCAB = 248_320  # Qwen3.5's
@@ -76,12 +75,11 @@ def measure(prompt_len: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-lens", default="256,1280,4096")
+    parser.add_argument("--prompt-lens", type=counts, default="256,1280,4096")
     parser.add_argument("--repeats", type=count, default=200)
     add_format(parser)
     args = parser.parse_args(argv)
-    lengths = positive_ints(parser, "--prompt-lens", args.prompt_lens)
-    rows = [measure(n, args.repeats) for n in lengths]
+    rows = [measure(n, args.repeats) for n in args.prompt_lens]
     render({"intake_bench": rows}, OutputFormat(args.format))
     return 0
 
