@@ -95,6 +95,11 @@ def _record(round_index: int, arm: str, concurrency: int, run: int,
         # c=1 runs come from a server without the counters
         prefix={} if concurrency == 1 else {"hits": 0, "saved_tokens": 0} if arm == "main"
         else {"hits": 4 * concurrency - failed, "saved_tokens": 512 * (4 * concurrency - failed)},
+        # the engine core's TTFT parts at c=16 only (c=1 from a server without them): the core
+        # takes 5 of the client's ~11-15 ms, head's queue the shorter (its prefix hits)
+        core_ms={} if concurrency == 1 else
+        {"queue": 1.0 if arm == "head" else 2.0, "prefill": 3.0 + run * 0.5,
+         "ttft": (1.0 if arm == "head" else 2.0) + 3.0 + run * 0.5},
         # the API process at 0.4 of a core at c=1, 0.7 at c=16, and at its limit (0.95) in
         # head at c=16; the engine core at 1.5 cores; one client at 0.3 of a core at c=1, two
         # at c=16, at their limit (1.9 cores) in head; main's second round reads no /proc

@@ -148,6 +148,11 @@ def test_disconnected_clients_leave_nothing_held(server):
     run(hang_up())
     after = run(idle_metrics(server.url))
     assert after["resident_aborts_total"] - before["resident_aborts_total"] == 6
+    # each had its first token (timed) and no end (aborted requests are not timed to it)
+    ttft, e2e = "resident_time_to_first_token_seconds", "resident_e2e_request_latency_seconds"
+    assert after[f"{ttft}_count"] - before[f"{ttft}_count"] == 6
+    assert after[f"{ttft}_sum"] > before[f"{ttft}_sum"]
+    assert after[f"{e2e}_count"] == before[f"{e2e}_count"]
     assert after["resident_kv_pages_free"] == before["resident_kv_pages_free"]
     assert after["resident_gdn_slots_free"] == before["resident_gdn_slots_free"]
 

@@ -76,6 +76,26 @@ def prefix_cache_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def core_ttft_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell where the servers timed their engine core's TTFT: each arm's mean TTFT
+    at the client against the core's share of it (queue + prefill), so what the frontend adds
+    reads beside what the engine does (means over each run's requests, the median over
+    runs)."""
+    lines = []
+    for cell in dict.fromkeys(row["cell"] for row in rows):
+        mine = [r for r in rows if r["cell"] == cell and r.get("core_ttft_ms") is not None
+                and r["mean_ttft_ms"] is not None]
+        if not mine:
+            continue
+        parts = [f"{r['arm']} {r['mean_ttft_ms']:.2f} ms, the core's {r['core_ttft_ms']:.2f} "
+                 f"(queue {r['core_queue_ms']:.2f} + prefill {r['core_prefill_ms']:.2f}), the "
+                 f"rest {r['mean_ttft_ms'] - r['core_ttft_ms']:.2f}" for r in mine]
+        lines.append(f"- {cell}: TTFT mean at the client against the engine core's (intake to "
+                     f"first token out; the rest is the API process, its pipes and the client): "
+                     f"{'; '.join(parts)}.")
+    return lines
+
+
 def waited_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A line per cell and arm of an open loop where requests arrived with every slot busy:
     they waited in the client, so that cell ran partly as a closed loop at its concurrency."""

@@ -90,6 +90,14 @@ def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
             "num_clients": num(median(ok["num_clients"]), 0)}
 
 
+def _core_latency(runs: pd.DataFrame) -> dict[str, float | None]:
+    """Medians over the ok runs of the engine core's mean TTFT parts (`core_queue_ms`,
+    `core_prefill_ms`, `core_ttft_ms`; None for a server without them)."""
+    ok = runs[runs["ok"]]
+    return {f"core_{part}_ms": num(median(ok[f"core_{part}_ms"]), 3)
+            for part in stats.CORE_PARTS}
+
+
 def _readable(seconds: pd.Series) -> pd.Series:
     """The runs' CPU seconds, or all missing where their median is below the ticks' reach."""
     known = seconds.dropna()
@@ -143,6 +151,8 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     api_cpu_us_per_token, core_cpu_share, client_cpu_share); the prefix cache's hits and
     restored prompt tokens over the runs that recorded them, and those runs' requests
     (`prefix_hits`, `prefix_saved_tokens`, `prefix_requests`; None for a server without them);
+    the engine core's mean TTFT parts (`_core_latency`: core_queue_ms, core_prefill_ms,
+    core_ttft_ms, each run's mean over its requests, the median over runs);
     open loop, the requests that arrived with every slot busy and waited for one
     (`requests_waited`).
     """
@@ -160,6 +170,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
             is_base = arm == baseline
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
+                **_core_latency(runs),
                 **_prefix_cache(runs), "requests_waited": int(runs["num_waited"].sum()),
                 "judged": measure,
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
@@ -300,6 +311,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
         parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged) + notes.short_run_lines(rows)
                            + notes.cpu_bound_lines(rows) + notes.prefix_cache_lines(rows)
+                           + notes.core_ttft_lines(rows)
                            + notes.waited_lines(rows)
                            + notes.host_load_lines(manifest)
                            + notes.next_step_lines(rows, manifest)))

@@ -280,6 +280,26 @@ def prefix_counts(before: dict[str, float], after: dict[str, float],
             for key, name in names.items() if name in after}
 
 
+# the engine core's TTFT parts in resident's /metrics (its latency histograms), by the key a
+# run record keeps their means under
+CORE_LATENCIES = {"queue": "resident_request_queue_seconds",
+                  "prefill": "resident_request_prefill_seconds",
+                  "ttft": "resident_time_to_first_token_seconds"}
+
+
+def core_latency_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The engine core's mean queue, prefill and TTFT ms over the requests whose first token
+    left it between two readings of /metrics (empty for a server without the histograms, or
+    no such request)."""
+    means = {}
+    for key, name in CORE_LATENCIES.items():
+        count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        if count > 0:
+            total = after[f"{name}_sum"] - before.get(f"{name}_sum", 0.0)
+            means[key] = round(1e3 * total / count, 3)
+    return means
+
+
 @dataclass(frozen=True)
 class EngineSteps:
     """resident's step counters by kind, from its /metrics (empty for other servers)."""

@@ -28,9 +28,11 @@ METRIC_FIELDS = tuple(f.name for f in dataclasses.fields(ServeMetrics))
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RunRecord)
                        if f.name not in ("gpu", "metrics"))
 ENGINE_KINDS = ("decode", "prefill", "mixed")  # step_ms kinds with a column: engine_<kind>_ms
+CORE_PARTS = ("queue", "prefill", "ttft")  # core_ms parts with a column: core_<part>_ms
+_NUMBER_COLUMNS = (*(f"engine_{kind}_ms" for kind in ENGINE_KINDS),
+                   *(f"core_{part}_ms" for part in CORE_PARTS))
 RUN_COLUMNS = ("cell", *_RECORD_FIELDS, *METRIC_FIELDS,
-               *(f"gpu_{name}" for name in _GPU_FIELDS),
-               *(f"engine_{kind}_ms" for kind in ENGINE_KINDS))
+               *(f"gpu_{name}" for name in _GPU_FIELDS), *_NUMBER_COLUMNS)
 PAIRED_COLUMNS = ("cell", "concurrency", "arm", "round", "arm_value", "base_value", "delta")
 THROUGHPUT = "output_throughput"  # output tok/s of a run
 # The column the verdicts judge, higher is faster: a run's output tok/s in a closed loop; in an
@@ -73,6 +75,7 @@ def _record_row(record: RunRecord) -> dict:
     gpu = record.gpu or GpuSample()
     row.update({f"gpu_{name}": getattr(gpu, name) for name in _GPU_FIELDS})
     row.update({f"engine_{kind}_ms": record.step_ms.get(kind) for kind in ENGINE_KINDS})
+    row.update({f"core_{part}_ms": record.core_ms.get(part) for part in CORE_PARTS})
     row["cell"] = record.cell
     return row
 
@@ -85,15 +88,14 @@ def measure_of(manifest: Manifest) -> str:
 def runs_frame(records: Iterable[RunRecord], measure: str = "tok/s") -> pd.DataFrame:
     """One row per run record, `metrics` flattened to its ServeMetrics field names, `gpu` to
     `gpu_<field>` columns, the server's mean decode, prefill and mixed step to
-    `engine_<kind>_ms`, plus `cell` ("c=16") and JUDGED, the run's value of `measure`
-    (MEASURES).
+    `engine_<kind>_ms`, the engine core's mean TTFT parts to `core_<part>_ms`, plus `cell`
+    ("c=16") and JUDGED, the run's value of `measure` (MEASURES).
 
-    Numbers a run lacks are NaN; `steps` and `step_ms` stay dicts per row.
+    Numbers a run lacks are NaN; `steps`, `step_ms` and `core_ms` stay dicts per row.
     """
     frame = pd.DataFrame([_record_row(r) for r in records], columns=list(RUN_COLUMNS))
     numeric = [*METRIC_FIELDS, "sibling_busy_cpus", "api_cpu_s", "core_cpu_s", "client_cpu_s",
-               "num_clients", *(f"gpu_{name}" for name in _GPU_FIELDS),
-               *(f"engine_{kind}_ms" for kind in ENGINE_KINDS)]
+               "num_clients", *(f"gpu_{name}" for name in _GPU_FIELDS), *_NUMBER_COLUMNS]
     frame[numeric] = frame[numeric].astype(float)
     frame["ok"] = frame["ok"].astype(bool)
     frame["planner_off"] = frame["planner_off"].astype(bool)

@@ -13,6 +13,7 @@ import torch
 from resident.backends import StepKernels
 from resident.config import EngineConfig
 from resident.engine.inputs import StepInputs
+from resident.engine.latency import RequestLatency
 from resident.engine.planning import StepPlanning
 from resident.engine.prefix import NoPrefixCache
 from resident.engine.runner import StepRunner
@@ -43,6 +44,7 @@ class Engine(Protocol):
     fingerprint: str
     startup: StartupTimes
     prefixes: NoPrefixCache
+    latency: RequestLatency
 
 STEP_KINDS = ("decode", "prefill", "mixed")
 
@@ -70,6 +72,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "failed_requests": engine.counters["failed_requests"],
         "rows_after_finish": engine.counters["rows_after_finish"],
         "rowcheck": rowcheck_counts(engine),
+        "latency": engine.latency.snapshot(),
         **prefix_stats(engine),
     }
 

@@ -15,6 +15,7 @@ cached pages no request holds count as free and give way to KV pressure.
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -187,6 +188,7 @@ class Scheduler:
                 self.swapper.reset_state(request)
             self.waiting.popleft()
             request.status = Status.RUNNING
+            request.admitted_s = time.perf_counter()
             self.running.append(request)
             rows.append(_prefill_row(request, chunk))
             budget -= chunk

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     UnknownMetricFamily,
 )
@@ -57,9 +59,35 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
                           "Rows a step planned ahead ran for a request that finished or was "
                           "aborted meanwhile (released after that step)."),
 }
+# the core's request latency histograms (engine/latency.py), stats["latency"][key]
+_LATENCY_METRICS: dict[str, tuple[str, str]] = {
+    "queue": ("resident_request_queue_seconds",
+              "Engine core intake to admission (pages, a state slot, a first prompt row)."),
+    "prefill": ("resident_request_prefill_seconds",
+                "Admission to the first token leaving the engine core."),
+    "ttft": ("resident_time_to_first_token_seconds",
+             "Engine core intake to the first token leaving it (the API's share excluded)."),
+    "e2e": ("resident_e2e_request_latency_seconds",
+            "Engine core intake to the last token, requests that stopped or reached length."),
+    "tpot": ("resident_time_per_output_token_seconds",
+             "First to last token over the tokens between, a finished request."),
+}
 _METRIC_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily,
              "unknown": UnknownMetricFamily}
+
+
+def _latency_metrics(latency: dict[str, Any]) -> Iterator[Metric]:
+    """stats["latency"]: {key: {"bounds", "counts" (per bucket, one past the bounds), "sum"}}
+    as Prometheus histograms (cumulative `le` buckets ending in +Inf)."""
+    for key, (name, doc) in _LATENCY_METRICS.items():
+        histogram = latency.get(key)
+        if not isinstance(histogram, dict):
+            continue
+        bounds = [*(repr(float(b)) for b in histogram["bounds"]), "+Inf"]
+        cumulative = list(itertools.accumulate(histogram["counts"]))
+        yield HistogramMetricFamily(name, doc, buckets=list(zip(bounds, cumulative, strict=True)),
+                                    sum_value=histogram["sum"])
 
 
 def _stat_metric(key: str, value: Any) -> Metric | None:
@@ -87,6 +115,9 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         for key, value in self.stats.items():
+            if key == "latency":
+                yield from _latency_metrics(value)
+                continue
             metric = _stat_metric(key, value)
             if metric is not None:
                 yield metric
