@@ -14,12 +14,15 @@ from gate.tools import api_profile
 def test_the_synthetic_decode_streams_every_token(capsys):
     # 4,096 tokens: at ~10-20 µs each the API's CPU spans several of /proc's 10 ms ticks
     code = api_profile.main(["--synthetic-decode", "--concurrency", "16", "--requests", "64",
-                             "--output-len", "64", "--format", "json"])
+                             "--output-len", "64", "--temperature", "0.7", "--top-p", "0.9",
+                             "--format", "json"])
     out = capsys.readouterr().out
     result = json.loads(out[:out.rindex("}") + 1])["api_profile"]
     assert code == 0
     assert (result["requests_ok"], result["failed"], result["tokens"]) == (64, 0, 64 * 64)
     assert result["api_us_per_token"] > 0 and result["core_cores"] > 0
+    assert result["core_us_per_token"] == pytest.approx(
+        result["core_cores"] * result["wall_s"] / result["tokens"] * 1e6, rel=0.05)
     assert result["api_processes"] == 1
     assert result["api_us_per_request"] == pytest.approx(result["api_us_per_token"] * 64,
                                                          rel=0.01)
@@ -27,7 +30,8 @@ def test_the_synthetic_decode_streams_every_token(capsys):
 
 @pytest.mark.parametrize("args, named", [
     (["--step-ms", "1"], "--step-ms"), (["--synthetic-decode", "--step-ms", "-1"], "--step-ms"),
-    (["--prompt-len", "0"], "--prompt-len"), (["--native"], "--native goes with --py-spy")])
+    (["--prompt-len", "0"], "--prompt-len"), (["--native"], "go with --py-spy"),
+    (["--spy", "core"], "go with --py-spy"), (["--spy", "gpu"], "--spy")])
 def test_bad_options_are_refused_naming_them(args, named, capsys):
     with pytest.raises(SystemExit):
         api_profile.main(args)

@@ -2,8 +2,8 @@
 
     python -m gate.tools.api_profile [--model tiny] [--device cpu] [--concurrency 64]
         [--requests 128] [--prompt-len 16] [--output-len 128] [--api-processes 1]
-        [--py-spy stacks.txt [--native]] [--top 25] [--set knob=value ...]
-        [--synthetic-decode [--step-ms 0]]
+        [--py-spy stacks.txt [--native] [--spy core]] [--top 25] [--set knob=value ...]
+        [--temperature 0 --top-p 1] [--synthetic-decode [--step-ms 0]]
 
 Starts `resident serve MODEL --device DEVICE`, drives it with the gate's load client
 (gate/run/load.py: streamed completions at a fixed concurrency, ignore_eos, after a warm-up at
@@ -15,7 +15,10 @@ only (start-up and warm-up left out) into that file (collapsed stacks) and the t
 functions with the most own samples, as µs per token: their share of the samples times the
 measured µs per token. With --native py-spy also walks the C frames (the system calls under a
 write: libc `send` took 49% of the API's samples at c=64 on the project's VM); it must then stop
-the process for each sample, so the run is slower and the CPU figures a little high.
+the process for each sample, so the run is slower and the CPU figures a little high. With
+--spy core py-spy samples the engine core instead, and its top reads in the core's µs a token
+(`core_us_per_token`): where a served step's host time goes, the CUDA driver's calls included
+with --native. --temperature / --top-p make every request sample (0: greedy).
 `api_us_per_request` is the same CPU per measured request: with --output-len 1 and a long
 --prompt-len, what taking in a request costs the API (resident/tools/intake_bench.py times its
 parts).
@@ -99,10 +102,11 @@ def core_pid(log_path: Path) -> int:
 
 
 async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
-                  stacks: Path | None, native: bool = False) -> dict[str, Any]:
+                  stacks: Path | None, native: bool = False,
+                  spied: str = "api") -> dict[str, Any]:
     """Runs the load; the API processes' and the core's CPU over the measured requests (py-spy
-    samples the first API process)."""
-    pid = pids[0]
+    samples the first API process, or with `spied` "core" the engine core)."""
+    pid = pids[0] if spied == "api" else core
     await warm_up(url, spec)
     sampler = None
     if stacks is not None:
@@ -134,7 +138,8 @@ async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
             "busiest_api_cores": round(max(each_s) / metrics.duration, 3),
             "api_us_per_token": round(api_s / tokens * 1e6, 2),
             "api_us_per_request": round(api_s / max(metrics.completed, 1) * 1e6, 1),
-            "core_cores": round(core_s / metrics.duration, 3)}
+            "core_cores": round(core_s / metrics.duration, 3),
+            "core_us_per_token": round(core_s / tokens * 1e6, 2)}
 
 
 def top_functions(stacks: Path, us_per_token: float, top: int) -> list[dict[str, Any]]:
@@ -168,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="sample the API process with py-spy into this file; print its top")
     parser.add_argument("--native", action="store_true",
                         help="with --py-spy: C frames too (stops the process for each sample)")
+    parser.add_argument("--spy", choices=("api", "core"), default="api",
+                        help="with --py-spy: the process sampled (core: the engine core)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request's temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top", type=count, default=25)
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for the server, knob=value")
@@ -179,10 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.step_ms < 0 or (args.step_ms and not args.synthetic_decode):
         parser.error(f"--step-ms must be >= 0 and needs --synthetic-decode, got {args.step_ms}")
-    if args.native and not args.stacks:
-        parser.error("--native goes with --py-spy")
-    spec = LoadSpec(args.concurrency, args.requests, args.prompt_len, args.output_len,
-                    num_warmup=min(args.concurrency, args.requests))
+    if (args.native or args.spy != "api") and not args.stacks:
+        parser.error("--native and --spy go with --py-spy")
+    try:
+        spec = LoadSpec(args.concurrency, args.requests, args.prompt_len, args.output_len,
+                        num_warmup=min(args.concurrency, args.requests),
+                        temperature=args.temperature, top_p=args.top_p)
+    except ValueError as error:
+        parser.error(str(error))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = Path(tempfile.gettempdir()) / f"resident-api-profile-{port}.log"
@@ -191,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(wait_ready(url, server))
         result = asyncio.run(measure(url, api_pids(server.pid, log_path), core_pid(log_path),
-                                     spec, args.stacks, args.native))
+                                     spec, args.stacks, args.native, args.spy))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
     sections: dict[str, Any] = {"api_profile": result}
     if args.stacks:
-        sections["top_functions"] = top_functions(args.stacks, result["api_us_per_token"],
-                                                  args.top)
+        sections["top_functions"] = top_functions(args.stacks,
+                                                  result[f"{args.spy}_us_per_token"], args.top)
     render(sections, OutputFormat(args.format))
     print(f"server log: {log_path}")
     return 0

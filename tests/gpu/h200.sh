@@ -61,6 +61,10 @@
 #             asks <= 15 µs a token and no process above 0.7 of a core), tarred to api-profile.tgz
 #   host-probe  tests/gpu/host_probe.py: this host's µs for a Python call, a system call, a
 #             socket send + recv, an epoll wait, an unpickle and a JSON encode (beside the VM's)
+#   core-spy  the engine core sampled by py-spy with its C frames (CUDA's driver calls among
+#             them), 0.8B served at c=64, greedy then temperature 0.7 / top_p 0.9
+#             (gate.tools.api_profile --spy core --native; issue 36: where the sampler's host
+#             time goes on a GPU host), stacks and logs tarred to core-spy.tgz
 #   api-spy   api-profile at c=64 and c=256 with the API process pinned (api_core=0) and sampled
 #             by py-spy (a static binary carried as .whl/bin/py-spy: the host has none): the top
 #             functions in api-spy-c<c>.log, the stacks tarred to api-spy.tgz; API_SPY_NATIVE=1:
@@ -272,6 +276,17 @@ for part in "$@"; do
           ${API_SPY_NATIVE:+--native}
       done
       tar czf "$OUT/api-spy.tgz" -C "$OUT" api-spy && rm -rf "$OUT/api-spy" ;;
+    core-spy)
+      mkdir -p "$OUT/core-spy"
+      for draw in "greedy 0 1" "sampled 0.7 0.9"; do
+        read -r name temperature top_p <<<"$draw"
+        PATH=$PWD/.whl/bin:$PATH run "core-spy-$name" 200 python3 -m gate.tools.api_profile \
+          --model qwen3.5-0.8b --device cuda --concurrency 64 --requests 256 --output-len 256 \
+          --temperature "$temperature" --top-p "$top_p" --py-spy "$OUT/core-spy/$name.txt" \
+          --spy core --native --top 40
+        mv "$OUT/core-spy-$name.log" "$OUT/core-spy/"
+      done
+      tar czf "$OUT/core-spy.tgz" -C "$OUT" core-spy && rm -rf "$OUT/core-spy" ;;
     api-synthetic)
       for c in 64 256; do
         run "api-synthetic-c$c" 120 taskset -c 0-5 python3 -m gate.tools.api_profile \
