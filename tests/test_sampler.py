@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from resident.engine.draw import Drawn
-from resident.engine.sampler import Sampler, SampleRow, StepLogits
+from resident.engine.sampler import Sampler, SampleRow, StepLogits, TokenReadback
 from resident.engine.types import SamplingParams
 
 CPU = torch.device("cpu")
@@ -224,6 +224,26 @@ def test_a_poison_row_fails_alone():
     for row in (0, 3):
         alone = sample(make_sampler(vocab), logits[row:row + 1], [rows[row]])
         assert int(alone.tokens[0]) == int(drawn.tokens[row])
+
+
+@pytest.mark.parametrize("name", ["torch", "triton"])
+def test_the_read_back_gives_each_rows_token_and_failure(name):
+    """A draw with poison rows read back as a step reads it, whole and for its first rows:
+    the `triton` sampler's tokens and failures share one allocation, read in one copy (the
+    layout's offsets are what this checks), the `torch` sampler's are read apart."""
+    vocab = 64
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(3))
+    logits[1] = logits[4] = float("nan")
+    rows = [SampleRow(f"r{i}", SamplingParams(max_tokens=1, temperature=0.9, seed=i), 0)
+            for i in range(6)]
+    drawn = sample(Sampler(CPU, 0, vocab, 8, name), logits, rows)
+    assert (drawn.packed is not None) == (name == "triton")
+    readback = TokenReadback(CPU, 8)
+    for num_rows in (6, 3, 6):
+        first = drawn.first(num_rows)
+        readback.start(first.tokens, None, first.failed, first.packed)
+        assert readback.wait() == drawn.tokens[:num_rows].tolist()
+        assert readback.failed() == [row for row in (1, 4) if row < num_rows]
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -0.1), ("temperature", float("nan")),

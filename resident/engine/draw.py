@@ -59,13 +59,32 @@ class RowParams(NamedTuple):
 class Drawn(NamedTuple):
     tokens: torch.Tensor  # [rows] int64
     failed: torch.Tensor  # [rows] bool: a sampled row whose logits were not finite
+    # where both live when the draw wrote them into one allocation (packed_drawn): the whole
+    # draw's [9 * its rows] bytes, so that one copy reads tokens and failures back; else None
+    packed: torch.Tensor | None = None
 
     def first(self, num_rows: int) -> Drawn:
         """The first num_rows rows' (views; itself when it holds no more: a full bucket's
-        step makes no view, each of which costs ~1-2 us of host time)."""
+        step makes no view, each of which costs ~1-2 us of host time). `packed` stays the
+        whole draw's."""
         if num_rows == self.tokens.shape[0]:
             return self
-        return Drawn(self.tokens[:num_rows], self.failed[:num_rows])
+        return Drawn(self.tokens[:num_rows], self.failed[:num_rows], self.packed)
+
+
+def packed_drawn(num_rows: int, device: torch.device) -> Drawn:
+    """A draw's outputs in one allocation, [num_rows] int64 tokens then [num_rows] bool
+    failures: a read-back then costs one device-to-host copy, not two (each ~10 µs of host
+    time on the H100's host; results/2026-12-05-h100-core-spy)."""
+    packed = torch.empty(9 * num_rows, dtype=torch.uint8, device=device)
+    return Drawn(packed[:8 * num_rows].view(torch.int64), packed[8 * num_rows:].view(torch.bool),
+                 packed)
+
+
+def packed_layout(packed_bytes: int) -> tuple[int, int]:
+    """A packed draw's (rows, byte offset of its failures) from its size in bytes."""
+    rows = packed_bytes // 9
+    return rows, 8 * rows
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
@@ -171,7 +190,9 @@ def draw(logits: torch.Tensor, params: RowParams, greedy: torch.Tensor,
     if sampler == "triton":  # imported here: triton must not load before TRITON_INTERPRET is set
         from resident.kernels.nucleus_race import nucleus_race
 
-        return Drawn(*nucleus_race(logits, *params, greedy, meeting=meeting))
+        out = packed_drawn(logits.shape[0], logits.device)
+        nucleus_race(logits, *params, greedy, meeting=meeting, out=out[:2])
+        return out
     scaled, failed = scale(logits, params)
     if sampler == "flashinfer":
         filtered = filter_flashinfer(scaled, params)

@@ -310,14 +310,14 @@ class Engine:
             drawn = self.sampler.sample(step, [_sample_row(r) for r in sampling])
         logits = step.logits
         tokens = drawn.tokens if drawn else self.sampler.greedy(step, len(sampling))
-        failed = drawn.failed if drawn else None
-        if kept is not None:
+        failed, packed = (drawn.failed, drawn.packed) if drawn else (None, None)
+        if kept is not None:  # new tensors: read back apart
             tokens, logits = tokens[kept], logits[kept]
-            failed = None if failed is None else failed[kept]
+            failed, packed = None if failed is None else failed[kept], None
             sampling = [sampling[i] for i in kept]
         logprobs = self.sampler.logprobs(logits, tokens, [_sample_row(r) for r in sampling]) \
             if self.sampler.any_logprobs else None
-        self.readback.start(tokens, logprobs, failed)
+        self.readback.start(tokens, logprobs, failed, packed)
         return tokens
 
     def _launch_ahead(self, sampled: SampledTokens | None) -> None:

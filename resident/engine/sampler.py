@@ -32,10 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from resident.backends.base import torch_argmax
-from resident.engine.draw import Drawn, draw, vocab_counters
+from resident.engine.draw import Drawn, draw, packed_layout, vocab_counters
 from resident.engine.graphs import StepGraphs
 from resident.engine.sampling_state import (
     HostColumns,
@@ -322,7 +323,12 @@ class TokenReadback:
     when that step launches before the read-back, so that waiting also frees their host
     sources), `wait` blocks until then and returns the tokens. On CPU the copy is done at once.
     The logprobs some rows asked for, and a drawing step's failure flags, ride the same event
-    (`logprobs` and `failed` after `wait`)."""
+    (`logprobs` and `failed` after `wait`); a draw whose tokens and failures share one
+    allocation (draw.packed_drawn) is read back in one copy.
+
+    The event is recorded on the stream current when the readback is made, the engine's: the
+    `torch.cuda.Event.record()` default looks the current stream up in Python each time
+    (~15 µs a step of the H100 host's two records; results/2026-12-05-h100-core-spy)."""
 
     def __init__(self, device: torch.device, max_rows: int) -> None:
         cuda = device.type == "cuda"
@@ -334,24 +340,53 @@ class TokenReadback:
         self._ids_host = torch.zeros(max_rows * MAX_LOGPROBS, dtype=torch.int64,
                                      pin_memory=cuda)
         self._failed_host = _Prefixes(torch.zeros(max_rows, dtype=torch.bool, pin_memory=cuda))
+        self._packed_host = _Prefixes(torch.zeros(9 * max_rows, dtype=torch.uint8,
+                                                  pin_memory=cuda))
+        # (packed rows or 0, rows read) -> the host's tokens view and failures as numpy
+        self._views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
         self._event = torch.cuda.Event() if cuda else None
+        self._stream = torch.cuda.current_stream(device) if cuda else None
         self._count = 0
+        self._read: tuple[torch.Tensor, np.ndarray] | None = None
         self._logprobs: StepLogprobs | None = None
         self._drew = False
 
     def start(self, tokens: torch.Tensor, logprobs: StepLogprobs | None = None,
-              failed: torch.Tensor | None = None) -> None:
-        """tokens: [rows]; failed: [rows] bool, the draw's failures (None: nothing drawn)."""
-        self._count = tokens.shape[0]
-        self._host.first(self._count).copy_(tokens, non_blocking=True)
+              failed: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> None:
+        """tokens: [rows]; failed: [rows] bool, the draw's failures (None: nothing drawn);
+        packed: the draw's allocation holding both (Drawn.packed), read in their stead."""
+        self._count = count = tokens.shape[0]
         self._drew = failed is not None
-        if failed is not None:
-            self._failed_host.first(self._count).copy_(failed, non_blocking=True)
+        if packed is not None:
+            self._packed_host.first(packed.shape[0]).copy_(packed, non_blocking=True)
+            self._read = self._packed_views(packed.shape[0], count)
+        else:
+            self._host.first(count).copy_(tokens, non_blocking=True)
+            if failed is not None:
+                self._failed_host.first(count).copy_(failed, non_blocking=True)
+            self._read = self._plain_views(count)
         self._logprobs = logprobs
         if logprobs is not None:
             self._values_view(logprobs).copy_(logprobs.values, non_blocking=True)
             self._ids_view(logprobs).copy_(logprobs.ids, non_blocking=True)
         self.mark()
+
+    def _packed_views(self, packed_bytes: int, count: int) -> tuple[torch.Tensor, np.ndarray]:
+        key = (packed_bytes, count)
+        views = self._views.get(key)
+        if views is None:
+            rows, failed_at = packed_layout(packed_bytes)
+            host = self._packed_host.first(packed_bytes)
+            views = self._views[key] = (host[:failed_at].view(torch.int64)[:count],
+                                        host[failed_at:failed_at + count].numpy().view(bool))
+        return views
+
+    def _plain_views(self, count: int) -> tuple[torch.Tensor, np.ndarray]:
+        views = self._views.get((0, count))
+        if views is None:
+            views = self._views[(0, count)] = (self._host.first(count),
+                                               self._failed_host.first(count).numpy())
+        return views
 
     def _values_view(self, logprobs: StepLogprobs) -> torch.Tensor:
         rows, width = logprobs.values.shape
@@ -363,11 +398,11 @@ class TokenReadback:
 
     def mark(self) -> None:
         if self._event is not None:
-            self._event.record()
+            self._event.record(self._stream)
 
     def wait(self) -> list[int]:
         self.sync()
-        return self._host.first(self._count).tolist()
+        return self._read[0].tolist()
 
     def sync(self) -> None:
         """Waits until the GPU passes the last mark, reading nothing back: a step that samples
@@ -380,7 +415,7 @@ class TokenReadback:
         """After `wait`: the rows whose draw failed."""
         if not self._drew:
             return []
-        return self._failed_host.first(self._count).nonzero().flatten().tolist()
+        return np.flatnonzero(self._read[1]).tolist()
 
     def logprobs(self) -> list[TokenLogprobs | None] | None:
         """After `wait`: the logprobs of each row of the step `start` was given (None for a row

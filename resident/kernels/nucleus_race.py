@@ -425,7 +425,9 @@ def _common_stride(*columns: torch.Tensor) -> int:
 def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                  top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor,
                  index: torch.Tensor, greedy: torch.Tensor, rounds: int = ROUNDS,
-                 meeting: KeptZeros | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 meeting: KeptZeros | None = None,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [rows, vocab] (a float dtype, unit stride along the vocabulary); per row
     ([rows] each, draw.RowParams' dtypes and order; each dtype's with one row stride):
     temperature (<= 0: greedy), top_k, top_p, min_p,
@@ -433,7 +435,8 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     as the largest): the race reads each row's top there. Returns ([rows] int64 tokens, [rows]
     bool failed). Static grids, temporaries only: a CUDA graph can hold it. meeting: where
     the judges' arrival counters are kept, zero between draws (each judge leaves its own at 0),
-    so a draw clears none; without it they are zero-filled every draw."""
+    so a draw clears none; without it they are zero-filled every draw. out: the ([rows] int64,
+    [rows] bool) to write the tokens and failures into (contiguous each), else new ones."""
     if logits.stride(1) != 1:
         raise ValueError("logits must be contiguous along the vocabulary")
     if rounds < 2:
@@ -455,8 +458,9 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     judged = torch.empty(rounds + 1, num_rows, dtype=torch.int64, device=device)
     arrivals = torch.zeros(rounds + 1, num_rows, dtype=torch.int32, device=device) \
         if meeting is None else meeting.get((rounds + 1, num_rows), torch.int32, device)
-    tokens = torch.empty(num_rows, dtype=torch.int64, device=device)
-    failed = torch.empty(num_rows, dtype=torch.bool, device=device)
+    tokens, failed = out if out is not None else (
+        torch.empty(num_rows, dtype=torch.int64, device=device),
+        torch.empty(num_rows, dtype=torch.bool, device=device))
     strides = (_common_stride(temperature, top_p, min_p), _common_stride(top_k, seed, index))
     limits = (temperature, top_k, top_p, min_p)
     tops = torch.empty(num_rows, dtype=torch.float32, device=device)
