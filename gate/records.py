@@ -55,9 +55,10 @@ class RunRecord:
     # the prefix cache over the run (resident's /metrics; empty for other servers): `hits`,
     # requests that started from a cached prefix, and `saved_tokens`, prompt tokens restored
     prefix: dict[str, int] = field(default_factory=dict)
-    # the engine core's mean `queue`, `prefill` and `ttft` ms over the requests whose first
-    # token left it during the run (resident's /metrics; empty for other servers): TTFT at the
-    # client less `ttft` here is what the API process, its pipes and the client add
+    # the server's mean `queue`, `prefill` and `ttft` ms (API arrival to the first token out of
+    # the engine core) over the requests whose first token left it during the run (resident's
+    # /metrics; empty for other servers): TTFT at the client less `ttft` here is the request's
+    # way in and its first token's way out
     core_ms: dict[str, float] = field(default_factory=dict)
     sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
     # CPU seconds over the run of the launched server process (a resident arm's API process)

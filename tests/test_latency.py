@@ -3,6 +3,8 @@ model, and their Prometheus exposition."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
@@ -69,6 +71,21 @@ def test_a_request_waiting_for_a_slot_is_timed_in_the_queue():
     assert sum(queue["counts"]) == 2
     first_ttft, first_e2e = ended["a"]["ttft"]["sum"], ended["a"]["e2e"]["sum"]
     assert (first_ttft + first_e2e) / 2 < queue["sum"] < first_e2e
+
+
+def test_a_request_stamped_on_arrival_is_timed_from_that_stamp():
+    """The API stamps a request's arrival (EngineRequest.arrived_s, the host's monotonic
+    clock): its queue time counts from there, not from the core's intake."""
+    engine = build_engine(TINY, EngineConfig(), "cpu")
+    prompt, = _prompts(1)
+    early = time.monotonic() - 0.5
+    engine.add_request(EngineRequest("a", prompt, SamplingParams(max_tokens=2), early))
+    while engine.has_work():
+        engine.step()
+    latency = engine.stats()["latency"]
+    assert latency["queue"]["sum"] >= 0.5
+    assert latency["ttft"]["sum"] == pytest.approx(latency["queue"]["sum"]
+                                                   + latency["prefill"]["sum"])
 
 
 def test_an_aborted_request_has_a_first_token_and_no_end():

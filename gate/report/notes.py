@@ -77,22 +77,23 @@ def prefix_cache_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def core_ttft_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """A line per cell where the servers timed their engine core's TTFT: each arm's mean TTFT
-    at the client against the core's share of it (queue + prefill), so what the frontend adds
-    reads beside what the engine does (means over each run's requests, the median over
-    runs)."""
+    """A line per cell where the servers timed their TTFT to the engine core's output: each
+    arm's mean TTFT at the client against the server's (API arrival to the first token out of
+    the core: queue + prefill), so what the request's way in and its first token's way out
+    add reads beside what the server does inside (means over each run's requests, the median
+    over runs)."""
     lines = []
     for cell in dict.fromkeys(row["cell"] for row in rows):
         mine = [r for r in rows if r["cell"] == cell and r.get("core_ttft_ms") is not None
                 and r["mean_ttft_ms"] is not None]
         if not mine:
             continue
-        parts = [f"{r['arm']} {r['mean_ttft_ms']:.2f} ms, the core's {r['core_ttft_ms']:.2f} "
+        parts = [f"{r['arm']} {r['mean_ttft_ms']:.2f} ms, the server's {r['core_ttft_ms']:.2f} "
                  f"(queue {r['core_queue_ms']:.2f} + prefill {r['core_prefill_ms']:.2f}), the "
                  f"rest {r['mean_ttft_ms'] - r['core_ttft_ms']:.2f}" for r in mine]
-        lines.append(f"- {cell}: TTFT mean at the client against the engine core's (intake to "
-                     f"first token out; the rest is the API process, its pipes and the client): "
-                     f"{'; '.join(parts)}.")
+        lines.append(f"- {cell}: TTFT mean at the client against the server's (the API's "
+                     f"arrival to the first token out of the engine core; the rest is the "
+                     f"request's way in and the token's way out): {'; '.join(parts)}.")
     return lines
 
 

@@ -280,7 +280,7 @@ def prefix_counts(before: dict[str, float], after: dict[str, float],
             for key, name in names.items() if name in after}
 
 
-# the engine core's TTFT parts in resident's /metrics (its latency histograms), by the key a
+# the server's TTFT parts in resident's /metrics (its latency histograms), by the key a
 # run record keeps their means under
 CORE_LATENCIES = {"queue": "resident_request_queue_seconds",
                   "prefill": "resident_request_prefill_seconds",

@@ -200,7 +200,7 @@ class Engine:
         """Queues a request; returns its failed output at once if it can never run."""
         request = Request(new.request_id, list(new.prompt_token_ids), new.params,
                           self._arrivals, self.model_config.eos_token_ids,
-                          arrived_s=time.perf_counter())
+                          arrived_s=time.monotonic() if new.arrived_s is None else new.arrived_s)
         self._arrivals += 1
         error = self._reject_reason(request)
         if error:
@@ -419,7 +419,7 @@ class Engine:
 
     def _first_tokens(self, requests: list[Request]) -> None:
         """Times the requests of a varlen step whose first token just left (latency.py)."""
-        now = time.perf_counter()
+        now = time.monotonic()
         for request in requests:
             if request.first_token_s is None and request.finish_reason != FINISH_ERROR:
                 request.first_token_s = now
@@ -430,7 +430,7 @@ class Engine:
         row can still emit the token of a step that was running)."""
         if request.finish_reason in (FINISH_STOP, FINISH_LENGTH):
             self.latency.finished(request.arrived_s, request.first_token_s,
-                                  len(request.output_ids), time.perf_counter())
+                                  len(request.output_ids), time.monotonic())
 
     def _finish(self, request: Request) -> None:
         """A finished or aborted request is released now, or after the step planned ahead

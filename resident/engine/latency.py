@@ -1,16 +1,20 @@
-"""Request latency at the engine core, as histograms for /metrics (vLLM exposes the same five).
+"""Request latency to the engine core's outputs, as histograms for /metrics (vLLM exposes the
+same five).
 
-Each request is timed on the core's clock at four points: its intake (`Engine.add_request`),
-its admission (the scheduler gives it pages, a state slot and its first prompt chunk's row),
-its first token leaving the core (the read-back of the step that computed its last prompt
-token), and its last. From them, once a request:
+Each request is timed on the host's monotonic clock, which the API processes and the engine
+core share, at four points: its arrival (the API handler's start, before its body is read; in
+process, `Engine.add_request`), its admission (the scheduler gives it pages, a state slot and
+its first prompt chunk's row), its first token leaving the core (the read-back of the step that
+computed its last prompt token), and its last. From them, once a request:
 
-- `queue`: intake to admission: time spent waiting for a slot, pages or the prefill budget;
+- `queue`: arrival to admission: the API's parse and hand-off, the wait for the core's next
+  intake (a step in flight), and for a slot, pages or the prefill budget;
 - `prefill`: admission to the first token: the prompt's steps, the plan-ahead step before
   them, and the read-back;
-- `ttft`: intake to the first token (queue + prefill): the core's share of a client's TTFT,
-  whose rest is the API process, the pipes and the network;
-- `e2e`: intake to the last token, and `tpot`: first to last token over the tokens between,
+- `ttft`: arrival to the first token (queue + prefill): a client's TTFT less its request's
+  way to the API and its first token's way back (the core's pipe, the API's render and write,
+  the network);
+- `e2e`: arrival to the last token, and `tpot`: first to last token over the tokens between,
   for requests that finished (stop or length), not those aborted or failed.
 
 Observing costs a request a few list updates at admission, first token and end; a decode

@@ -30,7 +30,8 @@ class Request:
     status: Status = Status.WAITING
     last_run_step: int = -1
     finish_reason: str | None = None
-    # the core's clock (perf_counter) at intake, admission and first token (latency.py)
+    # the host's monotonic clock at arrival (the API's receipt, or the engine's intake),
+    # admission and first token (latency.py)
     arrived_s: float = 0.0
     admitted_s: float | None = None
     first_token_s: float | None = None

@@ -188,7 +188,7 @@ class Scheduler:
                 self.swapper.reset_state(request)
             self.waiting.popleft()
             request.status = Status.RUNNING
-            request.admitted_s = time.perf_counter()
+            request.admitted_s = time.monotonic()
             self.running.append(request)
             rows.append(_prefill_row(request, chunk))
             budget -= chunk

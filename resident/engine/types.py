@@ -53,6 +53,9 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    # when the API process took the request in, on the host's monotonic clock (time.monotonic,
+    # which the API processes and the engine core share); None: the engine stamps its intake
+    arrived_s: float | None = None
 
 
 @dataclass(frozen=True)

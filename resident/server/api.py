@@ -210,6 +210,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 async def _answer(request: web.Request, chat: bool) -> web.StreamResponse:
     """Both endpoints: admit, read and parse the body, run its choices, answer (JSON or SSE).
     `in_flight` counts engine requests: one while the body is read, then one a choice."""
+    received_s = time.monotonic()  # the request's arrival for the core's latency histograms
     state = request.app[STATE]
     info = ready_client(request).info
     _admit(state)
@@ -225,7 +226,7 @@ async def _answer(request: web.Request, chat: bool) -> web.StreamResponse:
         _check_room(state, parsed.n - 1)  # the choices past the first, each a request
         state.in_flight += parsed.n - 1
         held = parsed.n
-        completion = _Completion(state, parsed, chat)
+        completion = _Completion(state, parsed, chat, received_s)
         timeout = state.limits.request_timeout_s or None
         if parsed.stream:
             return await completion.stream(request, timeout)
@@ -243,7 +244,8 @@ class _Completion:
     """One completion request: its choices (each its own engine request), the core's outputs,
     and the JSON or SSE events they become (in `format`'s shape: responses.py)."""
 
-    def __init__(self, state: ApiState, parsed: CompletionRequest, chat: bool) -> None:
+    def __init__(self, state: ApiState, parsed: CompletionRequest, chat: bool,
+                 received_s: float) -> None:
         self.state = state
         self.parsed = parsed
         shape = ChatFormat if chat else TextFormat
@@ -253,7 +255,8 @@ class _Completion:
         self.created = int(time.time())
         self.choices = [
             Choice(i, EngineRequest(self.id if parsed.n == 1 else f"{self.id}-{i}",
-                                    parsed.prompt_ids, _choice_params(parsed.params, i)),
+                                    parsed.prompt_ids, _choice_params(parsed.params, i),
+                                    received_s),
                    state.tokenizer, parsed.stop, incremental=parsed.stream)
             for i in range(parsed.n)]
         # every stream event is this envelope around one chunk: its bytes made once

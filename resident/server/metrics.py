@@ -62,13 +62,13 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
 # the core's request latency histograms (engine/latency.py), stats["latency"][key]
 _LATENCY_METRICS: dict[str, tuple[str, str]] = {
     "queue": ("resident_request_queue_seconds",
-              "Engine core intake to admission (pages, a state slot, a first prompt row)."),
+              "API arrival to admission (pages, a state slot, a first prompt row)."),
     "prefill": ("resident_request_prefill_seconds",
                 "Admission to the first token leaving the engine core."),
     "ttft": ("resident_time_to_first_token_seconds",
-             "Engine core intake to the first token leaving it (the API's share excluded)."),
+             "API arrival to the first token leaving the engine core."),
     "e2e": ("resident_e2e_request_latency_seconds",
-            "Engine core intake to the last token, requests that stopped or reached length."),
+            "API arrival to the last token leaving the engine core (stop or length)."),
     "tpot": ("resident_time_per_output_token_seconds",
              "First to last token over the tokens between, a finished request."),
 }
