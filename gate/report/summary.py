@@ -91,8 +91,9 @@ def _server_cpu(runs: pd.DataFrame) -> dict[str, float | None]:
 
 
 def _core_latency(runs: pd.DataFrame) -> dict[str, float | None]:
-    """Medians over the ok runs of the engine core's mean TTFT parts (`core_queue_ms`,
-    `core_prefill_ms`, `core_ttft_ms`; None for a server without them)."""
+    """Medians over the ok runs of the server's mean TTFT parts (`core_queue_ms`,
+    `core_prefill_ms`, `core_ttft_ms`: API arrival to the first token out of the engine core;
+    None for a server without them)."""
     ok = runs[runs["ok"]]
     return {f"core_{part}_ms": num(median(ok[f"core_{part}_ms"]), 3)
             for part in stats.CORE_PARTS}
@@ -151,7 +152,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     api_cpu_us_per_token, core_cpu_share, client_cpu_share); the prefix cache's hits and
     restored prompt tokens over the runs that recorded them, and those runs' requests
     (`prefix_hits`, `prefix_saved_tokens`, `prefix_requests`; None for a server without them);
-    the engine core's mean TTFT parts (`_core_latency`: core_queue_ms, core_prefill_ms,
+    the server's mean TTFT parts (`_core_latency`: core_queue_ms, core_prefill_ms,
     core_ttft_ms, each run's mean over its requests, the median over runs);
     open loop, the requests that arrived with every slot busy and waited for one
     (`requests_waited`).

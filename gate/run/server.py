@@ -288,9 +288,9 @@ CORE_LATENCIES = {"queue": "resident_request_queue_seconds",
 
 
 def core_latency_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """The engine core's mean queue, prefill and TTFT ms over the requests whose first token
-    left it between two readings of /metrics (empty for a server without the histograms, or
-    no such request)."""
+    """The server's mean queue, prefill and TTFT ms (latency.py) over the requests whose first
+    token left its engine core between two readings of /metrics (empty for a server without
+    the histograms, or no such request)."""
     means = {}
     for key, name in CORE_LATENCIES.items():
         count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)

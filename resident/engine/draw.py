@@ -81,10 +81,9 @@ def packed_drawn(num_rows: int, device: torch.device) -> Drawn:
                  packed)
 
 
-def packed_layout(packed_bytes: int) -> tuple[int, int]:
-    """A packed draw's (rows, byte offset of its failures) from its size in bytes."""
-    rows = packed_bytes // 9
-    return rows, 8 * rows
+def packed_failures_at(packed_bytes: int) -> int:
+    """The byte offset of a packed draw's failures, from its size in bytes."""
+    return 8 * (packed_bytes // 9)
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:

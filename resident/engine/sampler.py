@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from resident.backends.base import torch_argmax
-from resident.engine.draw import Drawn, draw, packed_layout, vocab_counters
+from resident.engine.draw import Drawn, draw, packed_failures_at, vocab_counters
 from resident.engine.graphs import StepGraphs
 from resident.engine.sampling_state import (
     HostColumns,
@@ -342,7 +342,7 @@ class TokenReadback:
         self._failed_host = _Prefixes(torch.zeros(max_rows, dtype=torch.bool, pin_memory=cuda))
         self._packed_host = _Prefixes(torch.zeros(9 * max_rows, dtype=torch.uint8,
                                                   pin_memory=cuda))
-        # (packed rows or 0, rows read) -> the host's tokens view and failures as numpy
+        # (a packed draw's bytes or 0, rows read) -> the host's tokens view and failures (numpy)
         self._views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
         self._event = torch.cuda.Event() if cuda else None
         self._stream = torch.cuda.current_stream(device) if cuda else None
@@ -375,7 +375,7 @@ class TokenReadback:
         key = (packed_bytes, count)
         views = self._views.get(key)
         if views is None:
-            rows, failed_at = packed_layout(packed_bytes)
+            failed_at = packed_failures_at(packed_bytes)
             host = self._packed_host.first(packed_bytes)
             views = self._views[key] = (host[:failed_at].view(torch.int64)[:count],
                                         host[failed_at:failed_at + count].numpy().view(bool))
