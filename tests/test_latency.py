@@ -32,6 +32,13 @@ def test_a_value_on_a_bound_falls_in_that_bounds_bucket():
     assert histogram.total == pytest.approx(BOUNDS_S[0] * 2.01 + BOUNDS_S[-1] * 2)
 
 
+def test_a_histogram_has_a_count_for_each_of_its_own_bounds_and_one_above():
+    histogram = Histogram((1.0, 2.0))
+    for value in (0.5, 2.0, 3.0):
+        histogram.observe(value)
+    assert histogram.counts == [1, 1, 1]
+
+
 def _prompts(count: int, length: int = 12) -> list[list[int]]:
     generator = torch.Generator().manual_seed(5)
     return [torch.randint(0, TINY.vocab_size, (length,), generator=generator).tolist()

@@ -38,8 +38,11 @@ class Histogram:
     in its bucket) and their sum."""
 
     bounds: tuple[float, ...] = BOUNDS_S
-    counts: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS_S) + 1))
+    counts: list[int] = field(init=False)  # one a bound, then one above them all
     total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
@@ -56,7 +59,10 @@ class RequestLatency:
     def __init__(self) -> None:
         self.histograms = {name: Histogram() for name in LATENCIES}
 
-    def first_token(self, arrived_s: float, admitted_s: float, now: float) -> None:
+    def first_token(self, arrived_s: float, admitted_s: float | None, now: float) -> None:
+        """admitted_s None (a request the scheduler never stamped) counts no queue time: a
+        metric never fails a step."""
+        admitted_s = arrived_s if admitted_s is None else admitted_s
         self.histograms["queue"].observe(admitted_s - arrived_s)
         self.histograms["prefill"].observe(now - admitted_s)
         self.histograms["ttft"].observe(now - arrived_s)
