@@ -191,6 +191,9 @@ for row in data["comparison"]:
     if "TTFT" in row["what"] or "step" in row["what"]:
         print(row)'
 
+# greedy, then issue 36's sampled load: name, temperature, top_p
+DRAWS=("greedy 0 1" "sampled 0.7 0.9")
+
 SOAK_ARGS=(--model qwen3.5-0.8b --device cuda --duration "${SOAK_S:-600}" --concurrency 64
            --format json)
 
@@ -242,7 +245,7 @@ for part in "$@"; do
         --burst 64 --json "$OUT/bench.json" ;;
     bench-sampled)
       mkdir -p "$OUT/bench-sampled"
-      for draw in "greedy 0 1" "sampled 0.7 0.9"; do
+      for draw in "${DRAWS[@]}"; do
         read -r name temperature top_p <<<"$draw"
         run "bench-$name" 300 python3 -m resident.tools.bench qwen3.5-0.8b --concurrency 64 \
           --burst 0 --temperature "$temperature" --top-p "$top_p" \
@@ -278,7 +281,7 @@ for part in "$@"; do
       tar czf "$OUT/api-spy.tgz" -C "$OUT" api-spy && rm -rf "$OUT/api-spy" ;;
     core-spy)
       mkdir -p "$OUT/core-spy"
-      for draw in "greedy 0 1" "sampled 0.7 0.9"; do
+      for draw in "${DRAWS[@]}"; do
         read -r name temperature top_p <<<"$draw"
         PATH=$PWD/.whl/bin:$PATH run "core-spy-$name" 200 python3 -m gate.tools.api_profile \
           --model qwen3.5-0.8b --device cuda --concurrency 64 --requests 256 --output-len 256 \
