@@ -39,6 +39,31 @@ def counts(text: str) -> list[int]:
     return values
 
 
+def _in_range(name: str, test: Callable[[float], bool],
+              expected: str) -> Callable[[str], float]:
+    """A float option checked as SamplingParams checks `name`, whose name its error gives."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"{name} must be {expected}, got {value}")
+        return value
+    return parse
+
+
+def add_draw(parser: argparse.ArgumentParser) -> None:
+    """--temperature and --top-p: how every request draws, in SamplingParams' ranges."""
+    parser.add_argument("--temperature", default=0.0,
+                        type=_in_range("temperature", lambda t: 0 <= t < float("inf"),
+                                        ">= 0 and finite"),
+                        help="every request's temperature (0: greedy)")
+    parser.add_argument("--top-p", default=1.0,
+                        type=_in_range("top_p", lambda p: 0 < p <= 1, "in (0, 1]"),
+                        help="every request's top_p")
+
+
 def add_format(parser: argparse.ArgumentParser) -> None:
     """--format: table (rich, on stdout) or json (resident.render)."""
     parser.add_argument("--format", choices=[f.value for f in OutputFormat], default="table")

@@ -31,7 +31,8 @@ def test_the_synthetic_decode_streams_every_token(capsys):
 @pytest.mark.parametrize("args, named", [
     (["--step-ms", "1"], "--step-ms"), (["--synthetic-decode", "--step-ms", "-1"], "--step-ms"),
     (["--prompt-len", "0"], "--prompt-len"), (["--native"], "go with --py-spy"),
-    (["--spy", "core"], "go with --py-spy"), (["--spy", "gpu"], "--spy")])
+    (["--spy", "core"], "go with --py-spy"), (["--spy", "gpu"], "--spy"),
+    (["--temperature", "-1"], "--temperature"), (["--top-p", "0"], "--top-p")])
 def test_bad_options_are_refused_naming_them(args, named, capsys):
     with pytest.raises(SystemExit):
         api_profile.main(args)

@@ -50,7 +50,7 @@ import aiohttp
 from gate.run.load import LoadSpec, run_load, warm_up
 from gate.run.server import free_port
 from resident.render import OutputFormat, render
-from resident.tool_args import add_format, count
+from resident.tool_args import add_draw, add_format, count
 
 STARTUP_TIMEOUT_S = 900.0  # a CUDA server compiles and captures its graphs first
 PROMPT_LEN = 16
@@ -175,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --py-spy: C frames too (stops the process for each sample)")
     parser.add_argument("--spy", choices=("api", "core"), default="api",
                         help="with --py-spy: the process sampled (core: the engine core)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="every request's temperature (0: greedy)")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    add_draw(parser)
     parser.add_argument("--top", type=count, default=25)
     parser.add_argument("--set", dest="knobs", action="append", default=[],
                         help="an engine knob for the server, knob=value")

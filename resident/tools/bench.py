@@ -57,7 +57,7 @@ from resident.heap import freeze_heap
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.profiling.summary import union_us
-from resident.tool_args import counts
+from resident.tool_args import add_draw, counts
 from resident.tools.bench_io import require_cuda, write_json
 from resident.tools.compiled_kernels import compiled_kernels
 
@@ -260,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="the decode rows' temperature (0: greedy)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="the decode rows' top_p")
+    add_draw(parser)
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="leave the startup heap to the garbage collector (the engine core "
                              "freezes it), to measure what the freeze saves")

@@ -38,7 +38,7 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.heap import freeze_heap
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
-from resident.tool_args import add_format, count, counts
+from resident.tool_args import add_draw, add_format, count, counts
 from resident.tools.bench import GREEDY, Draw
 
 WARM_STEPS = 5
@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=counts, default="1,16,64,256")
     parser.add_argument("--steps", type=count, default=1000)
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="every request's temperature (0: greedy)")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    add_draw(parser)
     parser.add_argument("--phases", action="store_true",
                         help="phase timing on: each arm's sampler, plan and main parts too")
     add_format(parser)
