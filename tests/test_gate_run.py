@@ -408,7 +408,7 @@ def test_a_killed_gate_mid_run_leaves_no_client_process_behind(tmp_path):
     assert not servers_left(run, grace_s=30)
 
 
-_CHILD = ("import sys, time; from gate.run.server import end_with_parent; "
+_CHILD = ("import sys, time; from resident.lifecycle import end_with_parent; "
           "end_with_parent(int(sys.argv[1]), 9); print('ready', flush=True); time.sleep(60)")
 _PARENT = ("import os, subprocess, sys, time; "
            "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())]); "

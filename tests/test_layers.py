@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer or any below
 LAYERS = [
     ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
-     "resident.cli_flags", "resident.heap", "resident.tool_args"),
+     "resident.cli_flags", "resident.heap", "resident.tool_args", "resident.lifecycle"),
     ("resident.model", "resident.resources", "resident.parallel"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),
@@ -24,7 +24,8 @@ LAYERS = [
     ("resident.tools", "resident.cli", "resident.__main__"),
 ]
 GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance",
-                   "resident.cli_flags", "resident.render", "resident.tool_args")
+                   "resident.cli_flags", "resident.render", "resident.tool_args",
+                   "resident.lifecycle")
 
 
 def _layer(module: str) -> int:

@@ -44,8 +44,8 @@ except ImportError:  # a host without it (the H200's, unless .whl/ carries the w
         return json.dumps(obj).encode()
 
 from gate.metrics import LATENCIES, ServeMetrics, latency_fields
-from gate.run.server import end_with_parent
 from gate.run.sse_client import SseClient
+from resident.lifecycle import end_with_parent
 
 
 @dataclass(frozen=True)

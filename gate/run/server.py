@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import shlex
@@ -26,6 +25,7 @@ import aiohttp
 
 from gate.run.arms import Arm
 from gate.run.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
+from resident.lifecycle import end_with_parent
 
 HOST = "127.0.0.1"
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -175,15 +175,6 @@ class Server:
         """The API process exits on SIGTERM; make sure nothing of its group lingers."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
-
-
-def end_with_parent(parent_pid: int, sig: int) -> None:
-    """This process gets `sig` when its parent dies (prctl PR_SET_PDEATHSIG, Linux), and exits
-    at once if the parent (`parent_pid`) is already gone."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:
-        os._exit(1)
 
 
 def tensor_parallel_ranks(arm: Arm) -> int:

@@ -106,14 +106,14 @@ def run_api_process(options: ServeOptions, api_index: int, ipc_dir: Path, core_p
                     limits: ConnectionLimits) -> None:
     """Process entry point of API process `api_index` (>= 1)."""
     from resident.config import parse_cpu_list
+    from resident.lifecycle import die_with_spawner
     from resident.server.connections import bind
-    from resident.server.core import die_with_parent
     from resident.server.serve import SiblingCore, quiet_parse_errors, serve_api
 
     logging.basicConfig(level=options.log_level,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_parse_errors()
-    die_with_parent()
+    die_with_spawner()
     api_cpus = parse_cpu_list(options.engine_config.api_core, "api_core")
     if api_cpus:  # the API processes share api_core's CPUs
         os.sched_setaffinity(0, api_cpus)

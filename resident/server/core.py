@@ -17,11 +17,8 @@ alone, engine.py `_emit`): the core logs its traceback, sends Fatal with its one
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,6 +28,7 @@ import zmq
 from resident.config import EngineConfig, parse_cpu_list
 from resident.engine.startup import StartupTimes
 from resident.engine.types import FINISH_ERROR, RequestOutput
+from resident.lifecycle import die_with_spawner
 from resident.model.config import ModelConfig
 from resident.server.profile_window import ProfileWindows, profile_dir
 from resident.server.protocol import (
@@ -61,8 +59,7 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
     (cpu or cuda) by the CLI; one request and one output address per API process, in its
     api_index order."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    parent = os.getppid()
-    die_with_parent()
+    parent = die_with_spawner()
     context = zmq.Context()
     requests = context.socket(zmq.PULL)  # fair-queued over every API process
     for addr in request_addrs:
@@ -294,9 +291,3 @@ def _answer(engine, section: str) -> dict:
     return report
 
 
-def die_with_parent() -> None:
-    """Asks Linux to SIGTERM this process when its parent dies (prctl PR_SET_PDEATHSIG): a core
-    whose server was SIGKILLed must not keep the device while it builds or steps (the loop also
-    checks its parent; this covers the time outside it). A no-op elsewhere."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG

@@ -192,11 +192,12 @@ def _join_watching(processes: list[subprocess.Popen], ranks: int, port: int,
 def run_follower(args: RankArgs) -> None:
     """A follower rank: joins the group, builds its engine, then applies beats until stop."""
     from resident.engine.startup import StartupTimes
-    from resident.server.core import build_core_engine, die_with_parent
+    from resident.lifecycle import die_with_spawner
+    from resident.server.core import build_core_engine
 
     logging.basicConfig(level=args.log_level,
                         format=f"%(asctime)s rank{args.rank} %(name)s %(levelname)s %(message)s")
-    die_with_parent()
+    die_with_spawner()
     group = init_group(args.rank, args.config.tensor_parallel, args.port, args.device)
     engine = build_core_engine(args.model_config, args.config, args.device, StartupTimes(),
                                group)
