@@ -281,13 +281,15 @@ def test_interleaved_rounds_alternate_the_arms_run_by_run(tmp_path):
     the rounds judged slot by slot. A capped arm (one sequence at c=4) is `slower`: the A/A
     arm's rounds join the noise estimate, so two rounds give the t rule two degrees of freedom
     (one alone would need the two rounds' deltas within a few percent of each other, which a
-    shared 2-core host does not give)."""
+    shared 2-core host does not give). Runs of 8 requests of 16 tokens, not SHORT's 4 of 8:
+    under CI's load SHORT's runs were tens of ms, the A/A arm's rounds read -17% and +22%, and
+    with them in the noise estimate the capped arm's -55% was left `too few rounds`."""
     out = tmp_path / "interleaved"
     result = invoke("run", "--arm", "main=.", "--arm", "capped=.", "--aa",
                     "--set", "capped.max_num_seqs=1", "--interleave", "--parallel-start",
                     "--concurrency", "1,4",
                     "--rounds", "2", "--runs", "3", "--out", str(out), "--format", "json",
-                    *SHORT)
+                    *SHORT, "--requests", "8", "--output-len", "16")
     assert result.exit_code == 0, result.output
     manifest = Manifest.read(out).to_dict()
     assert manifest["interleave"] and manifest["parallel_start"]
