@@ -48,6 +48,7 @@ from resident.server.jsonenc import FAST_LOADS, dumps, loads
 from resident.server.pushed import PushedStream
 from resident.server.responses import ChatFormat, TextFormat
 from resident.server.state import STATE, ApiState, ready_client
+from resident.server.token_event import TokenEvent
 from resident.server.tokenizer import Tokenizer
 from resident.server.validation import (
     ApiError,
@@ -261,6 +262,9 @@ class _Completion:
             for i in range(parsed.n)]
         # every stream event is this envelope around one chunk: its bytes made once
         self._event_head = b"data: " + dumps(self._envelope([], True))[:-len(b"]}")]
+        # a single choice's plain tokens' events, from a template (token_event.py)
+        self._token_event = TokenEvent.of(self.format.chunks, self._event, 0) \
+            if parsed.stream and parsed.n == 1 and parsed.params.logprobs is None else None
 
     def _envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         return {"id": self.id, "object": self.format.chunk_object if chunk else self.format.object,
@@ -395,6 +399,10 @@ class _Completion:
 
     def _events(self, choice: Choice, outputs: list[RequestOutput]) -> bytes:
         """The SSE events for some outputs of one choice, one write."""
+        if self._token_event is not None and len(outputs) == 1:
+            text = choice.take_token(outputs[0])
+            if text is not None:
+                return self._token_event.render(text, outputs[0].new_token_ids[0])
         events = []
         for output in outputs:
             for piece in choice.take(output):

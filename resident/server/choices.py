@@ -73,14 +73,21 @@ class Choice:
             pieces.append(self._piece([], (), True, output))
         return pieces
 
+    def take_token(self, output: RequestOutput) -> str | None:
+        """`take` for a plain output of a streamed choice without stop strings (one token,
+        not the last, no logprobs): the text its token adds, without a Piece. None, having
+        taken nothing, for any other output or choice."""
+        if self.stop is not None or not self.incremental or self.done or output.finished \
+                or output.logprobs is not None or len(output.new_token_ids) != 1:
+            return None
+        if output.num_cached_tokens > self.num_cached_tokens:
+            self.num_cached_tokens = output.num_cached_tokens
+        return self._add(self._decode(output.new_token_ids, False))
+
     def _piece(self, tokens: list[int], logprobs: tuple[TokenLogprobs, ...], last: bool,
                output: RequestOutput) -> Piece:
-        previous = len(self.token_ids)
-        self.token_ids.extend(tokens)
         self.logprobs.extend(logprobs)
-        text = ""
-        if self.incremental:
-            text = self.tokenizer.decode_delta(self.token_ids, previous, final=last)
+        text = self._decode(tokens, last)
         if last:
             self.final = output
         if self.stop is not None:
@@ -88,12 +95,24 @@ class Choice:
             if found:
                 self.final = RequestOutput(output.request_id, [], True, FINISH_STOP)
         offset = self.text_length
-        self.text_length += len(text)
-        if self.incremental:
-            self.texts.append(text)
+        self._add(text)
         final = self.final
         return Piece(self.index, tokens, logprobs, text, offset,
                      final.finish_reason if final else None, final.error if final else None)
+
+    def _decode(self, tokens: list[int], last: bool) -> str:
+        """Appends `tokens`; the text they add (incremental; else "")."""
+        previous = len(self.token_ids)
+        self.token_ids.extend(tokens)
+        if not self.incremental:
+            return ""
+        return self.tokenizer.decode_delta(self.token_ids, previous, final=last)
+
+    def _add(self, text: str) -> str:
+        self.text_length += len(text)
+        if self.incremental:
+            self.texts.append(text)
+        return text
 
     def text(self) -> str:
         """The choice's whole text (once it is done)."""
