@@ -212,7 +212,7 @@ def test_what_the_core_sends_unpickles_without_torch_or_numpy():
     engine.add_request(EngineRequest("a", [3, 1, 4, 1, 5], SamplingParams(max_tokens=3)))
     while engine.has_work():
         outputs.extend(engine.step())
-    messages = [Ready(engine.info()), StepOutputs(outputs)]
+    messages = [Ready(engine.info()), StepOutputs.of(outputs)]
     messages += [StatsReply(0, _answer(engine, section)) for section in ("stats", "phases")]
     code = ("import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")

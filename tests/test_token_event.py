@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resident.engine.types import RequestOutput, TokenLogprobs
+from resident.engine.types import RequestOutput, TokenLogprobs, is_plain
 from resident.server.api import _Completion
 from resident.server.chat import parse_chat_request
 from resident.server.chat_template import load_chat_template
@@ -67,18 +67,23 @@ def test_a_template_event_is_the_general_paths_bytes(chat, tokens):
     assert made.text() == BYTES.decode(tokens)
 
 
-def test_the_template_takes_plain_outputs_only():
-    fast = _completion(False)
-    choice = fast.choices[0]
+def test_only_plain_outputs_take_the_token_path():
+    """is_plain: one token, not the last, no error or logprobs (a cached count is allowed);
+    take_token: a streamed choice without stop strings that is not done."""
     logprobs = (TokenLogprobs(-0.5, ()),)
-    for output in (RequestOutput(fast.id, [97, 98]),  # two tokens
-                   RequestOutput(fast.id, [97], finished=True, finish_reason="length"),
-                   RequestOutput(fast.id, [97], logprobs=logprobs)):
-        assert choice.take_token(output) is None and choice.token_ids == []
+    assert is_plain(RequestOutput("a", [97], num_cached_tokens=64))
+    for output in (RequestOutput("a", [97, 98]), RequestOutput("a", []),
+                   RequestOutput("a", [97], finished=True, finish_reason="length"),
+                   RequestOutput("a", [97], error="boom"), RequestOutput("a", [97], rejected=True),
+                   RequestOutput("a", [97], logprobs=logprobs)):
+        assert not is_plain(output), output
     stopped = _completion(False, stop=["x"]).choices[0]
-    assert stopped.take_token(RequestOutput(fast.id, [97])) is None
-    assert choice.take_token(RequestOutput(fast.id, [97], num_cached_tokens=5)) == "a"
+    assert stopped.take_token(97, 0) is None and stopped.token_ids == []
+    choice = _completion(False).choices[0]
+    assert choice.take_token(97, 5) == "a"
     assert choice.num_cached_tokens == 5 and choice.token_ids == [97]
+    choice.take(RequestOutput("a", [98], finished=True, finish_reason="length"))
+    assert choice.done and choice.take_token(99, 0) is None and choice.token_ids == [97, 98]
 
 
 def test_requests_the_template_cannot_stand_for_have_none():

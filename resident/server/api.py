@@ -37,7 +37,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from resident.config import EngineConfig
-from resident.engine.types import FINISH_ABORT, EngineRequest, RequestOutput, SamplingParams
+from resident.engine.types import (
+    FINISH_ABORT,
+    EngineRequest,
+    RequestOutput,
+    SamplingParams,
+    is_plain,
+)
 from resident.server.chat import parse_chat_request
 from resident.server.chat_template import ChatTemplate, load_chat_template
 from resident.server.choices import Choice
@@ -336,7 +342,9 @@ class _Completion:
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         if len(self.choices) == 1:  # the common case: the router writes its events (pushed.py)
             choice = self.choices[0]
-            pushed = PushedStream(functools.partial(self._events, choice), lambda: choice.done)
+            pushed = PushedStream(functools.partial(self._events, choice),
+                                  functools.partial(self._token_events, choice),
+                                  lambda: choice.done)
             async with self.state.client.pushed(choice.request, pushed):
                 first = await pushed.first()
                 return await self._stream(request, deadline, choice, first, pushed)
@@ -397,12 +405,21 @@ class _Completion:
                     f"{len(choice.token_ids)} tokens")])
                 for choice in self.choices if not choice.done))
 
+    def _token_events(self, choice: Choice, token: int, num_cached_tokens: int) -> bytes | None:
+        """The SSE event of a plain output (types.is_plain) of `token`, from the template; None,
+        having taken nothing, where `_events` must render it."""
+        if self._token_event is None:
+            return None
+        text = choice.take_token(token, num_cached_tokens)
+        return None if text is None else self._token_event.render(text, token)
+
     def _events(self, choice: Choice, outputs: list[RequestOutput]) -> bytes:
         """The SSE events for some outputs of one choice, one write."""
-        if self._token_event is not None and len(outputs) == 1:
-            text = choice.take_token(outputs[0])
-            if text is not None:
-                return self._token_event.render(text, outputs[0].new_token_ids[0])
+        if len(outputs) == 1 and is_plain(outputs[0]):
+            output = outputs[0]
+            event = self._token_events(choice, output.new_token_ids[0], output.num_cached_tokens)
+            if event is not None:
+                return event
         events = []
         for output in outputs:
             for piece in choice.take(output):

@@ -73,16 +73,15 @@ class Choice:
             pieces.append(self._piece([], (), True, output))
         return pieces
 
-    def take_token(self, output: RequestOutput) -> str | None:
-        """`take` for a plain output of a streamed choice without stop strings (one token,
-        not the last, no logprobs): the text its token adds, without a Piece. None, having
-        taken nothing, for any other output or choice."""
-        if self.stop is not None or not self.incremental or self.done or output.finished \
-                or output.logprobs is not None or len(output.new_token_ids) != 1:
+    def take_token(self, token: int, num_cached_tokens: int) -> str | None:
+        """`take` of a plain output (types.is_plain) given as its parts, for a streamed choice
+        without stop strings: the text the token adds, without a Piece. None, having taken
+        nothing, for any other choice."""
+        if self.stop is not None or not self.incremental or self.done:
             return None
-        if output.num_cached_tokens > self.num_cached_tokens:
-            self.num_cached_tokens = output.num_cached_tokens
-        return self._add(self._decode(output.new_token_ids, False))
+        if num_cached_tokens > self.num_cached_tokens:
+            self.num_cached_tokens = num_cached_tokens
+        return self._add(self._decode([token], False))
 
     def _piece(self, tokens: list[int], logprobs: tuple[TokenLogprobs, ...], last: bool,
                output: RequestOutput) -> Piece:

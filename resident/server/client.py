@@ -45,9 +45,19 @@ class EngineUnavailable(RuntimeError):
 
 
 class _Stream(Protocol):
-    """Where the router puts one request's outputs: an asyncio.Queue, or a `Pushed`."""
+    """Where the router puts one request's outputs: an `_Outputs` queue, or a `Pushed`.
+    `put_token` takes a plain output (types.is_plain) as its parts."""
 
     def put_nowait(self, output: RequestOutput) -> None: ...
+
+    def put_token(self, request_id: str, token: int, num_cached_tokens: int) -> None: ...
+
+
+class _Outputs(asyncio.Queue):
+    """A request's outputs for `generate` to yield."""
+
+    def put_token(self, request_id: str, token: int, num_cached_tokens: int) -> None:
+        self.put_nowait(RequestOutput(request_id, [token], num_cached_tokens=num_cached_tokens))
 
 
 class Pushed(_Stream, Protocol):
@@ -111,7 +121,7 @@ class EngineClient:
         output that arrived since the consumer last asked (one while it keeps up; more once it
         falls behind, so a stream writes them at once, as vLLM's output collector merges them).
         Leaving the loop early (a client that went away) aborts the request in the core."""
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        queue: _Outputs[RequestOutput] = _Outputs()
         finished = False
         async with self._submitted(request, queue, lambda: finished):
             while not finished:
@@ -238,10 +248,16 @@ class EngineClient:
         """One core message to whoever waits for it; False once the core has failed."""
         self.last_heard = time.monotonic()
         if isinstance(message, StepOutputs):
-            for output in message.outputs:
-                queue = self._streams.get(output.request_id)
-                if queue is not None:
-                    queue.put_nowait(output)
+            streams = self._streams
+            for request_id, token, cached in zip(message.request_ids, message.tokens,
+                                                 message.num_cached_tokens, strict=True):
+                stream = streams.get(request_id)
+                if stream is not None:
+                    stream.put_token(request_id, token, cached)
+            for output in message.others:
+                stream = streams.get(output.request_id)
+                if stream is not None:
+                    stream.put_nowait(output)
         elif isinstance(message, StatsReply):
             waiter = self._stats_waiters.get(message.nonce)
             if waiter is not None and not waiter.done():

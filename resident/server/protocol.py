@@ -12,10 +12,11 @@ the API processes never touch torch state.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from resident.engine.types import EngineRequest, RequestOutput
+from resident.engine.types import EngineRequest, RequestOutput, is_plain
 
 IPC_PREFIX = "resident-ipc-"  # a server's IPC directories under the temp dir
 PID_FILE = "serve.pid"  # in each: the server's pid (stale ones are removed: serve.py)
@@ -74,9 +75,40 @@ class Shutdown:
 # -- core -> API ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepOutputs:
-    outputs: list[RequestOutput]
+    """A step's outputs for one API process. The plain ones (`is_plain`: one token, nothing
+    else but the prompt's cached count; nearly every output of a decode step) travel as three
+    columns, the others whole. A RequestOutput pickles through its Python `__reduce__`, a call
+    a row (74 µs for 64 rows on the VM); the columns pickle in C, and the API routes a plain
+    token without building a RequestOutput (client.py)."""
+
+    request_ids: list[str]
+    tokens: list[int]
+    num_cached_tokens: list[int]
+    others: list[RequestOutput]
+
+    @classmethod
+    def of(cls, outputs: Iterable[RequestOutput]) -> StepOutputs:
+        step = cls([], [], [], [])
+        for output in outputs:
+            step.add(output)
+        return step
+
+    def add(self, output: RequestOutput) -> None:
+        if is_plain(output):
+            self.request_ids.append(output.request_id)
+            self.tokens.append(output.new_token_ids[0])
+            self.num_cached_tokens.append(output.num_cached_tokens)
+        else:
+            self.others.append(output)
+
+    def outputs(self) -> list[RequestOutput]:
+        """Every output as a RequestOutput: the plain ones, then the others."""
+        plain = [RequestOutput(request_id, [token], num_cached_tokens=cached)
+                 for request_id, token, cached in zip(self.request_ids, self.tokens,
+                                                       self.num_cached_tokens, strict=True)]
+        return plain + self.others
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,14 @@ from resident.engine.types import RequestOutput
 
 class PushedStream:
     """One choice's outputs (client.Pushed): held until `start`, then written as
-    `events(outputs)` renders them, until `is_done()`."""
+    `events(outputs)` renders them, until `is_done()`; a plain output's event as
+    `token_event(token, num_cached_tokens)` renders it (None: as `events` does)."""
 
     def __init__(self, events: Callable[[list[RequestOutput]], bytes],
+                 token_event: Callable[[int, int], bytes | None],
                  is_done: Callable[[], bool]) -> None:
         loop = asyncio.get_running_loop()
-        self._events, self._is_done = events, is_done
+        self._events, self._token_event, self._is_done = events, token_event, is_done
         self._held: list[RequestOutput] = []
         self._arrived = loop.create_future()
         self._ended = loop.create_future()
@@ -52,6 +54,22 @@ class PushedStream:
                 self._arrived.set_result(None)
         else:
             self._write([output])
+
+    def put_token(self, request_id: str, token: int, num_cached_tokens: int) -> None:
+        """`put_nowait` of a plain output (types.is_plain), given as its parts: written
+        without building it where the stream is writing and its token event renders it."""
+        data = None
+        if self._transport is not None and not self._ended.done():
+            try:
+                data = self._token_event(token, num_cached_tokens)
+            except Exception as error:  # noqa: BLE001 - raised in the handler, not the router
+                self._ended.set_exception(error)
+                return
+        if data is None:
+            self.put_nowait(RequestOutput(request_id, [token],
+                                          num_cached_tokens=num_cached_tokens))
+        else:
+            self._send(data)
 
     async def first(self) -> list[RequestOutput]:
         """The outputs that arrived before the response started (at least one)."""
@@ -85,6 +103,15 @@ class PushedStream:
             return
         try:
             data = self._events(outputs)
+        except Exception as error:  # noqa: BLE001 - raised in the handler, not the router
+            self._ended.set_exception(error)
+            return
+        if self._send(data) and self._is_done():
+            self._end()
+
+    def _send(self, data: bytes) -> bool:
+        """Writes `data`, framed; False where it could not (the stream then ends with why)."""
+        try:
             if self._transport is None or self._transport.is_closing():
                 raise ConnectionResetError("the client went away")
             if data:
@@ -92,9 +119,8 @@ class PushedStream:
                                       else data)
         except Exception as error:  # noqa: BLE001 - raised in the handler, not the router
             self._ended.set_exception(error)
-            return
-        if self._is_done():
-            self._end()
+            return False
+        return True
 
     def _end(self) -> None:
         if not self._ended.done():

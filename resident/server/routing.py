@@ -53,14 +53,18 @@ class OutputRouter:
 
     def send_outputs(self, outputs: list[RequestOutput]) -> None:
         """A step's outputs: one StepOutputs to each process that owns any of them."""
-        by_owner: dict[int, list[RequestOutput]] = {}
+        by_owner: dict[int, StepOutputs] = {}
         for output in outputs:
             owner = (self._owners.pop(output.request_id, None) if output.finished
                      else self._owners.get(output.request_id))
-            if owner is not None:  # None: its process is gone
-                by_owner.setdefault(owner, []).append(output)
+            if owner is None:  # its process is gone
+                continue
+            owned = by_owner.get(owner)
+            if owned is None:
+                owned = by_owner[owner] = StepOutputs.of(())
+            owned.add(output)
         for api_index, owned in by_owner.items():
-            self.send(api_index, StepOutputs(owned))
+            self.send(api_index, owned)
 
     def heartbeat(self) -> None:
         """A Heartbeat to each live process that has heard nothing for heartbeat_s."""
