@@ -153,6 +153,11 @@ class EngineConfig:
     # a connection's kernel send buffer (SO_SNDBUF) and the API's own buffer above it: small, so
     # a client that stops reading fills them within seconds and send_stall_s can see it
     send_buffer_kib: int = 64
+    # a stream's tokens after its first leave the engine core this many at a time (its first
+    # and last at once), vLLM's and SGLang's stream_interval: each write to a client and each
+    # wake-up it causes is a system call whatever it carries, so the API's CPU a token falls as
+    # this rises, and tokens arrive in groups (results/2026-12-05-cpu-token-event)
+    stream_interval: int = 1
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
     # ranks the model is split over (Megatron-style, docs/parallel.md): one engine-core process
     # a rank, each on its own device (rank r on CUDA device r of the visible ones); must divide
@@ -165,7 +170,8 @@ class EngineConfig:
                 raise ValueError(f"knob {knob}: {getattr(self, knob)!r} is not one of "
                                  f"{', '.join(choices)}")
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
-                     "send_buffer_kib", "prefix_snapshot_interval", "tensor_parallel"):
+                     "send_buffer_kib", "prefix_snapshot_interval", "tensor_parallel",
+                     "stream_interval"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",

@@ -52,15 +52,22 @@ TOKENS = st.lists(st.sampled_from([*b'a"\\\n\x00 ', *"é€😀".encode(), 0xFF,
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 @settings(max_examples=60, deadline=None)
-@given(tokens=TOKENS)
-def test_a_template_event_is_the_general_paths_bytes(chat, tokens):
+@given(tokens=TOKENS, data=st.data())
+def test_a_template_event_is_the_general_paths_bytes(chat, tokens, data):
+    """Outputs of one token, as the engine gives them, or of several (stream_interval), and
+    writes of one output or several (a stream that fell behind)."""
     fast, general = _pair(chat)
-    for i, token in enumerate(tokens):
-        last = i == len(tokens) - 1
-        output = RequestOutput(fast.id, [token], finished=last,
-                               finish_reason="length" if last else None)
-        assert fast._events(fast.choices[0], [output]) \
-            == general._events(general.choices[0], [output])
+    outputs, start = [], 0
+    while start < len(tokens):
+        end = min(len(tokens), start + data.draw(st.integers(1, 4)))
+        last = end == len(tokens)
+        outputs.append(RequestOutput(fast.id, tokens[start:end], finished=last,
+                                     finish_reason="length" if last else None))
+        start = end
+    while outputs:
+        size = data.draw(st.integers(1, 3))
+        batch, outputs = outputs[:size], outputs[size:]
+        assert fast._events(fast.choices[0], batch) == general._events(general.choices[0], batch)
     made, expected = fast.choices[0], general.choices[0]
     assert (made.token_ids, made.texts, made.text_length, made.final) \
         == (expected.token_ids, expected.texts, expected.text_length, expected.final)
@@ -68,22 +75,23 @@ def test_a_template_event_is_the_general_paths_bytes(chat, tokens):
 
 
 def test_only_plain_outputs_take_the_token_path():
-    """is_plain: one token, not the last, no error or logprobs (a cached count is allowed);
-    take_token: a streamed choice without stop strings that is not done."""
+    """is_plain: tokens, not the last, no error or logprobs (a cached count is allowed);
+    takes_tokens: a streamed choice without stop strings that is not done."""
     logprobs = (TokenLogprobs(-0.5, ()),)
-    assert is_plain(RequestOutput("a", [97], num_cached_tokens=64))
-    for output in (RequestOutput("a", [97, 98]), RequestOutput("a", []),
+    for output in (RequestOutput("a", [97], num_cached_tokens=64), RequestOutput("a", [97, 98])):
+        assert is_plain(output), output
+    for output in (RequestOutput("a", []),
                    RequestOutput("a", [97], finished=True, finish_reason="length"),
                    RequestOutput("a", [97], error="boom"), RequestOutput("a", [97], rejected=True),
                    RequestOutput("a", [97], logprobs=logprobs)):
         assert not is_plain(output), output
-    stopped = _completion(False, stop=["x"]).choices[0]
-    assert stopped.take_token(97, 0) is None and stopped.token_ids == []
+    assert not _completion(False, stop=["x"]).choices[0].takes_tokens
+    assert not _completion(False, stream=False).choices[0].takes_tokens
     choice = _completion(False).choices[0]
-    assert choice.take_token(97, 5) == "a"
+    assert choice.takes_tokens and choice.take_token(97, 5) == "a"
     assert choice.num_cached_tokens == 5 and choice.token_ids == [97]
     choice.take(RequestOutput("a", [98], finished=True, finish_reason="length"))
-    assert choice.done and choice.take_token(99, 0) is None and choice.token_ids == [97, 98]
+    assert choice.done and not choice.takes_tokens
 
 
 def test_requests_the_template_cannot_stand_for_have_none():

@@ -93,7 +93,7 @@ _PLAIN_FIELDS = (False, None, None, False)  # finished, finish_reason, error, re
 
 
 def is_plain(output: RequestOutput) -> bool:
-    """One token and nothing else (but the prompt's cached count): not the last, no error, no
-    logprobs. A stream renders it from a template (server/token_event.py)."""
-    return len(output.new_token_ids) == 1 and output[2:6] == _PLAIN_FIELDS \
+    """Tokens and nothing else (but the prompt's cached count): not the last, no error, no
+    logprobs. A stream renders each of its tokens from a template (server/token_event.py)."""
+    return bool(output.new_token_ids) and output[2:6] == _PLAIN_FIELDS \
         and output.logprobs is None

@@ -408,18 +408,18 @@ class _Completion:
     def _token_events(self, choice: Choice, token: int, num_cached_tokens: int) -> bytes | None:
         """The SSE event of a plain output (types.is_plain) of `token`, from the template; None,
         having taken nothing, where `_events` must render it."""
-        if self._token_event is None:
+        if self._token_event is None or not choice.takes_tokens:
             return None
-        text = choice.take_token(token, num_cached_tokens)
-        return None if text is None else self._token_event.render(text, token)
+        return self._token_event.render(choice.take_token(token, num_cached_tokens), token)
 
     def _events(self, choice: Choice, outputs: list[RequestOutput]) -> bytes:
-        """The SSE events for some outputs of one choice, one write."""
-        if len(outputs) == 1 and is_plain(outputs[0]):
-            output = outputs[0]
-            event = self._token_events(choice, output.new_token_ids[0], output.num_cached_tokens)
-            if event is not None:
-                return event
+        """The SSE events for some outputs of one choice, one write: plain ones' from the
+        template where it serves, one event a token either way."""
+        if self._token_event is not None and choice.takes_tokens \
+                and all(is_plain(output) for output in outputs):
+            render, take = self._token_event.render, choice.take_token
+            return b"".join(render(take(token, output.num_cached_tokens), token)
+                            for output in outputs for token in output.new_token_ids)
         events = []
         for output in outputs:
             for piece in choice.take(output):

@@ -73,12 +73,14 @@ class Choice:
             pieces.append(self._piece([], (), True, output))
         return pieces
 
-    def take_token(self, token: int, num_cached_tokens: int) -> str | None:
-        """`take` of a plain output (types.is_plain) given as its parts, for a streamed choice
-        without stop strings: the text the token adds, without a Piece. None, having taken
-        nothing, for any other choice."""
-        if self.stop is not None or not self.incremental or self.done:
-            return None
+    @property
+    def takes_tokens(self) -> bool:
+        """Whether `take_token` serves: a streamed choice without stop strings, not done."""
+        return self.stop is None and self.incremental and self.final is None
+
+    def take_token(self, token: int, num_cached_tokens: int) -> str:
+        """`take` of a token of a plain output (types.is_plain) where `takes_tokens`: the text
+        it adds, without a Piece."""
         if num_cached_tokens > self.num_cached_tokens:
             self.num_cached_tokens = num_cached_tokens
         return self._add(self._decode([token], False))

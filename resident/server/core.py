@@ -64,7 +64,7 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
     requests = context.socket(zmq.PULL)  # fair-queued over every API process
     for addr in request_addrs:
         requests.connect(addr)
-    outputs = OutputRouter(context, output_addrs, HEARTBEAT_S)
+    outputs = OutputRouter(context, output_addrs, HEARTBEAT_S, config.stream_interval)
     followers: Followers | None = None
     try:
         from resident.server.ranks import start_followers

@@ -77,7 +77,7 @@ class Shutdown:
 
 @dataclass
 class StepOutputs:
-    """A step's outputs for one API process. The plain ones (`is_plain`: one token, nothing
+    """A step's outputs for one API process. The plain ones of one token (`is_plain`: nothing
     else but the prompt's cached count; nearly every output of a decode step) travel as three
     columns, the others whole. A RequestOutput pickles through its Python `__reduce__`, a call
     a row (74 µs for 64 rows on the VM); the columns pickle in C, and the API routes a plain
@@ -96,7 +96,7 @@ class StepOutputs:
         return step
 
     def add(self, output: RequestOutput) -> None:
-        if is_plain(output):
+        if len(output.new_token_ids) == 1 and is_plain(output):
             self.request_ids.append(output.request_id)
             self.tokens.append(output.new_token_ids[0])
             self.num_cached_tokens.append(output.num_cached_tokens)

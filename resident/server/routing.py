@@ -1,6 +1,10 @@
 """The engine core's side of its API processes: one output pipe each, and which process owns
 each request, so a step's outputs go out as one message a process (its streams' outputs only).
 
+With `stream_interval` n > 1 a request's plain outputs (types.is_plain) after its first are
+held back until n tokens are, and go as one output; any other output (its last, an error)
+takes what is held with it; an aborted request's held tokens are dropped with it.
+
 A process that died (ApiGone) gets nothing more and its requests are returned for aborting.
 Every live process hears from the core at least every `heartbeat_s` (serve.py tells a stuck
 core from a quiet one by it).
@@ -13,19 +17,22 @@ from collections.abc import Sequence
 
 import zmq
 
-from resident.engine.types import RequestOutput
+from resident.engine.types import RequestOutput, is_plain
 from resident.server.protocol import Heartbeat, StepOutputs
 
 
 class OutputRouter:
     def __init__(self, context: zmq.Context, output_addrs: Sequence[str],
-                 heartbeat_s: float) -> None:
+                 heartbeat_s: float, stream_interval: int = 1) -> None:
         self._sockets: list[zmq.Socket | None] = []
         for addr in output_addrs:
             socket = context.socket(zmq.PUSH)
             socket.connect(addr)
             self._sockets.append(socket)
         self._owners: dict[str, int] = {}  # request id -> API index
+        self._stream_interval = stream_interval
+        # request id -> its tokens held back (stream_interval), [] once its first output went
+        self._held: dict[str, list[int]] = {}
         self._last_sent = [time.monotonic()] * len(output_addrs)
         self._heartbeat_s = heartbeat_s
 
@@ -39,6 +46,7 @@ class OutputRouter:
     def disown(self, request_id: str) -> None:
         """An aborted request: the engine sends no output for it."""
         self._owners.pop(request_id, None)
+        self._held.pop(request_id, None)
 
     def send(self, api_index: int, message) -> None:
         """`message` to one API process (nothing if it is gone or unknown)."""
@@ -59,12 +67,36 @@ class OutputRouter:
                      else self._owners.get(output.request_id))
             if owner is None:  # its process is gone
                 continue
+            if self._stream_interval > 1:
+                output = self._held_back(output)
+                if output is None:
+                    continue
             owned = by_owner.get(owner)
             if owned is None:
                 owned = by_owner[owner] = StepOutputs.of(())
             owned.add(output)
         for api_index, owned in by_owner.items():
             self.send(api_index, owned)
+
+    def _held_back(self, output: RequestOutput) -> RequestOutput | None:
+        """What of `output` goes now under stream_interval (None: it is held)."""
+        request_id = output.request_id
+        held = self._held.get(request_id)
+        if held is None:  # its first output goes at once
+            if not output.finished:
+                self._held[request_id] = []
+            return output
+        if output.finished or not is_plain(output):  # it takes what is held with it
+            if output.finished:
+                del self._held[request_id]
+            else:
+                self._held[request_id] = []
+            return output._replace(new_token_ids=held + output.new_token_ids) if held else output
+        held.append(output.new_token_ids[0])
+        if len(held) < self._stream_interval:
+            return None
+        self._held[request_id] = []
+        return output._replace(new_token_ids=held)
 
     def heartbeat(self) -> None:
         """A Heartbeat to each live process that has heard nothing for heartbeat_s."""
@@ -82,6 +114,7 @@ class OutputRouter:
         owned = [rid for rid, owner in self._owners.items() if owner == api_index]
         for request_id in owned:
             del self._owners[request_id]
+            self._held.pop(request_id, None)
         return owned
 
     def close(self, linger_ms: int) -> None:
