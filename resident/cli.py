@@ -263,6 +263,8 @@ KNOB_MEANINGS = {
     "keepalive_timeout_s": "seconds a connection may idle after a response before it is closed",
     "send_stall_s": "seconds a client may leave its stream unread before it is dropped",
     "send_buffer_kib": "a connection's kernel send buffer and the API's buffer above it, KiB",
+    "stream_interval": "a stream's tokens after its first leave the engine core this many at "
+                       "a time (its last at once)",
     "profile_dir": "where POST /debug/profile writes traces; empty: <tmp>/resident-profiles",
 }
 _KNOB_TYPES = {"int": "integer", "float": "number", "str": "text",
