@@ -86,13 +86,15 @@ class OutputRouter:
             if not output.finished:
                 self._held[request_id] = []
             return output
-        if output.finished or not is_plain(output):  # it takes what is held with it
+        # it takes what is held with it (a request that asked for logprobs has no plain
+        # output: nothing of it is held, and its tokens and logprobs stay one for one)
+        if output.finished or not is_plain(output):
             if output.finished:
                 del self._held[request_id]
             else:
                 self._held[request_id] = []
             return output._replace(new_token_ids=held + output.new_token_ids) if held else output
-        held.append(output.new_token_ids[0])
+        held.extend(output.new_token_ids)
         if len(held) < self._stream_interval:
             return None
         self._held[request_id] = []
