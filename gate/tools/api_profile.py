@@ -58,8 +58,14 @@ PROMPT_LEN = 16
 
 def cpu_seconds(pid: int) -> float:
     """The process's user + system CPU seconds so far."""
+    return sum(user_system_seconds(pid))
+
+
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU seconds so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def start_server(model: str, device: str, port: int, knobs: list[str], api_processes: int,
@@ -117,10 +123,12 @@ async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1.0)  # py-spy attaches
     before = [cpu_seconds(p) for p in pids]
+    system_before = [user_system_seconds(p)[1] for p in pids]
     core_before = cpu_seconds(core)
     # warmed above: run_load would warm again inside the window, its CPU on measured tokens
     result = await run_load(url, dataclasses.replace(spec, num_warmup=0))
     each_s = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
+    system_s = sum(user_system_seconds(p)[1] for p in pids) - sum(system_before)
     core_s = cpu_seconds(core) - core_before
     api_s = sum(each_s)
     if sampler is not None:
@@ -137,6 +145,9 @@ async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
             "api_cores": round(api_s / metrics.duration, 3),
             "busiest_api_cores": round(max(each_s) / metrics.duration, 3),
             "api_us_per_token": round(api_s / tokens * 1e6, 2),
+            # the kernel's part: mostly each stream's send (on loopback also the client's
+            # receive path and wake-up), which no change in Python removes
+            "api_system_share": round(system_s / api_s, 3) if api_s else 0.0,
             "api_us_per_request": round(api_s / max(metrics.completed, 1) * 1e6, 1),
             "core_cores": round(core_s / metrics.duration, 3),
             "core_us_per_token": round(core_s / tokens * 1e6, 2)}
