@@ -5,6 +5,8 @@ streams every token of every request, and the tool reports the API's and the cor
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -38,3 +40,10 @@ def test_bad_options_are_refused_naming_them(args, named, capsys):
     with pytest.raises(SystemExit):
         api_profile.main(args)
     assert named in capsys.readouterr().err
+
+
+def test_the_synthetic_servers_api_process_imports_no_torch():
+    """The harness's API process is the real one: importing the harness imports no torch."""
+    code = ("import sys, resident.tools.synthetic_core; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -20,8 +20,6 @@ import sys
 import time
 from collections.abc import Callable
 
-import torch
-
 TOKEN_TABLE_ROWS = 4096  # steps of token ids before the table repeats
 
 
@@ -29,6 +27,10 @@ def synthetic_decode(vocab_size: int, max_rows: int, step_ms: float
                      ) -> Callable[[int, int], object]:
     """A forward_decode (engine/runner.py) that computes nothing: [bucket, vocab] zero
     logits and each row's "argmax" from a table of random ids, after `step_ms`."""
+    # here, not at the top: the API process imports this module, and like the real server's
+    # it must not import torch (its heap, its threads, its CPU a token)
+    import torch
+
     from resident.engine.sampler import StepLogits
 
     generator = torch.Generator().manual_seed(0)
