@@ -122,13 +122,13 @@ async def measure(url: str, pids: list[int], core: int, spec: LoadSpec,
                                     "--format", "raw", "--output", str(stacks)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         await asyncio.sleep(1.0)  # py-spy attaches
-    before = [cpu_seconds(p) for p in pids]
-    system_before = [user_system_seconds(p)[1] for p in pids]
+    before = [user_system_seconds(p) for p in pids]
     core_before = cpu_seconds(core)
     # warmed above: run_load would warm again inside the window, its CPU on measured tokens
     result = await run_load(url, dataclasses.replace(spec, num_warmup=0))
-    each_s = [cpu_seconds(p) - b for p, b in zip(pids, before, strict=True)]
-    system_s = sum(user_system_seconds(p)[1] for p in pids) - sum(system_before)
+    after = [user_system_seconds(p) for p in pids]
+    each_s = [sum(a) - sum(b) for a, b in zip(after, before, strict=True)]
+    system_s = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     core_s = cpu_seconds(core) - core_before
     api_s = sum(each_s)
     if sampler is not None:
