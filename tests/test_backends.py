@@ -3,6 +3,9 @@ decode kernels (under the interpreter) to the same greedy tokens as the torch re
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -356,9 +359,6 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
 def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]]) -> str:
     """A bench_gemv --json file for the tiny model's projections: for each shape, per measured
     row count (1 and 4), the tile and (triton_us, cublas_us) given by `picks[shape name]`."""
-    import json
-
-
     rows = []
     for name, (n, k) in TINY.decode_projections.items():
         for num_rows, (tile, triton_us, cublas_us) in zip((1, 4), picks[name], strict=True):
@@ -438,3 +438,34 @@ def test_gemv_table_gives_the_reference_tokens(tmp_path, fused_decode):
         return run_engine(engine, requests, concurrency=3)
 
     assert greedy("triton", gemv_table=path, fused_decode=fused_decode) == greedy("torch")
+
+
+def test_a_gemv_sweep_always_times_the_engines_own_tiles():
+    """A table hands a projection to cuBLAS where the best swept tile lost to it: a sweep of
+    the CUDA-core tiles alone must still time the tiles the engine runs without a table, each
+    once."""
+    from resident.kernels.gemv import DEFAULT_TILE, FMA_MAX_ROWS, WIDE_TILE
+    from resident.tools.bench_gemv import tiles_for
+
+    for kinds, num_rows in (("fma", 1), ("fma", 16), ("dot", 4), ("all", 1)):
+        tiles = tiles_for(kinds, num_rows)
+        assert DEFAULT_TILE in tiles and WIDE_TILE in tiles
+        assert len(set(tiles)) == len(tiles)
+    assert any(tile.fma for tile in tiles_for("fma", FMA_MAX_ROWS))
+    assert not any(tile.fma for tile in tiles_for("fma", FMA_MAX_ROWS + 1))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs" / "gemv")
+                                        .glob("*.json")), ids=lambda path: path.name)
+def test_every_committed_gemv_table_loads_and_names_real_projections(path):
+    """gemv_table=auto reads configs/gemv/<GPU name>.json at start: each committed file loads,
+    and every shape it holds is a decode projection of a shipped model, so none is dead."""
+    from resident.backends.gemv_table import GemvTable
+
+    table = GemvTable.load(str(path))
+    models = (Path(__file__).parent.parent / "configs" / "models").glob("*.yaml")
+    shapes = {shape for model in models
+              for shape in load_model_config(model.stem).decode_projections.values()}
+    measured = {(row["n"], row["k"]) for row in json.loads(path.read_text())}
+    assert measured and measured <= shapes
+    assert all(table.choose(n, k, 1) is not None for n, k in measured)

@@ -283,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = [profile_concurrency(engine, c, args.prompt_len, args.cprofile, draw)
             for c in args.concurrency]
     knobs = {k: engine.config.to_dict()[k] for k in
-             ("attention_backend", "decode_gemm", "cuda_graphs", "compile",
-              "resident_planning", "padded_prefill", "prefill_token_budget", "sampler")}
+             ("attention_backend", "decode_gemm", "gemv_table", "fused_decode", "pdl",
+              "cuda_graphs", "compile", "resident_planning", "padded_prefill",
+              "prefill_token_budget", "sampler")}
     knobs |= {"temperature": draw.temperature, "top_p": draw.top_p}
     print(json.dumps(knobs))
     if burst:

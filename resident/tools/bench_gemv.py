@@ -22,7 +22,13 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from resident.kernels.gemv import FMA_MAX_ROWS, GemvTile, skinny_linear
+from resident.kernels.gemv import (
+    DEFAULT_TILE,
+    FMA_MAX_ROWS,
+    WIDE_TILE,
+    GemvTile,
+    skinny_linear,
+)
 from resident.model.config import load_model_config
 from resident.tool_args import counts
 from resident.tools.bench_attention import graph_time_us
@@ -43,6 +49,9 @@ FMA_TILES = tuple(GemvTile(block_n, block_k, 4, 3, target, fma=True)
                   for (block_n, block_k), target in itertools.product(
                       ((8, 512), (8, 1024), (16, 256), (16, 512)), (264, 528)))
 
+# the narrow projections' tile and the wide ones' under decode_gemm=skinny / wide
+ENGINE_TILES = (DEFAULT_TILE, WIDE_TILE)
+
 
 def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
     """GPU time of one call, each call reading a weight the L2 does not hold."""
@@ -62,10 +71,13 @@ def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) 
 
 
 def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
-    """The tiles `--tiles` (dot, fma or all) sweeps at num_rows rows."""
+    """The tiles `--tiles` (dot, fma or all) sweeps at num_rows rows, always with the tiles the
+    engine runs without a table (ENGINE_TILES): a table picks cuBLAS where the best swept tile
+    lost to it, so a sweep of other tiles alone could hand a projection to cuBLAS where the
+    engine's own tile beats both."""
     dot = DOT_TILES if kinds in ("dot", "all") else ()
     fma = FMA_TILES if kinds in ("fma", "all") and num_rows <= FMA_MAX_ROWS else ()
-    return dot + fma
+    return tuple(dict.fromkeys(ENGINE_TILES + dot + fma))
 
 
 def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str) -> list[dict]:

@@ -118,6 +118,8 @@
 #   gate-prefix-open  configs/gate/h200-0.8b-prefix-open.yaml (gate-prefix's load open loop:
 #             Poisson arrivals at 25 and 45 requests/s, c=16/64 the most in flight), tarred
 #   gate-prefill-buckets  configs/gate/h200-0.8b-prefill-buckets.yaml (padded prefill buckets
+#   gate-gemv-table  configs/gate/h200-0.8b-gemv-table.yaml (the committed gemv table of this
+#             GPU against decode_gemm's rule, c=1 served, interleaved), tarred
 #             a 1.5x ladder apart against powers of two, gate-prefix-open's load), tarred
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
 #             torch's filter, a seeded request alone (eager, host-planned) against among 15
@@ -376,7 +378,8 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open \
+      | gate-prefill-buckets | gate-gemv-table)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
