@@ -370,7 +370,7 @@ def _resolve_argmax(knob: str, device_type: str, dtype: str) -> str:
     the interpreter, and never for float64 logits (the kernel compares in float32)."""
     if knob == "auto":
         return "triton" if device_type == "cuda" else "torch"
-    if knob == "triton" and device_type != "cuda" and not _interpreting():
+    if knob == "triton" and device_type != "cuda" and not triton_interpreting():
         raise ValueError("knob argmax: triton needs a CUDA device (or TRITON_INTERPRET=1 for "
                          "tests)")
     if knob == "triton" and dtype == "float64":
@@ -379,7 +379,7 @@ def _resolve_argmax(knob: str, device_type: str, dtype: str) -> str:
     return knob
 
 
-def _interpreting() -> bool:
+def triton_interpreting() -> bool:
     """Whether Triton kernels run in the interpreter (TRITON_INTERPRET=1): on CPU, for tests."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -390,7 +390,7 @@ def _resolve_graphs(knob: str, backend: str, device_type: str) -> str:
             raise ValueError("knob cuda_graphs: on needs a CUDA device")
         if backend == "flashinfer":
             raise ValueError("knob attention_backend: flashinfer needs a CUDA device")
-        if backend == "triton" and not _interpreting():
+        if backend == "triton" and not triton_interpreting():
             raise ValueError("knob attention_backend: triton needs a CUDA device (or "
                              "TRITON_INTERPRET=1 for tests)")
         return "off"

@@ -219,6 +219,27 @@ def test_a_cmd_arm_that_exits_at_once_fails_cleanly(tmp_path):
     assert not servers_left(result)
 
 
+def test_servers_started_together_that_run_out_of_memory_are_told_why(tmp_path):
+    """Two arms up together whose servers each log an engine core's out-of-memory error and
+    exit: each failure names that error, and the session's failures say what to do."""
+    out = tmp_path / "oom"
+    said = ("2026-12-05 18:02:40,147 resident.serve ERROR the engine core failed: "
+            "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.12 GiB")
+    command = f"python3 -c 'import sys; print(\"{said}\"); sys.exit(1)' {{port}}"
+    result = invoke("run", "--arm", f"one=cmd:{command}", "--arm", f"two=cmd:{command}",
+                    "--interleave", "--parallel-start", "--concurrency", "1", "--rounds", "1",
+                    "--runs", "1", "--out", str(out), *SHORT)
+    assert result.exit_code == 1
+    runs = read_runs(out)
+    assert len(runs) == 2 and all(
+        r.error.endswith("before it was ready: the engine core failed: OutOfMemoryError: CUDA "
+                         "out of memory. Tried to allocate 1.12 GiB") for r in runs)
+    output = " ".join(result.output.split())
+    assert ("2 servers started together on one device and ran out of its memory: start them "
+            "in turn (leave out --parallel-start)") in output
+    assert not servers_left(result)
+
+
 def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     """One round, then a fake partial second round (as a session killed mid-round leaves),
     then --resume with two rounds: the partial round is dropped and run again."""
@@ -337,6 +358,9 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     broken = [r for r in runs if r.arm == "broken"]
     assert len(broken) == 2 and not any(r.ok for r in broken)
     assert all("page_size" in (r.log_tail or "") for r in broken)
+    # the one line names the cause, the CLI's message of the bad knob
+    assert all("before it was ready: Invalid value for --set: knob page_size: must be a power"
+               in " ".join(r.error.split()) for r in broken)
     assert Manifest.read(out).to_dict()["stopped"]["after_rounds"] == 1
     assert not servers_left(result)
 

@@ -155,8 +155,17 @@ class Round:
             return failed
         lives.extend(self._launch(arm, position)
                      for position, arm in enumerate(self.order))
+        known = len(self.session.failures)
         ready = [self._guarded(live, partial(self._ready, live)) for live in lives]
-        return sum(await asyncio.gather(*ready))
+        failed = sum(await asyncio.gather(*ready))
+        if any("out of memory" in failure.lower()
+               for failure in self.session.failures[known:]):
+            self.session.failures.append(
+                f"{len(lives)} servers started together on one device and ran out of its "
+                "memory: start them in turn (leave out --parallel-start) or give each less "
+                "(--set kv_cache_gib=N)")
+            self.console.warn(f"[red]round {self.index + 1}: {self.session.failures[-1]}[/red]")
+        return failed
 
     def _launch(self, arm: Arm, position: int) -> LiveServer:
         knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \

@@ -26,6 +26,7 @@ import aiohttp
 from gate.run.arms import Arm
 from gate.run.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
 from resident.lifecycle import end_with_parent
+from resident.server.metrics import LATENCY_METRICS
 
 HOST = "127.0.0.1"
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -37,6 +38,22 @@ class ServerFailed(RuntimeError):
     def __init__(self, message: str, log_tail: str) -> None:
         super().__init__(message)
         self.log_tail = log_tail
+
+
+CAUSE_CHARS = 240
+
+
+def failure_cause(log_tail: str) -> str:
+    """What a server that exited said last, in one line: its last logged ERROR's message (the
+    engine core's exception), else the last line of a CLI error box (a bad knob), else its last
+    line; cut to CAUSE_CHARS. The whole tail stays in the run's record."""
+    lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+    cause = next((line.partition(" ERROR ")[2] for line in reversed(lines)
+                  if " ERROR " in line), "")
+    if not cause:
+        boxed = [line.strip("│ ") for line in lines if line.startswith("│")]
+        cause = " ".join(boxed) if boxed else (lines[-1] if lines else "its log is empty")
+    return cause if len(cause) <= CAUSE_CHARS else cause[:CAUSE_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -106,9 +123,10 @@ class Server:
             for path in ("/health", "/v1/models"):
                 while True:
                     if not self.alive():
+                        tail = self.log_tail()
                         raise ServerFailed(f"{self.arm.name}: server exited with code "
-                                           f"{self.process.returncode} before it was ready",
-                                           self.log_tail())
+                                           f"{self.process.returncode} before it was ready: "
+                                           f"{failure_cause(tail)}", tail)
                     if time.monotonic() > deadline:
                         raise ServerFailed(f"{self.arm.name}: not ready within "
                                            f"{self.launch.startup_timeout_s:.0f} s",
@@ -273,9 +291,7 @@ def prefix_counts(before: dict[str, float], after: dict[str, float],
 
 # the server's TTFT parts in resident's /metrics (its latency histograms), by the key a
 # run record keeps their means under
-CORE_LATENCIES = {"queue": "resident_request_queue_seconds",
-                  "prefill": "resident_request_prefill_seconds",
-                  "ttft": "resident_time_to_first_token_seconds"}
+CORE_LATENCIES = {key: LATENCY_METRICS[key][0] for key in ("queue", "prefill", "ttft")}
 
 
 def core_latency_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -83,6 +83,19 @@ class SiblingBusy:
         return round(busy, 2)
 
 
+CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read_stat(pid: int, proc: Path = Path("/proc")) -> tuple[int, float, float] | None:
+    """(parent pid, user CPU seconds, system CPU seconds) of a pid from its /proc stat, every
+    thread's, in clock ticks; None where it cannot be read (gone, or no /proc)."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK
+
+
 class ProcessCpu:
     """CPU seconds (user + system, every thread) of one process and of its descendants over an
     interval (`start` .. `stop`), in the kernel's clock ticks (10 ms: a run of a second reads
@@ -93,15 +106,11 @@ class ProcessCpu:
     def __init__(self, pid: int, proc: Path = Path("/proc")) -> None:
         self.pid, self.proc = pid, proc
         self._before: dict[int, float] | None = None
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def _stat(self, pid: int) -> tuple[int, float] | None:
         """(parent pid, CPU seconds) of a pid, or None when it cannot be read."""
-        try:
-            fields = (self.proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        return int(fields[1]), (int(fields[11]) + int(fields[12])) / self._tick
+        stat = read_stat(pid, self.proc)
+        return None if stat is None else (stat[0], stat[1] + stat[2])
 
     def _snapshot(self) -> dict[int, float] | None:
         """CPU seconds of the process and of each descendant, by pid."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import os
 import re
 import signal
 import subprocess
@@ -49,6 +48,7 @@ import aiohttp
 
 from gate.run.load import LoadSpec, run_load, warm_up
 from gate.run.server import free_port
+from gate.run.telemetry import read_stat
 from resident.render import OutputFormat, render
 from resident.tool_args import add_draw, add_format, count
 
@@ -62,10 +62,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 def user_system_seconds(pid: int) -> tuple[float, float]:
-    """The process's user and system CPU seconds so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
+    """The process's user and system CPU seconds so far; a process gone fails naming it."""
+    stat = read_stat(pid)
+    if stat is None:
+        raise RuntimeError(f"process {pid} is gone: its CPU cannot be read")
+    return stat[1], stat[2]
 
 
 def start_server(model: str, device: str, port: int, knobs: list[str], api_processes: int,

@@ -415,7 +415,11 @@ class TokenReadback:
         """After `wait`: the rows whose draw failed."""
         if not self._drew:
             return []
-        return np.flatnonzero(self._read[1]).tolist()
+        failed = self._read[1]
+        # nearly every step has none: a byte search is ~0.1 µs, flatnonzero + tolist ~1.3
+        if b"\x01" not in failed.tobytes():
+            return []
+        return np.flatnonzero(failed).tolist()
 
     def logprobs(self) -> list[TokenLogprobs | None] | None:
         """After `wait`: the logprobs of each row of the step `start` was given (None for a row

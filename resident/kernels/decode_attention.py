@@ -27,13 +27,13 @@ KV layout: see resident/kernels/attention.py (kv_layer [P, 2, S, Hkv, D], plane 
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from resident.config import triton_interpreting
 from resident.kernels import dot_precision
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options
@@ -243,10 +243,6 @@ def _combine_head(partial_out, partial_lse, out, gate, row, head,
              mask=d_mask)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _tile_config(block_d: int, block_n: int | None) -> tuple[int, dict]:
     """BLOCK_N and launch options. Checked with ptxas for sm_90 (not yet timed on a GPU): at
     D = 256 (32 tokens a tile, 8 warps) and D = 128 (64 tokens, 8 warps) no spills, about 100
@@ -345,7 +341,7 @@ def paged_decode_attention(
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, NUM_SPLITS=num_splits,
         BLOCK_G=max(triton.next_power_of_2(group), _MIN_DOT), BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(kv_layer.dtype),
-        WHILE_LOOP=_interpreting(), MERGED=meeting is not None, **tail,
+        WHILE_LOOP=triton_interpreting(), MERGED=meeting is not None, **tail,
         **launch_options, **pdl_options(pdl),
     )
     if meeting is None:

@@ -15,8 +15,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from resident.engine.draw import SERIES_BELOW
+
 MAX_CHUNK = 8192  # vocabulary ids a program scans
 MAX_BLOCK = 1024  # ids a loop iteration loads
+_SERIES_BELOW = tl.constexpr(SERIES_BELOW)  # the reference's switch to -log(1 - w)'s series
 
 
 @triton.jit
@@ -45,7 +48,7 @@ def _gumbel(bits, FAST: tl.constexpr):
     w = (bits.to(tl.float32) + 0.5) * 2.3283064365386963e-10  # 2**-32
     tail = 1 / 4 + w * (1 / 5 + w * (1 / 6 + w * (1 / 7)))
     series = w * (1 + w * (1 / 2 + w * (1 / 3 + w * tail)))
-    exponential = tl.where(w < 0.125, series, -_log(1 - w, FAST))  # draw.SERIES_BELOW
+    exponential = tl.where(w < _SERIES_BELOW, series, -_log(1 - w, FAST))
     return -_log(exponential, FAST)
 
 

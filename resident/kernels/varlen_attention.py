@@ -28,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.config import triton_interpreting
 from resident.kernels import dot_precision
-from resident.kernels.decode_attention import _MIN_DOT, _interpreting, _softmax_step
+from resident.kernels.decode_attention import _MIN_DOT, _softmax_step
 
 BLOCK_Q = 16  # query tokens a program
 
@@ -174,6 +175,6 @@ def paged_varlen_attention(
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_Q=BLOCK_Q,
         BLOCK_M=tile.block_m, BLOCK_D=tile.block_d, BLOCK_N=tile.block_n,
         DOT_PRECISION=dot_precision(kv_layer.dtype),
-        WHILE_LOOP=_interpreting(), num_warps=tile.num_warps, num_stages=2,
+        WHILE_LOOP=triton_interpreting(), num_warps=tile.num_warps, num_stages=2,
     )
     return out

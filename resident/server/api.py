@@ -408,15 +408,18 @@ class _Completion:
     def _token_events(self, choice: Choice, token: int, num_cached_tokens: int) -> bytes | None:
         """The SSE event of a plain output (types.is_plain) of `token`, from the template; None,
         having taken nothing, where `_events` must render it."""
-        if self._token_event is None or not choice.takes_tokens:
+        if not self._templated(choice):
             return None
         return self._token_event.render(choice.take_token(token, num_cached_tokens), token)
+
+    def _templated(self, choice: Choice) -> bool:
+        """Whether the choice's plain outputs render from the template."""
+        return self._token_event is not None and choice.takes_tokens
 
     def _events(self, choice: Choice, outputs: list[RequestOutput]) -> bytes:
         """The SSE events for some outputs of one choice, one write: plain ones' from the
         template where it serves, one event a token either way."""
-        if self._token_event is not None and choice.takes_tokens \
-                and all(is_plain(output) for output in outputs):
+        if self._templated(choice) and all(is_plain(output) for output in outputs):
             render, take = self._token_event.render, choice.take_token
             return b"".join(render(take(token, output.num_cached_tokens), token)
                             for output in outputs for token in output.new_token_ids)

@@ -60,7 +60,7 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
                           "aborted meanwhile (released after that step)."),
 }
 # the core's request latency histograms (engine/latency.py), stats["latency"][key]
-_LATENCY_METRICS: dict[str, tuple[str, str]] = {
+LATENCY_METRICS: dict[str, tuple[str, str]] = {
     "queue": ("resident_request_queue_seconds",
               "API arrival to admission (pages, a state slot, a first prompt row)."),
     "prefill": ("resident_request_prefill_seconds",
@@ -80,7 +80,7 @@ _FAMILIES = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily,
 def _latency_metrics(latency: dict[str, Any]) -> Iterator[Metric]:
     """stats["latency"]: {key: {"bounds", "counts" (per bucket, one past the bounds), "sum"}}
     as Prometheus histograms (cumulative `le` buckets ending in +Inf)."""
-    for key, (name, doc) in _LATENCY_METRICS.items():
+    for key, (name, doc) in LATENCY_METRICS.items():
         histogram = latency.get(key)
         if not isinstance(histogram, dict):
             continue
