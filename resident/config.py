@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from resident.info import gdn_conv_bytes, gdn_recurrent_bytes
+from resident.interpreter import triton_interpreting
 from resident.model.config import ModelConfig
 
 DEFAULT_DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
@@ -377,11 +378,6 @@ def _resolve_argmax(knob: str, device_type: str, dtype: str) -> str:
         raise ValueError("knob argmax: triton compares in float32; a float64 model takes "
                          "torch's argmax")
     return knob
-
-
-def triton_interpreting() -> bool:
-    """Whether Triton kernels run in the interpreter (TRITON_INTERPRET=1): on CPU, for tests."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _resolve_graphs(knob: str, backend: str, device_type: str) -> str:

@@ -132,3 +132,12 @@ def test_the_histograms_are_exposed_with_cumulative_buckets():
                  "resident_e2e_request_latency_seconds",
                  "resident_time_per_output_token_seconds"):
         assert families[name].type == "histogram"
+
+
+def test_the_gates_core_latency_names_are_the_servers():
+    """The gate reads the server's TTFT parts from /metrics by name, as a client of any tree's
+    server (it imports no server code): its names are the ones the server exposes."""
+    from gate.run.server import CORE_LATENCIES
+    from resident.server.metrics import LATENCY_METRICS
+
+    assert {key: LATENCY_METRICS[key][0] for key in CORE_LATENCIES} == CORE_LATENCIES

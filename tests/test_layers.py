@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module may import its own layer or any below
 LAYERS = [
     ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
-     "resident.cli_flags", "resident.heap", "resident.tool_args", "resident.lifecycle"),
+     "resident.cli_flags", "resident.heap", "resident.tool_args", "resident.lifecycle",
+     "resident.interpreter"),
     ("resident.model", "resident.resources", "resident.parallel"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),

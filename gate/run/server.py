@@ -26,7 +26,6 @@ import aiohttp
 from gate.run.arms import Arm
 from gate.run.bytecode import NO_WRITE_VARIABLE, PREFIX_VARIABLE
 from resident.lifecycle import end_with_parent
-from resident.server.metrics import LATENCY_METRICS
 
 HOST = "127.0.0.1"
 STEP_KINDS = ("decode", "prefill", "mixed")
@@ -290,8 +289,12 @@ def prefix_counts(before: dict[str, float], after: dict[str, float],
 
 
 # the server's TTFT parts in resident's /metrics (its latency histograms), by the key a
-# run record keeps their means under
-CORE_LATENCIES = {key: LATENCY_METRICS[key][0] for key in ("queue", "prefill", "ttft")}
+# run record keeps their means under: names of the metrics protocol, read over HTTP from any
+# tree's server (the gate imports no server code; a test holds them among
+# resident/server/metrics.py's LATENCY_METRICS)
+CORE_LATENCIES = {"queue": "resident_request_queue_seconds",
+                  "prefill": "resident_request_prefill_seconds",
+                  "ttft": "resident_time_to_first_token_seconds"}
 
 
 def core_latency_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

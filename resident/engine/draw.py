@@ -39,9 +39,10 @@ from typing import NamedTuple
 
 import torch
 
+from resident.kernels import SERIES_BELOW
+
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9  # spreads consecutive counters over the 32-bit ring
-SERIES_BELOW = 0.125  # gumbel_from_bits: -log(1 - w) by its series below this; to w**8 / 8
 SAMPLERS = ("torch", "flashinfer", "triton")
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import torch
 
+# the Gumbel noise's -log(1 - w) by its series below this w (to w**8 / 8): the torch reference
+# (engine/draw.py gumbel_from_bits) and the Triton race (gumbel_race.py) switch at one value
+SERIES_BELOW = 0.125
+
 
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot's input_precision for operands of `dtype`: full precision for fp32 and fp64

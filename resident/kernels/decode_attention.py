@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.config import triton_interpreting
+from resident.interpreter import triton_interpreting
 from resident.kernels import dot_precision
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options

@@ -15,11 +15,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from resident.engine.draw import SERIES_BELOW
+from resident.kernels import SERIES_BELOW
 
 MAX_CHUNK = 8192  # vocabulary ids a program scans
 MAX_BLOCK = 1024  # ids a loop iteration loads
-_SERIES_BELOW = tl.constexpr(SERIES_BELOW)  # the reference's switch to -log(1 - w)'s series
+_SERIES_BELOW = tl.constexpr(SERIES_BELOW)
 
 
 @triton.jit

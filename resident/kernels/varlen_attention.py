@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.config import triton_interpreting
+from resident.interpreter import triton_interpreting
 from resident.kernels import dot_precision
 from resident.kernels.decode_attention import _MIN_DOT, _softmax_step
 

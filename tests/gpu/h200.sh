@@ -378,8 +378,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open \
-      | gate-prefill-buckets | gate-gemv-table)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
