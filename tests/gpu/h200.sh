@@ -33,7 +33,8 @@
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
 #             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
-#             them); torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
+#             them); rule: gemv_table=off (the defaults read a committed table);
+#             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
 #             kernels/argmax.py);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
@@ -48,6 +49,12 @@
 #   gemv-sweep  resident.tools.bench_gemv at the projections of each of $GEMV_MODELS (default
 #             qwen3.5-0.8b), rows $GEMV_ROWS (1,4), tiles $GEMV_TILES (fma: the CUDA-core form;
 #             dot, all) against cuBLAS, cold weights: gemv-<model>.json and .log
+#   gemv-table  a gemv table for this GPU, confirmed in whole steps: bench_gemv at $MODEL's
+#             (default qwen3.5-0.8b) projections, rows 1,2,4,8,16 ($GEMV_TILES, default fma,
+#             beside the engine's own tiles), then the bench at c=1,2,4,8,16 with
+#             gemv_table=off (rule) and =the sweep (table), then resident.tools.confirm_gemv_table:
+#             gemv-table-<model>.json holds the row counts the steps confirmed (commit it as
+#             configs/gemv/<GPU name>.json, merged with other models' entries)
 #   gate-addnorm configs/gate/h200-0.8b-addnorm.yaml (fused_decode=full against the defaults,
 #             c=1/16, interleaved, until a verdict), tarred
 #   modes     configs/gate/h200-0.8b-c1-modes.yaml (an A/A pair with profile windows) in each
@@ -426,12 +433,28 @@ for part in "$@"; do
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
         tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py \
         tests/test_kernel_argmax.py ;;
+    gemv-table)
+      model=${MODEL:-qwen3.5-0.8b}
+      run "gemv-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv --model "$model" \
+        --rows 1,2,4,8,16 --tiles "${GEMV_TILES:-fma}" --json "$OUT/gemv-$model.json"
+      cache=$(mktemp -d)
+      for arm in rule table; do
+        knobs=(--set gemv_table=off)
+        [ "$arm" = table ] && knobs=(--set "gemv_table=$OUT/gemv-$model.json")
+        TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
+          "$model" --concurrency 1,2,4,8,16 --burst 0 "${knobs[@]}" --json "$OUT/bench-$model-$arm.json"
+      done
+      run confirm-gemv-table 60 python3 -m resident.tools.confirm_gemv_table "$OUT/gemv-$model.json" \
+        --rule "$OUT/bench-$model-rule.json" --table "$OUT/bench-$model-table.json" \
+        --out "$OUT/gemv-table-$model.json"
+      cat "$OUT/confirm-gemv-table.log" ;;
     arms)
       cache=$(mktemp -d)
       for arm in ${ARMS:-fused off nopdl wide}; do
         knobs=()
         case $arm in
           off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
+          rule) knobs=(--set gemv_table=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
