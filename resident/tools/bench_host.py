@@ -3,9 +3,10 @@
     python -m resident.tools.bench_host [--concurrency 1,16,64,256] [--steps 1000]
         [--temperature 0.7 --top-p 0.9] [--phases] [--format json]
 
-The tiny model on CPU holds c requests in decode. The bucket's forward (graph replay or eager
-model) is replaced by fixed logits of its shape, and a drawing step's draw by fixed tokens, as a
-replay hands back its graph's outputs, so what each step times is the host's share: scheduling,
+The tiny model on CPU holds c requests in decode. The bucket's launch (`Runner.launch_decode`:
+on the GPU one graph replay, the draw inside it where the step draws) is replaced by fixed
+logits of its shape and, for a drawing step, fixed tokens packed as a drawing graph leaves them,
+so what each step times is the host's share: scheduling,
 then either the host plan (staging and upload of the rows) or the resident planner's plan,
 flush and commit with the token ids' upload, then sampling and emitting. On the GPU the resident
 ops and the draw run inside the bucket's graph, so they are left out here as the forward is.
@@ -31,7 +32,7 @@ import time
 import torch
 
 from resident.config import EngineConfig
-from resident.engine.draw import Drawn
+from resident.engine.draw import packed_drawn
 from resident.engine.engine import Engine, build_engine
 from resident.engine.sampler import StepLogits
 from resident.engine.types import EngineRequest, SamplingParams
@@ -85,22 +86,24 @@ def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
             raise ValueError(f"--steps {steps}: {refused.error}")
     while engine.stats()["steps"]["decode"] < WARM_STEPS:
         engine.step()
-    logits: dict[int, StepLogits] = {}
-    drawn: dict[int, Drawn] = {}
+    replayed: dict[tuple[int, bool], StepLogits] = {}
 
-    def replayed_forward(bucket: int, width: int) -> StepLogits:
-        if bucket not in logits:
+    def replayed_launch(bucket: int, width: int, draw: bool) -> StepLogits:
+        """A decode bucket's graph replay (`Runner.launch_decode`): its fixed outputs, the
+        draw's packed as a drawing graph leaves them (one read-back copy)."""
+        if (bucket, draw) not in replayed:
             zeros = torch.zeros(bucket, model.vocab_size)
-            logits[bucket] = StepLogits(zeros, zeros.argmax(dim=-1))
-        return logits[bucket]
+            greedy = zeros.argmax(dim=-1)
+            drawn = None
+            if draw:
+                drawn = packed_drawn(bucket, greedy.device)
+                drawn.tokens.copy_(greedy)
+                drawn.failed.zero_()
+            replayed[bucket, draw] = StepLogits(zeros, greedy, drawn)
+        engine.phases.lap("launch")
+        return replayed[bucket, draw]
 
-    def replayed_draw(step: StepLogits, bucket: int) -> Drawn:
-        if bucket not in drawn:
-            drawn[bucket] = Drawn(step.greedy.clone(), torch.zeros(bucket, dtype=torch.bool))
-        return drawn[bucket]
-
-    engine.runner.forward_decode = replayed_forward
-    engine.runner.draw = replayed_draw
+    engine.runner.launch_decode = replayed_launch
     engine.phases.reset()
     return engine
 
