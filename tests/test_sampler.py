@@ -246,6 +246,39 @@ def test_the_read_back_gives_each_rows_token_and_failure(name):
         assert readback.failed() == [row for row in (1, 4) if row < num_rows]
 
 
+class _RecordedEvent:
+    """Stands in for the CUDA event a GPU read-back records: the records and waits, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def record(self, stream) -> None:
+        self.calls.append("record")
+
+    def synchronize(self) -> None:
+        self.calls.append("wait")
+
+
+def test_a_read_back_wait_always_follows_a_mark_past_its_copy():
+    """`start` records no event: a step launched ahead marks after it (one record a step, not
+    two), and where nothing marked since the copy, the wait marks first, so it never returns
+    before the copy is done."""
+    readback = TokenReadback(CPU, 8)
+    readback._event = event = _RecordedEvent()
+    tokens = torch.arange(4)
+    readback.start(tokens)
+    readback.mark()  # the next step's launch
+    assert readback.wait() == [0, 1, 2, 3]
+    assert event.calls == ["record", "wait"]
+    event.calls.clear()
+    readback.start(tokens)  # no launch ahead
+    readback.wait()
+    assert event.calls == ["record", "wait"]
+    event.calls.clear()
+    readback.sync()  # a step that sampled nothing waits on the last mark as it is
+    assert event.calls == ["wait"]
+
+
 @pytest.mark.parametrize("field, value", [("temperature", -0.1), ("temperature", float("nan")),
                                           ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
                                           ("min_p", 1.5), ("min_p", -0.1)])

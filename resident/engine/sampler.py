@@ -321,7 +321,10 @@ class TokenReadback:
     """A step's sampled tokens, copied to pinned host memory behind an event: `start` queues
     the copy, `mark` moves the event past what the stream took since (the next step's uploads,
     when that step launches before the read-back, so that waiting also frees their host
-    sources), `wait` blocks until then and returns the tokens. On CPU the copy is done at once.
+    sources), `wait` blocks until then and returns the tokens. `start` records no event of its
+    own: a step launched ahead marks right after it (an event record is a CUDA call, several µs
+    of host time), and `wait` marks first where nothing did since `start`. On CPU the copy is
+    done at once.
     The logprobs some rows asked for, and a drawing step's failure flags, ride the same event
     (`logprobs` and `failed` after `wait`); a draw whose tokens and failures share one
     allocation (draw.packed_drawn) is read back in one copy.
@@ -350,6 +353,7 @@ class TokenReadback:
         self._read: tuple[torch.Tensor, np.ndarray] | None = None
         self._logprobs: StepLogprobs | None = None
         self._drew = False
+        self._unmarked = False  # a copy queued by `start` that no mark has covered yet
 
     def start(self, tokens: torch.Tensor, logprobs: StepLogprobs | None = None,
               failed: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> None:
@@ -369,7 +373,7 @@ class TokenReadback:
         if logprobs is not None:
             self._values_view(logprobs).copy_(logprobs.values, non_blocking=True)
             self._ids_view(logprobs).copy_(logprobs.ids, non_blocking=True)
-        self.mark()
+        self._unmarked = True
 
     def _packed_views(self, packed_bytes: int, count: int) -> tuple[torch.Tensor, np.ndarray]:
         key = (packed_bytes, count)
@@ -397,6 +401,7 @@ class TokenReadback:
         return self._ids_host[:rows * width].view(rows, width)
 
     def mark(self) -> None:
+        self._unmarked = False
         if self._event is not None:
             self._event.record(self._stream)
 
@@ -405,9 +410,11 @@ class TokenReadback:
         return self._read[0].tolist()
 
     def sync(self) -> None:
-        """Waits until the GPU passes the last mark, reading nothing back: a step that samples
-        no row must still not let the host ring (buffers.py) turn over staging whose copies
-        are queued."""
+        """Waits until the GPU passes the last mark (made now if a `start` came after it),
+        reading nothing back: a step that samples no row must still not let the host ring
+        (buffers.py) turn over staging whose copies are queued."""
+        if self._unmarked:
+            self.mark()
         if self._event is not None:
             self._event.synchronize()
 
