@@ -88,7 +88,8 @@ CLOCK_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 def read_stat(pid: int, proc: Path = Path("/proc")) -> tuple[int, float, float] | None:
     """(parent pid, user CPU seconds, system CPU seconds) of a pid from its /proc stat, every
-    thread's, in clock ticks; None where it cannot be read (gone, or no /proc)."""
+    thread's, counted in clock ticks (CLOCK_TICK a second); None where it cannot be read (gone,
+    or no /proc)."""
     try:
         fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):

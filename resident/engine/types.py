@@ -97,3 +97,9 @@ def is_plain(output: RequestOutput) -> bool:
     logprobs. A stream renders each of its tokens from a template (server/token_event.py)."""
     return bool(output.new_token_ids) and output[2:6] == _PLAIN_FIELDS \
         and output.logprobs is None
+
+
+def plain_output(request_id: str, token: int, num_cached_tokens: int) -> RequestOutput:
+    """The plain output of one token (`is_plain`) from its parts, as StepOutputs' columns
+    carry it (server/protocol.py)."""
+    return RequestOutput(request_id, [token], num_cached_tokens=num_cached_tokens)

@@ -21,7 +21,13 @@ from typing import Any, Protocol
 import zmq
 import zmq.asyncio
 
-from resident.engine.types import FINISH_ABORT, FINISH_ERROR, EngineRequest, RequestOutput
+from resident.engine.types import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    EngineRequest,
+    RequestOutput,
+    plain_output,
+)
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
@@ -57,7 +63,7 @@ class _Outputs(asyncio.Queue):
     """A request's outputs for `generate` to yield."""
 
     def put_token(self, request_id: str, token: int, num_cached_tokens: int) -> None:
-        self.put_nowait(RequestOutput(request_id, [token], num_cached_tokens=num_cached_tokens))
+        self.put_nowait(plain_output(request_id, token, num_cached_tokens))
 
 
 class Pushed(_Stream, Protocol):

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from resident.engine.types import EngineRequest, RequestOutput, is_plain
+from resident.engine.types import EngineRequest, RequestOutput, is_plain, plain_output
 
 IPC_PREFIX = "resident-ipc-"  # a server's IPC directories under the temp dir
 PID_FILE = "serve.pid"  # in each: the server's pid (stale ones are removed: serve.py)
@@ -105,9 +105,8 @@ class StepOutputs:
 
     def outputs(self) -> list[RequestOutput]:
         """Every output as a RequestOutput: the plain ones, then the others."""
-        plain = [RequestOutput(request_id, [token], num_cached_tokens=cached)
-                 for request_id, token, cached in zip(self.request_ids, self.tokens,
-                                                       self.num_cached_tokens, strict=True)]
+        plain = [plain_output(*parts) for parts in zip(self.request_ids, self.tokens,
+                                                        self.num_cached_tokens, strict=True)]
         return plain + self.others
 
 

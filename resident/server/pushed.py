@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from resident.engine.types import RequestOutput
+from resident.engine.types import RequestOutput, plain_output
 
 
 class PushedStream:
@@ -66,8 +66,7 @@ class PushedStream:
                 self._ended.set_exception(error)
                 return
         if data is None:
-            self.put_nowait(RequestOutput(request_id, [token],
-                                          num_cached_tokens=num_cached_tokens))
+            self.put_nowait(plain_output(request_id, token, num_cached_tokens))
         else:
             self._send(data)
 
