@@ -49,6 +49,7 @@ _CHOICES = {
     "prefix_snapshot_tail": ("off", "on"),
     "sampler": ("auto", "torch", "flashinfer", "triton"),
     "argmax": ("auto", "torch", "triton"),
+    "token_ring": ("on", "off"),
 }
 
 
@@ -131,6 +132,10 @@ class EngineConfig:
     # (kernels/argmax.py; CUDA, or TRITON_INTERPRET=1 for tests); auto: triton on CUDA (2.4-3x
     # torch's at 1-64 rows, results/2026-12-05-h100-argmax), torch elsewhere
     argmax: str = "auto"
+    # a decode step's graph stores its tokens into pinned host memory as its last kernel
+    # (engine/token_ring.py), so their read-back queues no device-to-host copy (~10 µs of host
+    # time a step on the H100 hosts); off: the copy
+    token_ring: str = "on"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned

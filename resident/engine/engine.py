@@ -55,6 +55,7 @@ from resident.engine.sampling_state import SamplingSlots
 from resident.engine.scheduler import Scheduler, StepPlan
 from resident.engine.startup import StartupTimes
 from resident.engine.swap import StateSwapper
+from resident.engine.token_ring import TokenRing
 from resident.engine.types import (
     FINISH_ABORT,
     FINISH_ERROR,
@@ -137,9 +138,10 @@ class Engine:
                                  self.phases, device)
         self.planning = self._build_planning()
         self.sampler = self._build_sampler()
+        self.ring = TokenRing.build(config.token_ring, device, config.max_decode_rows)
         self.runner = StepRunner(self.model, self.cache, self.inputs, self.planning,
                                  self.kernels, self.phases, config.cuda_graphs == "on",
-                                 self.sampler.draw_decode, config.max_step_rows)
+                                 self.sampler.draw_decode, config.max_step_rows, self.ring)
         self.startup.lap("buffers")
         if device.type == "cuda":
             from resident.backends.gdn_prefill import tune_chunked_delta_rule
@@ -264,15 +266,14 @@ class Engine:
             if self._zombies else None
         live = sampling if kept is None else [sampling[i] for i in kept]
         if live:
-            tokens_gpu = self._sample(prepared, step, sampling, kept)
+            tokens_gpu, positions = self._sample(prepared, step, sampling, kept)
         self.phases.lap("sampler")
         self._commit(prepared, live)
         if self.config.plan_ahead != "off":
             self._plan_next()
         if self._prepared and self.config.plan_ahead == "launch" \
                 and (live or not self._prepared.is_decode):
-            sampled = SampledTokens(tokens_gpu, {r.request_id: i for i, r in enumerate(live)}) \
-                if live else None
+            sampled = SampledTokens(tokens_gpu, _index_of(live, positions)) if live else None
             self._launch_ahead(sampled)
             self.counters[f"launched_ahead_{self._prepared.plan.kind}"] += 1
         # a step that samples no row (prompt chunks only) reads nothing back but still waits:
@@ -298,12 +299,20 @@ class Engine:
         return outputs
 
     def _sample(self, prepared: PreparedStep, step: StepLogits, sampling: list[Request],
-                kept: list[int] | None) -> torch.Tensor:
+                kept: list[int] | None) -> tuple[torch.Tensor, list[int] | None]:
         """Takes every sampling row's token (a decode step's draw ran in its graph and covers
-        its bucket, finished rows included; a varlen step's rows are drawn now) and queues the
-        read-back of the `kept` rows' (None: all) tokens, failures and logprobs; returns their
-        tokens on the device. A decode step makes no pass over its rows here unless a request
-        asks for logprobs."""
+        its bucket, finished rows included; a varlen step's rows are drawn now) and starts the
+        read-back of the `kept` rows' (None: all) tokens, failures and logprobs; returns the
+        tokens on the device and the kept rows' places among them (None: the first rows, in
+        order). A decode step makes no pass over its rows here unless a request asks for
+        logprobs; one whose launch published its tokens (StepLogits.published) queues no copy
+        either."""
+        if step.published is not None and not self.sampler.any_logprobs:
+            drawn = step.drawn
+            tokens = step.greedy if drawn is None else drawn.tokens
+            self.readback.start_published(self.ring, step.published, tokens.shape[0],
+                                          drawn is not None, len(sampling), kept)
+            return tokens, kept
         if prepared.is_decode:
             drawn = None if step.drawn is None else step.drawn.first(len(sampling))
         else:
@@ -318,7 +327,7 @@ class Engine:
         logprobs = self.sampler.logprobs(logits, tokens, [_sample_row(r) for r in sampling]) \
             if self.sampler.any_logprobs else None
         self.readback.start(tokens, logprobs, failed, packed)
-        return tokens
+        return tokens, None
 
     def _launch_ahead(self, sampled: SampledTokens | None) -> None:
         """Launches the prepared next step inside this one (its phases are its own)."""
@@ -472,6 +481,14 @@ class Engine:
 
 def _sample_row(request: Request) -> SampleRow:
     return SampleRow(request.request_id, request.params, len(request.output_ids))
+
+
+def _index_of(live: list[Request], positions: list[int] | None) -> dict[str, int]:
+    """Each live request's row among a step's tokens on the device (positions None: the
+    first rows, in order)."""
+    if positions is None:
+        return {request.request_id: row for row, request in enumerate(live)}
+    return {request.request_id: row for request, row in zip(live, positions, strict=True)}
 
 
 def build_engine(model_config: ModelConfig, knobs: EngineConfig,

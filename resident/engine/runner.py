@@ -24,6 +24,7 @@ from resident.engine.phases import PhaseTiming
 from resident.engine.planning import StepPlanning
 from resident.engine.sampler import StepLogits
 from resident.engine.scheduler import StepPlan
+from resident.engine.token_ring import TokenRing
 from resident.engine.varlen import PaddedBucket, StagedVarlen
 from resident.model.cache import ModelCache
 from resident.model.ops import ModelOps
@@ -37,11 +38,13 @@ class StepRunner:
     def __init__(self, model: Qwen3_5ForCausalLM, cache: ModelCache, inputs: StepInputs,
                  planning: StepPlanning, kernels: StepKernels, phases: PhaseTiming,
                  cuda_graphs: bool, draw: Callable[[StepLogits, int], Drawn],
-                 max_step_rows: int) -> None:
+                 max_step_rows: int, ring: TokenRing | None = None) -> None:
         """draw(step, bucket): a decode bucket's draw after its forward (the sampler's
         `draw_decode`), captured in the bucket's drawing graph; max_step_rows: the logits
-        buffer's rows (a varlen step's are drawn there too under graphs: Sampler.capture)."""
+        buffer's rows (a varlen step's are drawn there too under graphs: Sampler.capture);
+        ring: where each decode launch publishes its tokens (None: they are copied back)."""
         self.model, self.cache = model, cache
+        self.ring = ring
         self.inputs, self.planning, self.kernels, self.phases = inputs, planning, kernels, phases
         self.draw = draw
         self.graphs = StepGraphs("decode") if cuda_graphs else None
@@ -80,11 +83,12 @@ class StepRunner:
         `forward_decode`, as the synthetic core's, serves a drawing step only where no
         drawing graph is captured: on CPU.)"""
         if draw and self.drawing_graphs is not None and self.drawing_graphs.has(bucket):
-            return self._timed(self.drawing_graphs.replay, bucket)
+            return self._timed_decode(self.drawing_graphs.replay, bucket)
         step = self.forward_decode(bucket, width)
         if not draw:
             return step
-        step = self._with_draw(step, bucket)
+        # drawn after the launch, not published: its tokens are copied back
+        step = self._with_draw(step, bucket)._replace(published=None)
         self.phases.lap("sampler")
         return step
 
@@ -92,11 +96,31 @@ class StepRunner:
         """[bucket, vocab] logits and their argmax of a decode bucket whose inputs (and host
         attention plan, if any) are in place: its graph's replay, or the eager forward."""
         if self.graphs is not None and self.graphs.has(bucket):
-            return self._timed(self.graphs.replay, bucket)
-        return self._timed(self._decode_forward, bucket, width)
+            return self._timed_decode(self.graphs.replay, bucket)
+        return self._timed_decode(self._decode_forward, bucket, width)
+
+    def _timed_decode(self, forward, *args) -> StepLogits:
+        """A decode launch, which publishes once (`_decode_forward`, `_draw_and_publish`):
+        its number in the ring, counted as the launch is."""
+        step = forward(*args)
+        if self.ring is not None:
+            step = step._replace(published=self.ring.launched())
+        self.phases.lap("launch")
+        return step
 
     def _with_draw(self, step: StepLogits, bucket: int) -> StepLogits:
         return step._replace(drawn=self.draw(step, bucket))
+
+    def _draw_and_publish(self, step: StepLogits, bucket: int) -> StepLogits:
+        """A drawing graph's draw after its forward, then its tokens and failures published
+        in draw.packed_drawn's layout (packed here where the sampler drew them apart)."""
+        step = self._with_draw(step, bucket)
+        if self.ring is not None:
+            drawn = step.drawn
+            packed = drawn.packed if drawn.packed is not None else torch.cat(
+                (drawn.tokens.view(torch.uint8), drawn.failed.view(torch.uint8)))
+            self.ring.publish(packed)
+        return step
 
     def run_padded(self, bucket: PaddedBucket, max_query_len: int) -> torch.Tensor:
         """A staged padded step: its bucket's graph's replay, or the eager forward;
@@ -118,7 +142,8 @@ class StepRunner:
         try:
             self.drawing_graphs.capture(
                 decode_buckets, prepare,
-                lambda bucket: self._with_draw(self._decode_forward(bucket, width), bucket),
+                lambda bucket: self._draw_and_publish(
+                    self._decode_forward(bucket, width, publish=False), bucket),
                 describe, pool=self.graphs.pool)
         except Exception:  # noqa: BLE001 - a draw that cannot be held in a graph still draws
             log.exception("the decode steps' draw could not be captured: drawing steps draw "
@@ -136,9 +161,9 @@ class StepRunner:
         self.phases.lap("launch")
         return output
 
-    def _decode_forward(self, bucket: int, width: int) -> StepLogits:
+    def _decode_forward(self, bucket: int, width: int, publish: bool = True) -> StepLogits:
         """The bucket's forward between its planning's device ops, then each row's argmax
-        (inside the graph)."""
+        (inside the graph), published in the ring unless a draw follows (`publish`)."""
         self.planning.before_forward(bucket, width)
         meta = self.inputs.decode_meta(bucket, width)
         with torch.inference_mode():
@@ -147,6 +172,8 @@ class StepRunner:
             logits = self.model.compute_logits(hidden, self.logits_gpu[:bucket])
             greedy = self.kernels.argmax(logits)
         self.planning.after_forward(bucket)
+        if publish and self.ring is not None:
+            self.ring.publish(greedy)
         return StepLogits(logits, greedy)
 
     def prepare_all(self, decode_buckets: tuple[int, ...],
@@ -183,6 +210,7 @@ class StepRunner:
                 inputs.varlen.stage_idle(bucket)
                 self.run_padded(bucket, 1)
             lap("prefill warm-up")
+            self._reset_ring()
             return
         self.graphs.capture(decode_buckets, prepare,
                             lambda bucket: self._decode_forward(bucket, width), describe)
@@ -194,3 +222,9 @@ class StepRunner:
                                     lambda index: self.run_padded(buckets[index], 1),
                                     lambda index: buckets[index].describe())
         lap("prefill graphs")
+        self._reset_ring()
+
+    def _reset_ring(self) -> None:
+        """The warm-ups published uncounted: both counts start from zero here."""
+        if self.ring is not None:
+            self.ring.reset()

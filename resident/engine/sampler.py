@@ -30,7 +30,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -47,6 +47,9 @@ from resident.engine.sampling_state import (
 )
 from resident.engine.types import MAX_LOGPROBS, SamplingParams, TokenLogprobs
 
+if TYPE_CHECKING:
+    from resident.engine.token_ring import TokenRing
+
 log = logging.getLogger("resident.engine")
 
 FAILED_DRAW = "sampling failed: the logits are not finite at this temperature"
@@ -61,6 +64,9 @@ class StepLogits(NamedTuple):
     logits: torch.Tensor
     greedy: torch.Tensor | None = None
     drawn: Drawn | None = None
+    # the TokenRing publish that holds this step's tokens (greedy's, or drawn's where drawn is
+    # set), when its launch published them; None: read them back by a copy
+    published: int | None = None
 
 
 class SampleRow(NamedTuple):
@@ -327,7 +333,9 @@ class TokenReadback:
     done at once.
     The logprobs some rows asked for, and a drawing step's failure flags, ride the same event
     (`logprobs` and `failed` after `wait`); a draw whose tokens and failures share one
-    allocation (draw.packed_drawn) is read back in one copy.
+    allocation (draw.packed_drawn) is read back in one copy. A decode step whose graph
+    published its tokens into the TokenRing (`start_published`) queues no copy at all: `wait`
+    reads its slot, checks its stamp and takes the kept rows on the host.
 
     The event is recorded on the stream current when the readback is made, the engine's: the
     `torch.cuda.Event.record()` default looks the current stream up in Python each time
@@ -354,6 +362,9 @@ class TokenReadback:
         self._logprobs: StepLogprobs | None = None
         self._drew = False
         self._unmarked = False  # a copy queued by `start` that no mark has covered yet
+        # a published step: (its ring, its publish's number, the rows read: None for the first
+        # _count)
+        self._published: tuple[TokenRing, int, list[int] | None] | None = None
 
     def start(self, tokens: torch.Tensor, logprobs: StepLogprobs | None = None,
               failed: torch.Tensor | None = None, packed: torch.Tensor | None = None) -> None:
@@ -361,6 +372,7 @@ class TokenReadback:
         packed: the draw's allocation holding both (Drawn.packed), read in their stead."""
         self._count = count = tokens.shape[0]
         self._drew = failed is not None
+        self._published = None
         if packed is not None:
             self._packed_host.first(packed.shape[0]).copy_(packed, non_blocking=True)
             self._read = self._packed_views(packed.shape[0], count)
@@ -373,6 +385,18 @@ class TokenReadback:
         if logprobs is not None:
             self._values_view(logprobs).copy_(logprobs.values, non_blocking=True)
             self._ids_view(logprobs).copy_(logprobs.ids, non_blocking=True)
+        self._unmarked = True
+
+    def start_published(self, ring: TokenRing, number: int, bucket: int, drew: bool,
+                        count: int, kept: list[int] | None = None) -> None:
+        """A decode step of `bucket` rows whose graph published its tokens (and, `drew`, its
+        draw's failures) as `ring`'s publish `number`: its first `count` rows, or its `kept`
+        rows, are read from the slot after the wait. No logprobs (they are copied: `start`)."""
+        self._published = (ring, number, kept)
+        self._count = count if kept is None else len(kept)
+        self._drew = drew
+        self._read = ring.views(number, bucket, drew)
+        self._logprobs = None
         self._unmarked = True
 
     def _packed_views(self, packed_bytes: int, count: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -407,7 +431,15 @@ class TokenReadback:
 
     def wait(self) -> list[int]:
         self.sync()
-        return self._read[0].tolist()
+        if self._published is None:
+            return self._read[0].tolist()
+        ring, number, kept = self._published
+        if not ring.stamped(number):
+            raise RuntimeError(f"token ring: publish {number} is not in its slot: a decode "
+                               f"launch ran that the host did not count, or the reverse")
+        tokens = self._read[0][:self._count].tolist() if kept is None \
+            else self._read[0][kept].tolist()
+        return tokens
 
     def sync(self) -> None:
         """Waits until the GPU passes the last mark (made now if a `start` came after it),
@@ -423,6 +455,9 @@ class TokenReadback:
         if not self._drew:
             return []
         failed = self._read[1]
+        if self._published is not None:
+            kept = self._published[2]
+            failed = failed[:self._count] if kept is None else failed[kept]
         # nearly every step has none: a byte search is ~0.1 µs, flatnonzero + tolist ~1.3
         if b"\x01" not in failed.tobytes():
             return []

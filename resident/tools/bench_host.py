@@ -90,7 +90,8 @@ def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
 
     def replayed_launch(bucket: int, width: int, draw: bool) -> StepLogits:
         """A decode bucket's graph replay (`Runner.launch_decode`): its fixed outputs, the
-        draw's packed as a drawing graph leaves them (one read-back copy)."""
+        draw's packed as a drawing graph leaves them, published into the token ring as the
+        graph's last kernel would (on the GPU that is device work; here a small CPU copy)."""
         if (bucket, draw) not in replayed:
             zeros = torch.zeros(bucket, model.vocab_size)
             greedy = zeros.argmax(dim=-1)
@@ -100,8 +101,13 @@ def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
                 drawn.tokens.copy_(greedy)
                 drawn.failed.zero_()
             replayed[bucket, draw] = StepLogits(zeros, greedy, drawn)
+        step = replayed[bucket, draw]
+        ring = engine.ring
+        if ring is not None:
+            ring.publish(step.greedy if step.drawn is None else step.drawn.packed)
+            step = step._replace(published=ring.launched())
         engine.phases.lap("launch")
-        return replayed[bucket, draw]
+        return step
 
     engine.runner.launch_decode = replayed_launch
     engine.phases.reset()

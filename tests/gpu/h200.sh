@@ -137,6 +137,11 @@
 #             kernels and the host's µs a call (eager, replayed) at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
 #             flashinfer" skips FlashInfer's minutes of JIT build on a fresh machine); SAMPLERS:
 #             time_draw's samplers (default torch triton flashinfer)
+#   ring      tests/test_token_ring.py whole: the publish kernel storing into pinned memory
+#             against its torch reference, a replayed graph alternating slots, the CPU engine's
+#             ring against its copy (the GPU engine's: tests/gpu/test_sampler_gpu.py)
+#   bundle    every *.log under $OUT so far into logs.tgz (a call brings back at most 8 files):
+#             put it last
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
 #             0.7, top_p 0.9), c=64: compare the two sessions' output_throughput, tarred
 #   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
@@ -411,6 +416,10 @@ for part in "$@"; do
         ${SAMPLER_K:+-k "$SAMPLER_K"}
       # shellcheck disable=SC2086  # SAMPLERS: a list of words
       run sampler-time 150 python3 tests/gpu/time_draw.py ${SAMPLERS:-} ;;
+    ring)
+      run ring 200 python3 -m pytest -q -p no:cacheprovider tests/test_token_ring.py ;;
+    bundle)
+      (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log) && echo "== bundle: logs.tgz" ;;
     gate-sampled)
       run gate-greedy "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
         --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"

@@ -84,8 +84,38 @@ def test_a_seeded_request_is_the_same_alone_eager_and_crowded_under_graphs(sampl
     order = list(others.items())
     requests = dict(order[:3] + [("me", (prompts[0], me))] + order[3:])
     assert run_sampled(crowd, requests, 16)["me"] == mine
+    # its decode steps' tokens were read from the ring the drawing graphs published into (one
+    # more launch where the last, launched ahead with its rows all finished, never ran)
+    decode_steps = crowd.stats()["steps"]["decode"]
+    assert decode_steps > 0 and crowd.ring.num_launched - decode_steps in (0, 1)
     if planning == "auto":
         assert crowd.sampler.slots.rows_written >= 16
+
+
+@pytest.mark.parametrize("planning", ["auto", "off"])
+def test_the_token_ring_reads_the_copys_tokens_under_graphs(planning):
+    """Greedy and seeded rows, some stopping on a token (their rows run once more, unsampled,
+    in the step launched ahead, so the ring's read keeps only the live rows): the decode
+    graphs' published tokens equal the copied ones."""
+    model = load_model_config("tiny")
+    generator = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, model.vocab_size, (int(n),), generator=generator).tolist()
+               for n in torch.randint(3, 60, (16,), generator=generator)]
+    requests = {f"r{i}": (p, SamplingParams(max_tokens=6 + 2 * i, temperature=(i % 2) * 0.7,
+                                            top_p=0.9, seed=i, ignore_eos=i % 3 > 0,
+                                            stop_token_ids=tuple(range(200, 400))))
+                for i, p in enumerate(prompts)}
+    runs = {}
+    for ring in ("on", "off"):
+        engine = build_engine(model, EngineConfig(dtype="float32", cuda_graphs="on",
+                                                  compile="off", token_ring=ring,
+                                                  decode_buckets=(1, 2, 4, 8, 16),
+                                                  resident_planning=planning,
+                                                  kv_cache_gib=1.0), "cuda")
+        runs[ring] = run_sampled(engine, requests, 16)
+        assert (engine.ring is not None) == (ring == "on")
+    assert runs["on"] == runs["off"]
+    assert any(len(tokens) < requests[rid][1].max_tokens for rid, tokens in runs["on"].items())
 
 
 @pytest.mark.parametrize("sampler", ["torch", "triton"])
