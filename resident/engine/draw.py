@@ -181,17 +181,18 @@ def race(filtered: torch.Tensor, keys: torch.Tensor, floors: torch.Tensor,
 
 def draw(logits: torch.Tensor, params: RowParams, greedy: torch.Tensor,
          counters: torch.Tensor, sampler: str = "torch", fused: bool = False,
-         meeting=None) -> Drawn:
+         meeting=None, pdl: bool = False) -> Drawn:
     """logits: [rows, vocab]; greedy: their argmax ([rows], left as it is); counters:
     vocab_counters; fused: the race on the Triton kernel; meeting: the `triton` race's kept
-    counters (a kernels.gdc.KeptZeros, or None: zeroed each draw). Each row's token: greedy at
+    counters (a kernels.gdc.KeptZeros, or None: zeroed each draw); pdl: the race's kernels
+    launched with programmatic dependent launch (CUDA, Hopper on). Each row's token: greedy at
     temperature <= 0, else drawn (module docstring). Reads nothing back and allocates only
     temporaries: a CUDA graph can hold it."""
     if sampler == "triton":  # imported here: triton must not load before TRITON_INTERPRET is set
         from resident.kernels.nucleus_race import nucleus_race
 
         out = packed_drawn(logits.shape[0], logits.device)
-        nucleus_race(logits, *params, greedy, meeting=meeting, out=out[:2])
+        nucleus_race(logits, *params, greedy, meeting=meeting, out=out[:2], pdl=pdl)
         return out
     scaled, failed = scale(logits, params)
     if sampler == "flashinfer":

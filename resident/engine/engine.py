@@ -194,7 +194,8 @@ class Engine:
         slots = None if planner is None else SamplingSlots(
             planner.num_rows, config.max_decode_rows, planner.slot_ids_gpu, self.device)
         return Sampler(self.device, config.seed, self.model_config.vocab_size,
-                       config.max_step_rows, config.sampler, slots, self.kernels.argmax)
+                       config.max_step_rows, config.sampler, slots, self.kernels.argmax,
+                       pdl_on(config.pdl, self.device))
 
     # -- requests ---------------------------------------------------------------------------
 

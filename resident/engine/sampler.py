@@ -91,11 +91,14 @@ class StepLogprobs:
 class Sampler:
     def __init__(self, device: torch.device, seed: int, vocab_size: int, max_rows: int,
                  name: str = "torch", slots: SamplingSlots | None = None,
-                 argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax) -> None:
+                 argmax: Callable[[torch.Tensor], torch.Tensor] = torch_argmax,
+                 pdl: bool = False) -> None:
         """name: the draw's filter (draw.SAMPLERS); slots: the resident planner's sampling
         slots, or None when decode steps are host-planned; max_rows: the most rows a step
-        samples; argmax: the greedy tokens of a step whose forward gave none (StepKernels')."""
+        samples; argmax: the greedy tokens of a step whose forward gave none (StepKernels');
+        pdl: the `triton` race's kernels launched with PDL (the `pdl` knob's answer)."""
         self.device, self.name, self.slots, self.argmax = device, name, slots, argmax
+        self.pdl = pdl
         self.fused = device.type == "cuda"  # the race on its Triton kernel (draw.py)
         self._seeds = random.Random(seed)
         # each added request's columns but its token index: a step's rows are then looked up,
@@ -231,7 +234,7 @@ class Sampler:
     def _draw(self, step: StepLogits, num_rows: int) -> Drawn:
         return draw(step.logits[:num_rows], self._columns.params(num_rows),
                     self.greedy(step, num_rows), self._counters_gpu, self.name, self.fused,
-                    self._meeting)
+                    self._meeting, self.pdl)
 
     @staticmethod
     def logprobs(logits: torch.Tensor, tokens: torch.Tensor,

@@ -39,8 +39,9 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdc import KeptZeros, last_to_arrive
+from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.gumbel_race import MAX_BLOCK, MAX_CHUNK, _gumbel, _mix32
+from resident.kernels.pdl import launch_options
 
 # A round no row reaches costs ~1.7 us (H200): a seventh keeps three pivot rounds for little
 ROUNDS = 7
@@ -211,13 +212,14 @@ def _first_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                   score, ident, ywin, floors, judged, tokens, failures, arrivals, racing,
                   num_racing, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
                   BLOCK: tl.constexpr, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
-                  PIVOTS_FROM: tl.constexpr, FAST: tl.constexpr):
+                  PIVOTS_FROM: tl.constexpr, FAST: tl.constexpr, USE_PDL: tl.constexpr):
     """The first pass of every sampled row. Program 0 of each row writes its failure flag, the
     greedy token of a greedy or failed row (a sampled row's comes from a judge: _judge), and
     for a sampled row its top to `tops` (for the rounds: one load there, not two in a row).
     The row's last program to finish sets round 1's floor and candidate."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
+    pdl_wait_then_release(USE_PDL)
     temperature = tl.load(temperatures + row * floats_stride)
     failed = False
     top = 0.0
@@ -353,12 +355,14 @@ def _round_one_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seed
                       num_racing,
                       rounds, num_rows, vocab, num_chunks, CHUNK: tl.constexpr,
                       BLOCK: tl.constexpr, SPAN: tl.constexpr, PIVOTS: tl.constexpr,
-                      PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr):
+                      PIVOTS_FROM: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr,
+                      USE_PDL: tl.constexpr):
     """Round 1 over a (rows, chunks) grid: every sampled row not failed; the winner it judges
     is kept with probability about top_p, so later rounds take few (the ones its judges
     list)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
+    pdl_wait_then_release(USE_PDL)
     if (row == 0) & (chunk == 0) & (rounds >= 3):
         tl.store(num_racing + 3, 0)
     if (tl.load(temperatures + row * floats_stride) > 0) & (tl.load(failures + row) == 0):
@@ -374,7 +378,8 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
                   ident, ywin, floors, judged, tokens, failures, arrivals, racing, num_racing,
                   rounds, num_rows, vocab, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                   SPAN: tl.constexpr, PIVOTS: tl.constexpr, PIVOTS_FROM: tl.constexpr,
-                  STEP: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr):
+                  STEP: tl.constexpr, LAST: tl.constexpr, FAST: tl.constexpr,
+                  USE_PDL: tl.constexpr):
     """Round STEP (2..ROUNDS) over the (row, chunk) items of the rows round STEP - 1's judges
     listed, strided over a grid of a few programs an SM: most draws list no row after round
     2, and a (rows, chunks) grid of programs that return at once took ~5.7 us a round at 64
@@ -382,6 +387,7 @@ def _round_kernel(logits, stride, temperatures, top_ks, top_ps, min_ps, seeds, i
     judge writes every undecided row's token. STEP is a constant: each round compiles its own
     judge. Its program 0 zeroes round STEP + 2's count, which round STEP + 1's judges raise."""
     program = tl.program_id(0)
+    pdl_wait_then_release(USE_PDL)
     if (program == 0) & (rounds >= STEP + 2):
         tl.store(num_racing + STEP + 2, 0)
     item = program
@@ -426,7 +432,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
                  top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor,
                  index: torch.Tensor, greedy: torch.Tensor, rounds: int = ROUNDS,
                  meeting: KeptZeros | None = None,
-                 out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [rows, vocab] (a float dtype, unit stride along the vocabulary); per row
     ([rows] each, draw.RowParams' dtypes and order; each dtype's with one row stride):
@@ -436,7 +442,10 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     bool failed). Static grids, temporaries only: a CUDA graph can hold it. meeting: where
     the judges' arrival counters are kept, zero between draws (each judge leaves its own at 0),
     so a draw clears none; without it they are zero-filled every draw. out: the ([rows] int64,
-    [rows] bool) to write the tokens and failures into (contiguous each), else new ones."""
+    [rows] bool) to write the tokens and failures into (contiguous each), else new ones. pdl:
+    each kernel launched with programmatic dependent launch (kernels/pdl.py), so its launch
+    overlaps the tail of the one before: the late rounds, which most draws leave empty, cost
+    little more than their launch (~1.7 us each on the H200 without it)."""
     if logits.stride(1) != 1:
         raise ValueError("logits must be contiguous along the vocabulary")
     if rounds < 2:
@@ -468,7 +477,7 @@ def nucleus_race(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     state = (floors, judged, tokens, failed)
     grid = (num_rows, num_chunks)
     sizes = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": PIVOTS,
-             "PIVOTS_FROM": PIVOTS_FROM, "FAST": logits.is_cuda}
+             "PIVOTS_FROM": PIVOTS_FROM, "FAST": logits.is_cuda, **launch_options(pdl)}
     # [rounds + 1, rows]: the rows round s takes from 2 on, listed by round s - 1's judges, and
     # [rounds + 1] their counts; the kernels zero each count before its judges raise it
     racing = torch.empty(rounds + 1, num_rows, dtype=torch.int32, device=device)

@@ -38,6 +38,8 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
+from resident.config import EngineConfig
+from resident.engine.token_ring import HEADER_BYTES, NUM_SLOTS, TokenRing
 from resident.kernels import (
     argmax,
     attention_prologue,
@@ -50,6 +52,7 @@ from resident.kernels import (
     gumbel_race,
     kv_write,
     nucleus_race,
+    publish,
     varlen_attention,
 )
 from resident.model.config import ModelConfig, load_model_config
@@ -152,6 +155,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     variants.append(_argmax_variant(config))
     variants.append(_gumbel_race_variant())
     variants += _nucleus_race_variants(config)
+    variants.append(_publish_variant())
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
     variants.append(_varlen_attention_variant(config))
@@ -204,6 +208,16 @@ def _argmax_variant(config: ModelConfig) -> Variant:
                     "BLOCK": argmax.BLOCK, "USE_PDL": True}, argmax.NUM_WARPS)
 
 
+def _publish_variant() -> Variant:
+    """The token ring's publish (engine/token_ring.py) at the default decode buckets' ring."""
+    ring = TokenRing(torch.device("cpu"), EngineConfig().max_decode_rows)
+    types = {"src": "*u8", "ring": "*u8", "ring_words": "*i64", "count_cell": "*i64",
+             "num_bytes": "i32"}
+    return Variant("token ring publish", publish._publish_kernel, types,
+                   {"SLOT_BYTES": ring.slot_bytes, "HEADER": HEADER_BYTES, "SLOTS": NUM_SLOTS,
+                    "BLOCK": publish.BLOCK}, 1)
+
+
 def _gumbel_race_variant() -> Variant:
     """The sampler's race over float32 filtered logits, at its widest chunk."""
     types = {"scores": "*fp32", "stride": "i64", "keys": "*i64", "floors": "*fp32",
@@ -231,11 +245,11 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                 for arg in kernel.arg_names if arg not in constexprs}
 
     first = {"CHUNK": chunk, "BLOCK": block, "SPAN": span, "PIVOTS": pivots,
-             "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "FAST": True}
+             "PIVOTS_FROM": nucleus_race.PIVOTS_FROM, "FAST": True, "USE_PDL": True}
     round_one = {**first, "LAST": False}
     round_ = {**first, "STEP": 2, "LAST": False}
     last = {**first, "STEP": nucleus_race.ROUNDS, "LAST": True}
-    return [Variant(f"sampler nucleus race {name}", kernel, types(kernel, constexprs),
+    return [Variant(f"sampler nucleus race {name} (PDL)", kernel, types(kernel, constexprs),
                     constexprs)
             for name, kernel, constexprs in (("first pass", nucleus_race._first_kernel, first),
                                              ("round 1", nucleus_race._round_one_kernel, round_one),
