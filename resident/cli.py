@@ -247,6 +247,8 @@ KNOB_MEANINGS = {
                "both CUDA); auto: triton on CUDA, torch on CPU",
     "argmax": "each row's greedy token: torch's reduction, or triton (kernels/argmax.py: a row "
               "over many programs; CUDA); auto: triton on CUDA, torch on CPU",
+    "token_ring": "a decode step's graph stores its tokens into pinned host memory, so their "
+                  "read-back queues no copy (engine/token_ring.py); off: the copy",
     "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "
                        "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",
