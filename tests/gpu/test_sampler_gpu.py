@@ -15,6 +15,7 @@ from resident.engine.draw import RowParams, draw, vocab_counters
 from resident.engine.engine import build_engine
 from resident.engine.sampler import Sampler, SampleRow, StepLogits
 from resident.engine.types import SamplingParams
+from resident.kernels.pdl import pdl_available
 from resident.model.config import load_model_config
 
 from model_driver import run_sampled
@@ -36,22 +37,26 @@ def _params(rows: int) -> RowParams:
                                               min_p.float(), seed, index)))
 
 
-@pytest.mark.parametrize("sampler", [
-    pytest.param("flashinfer", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("sampler, pdl", [
+    pytest.param("flashinfer", False, marks=pytest.mark.skipif(
         importlib.util.find_spec("flashinfer") is None, reason="flashinfer not installed")),
-    "triton"])
+    ("triton", False), ("triton", True)])
 @pytest.mark.parametrize("vocab", [151_936, 248_320])
-def test_a_kernel_sampler_draws_the_torch_filters_tokens(sampler, vocab):
-    """The same noise, so the same tokens but where rounding moves a row's cutoff."""
+def test_a_kernel_sampler_draws_the_torch_filters_tokens(sampler, pdl, vocab):
+    """The same noise, so the same tokens but where rounding moves a row's cutoff; the race
+    with its kernels launched with PDL (the engine's way on Hopper) too."""
+    if pdl and not pdl_available(DEVICE):
+        pytest.skip("PDL needs compute capability 9.0 or later")
     rows = 256
     logits = torch.randn(rows, vocab, device=DEVICE, dtype=torch.bfloat16) * 4
     params = _params(rows)
     counters = vocab_counters(vocab, DEVICE)
     greedy = logits.argmax(dim=-1)
     torch_drawn = draw(logits, params, greedy, counters, "torch")
-    kernel_drawn = draw(logits, params, greedy, counters, sampler)
+    kernel_drawn = draw(logits, params, greedy, counters, sampler, pdl=pdl)
     same = (torch_drawn.tokens == kernel_drawn.tokens).float().mean().item()
-    print(f"{sampler} vocab {vocab}: {same:.4f} of {rows} rows draw the torch filter's token")
+    print(f"{sampler}{' (PDL)' if pdl else ''} vocab {vocab}: {same:.4f} of {rows} rows draw "
+          f"the torch filter's token")
     assert same >= 0.95, same
     assert not torch_drawn.failed.any() and not kernel_drawn.failed.any()
 

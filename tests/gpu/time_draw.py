@@ -1,7 +1,8 @@
 """GPU time of one batched draw (engine/draw.py) at the 0.8B vocabulary, each filter, captured
 as a CUDA graph as the engine replays it, beside the greedy argmax alone: what sampling adds to a
 decode step. Prints the argmax knob's two kernels' time per row count, one line per (rows,
-sampler), then the Triton race's kernels at 64 rows:
+sampler; the `triton` race also with its kernels launched with PDL), then the Triton race's
+kernels at 64 rows:
     python3 tests/gpu/time_draw.py [SAMPLER ...]   (default: torch triton, and flashinfer if
     installed; FlashInfer JIT-builds its sampling module on a fresh machine, minutes)"""
 
@@ -36,12 +37,16 @@ def main() -> None:
         print_argmax_us(logits, greedy_us)
         for sampler in samplers:
             greedy = logits.argmax(dim=-1)
-            # fused: the filters' race on its Triton kernel, as the engine draws on CUDA
-            us = graph_time_us(lambda logits=logits, params=params, greedy=greedy,
-                               sampler=sampler: draw(logits, params, greedy, counters, sampler,
-                                                     fused=True))
-            print(f"rows {rows:4d} {sampler:10s} draw {us:8.1f} us "
-                  f"(argmax alone {greedy_us:6.1f} us)", flush=True)
+            # fused: the filters' race on its Triton kernel, as the engine draws on CUDA; the
+            # `triton` race with its kernels launched with PDL too (pdl=auto on Hopper)
+            for pdl in (False, True) if sampler == "triton" else (False,):
+                us = graph_time_us(lambda logits=logits, params=params, greedy=greedy,
+                                   sampler=sampler, pdl=pdl: draw(
+                                       logits, params, greedy, counters, sampler, fused=True,
+                                       pdl=pdl))
+                name = f"{sampler} (PDL)" if pdl else sampler
+                print(f"rows {rows:4d} {name:14s} draw {us:8.1f} us "
+                      f"(argmax alone {greedy_us:6.1f} us)", flush=True)
             if sampler == "triton" and rows == 64:
                 run = functools.partial(draw, logits, params, greedy, counters, "triton",
                                         fused=True)
