@@ -104,6 +104,23 @@ def run_engine(engine, requests: dict[str, tuple[list[int], int]], max_steps: in
     raise AssertionError("engine did not finish")
 
 
+def run_with_stops(engine, requests: dict[str, tuple[list[int], int]],
+                   stops: dict[str, int]) -> dict[str, list[int]]:
+    """Each request's greedy tokens (requests: id -> (prompt, max_tokens)), all added at once,
+    a request in `stops` stopping at its token; the engine stepped until it drains."""
+    from resident.engine.types import EngineRequest, SamplingParams
+
+    for rid, (prompt, max_tokens) in requests.items():
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                stop_token_ids=(stops[rid],) if rid in stops else ())
+        assert engine.add_request(EngineRequest(rid, prompt, params)) is None
+    outputs: dict[str, list[int]] = {}
+    while engine.has_work():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return outputs
+
+
 def run_sampled(engine, requests: dict, concurrency: int) -> dict[str, list[int]]:
     """Each request's tokens (requests: id -> (prompt, SamplingParams)), `concurrency` in the
     engine at a time, in arrival order; a request that fails fails the test."""

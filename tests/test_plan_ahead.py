@@ -15,7 +15,7 @@ from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 
-from model_driver import run_engine
+from model_driver import run_engine, run_with_stops
 
 TINY = load_model_config("tiny")
 PRESSURE = {
@@ -81,15 +81,7 @@ def test_plan_ahead_gives_the_in_order_tokens(planning, pressure):
 def _stop_tokens_run(plan_ahead: str, planning: str, stops: dict[str, int]):
     """Each request stops at the token the in-order run gave it at some position."""
     engine = make_engine(plan_ahead, planning)
-    for rid, (prompt, max_tokens) in workload(6, seed=5).items():
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                stop_token_ids=(stops[rid],) if rid in stops else ())
-        assert engine.add_request(EngineRequest(rid, prompt, params)) is None
-    outputs: dict[str, list[int]] = {}
-    while engine.has_work():
-        for out in engine.step():
-            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-    return engine, outputs
+    return engine, run_with_stops(engine, workload(6, seed=5), stops)
 
 
 @pytest.mark.parametrize("planning", ["off", "auto"])

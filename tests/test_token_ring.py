@@ -17,10 +17,9 @@ from resident.engine.draw import packed_drawn
 from resident.engine.engine import build_engine
 from resident.engine.sampler import TokenReadback
 from resident.engine.token_ring import HEADER_BYTES, NUM_SLOTS, TokenRing, publish_torch
-from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 
-from model_driver import run_engine
+from model_driver import run_engine, run_with_stops
 
 TINY = load_model_config("tiny")
 CPU = torch.device("cpu")
@@ -161,16 +160,8 @@ def test_rows_that_finished_on_a_stop_token_are_left_out_of_a_published_read():
     outputs = {}
     for ring in ("off", "on"):
         engine = build_engine(TINY, dataclasses.replace(base, token_ring=ring), "cpu")
-        for rid, (prompt, max_tokens) in requests.items():
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                    stop_token_ids=(stops[rid],) if rid in stops else ())
-            assert engine.add_request(EngineRequest(rid, prompt, params)) is None
-        got: dict[str, list[int]] = {}
-        while engine.has_work():
-            for out in engine.step():
-                got.setdefault(out.request_id, []).extend(out.new_token_ids)
+        outputs[ring] = run_with_stops(engine, requests, stops)
         assert engine.counters["rows_after_finish"] > 0
-        outputs[ring] = got
     assert outputs["on"] == outputs["off"]
     assert any(len(outputs["on"][rid]) < len(free_run[rid]) for rid in stops)
 
