@@ -143,7 +143,8 @@
 #   bundle    every *.log under $OUT so far into logs.tgz (a call brings back at most 8 files):
 #             put it last
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
-#             0.7, top_p 0.9), c=64: compare the two sessions' output_throughput, tarred
+#             0.7, top_p 0.9), c=64, $SAMPLED_ROUNDS rounds each (default 1; 3 took ~105 s a
+#             session on a warm H100): compare the two sessions' output_throughput, tarred
 #   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
 #             c=64 sampled, resident planning off and auto, tarred
 #   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
@@ -422,9 +423,9 @@ for part in "$@"; do
       (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log) && echo "== bundle: logs.tgz" ;;
     gate-sampled)
       run gate-greedy "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
-        --temperature 0 --top-p 1 --name h200-0.8b-greedy --out "$OUT/gate-greedy"
+        --temperature 0 --top-p 1 --rounds "${SAMPLED_ROUNDS:-1}" --name h200-0.8b-greedy --out "$OUT/gate-greedy"
       run gate-sampled "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
-        --out "$OUT/gate-sampled"
+        --rounds "${SAMPLED_ROUNDS:-1}" --out "$OUT/gate-sampled"
       tar czf "$OUT/gate-sampled.tgz" -C "$OUT" gate-greedy gate-sampled \
         && rm -rf "$OUT/gate-greedy" "$OUT/gate-sampled" ;;
     phases-sampled)
