@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from resident.engine.draw import Drawn
-from resident.engine.sampler import Sampler, SampleRow, StepLogits, TokenReadback
+from resident.engine.readback import TokenReadback
+from resident.engine.sampler import Sampler, SampleRow, StepLogits
 from resident.engine.types import SamplingParams
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ import torch
 from resident.config import EngineConfig
 from resident.engine.draw import packed_drawn
 from resident.engine.engine import build_engine
-from resident.engine.sampler import TokenReadback
+from resident.engine.readback import TokenReadback
 from resident.engine.token_ring import HEADER_BYTES, NUM_SLOTS, TokenRing, publish_torch
 from resident.model.config import load_model_config
 

@@ -40,17 +40,12 @@ from resident.engine.latency import RequestLatency
 from resident.engine.phases import NO_PHASES, PhaseTiming
 from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning, planner_refusal
 from resident.engine.prefix import NoPrefixCache, PrefixCache
+from resident.engine.readback import TokenReadback
 from resident.engine.report import engine_info, engine_stats, rowcheck_counts
 from resident.engine.request import Request, Status
 from resident.engine.resident_planning import ResidentPlanning
 from resident.engine.runner import StepRunner
-from resident.engine.sampler import (
-    FAILED_DRAW,
-    Sampler,
-    SampleRow,
-    StepLogits,
-    TokenReadback,
-)
+from resident.engine.sampler import FAILED_DRAW, Sampler, SampleRow, StepLogits
 from resident.engine.sampling_state import SamplingSlots
 from resident.engine.scheduler import Scheduler, StepPlan
 from resident.engine.startup import StartupTimes
