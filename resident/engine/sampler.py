@@ -11,7 +11,7 @@ The draw's per-row parameters sit at fixed addresses (sampling_state.py). A deco
 resident planning gathers them by slot from `SamplingSlots` (written only for rows the planner
 writes whole) and advances each row's token index on the device; any other step uploads its
 rows' parameters. A decode step's parameters are staged before its forward (`stage_rows`,
-`stage_by_slot`) and its draw (`draw_decode`: gather, draw, advance) runs after the forward
+`stage_by_slot`) and its draw (`draw_decode`: take by slot, then draw) runs after the forward
 inside the same graph: the runner captures each decode bucket twice, greedy and drawing
 (runner.py), and a step that draws replays the drawing one, so sampling costs a decode step no
 launch of its own. A varlen (prefill or mixed) step is drawn after its forward: its rows'
@@ -169,15 +169,12 @@ class Sampler:
 
     def draw_decode(self, step: StepLogits, bucket: int) -> Drawn:
         """A decode bucket's draw over all its rows, staged by `stage_rows` or
-        `stage_by_slot`: by slot under resident slots (gather, draw, advance), else from the
-        uploaded columns. Device ops only: the runner captures it in the bucket's drawing
-        graph, after the forward."""
+        `stage_by_slot`: by slot under resident slots (its rows' parameters taken, their
+        indices advanced, then the draw), else from the uploaded columns. Device ops only: the
+        runner captures it in the bucket's drawing graph, after the forward."""
         if self.slots is not None:
-            self.slots.gather(self._columns, bucket)
-        drawn = self._draw(step, bucket)
-        if self.slots is not None:
-            self.slots.advance(bucket)
-        return drawn
+            self.slots.take(self._columns, bucket)
+        return self._draw(step, bucket)
 
     # -- varlen (prefill and mixed) steps: drawn after the forward ----------------------------
 

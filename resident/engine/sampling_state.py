@@ -8,8 +8,8 @@
 - `SamplingSlots` (resident planning): the same columns for every slot of the resident planner's
   store. A request's row is written only when the planner writes its row whole (new, displaced,
   or stale after a host-planned step); a decode step gathers its rows by slot into the step's
-  columns and advances their token index on the device, inside the decode step's graph, so a
-  captured resident step uploads no sampling parameters.
+  columns and advances their token index on the device (`take`: one kernel on CUDA), inside the
+  decode step's graph, so a captured resident step uploads no sampling parameters.
 """
 
 from __future__ import annotations
@@ -89,6 +89,11 @@ class SamplingSlots:
                                       pin_memory=device.type == "cuda")
         self._slots_gpu = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self._ones_gpu = torch.ones(max_rows, dtype=torch.int64, device=device)
+        self._take = None
+        if device.type == "cuda":  # imported here: triton must not load before TRITON_INTERPRET
+            from resident.kernels.slot_params import take_triton
+
+            self._take = take_triton
         self.rows_written = 0
 
     def write(self, slots: list[int], rows: RowColumns) -> None:
@@ -104,14 +109,16 @@ class SamplingSlots:
         self.table.ints_gpu.index_copy_(0, slot_ids, self._staged.ints_gpu[:count])
         self.rows_written += count
 
-    def gather(self, columns: ParamColumns, bucket: int) -> None:
-        """The bucket's rows' parameters, by slot, into the step's columns (device only)."""
+    def take(self, columns: ParamColumns, bucket: int) -> None:
+        """The bucket's rows' parameters, by slot, into the step's columns, then one token more
+        on each row's index in the table (the draw reads the step's copy; the sink's padding
+        rows advance too, and nothing reads the sink's). Device only: on CUDA one kernel
+        (kernels/slot_params.py), else this reference's three ops."""
+        if self._take is not None:
+            self._take(self.table.floats_gpu, self.table.ints_gpu, self.slot_ids_gpu[:bucket],
+                       columns.floats_gpu, columns.ints_gpu, INDEX_COL)
+            return
         slot_ids = self.slot_ids_gpu[:bucket]
         torch.index_select(self.table.floats_gpu, 0, slot_ids, out=columns.floats_gpu[:bucket])
         torch.index_select(self.table.ints_gpu, 0, slot_ids, out=columns.ints_gpu[:bucket])
-
-    def advance(self, bucket: int) -> None:
-        """One token more on each of the bucket's rows (the sink's padding rows advance too;
-        nothing reads the sink's)."""
-        self.table.ints_gpu[:, INDEX_COL].index_add_(0, self.slot_ids_gpu[:bucket],
-                                                     self._ones_gpu[:bucket])
+        self.table.ints_gpu[:, INDEX_COL].index_add_(0, slot_ids, self._ones_gpu[:bucket])

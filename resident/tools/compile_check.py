@@ -39,6 +39,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from resident.config import EngineConfig
+from resident.engine.sampling_state import INDEX_COL
 from resident.engine.token_ring import HEADER_BYTES, NUM_SLOTS, TokenRing
 from resident.kernels import (
     argmax,
@@ -53,6 +54,7 @@ from resident.kernels import (
     kv_write,
     nucleus_race,
     publish,
+    slot_params,
     varlen_attention,
 )
 from resident.model.config import ModelConfig, load_model_config
@@ -156,6 +158,9 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     variants.append(_gumbel_race_variant())
     variants += _nucleus_race_variants(config)
     variants.append(_publish_variant())
+    variants.append(Variant("sampling parameters by slot", slot_params._take_kernel, {
+        "table_floats": "*fp32", "table_ints": "*i64", "slot_ids": "*i64", "out_floats": "*fp32",
+        "out_ints": "*i64"}, {"WIDTH": 3, "BLOCK": 4, "INDEX_COL": INDEX_COL}, 1))
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
     variants.append(_varlen_attention_variant(config))

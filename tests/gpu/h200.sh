@@ -137,9 +137,10 @@
 #             kernels and the host's µs a call (eager, replayed) at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
 #             flashinfer" skips FlashInfer's minutes of JIT build on a fresh machine); SAMPLERS:
 #             time_draw's samplers (default torch triton flashinfer)
-#   ring      tests/test_token_ring.py whole: the publish kernel storing into pinned memory
-#             against its torch reference, a replayed graph alternating slots, the CPU engine's
-#             ring against its copy (the GPU engine's: tests/gpu/test_sampler_gpu.py)
+#   ring      tests/test_token_ring.py and tests/test_kernel_slot_params.py whole: the publish
+#             kernel storing into pinned memory against its torch reference, a replayed graph
+#             alternating slots, the CPU engine's ring against its copy (the GPU engine's:
+#             tests/gpu/test_sampler_gpu.py); the resident sampling parameters' take kernel
 #   bundle    every *.log under $OUT so far into logs.tgz (a call brings back at most 8 files):
 #             put it last
 #   gate-sampled configs/gate/h200-0.8b-sampled.yaml twice, greedy then sampled (temperature
@@ -418,7 +419,7 @@ for part in "$@"; do
       # shellcheck disable=SC2086  # SAMPLERS: a list of words
       run sampler-time 150 python3 tests/gpu/time_draw.py ${SAMPLERS:-} ;;
     ring)
-      run ring 200 python3 -m pytest -q -p no:cacheprovider tests/test_token_ring.py ;;
+      run ring 200 python3 -m pytest -q -p no:cacheprovider tests/test_token_ring.py tests/test_kernel_slot_params.py ;;
     bundle)
       (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log) && echo "== bundle: logs.tgz" ;;
     gate-sampled)
