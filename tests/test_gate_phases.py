@@ -11,7 +11,7 @@ from gate.config import GateConfig
 from gate.manifest import Manifest
 from gate.records import PHASES_JSON
 from gate.report.phases import COLUMNS, PHASES_MD
-from gate.run.phases import PhasesSession
+from gate.run.phases import PhasesSession, merged
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +64,51 @@ def test_phases_refuses_a_used_out_and_bad_values(session):
 
 
 def test_phases_runs_one_server_at_a_time_whatever_the_config_says(tmp_path):
-    """A config written for `run --interleave` (the demo's) still measures each server alone."""
+    """A config written for `run --interleave --until-verdict` (the demo's) still measures each
+    server alone, one run a cell, its rounds as given and none added for a verdict."""
     config = GateConfig(arms=("main=.",), interleave=True, parallel_start=True, rounds=3, runs=4,
-                        out=str(tmp_path / "phases"))
+                        until_verdict=True, max_rounds=5, out=str(tmp_path / "phases"))
     session = PhasesSession(config, ROOT, ["phases"])
     assert (session.config.interleave, session.config.parallel_start, session.config.rounds,
-            session.config.runs) == (False, False, 1, 1)
+            session.config.runs, session.config.until_verdict) == (False, False, 3, 1, False)
+
+
+def _round(plan: float, steps: int, tok_s: float, prefill: bool = True) -> dict:
+    kinds = {"decode": {"plan": plan, "step": 2 * plan, "steps": steps}}
+    if prefill:
+        kinds["prefill"] = {"plan": 1.0, "step": 5.0, "steps": 1}
+    return {"kinds": kinds, "enabled": True, "output_throughput": tok_s, "failed": 0,
+            "planner_off": None}
+
+
+def test_rounds_merge_weighted_by_their_steps():
+    """Each kind's ms a step is the rounds' mean weighted by their steps; a kind one round did
+    not time is the others'; every round is kept as read."""
+    rounds = [_round(0.3, 100, 900.0), _round(0.1, 300, 1100.0, prefill=False)]
+    one = merged(rounds)
+    assert one["kinds"]["decode"] == {"plan": 0.15, "step": 0.3, "steps": 400}
+    assert one["kinds"]["prefill"] == {"plan": 1.0, "step": 5.0, "steps": 1}
+    assert one["output_throughput"] == 1000.0 and one["failed"] == 0
+    assert one["by_round"] == rounds
+
+
+def test_phases_over_rounds_alternates_the_arms_and_merges_them(tmp_path):
+    """Two rounds: each arm's server started twice (the second round in the other order), each
+    round's phases kept, their merge's decode steps the rounds' sum, the plan thread's range in
+    the takes table."""
+    out = tmp_path / "session"
+    result = invoke("phases", "--arm", "off=.", "--arm", "auto=.",
+                    "--set", "off.resident_planning=off", "--concurrency", "1", "--rounds", "2",
+                    "--out", str(out), "--format", "json", *SHORT)
+    assert result.exit_code == 0, result.output
+    for arm, measured in json.loads((out / PHASES_JSON).read_text())["cells"]["c=1"].items():
+        steps = [one["kinds"]["decode"]["steps"] for one in measured["by_round"]]
+        assert len(steps) == 2 and all(steps), arm
+        assert measured["kinds"]["decode"]["steps"] == sum(steps)
+    manifest = Manifest.read(out).to_dict()
+    assert manifest["rounds_run"] == 2
+    assert [s["arm"] for s in manifest["timing"]["servers"]] == ["off", "auto", "auto", "off"]
+    takes = [line for line in (out / PHASES_MD).read_text().splitlines()
+             if line.startswith("| c=1 | auto |") and " -> " in line]
+    assert len(takes) == 1 and takes[0].count("[") == 2
+    assert not servers_left(result)

@@ -29,6 +29,7 @@ def phases(
     requests_per_slot: opt.RequestsPerSlotOpt = None,
     clients: opt.ClientsOpt = None,
     seed: opt.SeedOpt = None,
+    rounds: opt.RoundsOpt = None,
     startup_timeout: opt.StartupOpt = None,
     server_cpus: opt.ServerCpusOpt = None,
     step_cores: opt.StepCoresOpt = None,
@@ -43,14 +44,15 @@ def phases(
     """Where each arm's step time goes, by the engine's own phase timing.
 
     One server per arm with phase timing on, a steady load per cell, the engine's phases read
-    after a reset; writes phases.md (the plan thread's CPU by phase, and what each arm takes
-    off the baseline's), phases.json and manifest.json.
+    after a reset; --rounds N starts each arm's server N times in alternated order and weighs
+    the rounds by their steps. Writes phases.md (the plan thread's CPU by phase, and what each
+    arm takes off the baseline's), phases.json (each round's too) and manifest.json.
     """
     given = option_fields(
         arm=arm, set=knobs, model=model, device=device, concurrency=concurrency,
         prompt_len=prompt_len, output_len=output_len,
         temperature=temperature, top_p=top_p, top_k=top_k, requests=requests,
-        requests_per_slot=requests_per_slot, clients=clients, seed=seed,
+        requests_per_slot=requests_per_slot, clients=clients, seed=seed, rounds=rounds,
         startup_timeout=startup_timeout, server_cpus=server_cpus, step_cores=step_cores,
         api_core=api_core, client_cpus=client_cpus, gpu=gpu, name=name, out=out)
     console = Console(stderr=True)

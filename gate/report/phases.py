@@ -22,6 +22,15 @@ def _decode(results: dict[str, dict[str, Any]], cell: str, arm: str) -> dict[str
     return results.get(cell, {}).get(arm, {}).get("kinds", {}).get("decode")
 
 
+def _plan(results: dict[str, dict[str, Any]], cell: str, arm: str, plan: float) -> str:
+    """The merged plan thread's ms, with its rounds' range where there were several."""
+    plans = [one["kinds"]["decode"]["plan"]
+             for one in results[cell][arm].get("by_round", [])
+             if one["kinds"].get("decode", {}).get("steps")]
+    spread = f" [{min(plans):.3f}-{max(plans):.3f}]" if len(plans) > 1 else ""
+    return f"{plan:.3f}{spread}"
+
+
 def phase_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list[str]]:
     """The first table: one row per cell and arm, ms per decode step of each phase."""
     rows = []
@@ -45,7 +54,8 @@ def takes_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list
                 rows.append([cell, arm, "-", "-", "-"])
                 continue
             takes = base["plan"] - head["plan"]
-            rows.append([cell, arm, f"{base['plan']:.3f} -> {head['plan']:.3f}",
+            rows.append([cell, arm, f"{_plan(results, cell, arms[0], base['plan'])} -> "
+                                    f"{_plan(results, cell, arm, head['plan'])}",
                          f"{takes:.3f} ({takes / base['plan']:.0%})",
                          f"{takes / base['step']:.1%}"])
     return rows
@@ -68,10 +78,12 @@ def phases_md(results: dict[str, dict[str, Any]], manifest: Manifest) -> str:
     tables = phase_tables(results, manifest.arm_names)
     return "\n\n".join([
         page_title(manifest, "phases"), header_line(manifest),
-        "ms per decode step, phase timing on, one server per arm, a steady load per cell after "
-        "a warm-up and a reset. `step` and `event_sync` are wall time; the rest is thread CPU "
-        "time. `plan` is the sum of the parts right of it (resident/engine/phases.py says what "
-        "each part holds). Every step kind is in phases.json.",
+        "ms per decode step, phase timing on, one server per arm at a time, a steady load per "
+        "cell after a warm-up and a reset; over several rounds (arms in alternated order) each "
+        "number is the rounds' mean weighted by their steps, and the plan thread's rounds' "
+        "range follows it in brackets. `step` and `event_sync` are wall time; the rest is "
+        "thread CPU time. `plan` is the sum of the parts right of it (resident/engine/phases.py "
+        "says what each part holds). Every step kind, and each round's, is in phases.json.",
         *(table.md() for table in tables)]) + "\n"
 
 

@@ -1,10 +1,15 @@
 """`resident-gate phases`: where each arm's step time goes, per cell, by the engine's own phase
 timing (GET /debug/phases; resident/engine/phases.py).
 
-One server per arm, started with `phase_timing=on` and placed as `run` places it; per cell a
-warm-up load, then POST /debug/phases/reset, a steady load of the cell's requests, and GET
-/debug/phases. The session's `results` become phases.json and phases.md (gate/report/phases.py).
-The manifest records the session as `run` does, with `"command_kind": "phases"`.
+One server per arm at a time, started with `phase_timing=on` and placed as `run` places it; per
+cell a warm-up load, then POST /debug/phases/reset, a steady load of the cell's requests, and
+GET /debug/phases. With --rounds N each arm's server starts N times, in alternated order as
+`run`'s rounds, and a cell's phases are the rounds' means weighted by their steps: in two
+one-round sessions on an H100 host the parts neither arm changed differed by up to 30% between
+the arms, the sign flipping between sessions (results/2026-12-05-h100-token-ring), a drift the
+alternation spreads over both arms. The session's `results` become phases.json and phases.md
+(gate/report/phases.py). The manifest records the session as `run` does, with
+`"command_kind": "phases"`.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ class PhasesRound(Round):
                                f"server with /debug/phases?)", server.log_tail())
         metrics = (await run_load(server.url, spec)).metrics
         report = await server.get_json("/debug/phases") or {}
-        self.session.results.setdefault(f"c={concurrency}", {})[arm.name] = {
+        self.session.by_round.setdefault(f"c={concurrency}", {}).setdefault(arm.name, []).append({
             "kinds": report.get("kinds", {}), "enabled": report.get("enabled", False),
             "output_throughput": metrics.output_throughput, "failed": metrics.failed,
-            "planner_off": live.planner_off}
+            "planner_off": live.planner_off})
         self.console.log(f"{arm.name} c={concurrency}: {metrics.output_throughput} tok/s, "
                          f"{report.get('kinds', {}).get('decode', {}).get('steps', 0)} "
                          f"decode steps timed")
@@ -47,19 +52,22 @@ class PhasesRound(Round):
 
 
 class PhasesSession(Session):
-    """A one-round Session whose cells read /debug/phases instead of recording runs: one
-    server at a time (PhasesRound.cell measures the server alone; an interleaved round has
-    none)."""
+    """A Session whose cells read /debug/phases instead of recording runs: one server at a
+    time (PhasesRound.cell measures the server alone; an interleaved round has none), one run a
+    cell, its --rounds as given (no verdicts: nothing is judged)."""
 
     round_type: ClassVar[type[Round]] = PhasesRound
 
     def __post_init__(self) -> None:
-        self.config = dataclasses.replace(self.config, rounds=1, runs=1, interleave=False,
-                                          parallel_start=False)
+        self.config = dataclasses.replace(self.config, runs=1, interleave=False,
+                                          parallel_start=False, until_verdict=False,
+                                          max_rounds=None)
         super().__post_init__()
         self.arms = [dataclasses.replace(a, knobs={**a.knobs, "phase_timing": "on"})
                      if a.kind == "resident" else a for a in self.arms]
-        self.results: dict[str, dict[str, Any]] = {}  # "c=N" -> arm -> measurement
+        # "c=N" -> arm -> each round's measurement, and their merge (`merged`)
+        self.by_round: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self.results: dict[str, dict[str, Any]] = {}
 
     def run(self, resume: bool = False) -> int:
         if resume:
@@ -68,6 +76,28 @@ class PhasesSession(Session):
             raise ValueError(f"--out {self.out} already holds a phases session; choose "
                              f"another --out")
         failed = super().run()
+        self.results = {cell: {arm: merged(rounds) for arm, rounds in arms.items()}
+                        for cell, arms in self.by_round.items()}
         self.manifest = dataclasses.replace(self.manifest, command_kind="phases")
         self._save_manifest()
         return failed
+
+
+def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """An arm's measurements of one cell over the rounds as one: each step kind's ms a step
+    weighted by its steps in each round (its `steps` their sum), the rounds' mean tok/s, their
+    failures summed; `by_round` keeps each round's as it was read."""
+    kinds: dict[str, dict[str, float]] = {}
+    for name in dict.fromkeys(kind for one in rounds for kind in one["kinds"]):
+        timed = [one["kinds"][name] for one in rounds if one["kinds"].get(name, {}).get("steps")]
+        steps = sum(kind["steps"] for kind in timed)
+        if not steps:
+            continue
+        keys = dict.fromkeys(key for kind in timed for key in kind if key != "steps")
+        kinds[name] = {key: round(sum(kind.get(key, 0.0) * kind["steps"] for kind in timed)
+                                  / steps, 4) for key in keys} | {"steps": steps}
+    rates = [one["output_throughput"] for one in rounds if one["output_throughput"]]
+    return {"kinds": kinds, "enabled": all(one["enabled"] for one in rounds),
+            "output_throughput": sum(rates) / len(rates) if rates else None,
+            "failed": sum(one["failed"] for one in rounds),
+            "planner_off": rounds[0]["planner_off"], "by_round": rounds}
