@@ -147,7 +147,8 @@
 #             0.7, top_p 0.9), c=64, $SAMPLED_ROUNDS rounds each (default 1; 3 took ~105 s a
 #             session on a warm H100): compare the two sessions' output_throughput, tarred
 #   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
-#             c=64 sampled, resident planning off and auto, tarred
+#             c=64 sampled, resident planning off and auto, $PHASES_ROUNDS rounds (default 1),
+#             tarred
 #   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
 #             (main=. head=.: the old sampler of an earlier main draws other tokens), tarred
 #   check-seeded-triton  the same with sampler=triton on every server
@@ -431,7 +432,7 @@ for part in "$@"; do
         && rm -rf "$OUT/gate-greedy" "$OUT/gate-sampled" ;;
     phases-sampled)
       run phases-sampled 400 python3 -m gate phases \
-        --config configs/gate/h200-0.8b-phases-sampled.yaml --out "$OUT/phases-sampled"
+        --config configs/gate/h200-0.8b-phases-sampled.yaml --rounds "${PHASES_ROUNDS:-1}" --out "$OUT/phases-sampled"
       tar czf "$OUT/phases-sampled.tgz" -C "$OUT" phases-sampled && rm -rf "$OUT/phases-sampled" ;;
     check-seeded | check-seeded-triton)
       knobs=(); [ "$part" = check-seeded-triton ] && knobs=(--set sampler=triton)
