@@ -26,10 +26,6 @@ CPU = torch.device("cpu")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _ring_bytes(max_rows: int) -> int:
-    return NUM_SLOTS * -(-(HEADER_BYTES + 9 * max_rows) // 16) * 16
-
-
 @pytest.mark.parametrize("sizes", [(9, 72, 8, 1, 144), (2048, 9, 2304)])
 def test_the_kernel_publishes_as_its_reference(sizes):
     """Each publish: its bytes in slot count % 2 behind the header, the slot stamped with the
@@ -38,7 +34,7 @@ def test_the_kernel_publishes_as_its_reference(sizes):
     from resident.kernels.publish import publish_triton
 
     generator = torch.Generator().manual_seed(len(sizes))
-    want = torch.zeros(_ring_bytes(256), dtype=torch.uint8)
+    want = torch.zeros_like(TokenRing(CPU, 256).host)
     got = torch.zeros_like(want, pin_memory=DEVICE.type == "cuda")
     want_count = torch.zeros(1, dtype=torch.int64)
     got_count = torch.zeros(1, dtype=torch.int64, device=DEVICE)

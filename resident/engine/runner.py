@@ -22,7 +22,7 @@ from resident.engine.graphs import StepGraphs
 from resident.engine.inputs import StepInputs
 from resident.engine.phases import PhaseTiming
 from resident.engine.planning import StepPlanning
-from resident.engine.sampler import StepLogits
+from resident.engine.sampler import StepLogits, ring_bytes
 from resident.engine.scheduler import StepPlan
 from resident.engine.token_ring import TokenRing
 from resident.engine.varlen import PaddedBucket, StagedVarlen
@@ -112,14 +112,13 @@ class StepRunner:
         return step._replace(drawn=self.draw(step, bucket))
 
     def _draw_and_publish(self, step: StepLogits, bucket: int) -> StepLogits:
-        """A drawing graph's draw after its forward, then its tokens and failures published
-        in draw.packed_drawn's layout (packed here where the sampler drew them apart)."""
-        step = self._with_draw(step, bucket)
+        """A drawing graph's draw after its forward, then its tokens and failures published."""
+        return self._published(self._with_draw(step, bucket))
+
+    def _published(self, step: StepLogits) -> StepLogits:
+        """A device op, last in the launch: the step's tokens into the ring (ring_bytes)."""
         if self.ring is not None:
-            drawn = step.drawn
-            packed = drawn.packed if drawn.packed is not None else torch.cat(
-                (drawn.tokens.view(torch.uint8), drawn.failed.view(torch.uint8)))
-            self.ring.publish(packed)
+            self.ring.publish(ring_bytes(step))
         return step
 
     def run_padded(self, bucket: PaddedBucket, max_query_len: int) -> torch.Tensor:
@@ -172,9 +171,8 @@ class StepRunner:
             logits = self.model.compute_logits(hidden, self.logits_gpu[:bucket])
             greedy = self.kernels.argmax(logits)
         self.planning.after_forward(bucket)
-        if publish and self.ring is not None:
-            self.ring.publish(greedy)
-        return StepLogits(logits, greedy)
+        step = StepLogits(logits, greedy)
+        return self._published(step) if publish else step
 
     def prepare_all(self, decode_buckets: tuple[int, ...],
                     lap: Callable[[str], None] = lambda name: None) -> None:

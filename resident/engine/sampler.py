@@ -65,6 +65,18 @@ class StepLogits(NamedTuple):
     published: int | None = None
 
 
+def ring_bytes(step: StepLogits) -> torch.Tensor:
+    """What a decode launch publishes into the token ring (engine/token_ring.py): its greedy
+    tokens, or, for a drawing step, its draw in draw.packed_drawn's layout (tokens, then a
+    failure byte a row; packed here where the sampler drew them apart)."""
+    drawn = step.drawn
+    if drawn is None:
+        return step.greedy
+    if drawn.packed is not None:
+        return drawn.packed
+    return torch.cat((drawn.tokens.view(torch.uint8), drawn.failed.view(torch.uint8)))
+
+
 class SampleRow(NamedTuple):
     """One sampling row of a step: its request, and the index its token takes in the
     request's output (the draw's counter)."""
