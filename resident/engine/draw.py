@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from resident.kernels import SERIES_BELOW
@@ -61,7 +62,8 @@ class Drawn(NamedTuple):
     tokens: torch.Tensor  # [rows] int64
     failed: torch.Tensor  # [rows] bool: a sampled row whose logits were not finite
     # where both live when the draw wrote them into one allocation (packed_drawn): the whole
-    # draw's [9 * its rows] bytes, so that one copy reads tokens and failures back; else None
+    # draw's [PACKED_ROW_BYTES * its rows] bytes, so that one copy reads tokens and failures
+    # back; else None
     packed: torch.Tensor | None = None
 
     def first(self, num_rows: int) -> Drawn:
@@ -73,18 +75,29 @@ class Drawn(NamedTuple):
         return Drawn(self.tokens[:num_rows], self.failed[:num_rows], self.packed)
 
 
+PACKED_ROW_BYTES = 9  # a packed draw's bytes a row: its int64 token, then its failure byte
+
+
+def packed_bytes(num_rows: int) -> int:
+    """A packed draw's size in bytes (packed_drawn's layout)."""
+    return PACKED_ROW_BYTES * num_rows
+
+
+def split_packed(packed, num_rows: int) -> tuple:
+    """(the [num_rows] int64 tokens, the [num_rows] bool failures) of a packed draw's bytes, as
+    views: a device tensor's or a host numpy array's."""
+    failures_at = 8 * num_rows
+    if isinstance(packed, torch.Tensor):
+        return packed[:failures_at].view(torch.int64), packed[failures_at:].view(torch.bool)
+    return packed[:failures_at].view(np.int64), packed[failures_at:].view(bool)
+
+
 def packed_drawn(num_rows: int, device: torch.device) -> Drawn:
     """A draw's outputs in one allocation, [num_rows] int64 tokens then [num_rows] bool
     failures: a read-back then costs one device-to-host copy, not two (each ~10 µs of host
     time on the H100's host; results/2026-12-05-h100-core-spy)."""
-    packed = torch.empty(9 * num_rows, dtype=torch.uint8, device=device)
-    return Drawn(packed[:8 * num_rows].view(torch.int64), packed[8 * num_rows:].view(torch.bool),
-                 packed)
-
-
-def packed_failures_at(packed_bytes: int) -> int:
-    """The byte offset of a packed draw's failures, from its size in bytes."""
-    return 8 * (packed_bytes // 9)
+    packed = torch.empty(packed_bytes(num_rows), dtype=torch.uint8, device=device)
+    return Drawn(*split_packed(packed, num_rows), packed)
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:

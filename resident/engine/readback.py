@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from resident.engine.draw import packed_failures_at
+from resident.engine.draw import PACKED_ROW_BYTES, packed_bytes, split_packed
 from resident.engine.sampler import StepLogprobs
 from resident.engine.types import MAX_LOGPROBS, TokenLogprobs
 
@@ -60,7 +60,7 @@ class TokenReadback:
         self._ids_host = torch.zeros(max_rows * MAX_LOGPROBS, dtype=torch.int64,
                                      pin_memory=cuda)
         self._failed_host = _Prefixes(torch.zeros(max_rows, dtype=torch.bool, pin_memory=cuda))
-        self._packed_host = _Prefixes(torch.zeros(9 * max_rows, dtype=torch.uint8,
+        self._packed_host = _Prefixes(torch.zeros(packed_bytes(max_rows), dtype=torch.uint8,
                                                   pin_memory=cuda))
         # (a packed draw's bytes or 0, rows read) -> the host's tokens view and failures (numpy)
         self._views: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
@@ -108,14 +108,13 @@ class TokenReadback:
         self._logprobs = None
         self._unmarked = True
 
-    def _packed_views(self, packed_bytes: int, count: int) -> tuple[torch.Tensor, np.ndarray]:
-        key = (packed_bytes, count)
+    def _packed_views(self, packed_size: int, count: int) -> tuple[torch.Tensor, np.ndarray]:
+        key = (packed_size, count)
         views = self._views.get(key)
         if views is None:
-            failed_at = packed_failures_at(packed_bytes)
-            host = self._packed_host.first(packed_bytes)
-            views = self._views[key] = (host[:failed_at].view(torch.int64)[:count],
-                                        host[failed_at:failed_at + count].numpy().view(bool))
+            tokens, failed = split_packed(self._packed_host.first(packed_size),
+                                          packed_size // PACKED_ROW_BYTES)
+            views = self._views[key] = (tokens[:count], failed[:count].numpy())
         return views
 
     def _plain_views(self, count: int) -> tuple[torch.Tensor, np.ndarray]:

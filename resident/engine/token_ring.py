@@ -2,15 +2,14 @@
 so the host reads them back after its wait with no copy of its own to queue.
 
 Every launch of a decode bucket, replayed or eager, publishes once as its last device op
-(kernels/publish.py): a greedy step its [bucket] int64 argmax tokens, a drawing step its
-draw's [9 * bucket] packed bytes (the tokens, then one failure byte a row). The host counts
+(kernels/publish.py): a greedy step its [bucket] int64 argmax tokens, a drawing step its draw's
+packed bytes (draw.packed_drawn's layout: the tokens, then one failure byte a row). The host counts
 the launches it queued (`launched`), the device the publishes it ran; both start from zero once
-start-up's warm-ups and captures are done (`reset`). Publish n writes slot n % NUM_SLOTS and
-stamps n in its header: a read checks the stamp, so a launch the host did not count (or one it
-counted that never ran) fails loudly instead of reading another step's tokens. Two slots
-suffice because a decode step is launched at most one step ahead of the read-back
-(engine.py, plan_ahead=launch): step n + 1 writes the other slot while the host reads step n.
-"""
+start-up's warm-ups and captures are done (`reset`). Publish n writes slot n % NUM_SLOTS and stamps
+n in its header: a read checks the stamp, so a launch the host did not count (or one it counted that
+never ran) fails loudly instead of reading another step's tokens. Two slots suffice because a decode
+step is launched at most one step ahead of the read-back (engine.py, plan_ahead=launch): step n + 1
+writes the other slot while the host reads step n."""
 
 from __future__ import annotations
 
@@ -18,6 +17,8 @@ import logging
 
 import numpy as np
 import torch
+
+from resident.engine.draw import packed_bytes, split_packed
 
 log = logging.getLogger("resident.engine")
 
@@ -42,7 +43,7 @@ class TokenRing:
     def __init__(self, device: torch.device, max_rows: int) -> None:
         """max_rows: the widest decode bucket."""
         cuda = device.type == "cuda"
-        self.slot_bytes = -(-(HEADER_BYTES + 9 * max_rows) // 16) * 16
+        self.slot_bytes = -(-(HEADER_BYTES + packed_bytes(max_rows)) // 16) * 16
         self.host = torch.zeros(NUM_SLOTS * self.slot_bytes, dtype=torch.uint8, pin_memory=cuda)
         self._words = self.host.numpy().view(np.int64)
         self.count_gpu = torch.zeros(1, dtype=torch.int64, device=device)
@@ -112,7 +113,7 @@ class TokenRing:
         views = self._views.get(key)
         if views is None:
             start = key[0] * self.slot_bytes + HEADER_BYTES
-            data = self.host.numpy()[start:start + 9 * bucket]
-            views = self._views[key] = (data[:8 * bucket].view(np.int64),
-                                        data[8 * bucket:].view(bool) if drew else None)
+            tokens, failed = split_packed(self.host.numpy()[start:start + packed_bytes(bucket)],
+                                          bucket)
+            views = self._views[key] = (tokens, failed if drew else None)
         return views

@@ -36,7 +36,7 @@ def publish_triton(src: torch.Tensor, ring: torch.Tensor, count: torch.Tensor, h
     interpreter, on the CPU), each slot `header` bytes (its first int64 the stamp) then the
     published bytes; count: [1] int64 on the device. Writes src into slot count % slots,
     stamps it with count, adds one to count. One program of one warp: a decode step publishes
-    at most 9 bytes a row."""
+    at most draw.PACKED_ROW_BYTES a row."""
     slot_bytes = ring.shape[0] // slots
     _publish_kernel[(1,)](src, ring, ring.view(torch.int64), count, src.shape[0],
                           SLOT_BYTES=slot_bytes, HEADER=header, SLOTS=slots, BLOCK=BLOCK,
