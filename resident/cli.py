@@ -249,6 +249,9 @@ KNOB_MEANINGS = {
               "over many programs; CUDA); auto: triton on CUDA, torch on CPU",
     "token_ring": "a decode step's graph stores its tokens into pinned host memory, so their "
                   "read-back queues no copy (engine/token_ring.py); off: the copy",
+    "varlen_splits": "the prefill and mixed steps' attention splits each query block's keys "
+                     "over programs where its grid is short of the SMs (auto); off: one program "
+                     "a block",
     "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "
                        "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",

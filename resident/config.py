@@ -50,6 +50,7 @@ _CHOICES = {
     "sampler": ("auto", "torch", "flashinfer", "triton"),
     "argmax": ("auto", "torch", "triton"),
     "token_ring": ("on", "off"),
+    "varlen_splits": ("off", "auto"),
 }
 
 
@@ -136,6 +137,12 @@ class EngineConfig:
     # (engine/token_ring.py), so their read-back queues no device-to-host copy (~10 µs of host
     # time a step on the H100 hosts); off: the copy
     token_ring: str = "on"
+    # the padded prefill and mixed steps' attention (kernels/varlen_attention.py) with each
+    # query block's keys split over programs where the grid is short of the SMs (auto), merged
+    # by the last split in the same kernel; off: one program a query block walks all its keys.
+    # A 256-token prefix hit over 1,280 keys spent 147 µs a layer there on the H100 (34
+    # programs, results/2026-12-05-h100-prefix-profile); auto is not yet measured on a GPU
+    varlen_splits: str = "off"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from resident.kernels.attention import paged_attention_ref
-from resident.kernels.varlen_attention import BLOCK_Q, paged_varlen_attention
+from resident.kernels.gdc import KeptZeros
+from resident.kernels.varlen_attention import BLOCK_Q, paged_varlen_attention, splits_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -54,7 +55,10 @@ ROWS = [(6, 1), (0, 2 * BLOCK_Q + 3), (9, 5), (40, 1), (3, BLOCK_Q)]
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("heads", [(4, 2, 32), (8, 2, 24), (2, 2, 16)])
-def test_matches_the_reference_with_padding(dtype, heads):
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_matches_the_reference_with_padding(dtype, heads, num_splits):
+    """With key splits too: 3 leaves a block's last split short, 8 leaves the short rows' later
+    splits with no keys at all (and a block's early tokens none in its later splits)."""
     if dtype == torch.float64 and DEVICE == "cuda":
         pytest.skip("float64 is the CPU parity dtype")
     num_heads, num_kv_heads, head_dim = heads
@@ -63,13 +67,54 @@ def test_matches_the_reference_with_padding(dtype, heads):
         num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, seed=num_heads + head_dim)
     out = torch.full_like(query, float("nan"))
     scale = head_dim**-0.5
-    result = paged_varlen_attention(query, kv, tables, qsl, positions, scale, out=out)
+    meeting = KeptZeros()
+    result = paged_varlen_attention(query, kv, tables, qsl, positions, scale, out=out,
+                                    num_splits=num_splits, meeting=meeting)
     assert result.data_ptr() == out.data_ptr()
     ref = paged_attention_ref(query[:real], kv, tables[:len(ROWS)], token_seq,
                               positions[:real], scale)
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(out[:real], ref, atol=tolerance, rtol=tolerance)
     assert torch.isnan(out[real:]).all()  # padding tokens are left alone
+    counts = [t for t in meeting._tensors.values() if t.dtype == torch.int32]
+    assert all(int(t.abs().sum()) == 0 for t in counts)  # the counters left at zero
+
+
+def test_split_launches_reuse_their_scratch_like_a_replayed_graph():
+    """A second launch on the same kept scratch and counters (as a captured graph replays)
+    over other keys gives that step's answer, not a mix with the first's partials."""
+    meeting = KeptZeros()
+    answers = []
+    for seed in (1, 2):
+        query, kv, tables, qsl, positions, token_seq, real = make_step(
+            ROWS, padding_rows=1, padding_tokens=3, page_size=4, num_heads=4, num_kv_heads=2,
+            head_dim=16, dtype=torch.float64, seed=seed)
+        got = paged_varlen_attention(query, kv, tables, qsl, positions, 0.25, num_splits=4,
+                                     meeting=meeting)[:real]
+        torch.testing.assert_close(got, paged_attention_ref(
+            query[:real], kv, tables[:len(ROWS)], token_seq, positions[:real], 0.25),
+            atol=1e-12, rtol=1e-12)
+        answers.append(got)
+    assert len(meeting._tensors) == 3 and not torch.equal(answers[0], answers[1])
+
+
+@pytest.mark.parametrize(("tokens", "rows", "expected"), [
+    (256, 1, 3),  # a 256-token prefix hit alone: 34 programs, 3 splits to 102 on 132 SMs
+    (2048, 1, 1),  # a full prefill budget fills the SMs with query blocks alone
+    (512, 17, 1),  # a hit beside 16 decode rows: 98 programs
+    (128, 8, 4),  # a 128-token chunk beside 7 decode rows: 32 programs
+    (16, 1, 8),  # capped at MAX_SPLITS
+])
+def test_splits_for_keeps_the_grid_within_one_wave(tokens, rows, expected):
+    assert splits_for(tokens, rows, num_kv_heads=2, num_sms=132) == expected
+
+
+def test_split_counts_outside_one_to_eight_are_refused():
+    query, kv, tables, qsl, positions, _, _ = make_step(
+        [(0, 2)], padding_rows=0, padding_tokens=0, page_size=4, num_heads=2, num_kv_heads=2,
+        head_dim=16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="num_splits 9"):
+        paged_varlen_attention(query, kv, tables, qsl, positions, 0.25, num_splits=9)
 
 
 def test_a_row_sees_only_its_own_pages_up_to_each_tokens_position():

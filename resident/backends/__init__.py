@@ -42,7 +42,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
-    padded = (padded_ops(device.type == "cuda", name == "triton", gates)
+    padded = (padded_ops(device, name == "triton", gates, config.varlen_splits == "auto")
               if config.padded_prefill == "on" else None)
     kernels = partial(StepKernels, padded=padded, argmax=_argmax(config, device))
     if device.type != "cuda":

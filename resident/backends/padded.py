@@ -33,11 +33,33 @@ from resident.model.step import GdnSplit, StepMeta
 SINK_SLOT = 0  # resources/recurrent.py: padding entries' state slot
 
 
-def varlen_attention_op(query, kv_layer, meta: StepMeta, scale: float) -> torch.Tensor:
-    from resident.kernels.varlen_attention import paged_varlen_attention
+# The interpreter has no SMs: varlen_splits=auto picks splits there as on a device this size,
+# so the CPU tests' tiny steps take split launches
+INTERPRETER_SMS = 64
 
+
+def varlen_attention_op(query, kv_layer, meta: StepMeta, scale: float, *,
+                        meeting=None, num_sms: int = 0) -> torch.Tensor:
+    """The paged varlen attention; given a `meeting` (varlen_splits=auto), each query block's
+    keys split over as many programs as varlen_attention.splits_for gives the bucket's grid
+    on num_sms SMs (a bucket's shape is fixed, so each bucket's graph holds one count)."""
+    from resident.kernels.varlen_attention import paged_varlen_attention, splits_for
+
+    num_splits = 1 if meeting is None else splits_for(
+        query.shape[0], meta.block_tables.shape[0], kv_layer.shape[3], num_sms)
     return paged_varlen_attention(query, kv_layer, meta.block_tables, meta.query_start_loc,
-                                  meta.positions, scale)
+                                  meta.positions, scale, num_splits=num_splits,
+                                  meeting=meeting)
+
+
+def split_varlen_attention_op(device: torch.device) -> Callable:
+    """varlen_attention_op with split keys (varlen_splits=auto): its scratch and counters
+    kept for the captured graphs, the rule sized by the device's SMs."""
+    from resident.kernels.gdc import KeptZeros
+
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count \
+        if device.type == "cuda" else INTERPRETER_SMS
+    return partial(varlen_attention_op, meeting=KeptZeros(), num_sms=num_sms)
 
 
 def fla_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,
@@ -107,16 +129,20 @@ def split_gdn_op(sequences: Callable, decode_rows: Callable,
     return gated_delta_rule
 
 
-def padded_ops(on_cuda: bool, triton: bool, gates: Callable = gdn_gates) -> ModelOps:
+def padded_ops(device: torch.device, triton: bool, gates: Callable = gdn_gates,
+               split_keys: bool = False) -> ModelOps:
     """The padded step's ops: on CUDA the Triton kernels and fla; on CPU the references, or
-    (triton, in the interpreter) the Triton kernels but for fla's part."""
+    (triton, in the interpreter) the Triton kernels but for fla's part. split_keys: the
+    attention's keys split over programs (varlen_splits=auto)."""
+    on_cuda = device.type == "cuda"
     if not (on_cuda or triton):
         return ModelOps(attention=attention_ref_op,
                         gated_delta_rule=split_gdn_op(ref_sequences, ref_decode_rows, gates))
     from resident.backends.gdn_prefill import conv_varlen_op
 
     sequences = fla_sequences if on_cuda else partial(ref_sequences, l2norm_qk=False)
-    ops = ModelOps(attention=varlen_attention_op, conv=conv_varlen_op,
+    attention = split_varlen_attention_op(device) if split_keys else varlen_attention_op
+    ops = ModelOps(attention=attention, conv=conv_varlen_op,
                    gated_delta_rule=split_gdn_op(sequences, triton_decode_rows, gates))
     if on_cuda:
         from resident.backends.triton_decode import write_kv_triton_op

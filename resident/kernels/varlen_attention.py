@@ -17,6 +17,14 @@ as BLOCK_Q * group rows of one [M, D] tile (GQA packed into the MMA), and walks 
 in tiles of BLOCK_N up to the block's last position, the causal mask per query row. The online
 softmax is the decode kernel's (decode_attention._softmax_step). vLLM's Triton
 "unified attention" kernel takes the same approach to the grid.
+
+Split keys (`num_splits` > 1, a third grid axis): a short step's grid is a few dozen programs,
+each walking its row's whole context a tile at a time (a 256-token prefix hit over 1,280 keys:
+34 programs of 80 tiles, 147 µs a layer on the H100, results/2026-12-05-h100-prefix-profile).
+Split s of a query block takes its share of the block's key tiles, as the decode kernel's
+splits do, and writes its rows' normalised output and log-sum-exp to scratch; the last split of
+the block to arrive (gdc.last_to_arrive) merges them into `out`, so it is still one kernel.
+`splits_for` picks the count from the grid and the SMs.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ import triton.language as tl
 from resident.interpreter import triton_interpreting
 from resident.kernels import dot_precision
 from resident.kernels.decode_attention import _MIN_DOT, _softmax_step
+from resident.kernels.gdc import KeptZeros, last_to_arrive
 
 BLOCK_Q = 16  # query tokens a program
+MAX_SPLITS = 8
 
 
 @triton.jit
@@ -57,12 +67,20 @@ def _varlen_kernel(
     stride_qt, stride_qh, stride_qd,
     stride_kvp, stride_kvplane, stride_kvs, stride_kvh, stride_kvd,
     stride_btb, stride_btw, stride_ot, stride_oh, stride_od,
+    partial_out, partial_lse, counts,
+    stride_pot, stride_poh, stride_pos, stride_pod, stride_lt, stride_lh, stride_ls,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
+    """NUM_SPLITS > 1: program (block, kv head, split) takes the split's share of the block's
+    key tiles; partial_out [T, H, NUM_SPLITS, D] and partial_lse [T, H, NUM_SPLITS] (fp32) take
+    its rows' normalised output and log2-sum-exp2, counts [blocks, Hkv] int32 (zero between
+    launches) where the block's splits meet; the last to arrive merges them into out."""
     block = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     row = _find_row(qsl, block, num_rows, BLOCK_Q)
     row_start = tl.load(qsl + row)
     local = block - (row_start // BLOCK_Q + row)  # this program's block within its row
@@ -83,6 +101,11 @@ def _varlen_kernel(
     # each query row sees keys 0..its position; masked rows see key 0 (never stored)
     last = tl.load(positions + token, mask=m_mask, other=0)  # [BLOCK_M]
     end = tl.max(last, 0) + 1
+    start = 0
+    if NUM_SPLITS > 1:  # this split's share of the block's key tiles
+        tiles_per_split = tl.cdiv(tl.cdiv(end, BLOCK_N), NUM_SPLITS)
+        start = split * tiles_per_split * BLOCK_N
+        end = tl.minimum(start + tiles_per_split * BLOCK_N, end)
 
     k_base = kv + kv_head * stride_kvh + offs_d[None, :] * stride_kvd  # [1, BLOCK_D]
     v_base = k_base + stride_kvplane
@@ -90,7 +113,7 @@ def _varlen_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    tile = 0
+    tile = start
     if WHILE_LOOP:  # the interpreter cannot take a tensor as a range bound (decode_attention)
         while tile < end:
             m_i, l_i, acc = _causal_tile(q, k_base, v_base, table, stride_btw, stride_kvp,
@@ -98,14 +121,56 @@ def _varlen_kernel(
                                          d_mask, PAGE_SIZE, BLOCK_N, DOT_PRECISION)
             tile += BLOCK_N
     else:
-        for tile in range(0, end, BLOCK_N):
+        for tile in range(start, end, BLOCK_N):
             m_i, l_i, acc = _causal_tile(q, k_base, v_base, table, stride_btw, stride_kvp,
                                          stride_kvs, qk_scale, tile, end, last, m_i, l_i, acc,
                                          d_mask, PAGE_SIZE, BLOCK_N, DOT_PRECISION)
-    result = acc / l_i[:, None]  # every query row saw key 0, so l_i > 0
-    tl.store(out + token[:, None] * stride_ot + heads[:, None] * stride_oh
-             + offs_d[None, :] * stride_od, result.to(out.dtype.element_ty),
-             mask=m_mask[:, None] & d_mask[None, :])
+    out_ptrs = out + token[:, None] * stride_ot + heads[:, None] * stride_oh \
+        + offs_d[None, :] * stride_od
+    rows_mask = m_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        result = acc / l_i[:, None]  # every query row saw key 0, so l_i > 0
+        tl.store(out_ptrs, result.to(out.dtype.element_ty), mask=rows_mask)
+    else:
+        # a split past a row's keys (l_i = 0) leaves zeros and lse = -inf: weight exactly 0
+        has_keys = l_i > 0
+        normed = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        part = token[:, None] * stride_pot + heads[:, None] * stride_poh \
+            + offs_d[None, :] * stride_pod
+        at_lse = token * stride_lt + heads * stride_lh
+        tl.store(partial_out + part + split * stride_pos, normed, mask=rows_mask)
+        tl.store(partial_lse + at_lse + split * stride_ls, lse, mask=m_mask)
+        count = counts + block * tl.num_programs(1) + kv_head
+        if last_to_arrive(count, NUM_SPLITS):
+            result = _merge_splits(partial_out + part, partial_lse + at_lse, stride_pos,
+                                   stride_ls, rows_mask, m_mask, BLOCK_M, BLOCK_D, NUM_SPLITS)
+            tl.store(out_ptrs, result.to(out.dtype.element_ty), mask=rows_mask)
+            tl.store(count, 0)
+
+
+@triton.jit
+def _merge_splits(parts, lses, stride_pos, stride_ls, rows_mask, m_mask,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """[BLOCK_M, BLOCK_D]: the splits' normalised outputs (pointers `parts`, [BLOCK_M,
+    BLOCK_D], and `lses`, [BLOCK_M], at split 0) weighed by exp2(lse), merged online. Loads
+    past the L1 (.cg): other programs wrote them."""
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    merged = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        lse = tl.load(lses + s * stride_ls, mask=m_mask, other=float("-inf"),
+                      cache_modifier=".cg")
+        new_top = tl.maximum(top, lse)
+        safe_top = tl.where(new_top == float("-inf"), 0.0, new_top)
+        scale = tl.exp2(top - safe_top)  # 0 while nothing was seen: top = -inf
+        weight = tl.exp2(lse - safe_top)  # 0 for a split with no keys
+        part = tl.load(parts + s * stride_pos, mask=rows_mask, other=0.0, cache_modifier=".cg")
+        part = tl.where(weight[:, None] > 0, part, 0.0)  # never 0 * (whatever scratch held)
+        merged = merged * scale[:, None] + weight[:, None] * part
+        total = total * scale + weight
+        top = new_top
+    return merged / tl.where(total > 0, total, 1.0)[:, None]
 
 
 @triton.jit
@@ -149,10 +214,14 @@ def paged_varlen_attention(
     scale: float,
     *,
     out: torch.Tensor | None = None,  # [T, H, D] in query's dtype
+    num_splits: int = 1,
+    meeting: KeptZeros | None = None,
 ) -> torch.Tensor:  # [T, H, D]
     """Causal attention of every row's new tokens over its pages: `paged_attention_ref`'s
     contract for rows given by query_start_loc. Tokens past qsl[B] (a padded step's tail) are
-    left as `out` had them. Nothing is read on the host."""
+    left as `out` had them. Nothing is read on the host. num_splits > 1: each query block's
+    keys split over that many programs (a compile-time constant), their scratch and counters
+    kept in `meeting` (at addresses a captured graph holds; without one, made each call)."""
     num_tokens, num_heads, head_dim = query.shape
     _, planes, page_size, num_kv_heads, kv_dim = kv_layer.shape
     if planes != 2 or kv_dim != head_dim or num_heads % num_kv_heads:
@@ -163,18 +232,52 @@ def paged_varlen_attention(
         raise ValueError(f"block_tables {tuple(block_tables.shape)} and positions "
                          f"{tuple(positions.shape)} do not fit {num_rows} rows, {num_tokens} "
                          f"tokens")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits {num_splits} is not in 1..{MAX_SPLITS}")
     group = num_heads // num_kv_heads
     tile = tile_config(group, head_dim)
     if out is None:
         out = torch.empty_like(query)
-    grid = (num_tokens // BLOCK_Q + num_rows, num_kv_heads)
-    _varlen_kernel[grid](
+    num_blocks = num_tokens // BLOCK_Q + num_rows
+    partial_out, partial_lse, counts = _split_scratch(
+        meeting or KeptZeros(), num_tokens, num_heads, head_dim, num_blocks, num_kv_heads,
+        num_splits, query)
+    _varlen_kernel[(num_blocks, num_kv_heads, num_splits)](
         query, kv_layer, out, block_tables, query_start_loc, positions,
         scale * math.log2(math.e), num_rows,
         *query.stride(), *kv_layer.stride(), *block_tables.stride(), *out.stride(),
+        partial_out, partial_lse, counts, *partial_out.stride(), *partial_lse.stride(),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_Q=BLOCK_Q,
         BLOCK_M=tile.block_m, BLOCK_D=tile.block_d, BLOCK_N=tile.block_n,
         DOT_PRECISION=dot_precision(kv_layer.dtype),
-        WHILE_LOOP=triton_interpreting(), num_warps=tile.num_warps, num_stages=2,
+        WHILE_LOOP=triton_interpreting(), NUM_SPLITS=num_splits, num_warps=tile.num_warps,
+        num_stages=2,
     )
     return out
+
+
+def _split_scratch(meeting: KeptZeros, num_tokens: int, num_heads: int, head_dim: int,
+                   num_blocks: int, num_kv_heads: int, num_splits: int,
+                   query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(partial_out [T, H, S, D], partial_lse [T, H, S], counts [blocks, Hkv] int32) for a
+    split launch, the partials fp32 (fp64 for a float64 query: the CPU parity dtype); for one
+    split, one-element stand-ins the kernel never touches."""
+    if num_splits == 1:
+        shapes = ((1, 1, 1, 1), (1, 1, 1), (1, 1))
+    else:
+        shapes = ((num_tokens, num_heads, num_splits, head_dim),
+                  (num_tokens, num_heads, num_splits), (num_blocks, num_kv_heads))
+    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    return (meeting.get(shapes[0], dtype, query.device),
+            meeting.get(shapes[1], dtype, query.device),
+            meeting.get(shapes[2], torch.int32, query.device))
+
+
+def splits_for(num_tokens: int, num_rows: int, num_kv_heads: int, num_sms: int) -> int:
+    """Key splits a query block for a launch over num_tokens tokens in num_rows rows: as many
+    as keep the grid within one wave, one program an SM (245-255 registers a thread at 8 warps
+    at the 0.8B's head dim 256, tools/compile_check), at most MAX_SPLITS; one wherever the
+    query blocks alone fill the SMs. Not a power of two: 4 splits of a 34-program grid would be
+    136 programs on 132 SMs, a second wave as long as the first."""
+    programs = (num_tokens // BLOCK_Q + num_rows) * num_kv_heads
+    return max(1, min(MAX_SPLITS, num_sms // programs))

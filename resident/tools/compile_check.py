@@ -163,7 +163,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         "out_ints": "*i64"}, {"WIDTH": 3, "BLOCK": 4, "INDEX_COL": INDEX_COL}, 1))
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
-    variants.append(_varlen_attention_variant(config))
+    variants += _varlen_attention_variants(config)
     kv_width = config.num_key_value_heads * config.head_dim
     variants.append(Variant("kv write", kv_write._write_kv_kernel, {
         "kv": "*bf16", "key": "*bf16", "value": "*bf16", "loc": "*i64", "stride_key": "i64",
@@ -297,19 +297,23 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
     return variants
 
 
-def _varlen_attention_variant(config: ModelConfig) -> Variant:
-    """The prefill and mixed steps' paged attention (kernels/varlen_attention.py)."""
+def _varlen_attention_variants(config: ModelConfig) -> list[Variant]:
+    """The prefill and mixed steps' paged attention (kernels/varlen_attention.py): one
+    program a query block, and its keys split (varlen_splits=auto) in 2 and MAX_SPLITS."""
     kernel = varlen_attention._varlen_kernel
     group = config.num_attention_heads // config.num_key_value_heads
     tile = varlen_attention.tile_config(group, config.head_dim)
     types = {"query": "*bf16", "kv": "*bf16", "out": "*bf16", "block_tables": "*i32",
-             "qsl": "*i64", "positions": "*i64", "qk_scale": "fp32", "num_rows": "i32"}
+             "qsl": "*i64", "positions": "*i64", "qk_scale": "fp32", "num_rows": "i32",
+             "partial_out": "*fp32", "partial_lse": "*fp32", "counts": "*i32"}
     types |= {arg: "i32" for arg in kernel.arg_names if arg.startswith("stride_")}
-    return Variant("prefill attention", kernel, types, {
+    constexprs = {
         "GROUP": group, "HEAD_DIM": config.head_dim, "PAGE_SIZE": 16,
         "BLOCK_Q": varlen_attention.BLOCK_Q, "BLOCK_M": tile.block_m, "BLOCK_D": tile.block_d,
-        "BLOCK_N": tile.block_n, "DOT_PRECISION": "tf32", "WHILE_LOOP": False},
-        tile.num_warps, 2)
+        "BLOCK_N": tile.block_n, "DOT_PRECISION": "tf32", "WHILE_LOOP": False}
+    return [Variant("prefill attention" + (f", {splits} key splits" if splits > 1 else ""),
+                    kernel, types, constexprs | {"NUM_SPLITS": splits}, tile.num_warps, 2)
+            for splits in (1, 2, varlen_attention.MAX_SPLITS)]
 
 
 def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:

@@ -125,9 +125,12 @@
 #   gate-prefix-open  configs/gate/h200-0.8b-prefix-open.yaml (gate-prefix's load open loop:
 #             Poisson arrivals at 25 and 45 requests/s, c=16/64 the most in flight), tarred
 #   gate-prefill-buckets  configs/gate/h200-0.8b-prefill-buckets.yaml (padded prefill buckets
+#             a 1.5x ladder apart against powers of two, gate-prefix-open's load), tarred
 #   gate-gemv-table  configs/gate/h200-0.8b-gemv-table.yaml (the committed gemv table of this
 #             GPU against decode_gemm's rule, c=1 served, interleaved), tarred
-#             a 1.5x ladder apart against powers of two, gate-prefix-open's load), tarred
+#   gate-varlen-splits  configs/gate/h200-0.8b-varlen-splits.yaml (the padded steps' attention
+#             with its keys split, varlen_splits=auto, against off, gate-prefix-open's load,
+#             judged on TTFT), tarred
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
 #             torch's filter, a seeded request alone (eager, host-planned) against among 15
 #             (the drawing decode graphs, resident slots and host-planned), torch and triton, and
@@ -393,7 +396,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;

@@ -11,6 +11,7 @@ from resident.backends.padded import fla_sequences, split_gdn_op, triton_decode_
 from resident.config import EngineConfig
 from resident.engine.engine import build_engine
 from resident.kernels.attention import paged_attention_ref
+from resident.kernels.gdc import KeptZeros
 from resident.kernels.gdn import gated_delta_rule_ref, l2norm
 from resident.kernels.varlen_attention import paged_varlen_attention
 from resident.model.config import load_model_config
@@ -28,9 +29,11 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.double() - want.double()).norm() / want.double().norm()).item()
 
 
-def test_varlen_attention_matches_the_reference_at_the_08b_shapes():
+@pytest.mark.parametrize("num_splits", [1, 3, 8])
+def test_varlen_attention_matches_the_reference_at_the_08b_shapes(num_splits):
     """Rows of 1 (decode), 512 fresh, 37 over 600 stored, 1 over 2046 stored; zero-length
-    padding rows and padding tokens."""
+    padding rows and padding tokens; one program a query block, and its keys split
+    (varlen_splits=auto), merged by the last split in the kernel."""
     generator = torch.Generator().manual_seed(0)
     rows = [(40, 1), (0, 512), (600, 37), (2046, 1)]
     counts = [-(-(c + n) // PAGE) for c, n in rows]
@@ -50,7 +53,8 @@ def test_varlen_attention_matches_the_reference_at_the_08b_shapes():
     query = torch.randn(len(positions), 8, 256, generator=generator).to(DEVICE, torch.bfloat16)
     tables, qsl = tables.to(DEVICE), torch.tensor(qsl, device=DEVICE)
     positions = torch.tensor(positions, device=DEVICE)
-    got = paged_varlen_attention(query, kv, tables, qsl, positions, 256**-0.5)[:real]
+    got = paged_varlen_attention(query, kv, tables, qsl, positions, 256**-0.5,
+                                 num_splits=num_splits, meeting=KeptZeros())[:real]
     want = paged_attention_ref(query[:real], kv, tables[:len(rows)],
                                torch.tensor(token_seq, device=DEVICE), positions[:real],
                                256**-0.5)
@@ -193,16 +197,20 @@ def _prompts(count: int) -> dict[str, tuple[list[int], int]]:
                       16) for i, n in enumerate(lengths)}
 
 
-@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
-def test_padded_steps_give_the_same_tokens_with_and_without_graphs(backend):
+@pytest.mark.parametrize(("backend", "varlen_splits"),
+                         [("triton", "off"), ("flashinfer", "off"), ("triton", "auto")])
+def test_padded_steps_give_the_same_tokens_with_and_without_graphs(backend, varlen_splits):
     """24 prompts queued at once, 12 running: prefill steps of several rows and mixed steps
-    with decode rows riding along, through every token bucket (a budget of 1024 tokens)."""
+    with decode rows riding along, through every token bucket (a budget of 1024 tokens); with
+    varlen_splits=auto the small buckets' attention splits its keys, its scratch and counters
+    replayed by the graphs."""
     requests = _prompts(24)
     outputs = {}
     for graphs in ("off", "on"):
         config = EngineConfig(kv_cache_gib=2.0, max_num_seqs=12, max_model_len=4096,
                               decode_buckets=(1, 2, 4, 8, 12), prefill_token_budget=1024,
-                              attention_backend=backend, cuda_graphs=graphs)
+                              attention_backend=backend, cuda_graphs=graphs,
+                              varlen_splits=varlen_splits)
         engine = build_engine(MODEL, config, DEVICE)
         outputs[graphs] = run_engine(engine, requests)
         steps = engine.stats()["steps"]
