@@ -4,6 +4,11 @@
 #   kernels   the GPU kernel tests (references at the 0.8B shapes, the padded step's kernels)
 #   engine    the engine GPU tests (graphs on/off, plan ahead, padded steps, row check)
 #   padded    the padded steps' greedy tokens with graphs on and off, both backends
+#   varlen    the padded steps' attention with its keys split (varlen_splits): the kernel
+#             against the reference at the 0.8B shapes and 1/3/8 splits, the padded steps'
+#             tokens with graphs on and off under varlen_splits=auto, then
+#             tests/gpu/time_varlen.py (its µs by split count for a prefix hit, a hit beside 16
+#             decode rows and a fresh 2,048-token prompt)
 #   bench     resident.tools.bench at c=1/16/64/256 with the burst row (this tree's defaults)
 #   bench-sampled  resident.tools.bench at c=64, greedy then temperature 0.7 / top_p 0.9 (issue
 #             36: the draw's share of an in-process step), each with its step's Python profile
@@ -232,6 +237,10 @@ for part in "$@"; do
     padded)
       run padded 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_padded_gpu.py::test_padded_steps_give_the_same_tokens_with_and_without_graphs ;;
+    varlen)
+      run varlen 300 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
+        tests/gpu/test_padded_gpu.py -k "varlen_attention or (padded_steps and auto)"
+      run varlen-time 150 python3 tests/gpu/time_varlen.py ;;
     rowcheck)
       run rowcheck 120 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_backends_gpu.py -k row_check_finds_nothing ;;
