@@ -132,7 +132,8 @@ def _varlen_kernel(
         result = acc / l_i[:, None]  # every query row saw key 0, so l_i > 0
         tl.store(out_ptrs, result.to(out.dtype.element_ty), mask=rows_mask)
     else:
-        # a split past a row's keys (l_i = 0) leaves zeros and lse = -inf: weight exactly 0
+        # a split holding none of a row's keys (every score -inf: l_i 0, or NaN from the
+        # online softmax's exp2(-inf - -inf)) gets lse = -inf, which the merge weighs by 0
         has_keys = l_i > 0
         normed = acc / tl.where(has_keys, l_i, 1.0)[:, None]
         lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
