@@ -240,14 +240,18 @@ def paged_varlen_attention(
     if out is None:
         out = torch.empty_like(query)
     num_blocks = num_tokens // BLOCK_Q + num_rows
-    partial_out, partial_lse, counts = _split_scratch(
-        meeting or KeptZeros(), num_tokens, num_heads, head_dim, num_blocks, num_kv_heads,
-        num_splits, query)
+    if num_splits == 1:  # the scratch arguments are compiled out: stand-ins, no allocation
+        scratch = (out, out, query_start_loc, *(0,) * 7)
+    else:
+        partial_out, partial_lse, counts = _split_scratch(
+            meeting or KeptZeros(), num_tokens, num_heads, head_dim, num_blocks, num_kv_heads,
+            num_splits, query)
+        scratch = (partial_out, partial_lse, counts, *partial_out.stride(),
+                   *partial_lse.stride())
     _varlen_kernel[(num_blocks, num_kv_heads, num_splits)](
         query, kv_layer, out, block_tables, query_start_loc, positions,
         scale * math.log2(math.e), num_rows,
-        *query.stride(), *kv_layer.stride(), *block_tables.stride(), *out.stride(),
-        partial_out, partial_lse, counts, *partial_out.stride(), *partial_lse.stride(),
+        *query.stride(), *kv_layer.stride(), *block_tables.stride(), *out.stride(), *scratch,
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_Q=BLOCK_Q,
         BLOCK_M=tile.block_m, BLOCK_D=tile.block_d, BLOCK_N=tile.block_n,
         DOT_PRECISION=dot_precision(kv_layer.dtype),
@@ -261,13 +265,9 @@ def _split_scratch(meeting: KeptZeros, num_tokens: int, num_heads: int, head_dim
                    num_blocks: int, num_kv_heads: int, num_splits: int,
                    query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(partial_out [T, H, S, D], partial_lse [T, H, S], counts [blocks, Hkv] int32) for a
-    split launch, the partials fp32 (fp64 for a float64 query: the CPU parity dtype); for one
-    split, one-element stand-ins the kernel never touches."""
-    if num_splits == 1:
-        shapes = ((1, 1, 1, 1), (1, 1, 1), (1, 1))
-    else:
-        shapes = ((num_tokens, num_heads, num_splits, head_dim),
-                  (num_tokens, num_heads, num_splits), (num_blocks, num_kv_heads))
+    split launch, the partials fp32 (fp64 for a float64 query: the CPU parity dtype)."""
+    shapes = ((num_tokens, num_heads, num_splits, head_dim),
+              (num_tokens, num_heads, num_splits), (num_blocks, num_kv_heads))
     dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
     return (meeting.get(shapes[0], dtype, query.device),
             meeting.get(shapes[1], dtype, query.device),
