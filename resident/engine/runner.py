@@ -83,7 +83,7 @@ class StepRunner:
         `forward_decode`, as the synthetic core's, serves a drawing step only where no
         drawing graph is captured: on CPU.)"""
         if draw and self.drawing_graphs is not None and self.drawing_graphs.has(bucket):
-            return self._timed_decode(self.drawing_graphs.replay, bucket)
+            return self.timed_decode(self.drawing_graphs.replay, bucket)
         step = self.forward_decode(bucket, width)
         if not draw:
             return step
@@ -96,12 +96,13 @@ class StepRunner:
         """[bucket, vocab] logits and their argmax of a decode bucket whose inputs (and host
         attention plan, if any) are in place: its graph's replay, or the eager forward."""
         if self.graphs is not None and self.graphs.has(bucket):
-            return self._timed_decode(self.graphs.replay, bucket)
-        return self._timed_decode(self._decode_forward, bucket, width)
+            return self.timed_decode(self.graphs.replay, bucket)
+        return self.timed_decode(self._decode_forward, bucket, width)
 
-    def _timed_decode(self, forward, *args) -> StepLogits:
-        """A decode launch, which publishes once (`_decode_forward`, `_draw_and_publish`):
-        its number in the ring, counted as the launch is."""
+    def timed_decode(self, forward, *args) -> StepLogits:
+        """A decode launch, which publishes once (`_decode_forward`, `_draw_and_publish`, or
+        bench_host's replay through `publish`): its number in the ring, counted as the launch
+        is."""
         step = forward(*args)
         if self.ring is not None:
             step = step._replace(published=self.ring.launched())
@@ -113,9 +114,9 @@ class StepRunner:
 
     def _draw_and_publish(self, step: StepLogits, bucket: int) -> StepLogits:
         """A drawing graph's draw after its forward, then its tokens and failures published."""
-        return self._published(self._with_draw(step, bucket))
+        return self.publish(self._with_draw(step, bucket))
 
-    def _published(self, step: StepLogits) -> StepLogits:
+    def publish(self, step: StepLogits) -> StepLogits:
         """A device op, last in the launch: the step's tokens into the ring (ring_bytes)."""
         if self.ring is not None:
             self.ring.publish(ring_bytes(step))
@@ -172,7 +173,7 @@ class StepRunner:
             greedy = self.kernels.argmax(logits)
         self.planning.after_forward(bucket)
         step = StepLogits(logits, greedy)
-        return self._published(step) if publish else step
+        return self.publish(step) if publish else step
 
     def prepare_all(self, decode_buckets: tuple[int, ...],
                     lap: Callable[[str], None] = lambda name: None) -> None:

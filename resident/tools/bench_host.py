@@ -34,7 +34,7 @@ import torch
 from resident.config import EngineConfig
 from resident.engine.draw import packed_drawn
 from resident.engine.engine import Engine, build_engine
-from resident.engine.sampler import StepLogits, ring_bytes
+from resident.engine.sampler import StepLogits
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.heap import freeze_heap
 from resident.model.config import load_model_config
@@ -101,13 +101,7 @@ def _decoding_engine(planning: str, concurrency: int, steps: int, draw: Draw,
                 drawn.tokens.copy_(greedy)
                 drawn.failed.zero_()
             replayed[bucket, draw] = StepLogits(zeros, greedy, drawn)
-        step = replayed[bucket, draw]
-        ring = engine.ring
-        if ring is not None:
-            ring.publish(ring_bytes(step))
-            step = step._replace(published=ring.launched())
-        engine.phases.lap("launch")
-        return step
+        return engine.runner.timed_decode(engine.runner.publish, replayed[bucket, draw])
 
     engine.runner.launch_decode = replayed_launch
     engine.phases.reset()
