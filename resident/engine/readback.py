@@ -141,13 +141,17 @@ class TokenReadback:
         self.sync()
         if self._published is None:
             return self._read[0].tolist()
-        ring, number, kept = self._published
+        ring, number, _ = self._published
         if not ring.stamped(number):
             raise RuntimeError(f"token ring: publish {number} is not in its slot: a decode "
                                f"launch ran that the host did not count, or the reverse")
-        tokens = self._read[0][:self._count].tolist() if kept is None \
-            else self._read[0][kept].tolist()
-        return tokens
+        return self._published_rows(self._read[0]).tolist()
+
+    def _published_rows(self, values: np.ndarray) -> np.ndarray:
+        """A published step's read rows of one of its slot's [bucket] views: the first _count,
+        or the kept ones."""
+        kept = self._published[2]
+        return values[:self._count] if kept is None else values[kept]
 
     def sync(self) -> None:
         """Waits until the GPU passes the last mark (made now if a `start` came after it),
@@ -164,8 +168,7 @@ class TokenReadback:
             return []
         failed = self._read[1]
         if self._published is not None:
-            kept = self._published[2]
-            failed = failed[:self._count] if kept is None else failed[kept]
+            failed = self._published_rows(failed)
         # nearly every step has none: a byte search is ~0.1 µs, flatnonzero + tolist ~1.3
         if b"\x01" not in failed.tobytes():
             return []

@@ -64,7 +64,7 @@ class TokenRing:
         if knob != "on":
             return None
         ring = cls(device, max_rows)
-        probe = torch.arange(9, dtype=torch.uint8, device=device)
+        probe = torch.arange(packed_bytes(1), dtype=torch.uint8, device=device)
         try:
             ring.publish(probe)
             if device.type == "cuda":
