@@ -92,6 +92,15 @@ def test_rounds_merge_weighted_by_their_steps():
     assert one["by_round"] == rounds
 
 
+def test_a_phase_one_round_lacks_is_the_others_mean_not_a_zero():
+    """Rounds of trees that time different phases: a phase missing from a round takes no 0 ms
+    from it, so its mean is over the rounds that timed it."""
+    rounds = [_round(0.3, 100, 900.0), _round(0.1, 300, 1100.0)]
+    rounds[1]["kinds"]["decode"]["graph"] = 0.2
+    decode = merged(rounds)["kinds"]["decode"]
+    assert decode["graph"] == 0.2 and decode["plan"] == 0.15 and decode["steps"] == 400
+
+
 def test_phases_over_rounds_alternates_the_arms_and_merges_them(tmp_path):
     """Two rounds: each arm's server started twice (the second round in the other order), each
     round's phases kept, their merge's decode steps the rounds' sum, the plan thread's range in

@@ -83,6 +83,14 @@ class PhasesSession(Session):
         return failed
 
 
+def _weighted(key: str, timed: list[dict[str, float]]) -> float:
+    """key's mean over the rounds that report it, weighted by their steps (a round of a tree
+    without the phase is not a round where it took 0 ms)."""
+    having = [kind for kind in timed if key in kind]
+    return round(sum(kind[key] * kind["steps"] for kind in having)
+                 / sum(kind["steps"] for kind in having), 4)
+
+
 def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """An arm's measurements of one cell over the rounds as one: each step kind's ms a step
     weighted by its steps in each round (its `steps` their sum), the rounds' mean tok/s, their
@@ -94,8 +102,7 @@ def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         if not steps:
             continue
         keys = dict.fromkeys(key for kind in timed for key in kind if key != "steps")
-        kinds[name] = {key: round(sum(kind.get(key, 0.0) * kind["steps"] for kind in timed)
-                                  / steps, 4) for key in keys} | {"steps": steps}
+        kinds[name] = {key: _weighted(key, timed) for key in keys} | {"steps": steps}
     rates = [one["output_throughput"] for one in rounds if one["output_throughput"]]
     return {"kinds": kinds, "enabled": all(one["enabled"] for one in rounds),
             "output_throughput": sum(rates) / len(rates) if rates else None,

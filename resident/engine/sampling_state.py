@@ -88,12 +88,13 @@ class SamplingSlots:
         self._slots_cpu = torch.zeros(max_rows, dtype=torch.int64,
                                       pin_memory=device.type == "cuda")
         self._slots_gpu = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self._ones_gpu = torch.ones(max_rows, dtype=torch.int64, device=device)
-        self._take = None
+        self._take = self._ones_gpu = None
         if device.type == "cuda":  # imported here: triton must not load before TRITON_INTERPRET
             from resident.kernels.slot_params import take_triton
 
             self._take = take_triton
+        else:  # the reference's index counts (take)
+            self._ones_gpu = torch.ones(max_rows, dtype=torch.int64, device=device)
         self.rows_written = 0
 
     def write(self, slots: list[int], rows: RowColumns) -> None:
