@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+from resident.profiling.timeline import Timeline
 from resident.profiling.torch_trace import from_chrome_trace
 from resident.tools import kernel_gaps
 from tests.profile_fixtures import chrome_trace
@@ -35,9 +36,24 @@ def test_main_reads_gzipped_traces_and_refuses_a_kind_without_replays(tmp_path, 
             json.dump(chrome_trace(head=head), file)
         paths.append(str(path))
     assert kernel_gaps.main(paths) == 0
-    assert "-20.0  gemm -> attn" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "-20.0  gemm -> attn" in printed
+    assert "idle between launches µs a step: base 0.0, head 0.0" in printed
     assert kernel_gaps.main([*paths, "--kind", "mixed"]) == 1
     assert "no graph replays of mixed steps" in capsys.readouterr().err
+
+
+def test_idle_between_a_steps_launches():
+    """The third decode step's graph ends at 2300, its eager kernel runs 2350-2380 and its copy
+    2400-2405: 70 µs idle between launches, the other two steps none (median 0); the mixed
+    step's one launch has nothing between."""
+    timeline = from_chrome_trace(chrome_trace())
+    assert kernel_gaps.launch_gaps(timeline, "decode") == 0.0
+    assert kernel_gaps.launch_gaps(timeline, "mixed") == 0.0
+    assert kernel_gaps.launch_gaps(timeline, "prefill") is None
+    third = Timeline(timeline.tool, timeline.activity, timeline.steps,
+                     tuple(op for op in timeline.ops if op.step == 2))
+    assert kernel_gaps.launch_gaps(third, "decode") == 70.0
 
 
 def test_no_steps_of_a_kind_give_no_span():

@@ -7,7 +7,8 @@ start, summed per step (median over the window's steps of one kind).
 The traces are torch.profiler windows, as a gate session keeps them (profiles/*.json.gz). A
 negative gap is programmatic dependent launch at work: the second kernel started before the
 first ended and waited inside. The profile summary (profile.md) gives a step's total gaps; this
-says between which kernels they changed (issue 39: results/2026-12-03-h200-c1-modes).
+says between which kernels they changed (issue 39: results/2026-12-03-h200-c1-modes), and
+how long the GPU sat idle between a step's launches (host time in series with it).
 """
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ def replay_gaps(timeline: Timeline, kind: str) -> tuple[dict[str, float], float 
     return medians, statistics.median(spans) if spans else None
 
 
+def launch_gaps(timeline: Timeline, kind: str) -> float | None:
+    """Median µs a step of `kind` that the GPU sat idle between the step's launches (a graph
+    replay, an eager kernel or copy, in start order): from one launch's last op's end to the
+    next one's first op's start. The gaps inside a replay are replay_gaps'."""
+    by_step: dict[int, dict[int, list[DeviceOp]]] = defaultdict(lambda: defaultdict(list))
+    for op in timeline.ops:
+        if timeline.steps[op.step].kind == kind:
+            by_step[op.step][op.launch].append(op)
+    sums = []
+    for launches in by_step.values():
+        bounds = sorted((min(op.start_us for op in ops), max(op.end_us for op in ops))
+                        for ops in launches.values())
+        sums.append(sum(max(0.0, start - end)
+                        for (_, end), (start, _) in itertools.pairwise(bounds)))
+    return statistics.median(sums) if sums else None
+
+
 def compare(base: Timeline, head: Timeline, kind: str) -> tuple[list[tuple[str, float, float]],
                                                               tuple[float | None, float | None]]:
     """Rows (pair, base µs, head µs), the largest change first, and both median spans."""
@@ -72,12 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="decode", help="step kind (decode, mixed, prefill)")
     parser.add_argument("--top", type=int, default=20, help="pairs printed, largest change first")
     args = parser.parse_args(argv)
-    rows, (base_span, head_span) = compare(load(args.base), load(args.head), args.kind)
+    timelines = [load(args.base), load(args.head)]
+    rows, (base_span, head_span) = compare(*timelines, args.kind)
     if not rows:
         print(f"no graph replays of {args.kind} steps in these traces", file=sys.stderr)
         return 1
     print(f"{args.kind} graph span µs a step (median): base {base_span:.1f}, head {head_span:.1f}")
     print(f"gaps µs a step: base {sum(r[1] for r in rows):.1f}, head {sum(r[2] for r in rows):.1f}")
+    between = [launch_gaps(timeline, args.kind) for timeline in timelines]
+    print(f"idle between launches µs a step: base {between[0]:.1f}, head {between[1]:.1f}")
     print(f"{'base µs':>9} {'head µs':>9} {'change':>8}  kernel pair")
     for name, base_us, head_us in rows[:args.top]:
         print(f"{base_us:9.1f} {head_us:9.1f} {head_us - base_us:+8.1f}  {name}")

@@ -136,6 +136,11 @@
 #   gate-varlen-splits  configs/gate/h200-0.8b-varlen-splits.yaml (the padded steps' attention
 #             with its keys split, varlen_splits=auto, against off, gate-prefix-open's load,
 #             judged on TTFT), tarred
+#   profile-varlen  configs/gate/h200-0.8b-varlen-profile.yaml (a prefix hit's prefill step
+#             profiled at c=1, varlen_splits off and auto), then resident.tools.kernel_gaps
+#             over the two kept traces' prefill replays (profile-varlen-gaps.log); the session
+#             tarred without its traces, one trace of each arm trimmed to 70 steps (a prefill
+#             among them) into profile-varlen-traces.tgz
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
 #             torch's filter, a seeded request alone (eager, host-planned) against among 15
 #             (the drawing decode graphs, resident slots and host-planned), torch and triton, and
@@ -426,6 +431,20 @@ for part in "$@"; do
       server_log=$(grep -o '/tmp/resident-soak-[0-9]*.log' /tmp/soak/soak.log | tail -n 1)
       [ -n "$server_log" ] && tail -c 200000 "$server_log" >"$OUT/soak-server.log"
       grep -A 3 '"check"' "$OUT/soak.log" | grep -E '"(check|ok)"' | paste - - | head -n 20 ;;
+    profile-varlen)
+      run profile-varlen "${PROFILE_LIMIT:-240}" python3 -m gate run \
+        --config configs/gate/h200-0.8b-varlen-profile.yaml --out "$OUT/profile-varlen"
+      traces=$OUT/profile-varlen/profiles
+      run profile-varlen-gaps 120 python3 -m resident.tools.kernel_gaps "$traces/off-c1.json.gz" \
+        "$traces/auto-c1.json.gz" --kind prefill --top 40
+      mkdir -p "$OUT/varlen-traces"
+      for arm in off auto; do
+        python3 tests/gpu/trim_trace.py "$traces/$arm-c1.json.gz" \
+          "$OUT/varlen-traces/$arm-c1.json.gz" --first 0 --steps 70
+      done
+      tar czf "$OUT/profile-varlen-traces.tgz" -C "$OUT" varlen-traces && rm -rf "$OUT/varlen-traces"
+      rm -rf "$traces"
+      tar czf "$OUT/profile-varlen.tgz" -C "$OUT" profile-varlen && rm -rf "$OUT/profile-varlen" ;;
     sampler)
       run sampler 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/gpu/test_sampler_gpu.py \
         ${SAMPLER_K:+-k "$SAMPLER_K"}
