@@ -90,26 +90,53 @@ _INT_ARRAYS = {
 }
 
 
+# a varlen step's arrays: consecutive in _INT_ARRAYS, so one span of the flat arrays
+VARLEN_ARRAYS = ("input_ids", "positions", "token_seq", "kv_write_loc", "query_start_loc",
+                 "state_slots", "logits_indices", "decode_slots", "gdn_cu_seqlens", "gdn_slots",
+                 "gdn_chunks", "gdn_chunk_offsets")
+
+
+def int_layout(capacity: Capacity) -> dict[str, slice]:
+    """Each int array's place in one flat int64 array, in _INT_ARRAYS' order."""
+    places, start = {}, 0
+    for name, size in _INT_ARRAYS.items():
+        places[name] = slice(start, start + size(capacity))
+        start += size(capacity)
+    return places
+
+
+def varlen_span(layout: dict[str, slice]) -> slice:
+    """The flat span of VARLEN_ARRAYS, first to last: a varlen step's one upload."""
+    return slice(layout[VARLEN_ARRAYS[0]].start, layout[VARLEN_ARRAYS[-1]].stop)
+
+
 class HostStaging:
-    """One ring entry of host arrays, named as the device buffers (numpy views; pinned on
-    CUDA), and the block tables [rows, max pages] int32."""
+    """One ring entry of host arrays, named as the device buffers: numpy views of one flat
+    int64 array (`flat`; pinned on CUDA) laid out as the device's, and the block tables
+    [rows, max pages] int32."""
 
     def __init__(self, capacity: Capacity, pin: bool) -> None:
-        for name, size in _INT_ARRAYS.items():
-            array = torch.zeros(size(capacity), dtype=torch.int64, pin_memory=pin).numpy()
-            setattr(self, name, array)
+        layout = int_layout(capacity)
+        self.flat = torch.zeros(max(s.stop for s in layout.values()), dtype=torch.int64,
+                                pin_memory=pin).numpy()
+        for name, place in layout.items():
+            setattr(self, name, self.flat[place])
         self.block_tables = torch.zeros(capacity.max_rows, capacity.max_pages,
                                         dtype=torch.int32, pin_memory=pin).numpy()
 
 
 class StepBuffers:
     """Fixed-address device buffers a step reads (attribute `<name>_gpu` for each of the
-    host arrays' names), the decode rows' constant index range, and the host ring."""
+    host arrays' names: views of one flat array, `flat_gpu`, laid out as each host entry's
+    `flat`), the decode rows' constant index range, and the host ring."""
 
     def __init__(self, capacity: Capacity, device: torch.device):
-        for name, size in _INT_ARRAYS.items():
-            setattr(self, f"{name}_gpu", torch.zeros(size(capacity), dtype=torch.int64,
-                                                     device=device))
+        layout = int_layout(capacity)
+        self.varlen_span = varlen_span(layout)
+        self.flat_gpu = torch.zeros(max(s.stop for s in layout.values()), dtype=torch.int64,
+                                    device=device)
+        for name, place in layout.items():
+            setattr(self, f"{name}_gpu", self.flat_gpu[place])
         self.block_tables_gpu = torch.zeros(capacity.max_rows, capacity.max_pages,
                                             dtype=torch.int32, device=device)
         self.id_values_gpu = torch.zeros(capacity.max_rows, dtype=torch.int64, device=device)
