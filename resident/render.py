@@ -43,7 +43,7 @@ def render(
         console.print(table)
 
 
-_TEXT = {"what", "value", "name", "model", "arm"}
+_TEXT = {"what", "value", "name", "model", "arm", "phase"}
 
 
 def _label(key: str) -> str:

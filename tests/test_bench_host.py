@@ -1,5 +1,6 @@
 """`python -m resident.tools.bench_host` runs both planning modes on CPU and reports each cell;
-`bench_staging` stages a mixed step at each concurrency."""
+`bench_staging` stages a mixed step at each concurrency; `hit_phases` times prefix hits' host
+phases."""
 
 from __future__ import annotations
 
@@ -86,3 +87,20 @@ def test_bench_staging_stages_a_mixed_step_of_each_concurrency(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_staging(["--repeat", "0"])
     assert exit_info.value.code == 2
+
+
+def test_hit_phases_times_hits_that_restore_the_prefix(capsys):
+    """Every measured request restores the shared prefix, and its prefill step's staging and
+    upload are timed; a bad knob is a usage error naming it."""
+    from resident.tools.hit_phases import main as hit_phases
+
+    assert hit_phases(["--prefix-len", "64", "--prompt-len", "16", "--output-len", "2",
+                       "--requests", "2", "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hits"] == {"requests": 2, "hits": 2}
+    phases = {row["phase"]: row for row in result["phases"]}
+    assert phases["steps"]["prefill"] == 2 and phases["kv_stage"]["prefill"] > 0
+    with pytest.raises(SystemExit) as exit_info:
+        hit_phases(["--set", "prefix_cache=sometimes"])
+    assert exit_info.value.code == 2
+    assert "prefix_cache" in capsys.readouterr().err
