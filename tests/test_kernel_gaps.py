@@ -39,6 +39,11 @@ def test_main_reads_gzipped_traces_and_refuses_a_kind_without_replays(tmp_path, 
     printed = capsys.readouterr().out
     assert "-20.0  gemm -> attn" in printed
     assert "idle between launches µs a step: base 0.0, head 0.0" in printed
+    assert kernel_gaps.main(paths[:1]) == 0
+    alone = capsys.readouterr().out.splitlines()
+    assert alone[1:3] == ["gaps µs a step: 30.0", "idle between launches µs a step: 0.0"]
+    assert [line.split(None, 1) for line in alone[-2:]] == [["20.0", "gemm -> attn"],
+                                                          ["10.0", "attn -> norm"]]
     assert kernel_gaps.main([*paths, "--kind", "mixed"]) == 1
     assert "no graph replays of mixed steps" in capsys.readouterr().err
 

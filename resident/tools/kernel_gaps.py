@@ -2,13 +2,14 @@
 kernels that follow each other inside a replay, the gap from the first's end to the second's
 start, summed per step (median over the window's steps of one kind).
 
-    python -m resident.tools.kernel_gaps BASE.json.gz HEAD.json.gz [--kind decode] [--top 20]
+    python -m resident.tools.kernel_gaps BASE.json.gz [HEAD.json.gz] [--kind decode] [--top 20]
 
 The traces are torch.profiler windows, as a gate session keeps them (profiles/*.json.gz). A
 negative gap is programmatic dependent launch at work: the second kernel started before the
 first ended and waited inside. The profile summary (profile.md) gives a step's total gaps; this
 says between which kernels they changed (issue 39: results/2026-12-03-h200-c1-modes), and
-how long the GPU sat idle between a step's launches (host time in series with it).
+how long the GPU sat idle between a step's launches (host time in series with it). Given one
+window, it lists that window's largest gaps.
 """
 
 from __future__ import annotations
@@ -86,18 +87,27 @@ def compare(base: Timeline, head: Timeline, kind: str) -> tuple[list[tuple[str, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", type=Path)
-    parser.add_argument("head", type=Path)
+    parser.add_argument("head", type=Path, nargs="?",
+                        help="a second window (left out: the base's own largest gaps)")
     parser.add_argument("--kind", default="decode", help="step kind (decode, mixed, prefill)")
-    parser.add_argument("--top", type=int, default=20, help="pairs printed, largest change first")
+    parser.add_argument("--top", type=int, default=20, help="pairs printed, largest first")
     args = parser.parse_args(argv)
-    timelines = [load(args.base), load(args.head)]
-    rows, (base_span, head_span) = compare(*timelines, args.kind)
+    timelines = [load(args.base)] + ([load(args.head)] if args.head else [])
+    rows, spans = compare(timelines[0], timelines[-1], args.kind)
     if not rows:
         print(f"no graph replays of {args.kind} steps in these traces", file=sys.stderr)
         return 1
-    print(f"{args.kind} graph span µs a step (median): base {base_span:.1f}, head {head_span:.1f}")
-    print(f"gaps µs a step: base {sum(r[1] for r in rows):.1f}, head {sum(r[2] for r in rows):.1f}")
     between = [launch_gaps(timeline, args.kind) for timeline in timelines]
+    if args.head is None:
+        print(f"{args.kind} graph span µs a step (median): {spans[0]:.1f}")
+        print(f"gaps µs a step: {sum(r[1] for r in rows):.1f}")
+        print(f"idle between launches µs a step: {between[0]:.1f}")
+        print(f"{'µs':>9}  kernel pair")
+        for name, base_us, _ in sorted(rows, key=lambda row: -row[1])[:args.top]:
+            print(f"{base_us:9.1f}  {name}")
+        return 0
+    print(f"{args.kind} graph span µs a step (median): base {spans[0]:.1f}, head {spans[1]:.1f}")
+    print(f"gaps µs a step: base {sum(r[1] for r in rows):.1f}, head {sum(r[2] for r in rows):.1f}")
     print(f"idle between launches µs a step: base {between[0]:.1f}, head {between[1]:.1f}")
     print(f"{'base µs':>9} {'head µs':>9} {'change':>8}  kernel pair")
     for name, base_us, head_us in rows[:args.top]:
