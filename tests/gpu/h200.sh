@@ -138,7 +138,8 @@
 #             judged on TTFT), tarred
 #   profile-varlen  configs/gate/h200-0.8b-varlen-profile.yaml (a prefix hit's prefill step
 #             profiled at c=1, varlen_splits off and auto), then resident.tools.kernel_gaps
-#             over the two kept traces' prefill replays (profile-varlen-gaps.log); the session
+#             over the two kept traces' prefill replays (profile-varlen-gaps.log) and the
+#             off trace's largest gaps alone (profile-varlen-top.log); the session
 #             tarred without its traces, one trace of each arm trimmed to 70 steps (a prefill
 #             among them) into profile-varlen-traces.tgz
 #   sampler   tests/gpu/test_sampler_gpu.py: FlashInfer's filter and the Triton race against
@@ -437,6 +438,8 @@ for part in "$@"; do
       traces=$OUT/profile-varlen/profiles
       run profile-varlen-gaps 120 python3 -m resident.tools.kernel_gaps "$traces/off-c1.json.gz" \
         "$traces/auto-c1.json.gz" --kind prefill --top 40
+      run profile-varlen-top 120 python3 -m resident.tools.kernel_gaps "$traces/off-c1.json.gz" \
+        --kind prefill --top 40
       mkdir -p "$OUT/varlen-traces"
       for arm in off auto; do
         python3 tests/gpu/trim_trace.py "$traces/$arm-c1.json.gz" \
