@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from resident.config import EngineConfig
 from resident.engine.engine import build_engine
@@ -104,3 +105,9 @@ def test_hit_phases_times_hits_that_restore_the_prefix(capsys):
         hit_phases(["--set", "prefix_cache=sometimes"])
     assert exit_info.value.code == 2
     assert "prefix_cache" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        hit_phases(["--device", "gpu"])
+    assert exit_info.value.code == 2 and "--device" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert hit_phases(["--device", "cuda"]) == 2
+        assert "needs a CUDA device" in capsys.readouterr().err

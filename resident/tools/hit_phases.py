@@ -6,7 +6,9 @@ time before its forward (the engine's phase timing, engine/phases.py).
 
 One request at a time (c=1), each the same shared prefix plus its own random tokens, greedy:
 after `--warmup` requests (the second of which leaves the prefix snapshotted, engine/prefix.py)
-the phases are reset and `--requests` more run. Prints each step kind's ms a step by phase
+the phases are reset and `--requests` more run. Knobs: the prefix cache and phase timing on
+(on CPU also float32, no compile, padded prefill), over the model's YAML and the environment;
+--set over those. Prints each step kind's ms a step by phase
 (thread CPU; `step` and `event_sync` wall) and the hits. On CPU the `gpu` role is the forward
 itself; `main` and `plan` are the host's work wherever it runs.
 """
@@ -25,6 +27,7 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.render import OutputFormat, render
 from resident.tool_args import add_format, count
+from resident.tools.bench_io import require_cuda
 
 DEFAULT_KNOBS = {"prefix_cache": "on", "phase_timing": "on"}
 CPU_KNOBS = {"dtype": "float32", "compile": "off", "padded_prefill": "on"}
@@ -63,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="knobs", action="append", default=[])
     add_format(parser)
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device: expected a torch device (cpu, cuda, cuda:1), got "
+                     f"{args.device!r}")
+    if device.type == "cuda" and not require_cuda("resident.tools.hit_phases --device cuda"):
+        return 2
     knobs = DEFAULT_KNOBS | (CPU_KNOBS if device.type == "cpu" else {})
     try:
         model = load_model_config(args.model)
