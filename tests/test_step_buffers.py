@@ -50,6 +50,6 @@ def test_host_and_device_views_sit_at_the_same_places_of_their_flats():
         getattr(host, name)[:] = np.arange(getattr(host, name).size) + 1000 * number
     buffers.flat_gpu.copy_(torch.from_numpy(host.flat))
     for name in _INT_ARRAYS:
-        device = buffers.device(name)
+        device = getattr(buffers, f"{name}_gpu")
         assert device.data_ptr() >= buffers.flat_gpu.data_ptr()
         assert np.array_equal(device.numpy(), getattr(host, name)), name

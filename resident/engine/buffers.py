@@ -154,9 +154,6 @@ class StepBuffers:
         self._turns[use] ^= 1
         return self._ring[self._turns[use]]
 
-    def device(self, name: str) -> torch.Tensor:
-        return getattr(self, f"{name}_gpu")
-
 
 def sampled_sources(rows: list[Row], sampled: SampledTokens | None) -> list[int]:
     """Each row's place in `sampled` (-1: its last token is on the host)."""
