@@ -33,16 +33,23 @@ def load(path: Path) -> Timeline:
         return from_chrome_trace(json.load(file))
 
 
+def _launches_by_step(timeline: Timeline, kind: str,
+                      graphs_only: bool) -> list[dict[int, list[DeviceOp]]]:
+    """Each step of `kind`: its device ops by the launch that made them (graph replays only,
+    or every launch)."""
+    by_step: dict[int, dict[int, list[DeviceOp]]] = defaultdict(lambda: defaultdict(list))
+    for op in timeline.ops:
+        if (op.in_graph or not graphs_only) and timeline.steps[op.step].kind == kind:
+            by_step[op.step][op.launch].append(op)
+    return list(by_step.values())
+
+
 def replay_gaps(timeline: Timeline, kind: str) -> tuple[dict[str, float], float | None]:
     """({"first -> second": median µs a step}, median graph span µs a step) over the steps of
     `kind`, from the kernels of each graph replay in start order."""
-    by_step: dict[int, dict[int, list[DeviceOp]]] = defaultdict(lambda: defaultdict(list))
-    for op in timeline.ops:
-        if op.in_graph and timeline.steps[op.step].kind == kind:
-            by_step[op.step][op.launch].append(op)
     pair_sums: list[dict[str, float]] = []
     spans = []
-    for replays in by_step.values():
+    for replays in _launches_by_step(timeline, kind, graphs_only=True):
         sums: dict[str, float] = defaultdict(float)
         for ops in replays.values():
             ops.sort(key=lambda op: op.start_us)
@@ -60,12 +67,8 @@ def launch_gaps(timeline: Timeline, kind: str) -> float | None:
     """Median µs a step of `kind` that the GPU sat idle between the step's launches (a graph
     replay, an eager kernel or copy, in start order): from one launch's last op's end to the
     next one's first op's start. The gaps inside a replay are replay_gaps'."""
-    by_step: dict[int, dict[int, list[DeviceOp]]] = defaultdict(lambda: defaultdict(list))
-    for op in timeline.ops:
-        if timeline.steps[op.step].kind == kind:
-            by_step[op.step][op.launch].append(op)
     sums = []
-    for launches in by_step.values():
+    for launches in _launches_by_step(timeline, kind, graphs_only=False):
         bounds = sorted((min(op.start_us for op in ops), max(op.end_us for op in ops))
                         for ops in launches.values())
         sums.append(sum(max(0.0, start - end)
@@ -98,17 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no graph replays of {args.kind} steps in these traces", file=sys.stderr)
         return 1
     between = [launch_gaps(timeline, args.kind) for timeline in timelines]
+    gaps = [sum(row[1] for row in rows), sum(row[2] for row in rows)]
+    for what, values in ((f"{args.kind} graph span µs a step (median)", spans),
+                         ("gaps µs a step", gaps), ("idle between launches µs a step", between)):
+        print(f"{what}: " + (f"{values[0]:.1f}" if args.head is None
+                             else f"base {values[0]:.1f}, head {values[1]:.1f}"))
     if args.head is None:
-        print(f"{args.kind} graph span µs a step (median): {spans[0]:.1f}")
-        print(f"gaps µs a step: {sum(r[1] for r in rows):.1f}")
-        print(f"idle between launches µs a step: {between[0]:.1f}")
         print(f"{'µs':>9}  kernel pair")
         for name, base_us, _ in sorted(rows, key=lambda row: -row[1])[:args.top]:
             print(f"{base_us:9.1f}  {name}")
         return 0
-    print(f"{args.kind} graph span µs a step (median): base {spans[0]:.1f}, head {spans[1]:.1f}")
-    print(f"gaps µs a step: base {sum(r[1] for r in rows):.1f}, head {sum(r[2] for r in rows):.1f}")
-    print(f"idle between launches µs a step: base {between[0]:.1f}, head {between[1]:.1f}")
     print(f"{'base µs':>9} {'head µs':>9} {'change':>8}  kernel pair")
     for name, base_us, head_us in rows[:args.top]:
         print(f"{base_us:9.1f} {head_us:9.1f} {head_us - base_us:+8.1f}  {name}")
