@@ -291,22 +291,9 @@ def paged_decode_attention(
     one kernel, not two: the last split of each (row, kv head) combines its heads, counting in
     at the meeting's counters (kept across launches and graph replays, zero between them).
     """
+    _check_inputs(query, kv_layer, block_tables, token_seq, positions, num_splits)
     batch, num_heads, head_dim = query.shape
-    _, planes, page_size, num_kv_heads, kv_dim = kv_layer.shape
-    if planes != 2 or kv_dim != head_dim:
-        raise ValueError(f"kv_layer {tuple(kv_layer.shape)} does not fit query "
-                         f"{tuple(query.shape)}: want [P, 2, S, Hkv, {head_dim}]")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
-    if page_size & (page_size - 1):
-        raise ValueError(f"page size {page_size} is not a power of two")
-    if block_tables.dim() != 2 or block_tables.shape[0] != batch or positions.shape != (batch,):
-        raise ValueError(f"block_tables {tuple(block_tables.shape)} and positions "
-                         f"{tuple(positions.shape)} must have {batch} rows")
-    if token_seq is not None and token_seq.shape != (batch,):
-        raise ValueError(f"decode takes one token a row: token_seq {tuple(token_seq.shape)}")
-    if num_splits < 1:
-        raise ValueError(f"num_splits {num_splits} < 1")
+    page_size, num_kv_heads = kv_layer.shape[2:4]
     group = num_heads // num_kv_heads
     block_d = max(triton.next_power_of_2(head_dim), _MIN_DOT)
     block_n, launch_options = _tile_config(block_d, block_n)
@@ -315,17 +302,8 @@ def paged_decode_attention(
         out = torch.empty_like(query)
     if scratch is None:
         scratch = decode_scratch(batch, num_heads, head_dim, num_splits, query.device)
+    _check_outputs(query, out, scratch, gate, num_splits)
     partial_out, partial_lse = scratch
-    if partial_out.shape != (batch, num_heads, num_splits, head_dim) or \
-            partial_lse.shape != (batch, num_heads, num_splits):
-        raise ValueError(f"scratch {tuple(partial_out.shape)}, {tuple(partial_lse.shape)} does "
-                         f"not fit B={batch} H={num_heads} splits={num_splits} D={head_dim}")
-    if out.shape != query.shape:
-        raise ValueError(f"out {tuple(out.shape)} is not query's {tuple(query.shape)}")
-    if gate is not None and (gate.shape != query.shape or gate.stride(2) != 1):
-        raise ValueError(f"gate {tuple(gate.shape)} must be query's {tuple(query.shape)} with "
-                         f"each head's values contiguous, got strides {gate.stride()}")
-
     gated = out if gate is None else gate
     counts = meeting.get((batch, num_kv_heads), torch.int32, query.device) \
         if meeting is not None else out
@@ -352,3 +330,41 @@ def paged_decode_attention(
             **pdl_options(pdl),
         )
     return out
+
+
+def _check_inputs(query: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor,
+                  token_seq: torch.Tensor | None, positions: torch.Tensor,
+                  num_splits: int) -> None:
+    """paged_decode_attention's inputs against each other; ValueError naming the misfit."""
+    batch, num_heads, head_dim = query.shape
+    _, planes, page_size, num_kv_heads, kv_dim = kv_layer.shape
+    if planes != 2 or kv_dim != head_dim:
+        raise ValueError(f"kv_layer {tuple(kv_layer.shape)} does not fit query "
+                         f"{tuple(query.shape)}: want [P, 2, S, Hkv, {head_dim}]")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} kv heads")
+    if page_size & (page_size - 1):
+        raise ValueError(f"page size {page_size} is not a power of two")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch or positions.shape != (batch,):
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} and positions "
+                         f"{tuple(positions.shape)} must have {batch} rows")
+    if token_seq is not None and token_seq.shape != (batch,):
+        raise ValueError(f"decode takes one token a row: token_seq {tuple(token_seq.shape)}")
+    if num_splits < 1:
+        raise ValueError(f"num_splits {num_splits} < 1")
+
+
+def _check_outputs(query: torch.Tensor, out: torch.Tensor, scratch: DecodeScratch,
+                   gate: torch.Tensor | None, num_splits: int) -> None:
+    """paged_decode_attention's out, scratch and gate against its query."""
+    batch, num_heads, head_dim = query.shape
+    partial_out, partial_lse = scratch
+    if partial_out.shape != (batch, num_heads, num_splits, head_dim) or \
+            partial_lse.shape != (batch, num_heads, num_splits):
+        raise ValueError(f"scratch {tuple(partial_out.shape)}, {tuple(partial_lse.shape)} does "
+                         f"not fit B={batch} H={num_heads} splits={num_splits} D={head_dim}")
+    if out.shape != query.shape:
+        raise ValueError(f"out {tuple(out.shape)} is not query's {tuple(query.shape)}")
+    if gate is not None and (gate.shape != query.shape or gate.stride(2) != 1):
+        raise ValueError(f"gate {tuple(gate.shape)} must be query's {tuple(query.shape)} with "
+                         f"each head's values contiguous, got strides {gate.stride()}")
