@@ -103,23 +103,8 @@ class Engine:
         self.model_config, self.config, self.device = model_config, config, device
         self.startup = startup or StartupTimes()
         self.dtype = torch_dtype(config.dtype)
-        if device.type == "cuda":
-            torch.empty(1, device=device)  # the CUDA context, timed apart from the weights
-            self.startup.lap("device")
-        shard = RankShard(self.group.rank, self.group.size)
         # this rank's shapes: its heads and MLP channels; pools and kernels follow them
-        rank_model = shard.model_config(model_config)
-        self.model = load_model(model_config, device, self.dtype, dense=build_dense_ops(
-            config.compile == "on", pdl_on(config.pdl, device)), shard=shard)
-        if self.group.size > 1:
-            self.model.all_reduce = self.group.all_reduce
-        if config.compile == "on":
-            log.info("torch.compile on for the dense parts; Inductor cache %s",
-                     os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))
-        self.fingerprint = weights_fingerprint(
-            self.model, shard, model_config,
-            self.group.all_reduce if self.group.size > 1 else None)
-        self.startup.lap("model")
+        rank_model = self._load_model()
         self.cache = ModelCache.allocate(rank_model, config.num_kv_pages, config.page_size,
                                          config.num_state_slots, self.dtype, device)
         self.kv = KVPool(config.num_kv_pages, config.page_size)
@@ -138,17 +123,7 @@ class Engine:
                                  self.kernels, self.phases, config.cuda_graphs == "on",
                                  self.sampler.draw_decode, config.max_step_rows, self.ring)
         self.startup.lap("buffers")
-        if device.type == "cuda":
-            from resident.backends.gdn_prefill import tune_chunked_delta_rule
-
-            tune_chunked_delta_rule(rank_model, config.prefill_token_budget, self.dtype,
-                                    self.cache.recurrent.dtype, device)
-            self.startup.lap("fla tuning")
-        if config.cuda_graphs == "on" or config.compile == "on":
-            self.runner.prepare_all(config.decode_buckets, self.startup.lap)
-        if self.runner.graphs is not None:
-            self.sampler.capture(config.decode_buckets, self.runner.logits_gpu)
-            self.startup.lap("sampler graphs")
+        self._warm_up(rank_model)
         self.swapper = StateSwapper(self.cache, self.kv, self.states,
                                     lambda rid: self.planning.release(rid, offload=True))
         self.prefixes = PrefixCache(config, self.cache, self.kv, self.states) \
@@ -166,6 +141,42 @@ class Engine:
         self.latency = RequestLatency()
         self.counters: Counter[str] = Counter()
         self.step_seconds: Counter[str] = Counter()
+
+    def _load_model(self) -> ModelConfig:
+        """The CUDA context (timed apart from the weights), then this rank's shard of the
+        weights and their fingerprint; returns this rank's model config."""
+        config, device, group = self.config, self.device, self.group
+        if device.type == "cuda":
+            torch.empty(1, device=device)
+            self.startup.lap("device")
+        shard = RankShard(group.rank, group.size)
+        self.model = load_model(self.model_config, device, self.dtype, dense=build_dense_ops(
+            config.compile == "on", pdl_on(config.pdl, device)), shard=shard)
+        if group.size > 1:
+            self.model.all_reduce = group.all_reduce
+        if config.compile == "on":
+            log.info("torch.compile on for the dense parts; Inductor cache %s",
+                     os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)"))
+        self.fingerprint = weights_fingerprint(
+            self.model, shard, self.model_config, group.all_reduce if group.size > 1 else None)
+        self.startup.lap("model")
+        return shard.model_config(self.model_config)
+
+    def _warm_up(self, rank_model: ModelConfig) -> None:
+        """Before the first request: fla's chunked delta rule tuned (CUDA), every step shape
+        compiled or captured, and the decode buckets' draws captured (graphs on)."""
+        config = self.config
+        if self.device.type == "cuda":
+            from resident.backends.gdn_prefill import tune_chunked_delta_rule
+
+            tune_chunked_delta_rule(rank_model, config.prefill_token_budget, self.dtype,
+                                    self.cache.recurrent.dtype, self.device)
+            self.startup.lap("fla tuning")
+        if config.cuda_graphs == "on" or config.compile == "on":
+            self.runner.prepare_all(config.decode_buckets, self.startup.lap)
+        if self.runner.graphs is not None:
+            self.sampler.capture(config.decode_buckets, self.runner.logits_gpu)
+            self.startup.lap("sampler graphs")
 
     def _build_planning(self) -> StepPlanning:
         config = self.config
