@@ -140,9 +140,10 @@ class EngineConfig:
     # the padded prefill and mixed steps' attention (kernels/varlen_attention.py) with each
     # query block's keys split over programs where the grid is short of the SMs (auto), merged
     # by the last split in the same kernel; off: one program a query block walks all its keys.
-    # A 256-token prefix hit over 1,280 keys spent 147 µs a layer there on the H100 (34
-    # programs, results/2026-12-05-h100-prefix-profile); auto is not yet measured on a GPU
-    varlen_splits: str = "off"
+    # On the H200 a 256-token prefix hit over 1,024 keys took 116 µs a layer with one program
+    # a block, 49 split 3 ways (auto), and beside 16 decode rows 142 against 81 split 2 ways
+    # (results/2026-12-06-h200-sampled-varlen)
+    varlen_splits: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned

@@ -99,13 +99,14 @@ def test_split_launches_reuse_their_scratch_like_a_replayed_graph():
 
 
 @pytest.mark.parametrize(("tokens", "rows", "expected"), [
-    (256, 1, 3),  # a 256-token prefix hit alone: 34 programs, 3 splits to 102 on 132 SMs
-    (2048, 1, 1),  # a full prefill budget fills the SMs with query blocks alone
-    (512, 17, 1),  # a hit beside 16 decode rows: 98 programs
-    (128, 8, 4),  # a 128-token chunk beside 7 decode rows: 32 programs
+    (256, 8, 3),  # the 256-token prefill bucket (8 rows): 48 programs, 3 splits to 144
+    (512, 32, 2),  # the 512-token bucket with 16 decode rows (a hit beside them): 128 programs
+    (2048, 16, 1),  # a full prefill budget covers the SMs with query blocks alone
+    (1024, 16, 1),  # 160 programs
+    (128, 4, 6),  # 24 programs
     (16, 1, 8),  # capped at MAX_SPLITS
 ])
-def test_splits_for_keeps_the_grid_within_one_wave(tokens, rows, expected):
+def test_splits_for_covers_every_sm_with_the_fewest_splits(tokens, rows, expected):
     assert splits_for(tokens, rows, num_kv_heads=2, num_sms=132) == expected
 
 

@@ -275,10 +275,18 @@ def _split_scratch(meeting: KeptZeros, num_tokens: int, num_heads: int, head_dim
 
 
 def splits_for(num_tokens: int, num_rows: int, num_kv_heads: int, num_sms: int) -> int:
-    """Key splits a query block for a launch over num_tokens tokens in num_rows rows: as many
-    as keep the grid within one wave, one program an SM (245-255 registers a thread at 8 warps
+    """Key splits a query block for a launch over num_tokens tokens in num_rows rows: the
+    fewest whose grid covers every SM (one program an SM: 245-255 registers a thread at 8 warps
     at the 0.8B's head dim 256, tools/compile_check), at most MAX_SPLITS; one wherever the
-    query blocks alone fill the SMs. Not a power of two: 4 splits of a 34-program grid would be
-    136 programs on 132 SMs, a second wave as long as the first."""
+    query blocks alone cover them.
+
+    Rounded up, not down: a bucket's grid counts every row's block, and a padded step's rows
+    are mostly padding whose programs return at once, so the grid's real work is smaller than
+    its size. On the H200 (132 SMs, results/2026-12-06-h200-sampled-varlen) a 256-token hit
+    over 1,024 keys (32 working programs) took 116 / 65 / 49 / 42 / 59 µs at 1 / 2 / 3 / 4 / 8
+    splits, and beside 16 decode rows (64 working) 142 / 81 / 91 µs at 1 / 2 / 4: the engine's
+    buckets for those steps (256 tokens and 8 rows; 512 tokens and 32 rows) give 3 and 2 splits
+    rounded up, 2 and 1 rounded down. A 2,048-token prompt (256 working) takes 1 either way
+    (296 / 291 / 296 µs at 1 / 2 / 4)."""
     programs = (num_tokens // BLOCK_Q + num_rows) * num_kv_heads
-    return max(1, min(MAX_SPLITS, num_sms // programs))
+    return max(1, min(MAX_SPLITS, -(-num_sms // programs)))

@@ -2,8 +2,10 @@
 (8 query heads over 2 kv heads of 256), captured as a CUDA graph as the engine replays it, with
 one program a query block and with its keys split (varlen_splits: splits_for's count, and
 2, 4 and 8), for the loads the prefix cache makes: a 256-token hit over a 1,024-token
-prefix alone, the same beside 16 decode rows, and a 2,048-token fresh prompt. Also checks each
-split count against one program a block (bf16 rounding apart):
+prefix alone, the same beside 16 decode rows, and a 2,048-token fresh prompt. splits_for is
+given the rows of the engine's bucket for each (engine/varlen.py: PaddedBucket, the 0.8B's
+defaults), whose padding rows the engine's grid holds too. Also checks each split count against
+one program a block (bf16 rounding apart):
     python3 tests/gpu/time_varlen.py"""
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import functools
 
 import torch
 
+from resident.config import EngineConfig
+from resident.engine.varlen import PaddedBucket
 from resident.kernels.gdc import KeptZeros
 from resident.kernels.varlen_attention import MAX_SPLITS, paged_varlen_attention, splits_for
+from resident.model.config import load_model_config
 from resident.tools.bench_attention import graph_time_us
 
 PAGE = 16
@@ -44,12 +49,21 @@ def step(rows: list[tuple[int, int]], bucket: int, device: torch.device):
             torch.tensor(positions, device=device)), qsl[-1]
 
 
+def engine_rows(rows: list[tuple[int, int]]) -> int:
+    """The rows of the engine's padded bucket for a step of these rows (default knobs)."""
+    config = EngineConfig().resolve(load_model_config("qwen3.5-0.8b"), "cuda")
+    decode = sum(new == 1 and stored > 0 for stored, new in rows)
+    tokens = sum(new for _, new in rows)
+    return next(bucket.rows for bucket in PaddedBucket.all_of(config)
+                if bucket.holds(tokens, decode, len(rows) - decode))
+
+
 def main() -> None:
     device = torch.device("cuda")
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     for name, rows, bucket in LOADS:
         args, real = step(rows, bucket, device)
-        chosen = splits_for(bucket, len(rows), KV_HEADS, num_sms)
+        chosen = splits_for(bucket, engine_rows(rows), KV_HEADS, num_sms)
         meeting = KeptZeros()
         base = paged_varlen_attention(*args, HEAD_DIM**-0.5)[:real].float()
         times = []
