@@ -78,9 +78,10 @@ def launch_gaps(timeline: Timeline, kind: str) -> float | None:
 
 def compare(base: Timeline, head: Timeline, kind: str) -> tuple[list[tuple[str, float, float]],
                                                               tuple[float | None, float | None]]:
-    """Rows (pair, base µs, head µs), the largest change first, and both median spans."""
+    """Rows (pair, base µs, head µs), the largest change first, and both median spans; one
+    window given as both is read once."""
     base_gaps, base_span = replay_gaps(base, kind)
-    head_gaps, head_span = replay_gaps(head, kind)
+    head_gaps, head_span = (base_gaps, base_span) if head is base else replay_gaps(head, kind)
     rows = [(name, base_gaps.get(name, 0.0), head_gaps.get(name, 0.0))
             for name in base_gaps.keys() | head_gaps.keys()]
     rows.sort(key=lambda row: -abs(row[2] - row[1]))
