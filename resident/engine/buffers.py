@@ -105,6 +105,11 @@ def int_layout(capacity: Capacity) -> dict[str, slice]:
     return places
 
 
+def flat_length(layout: dict[str, slice]) -> int:
+    """Elements of the flat array an int_layout tiles."""
+    return max(place.stop for place in layout.values())
+
+
 def varlen_span(layout: dict[str, slice]) -> slice:
     """The flat span of VARLEN_ARRAYS, first to last: a varlen step's one upload."""
     return slice(layout[VARLEN_ARRAYS[0]].start, layout[VARLEN_ARRAYS[-1]].stop)
@@ -117,8 +122,7 @@ class HostStaging:
 
     def __init__(self, capacity: Capacity, pin: bool) -> None:
         layout = int_layout(capacity)
-        self.flat = torch.zeros(max(s.stop for s in layout.values()), dtype=torch.int64,
-                                pin_memory=pin).numpy()
+        self.flat = torch.zeros(flat_length(layout), dtype=torch.int64, pin_memory=pin).numpy()
         for name, place in layout.items():
             setattr(self, name, self.flat[place])
         self.block_tables = torch.zeros(capacity.max_rows, capacity.max_pages,
@@ -133,8 +137,7 @@ class StepBuffers:
     def __init__(self, capacity: Capacity, device: torch.device):
         layout = int_layout(capacity)
         self.varlen_span = varlen_span(layout)
-        self.flat_gpu = torch.zeros(max(s.stop for s in layout.values()), dtype=torch.int64,
-                                    device=device)
+        self.flat_gpu = torch.zeros(flat_length(layout), dtype=torch.int64, device=device)
         for name, place in layout.items():
             setattr(self, f"{name}_gpu", self.flat_gpu[place])
         self.block_tables_gpu = torch.zeros(capacity.max_rows, capacity.max_pages,
