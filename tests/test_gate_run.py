@@ -92,14 +92,16 @@ def session(tmp_path_factory):
     out = tmp_path_factory.mktemp("gate") / "session"
     # the head serves with its prefix cache on (a snapshot every page) and every prompt opens
     # with one 32-token prefix: after the warm-up (two requests a slot: the second wave
-    # snapshots the prefix), each of its requests restores 2 pages
+    # snapshots the prefix), each of its requests restores 2 pages. 24 output tokens, not
+    # SHORT's 8: the summary reads a server's CPU only where the runs' median is 0.1 s or more
+    # (/proc's ticks), and on an idle 2-core host 8-token runs put the engine core's at 0.08-0.14
     result = invoke("run", "--arm", "main=.", "--arm", "head=.",
                     "--set", "main.resident_planning=off", "--set", "main.prefix_cache=off",
                     "--set", "dtype=float32",
                     "--set", "head.prefix_cache=on", "--set", "head.prefix_snapshot_interval=1",
                     "--shared-prefix-len", "32",
                     "--concurrency", "1,2", "--rounds", "2", "--runs", "2", "--clients", "2",
-                    "--out", str(out), "--format", "json", *SHORT)
+                    "--out", str(out), "--format", "json", *SHORT, "--output-len", "24")
     return out, result
 
 
@@ -111,7 +113,7 @@ def test_a_session_writes_everything(session):
     assert cells == {(c, a) for c in ("c=1", "c=2") for a in ("main", "head")}
     runs = read_runs(out)
     assert len(runs) == 2 * 2 * 2 * 2 and all(r.ok for r in runs)
-    assert all(r.metrics.total_output_tokens == 4 * 8 for r in runs)
+    assert all(r.metrics.total_output_tokens == 4 * 24 for r in runs)
     # --clients 2: c=2's slots from two client processes, c=1's from one
     assert [r.num_clients for r in runs] == [r.concurrency for r in runs]
     assert [r.arm for r in runs if r.concurrency == 1 and r.run == 1] == [
