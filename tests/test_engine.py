@@ -220,3 +220,27 @@ def test_what_the_core_sends_unpickles_without_torch_or_numpy():
         loaded = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(message),
                                 capture_output=True, check=True, timeout=60)
         assert loaded.stdout.decode().strip() == "[]", type(message).__name__
+
+
+def test_each_plans_sampling_requests_are_its_rows_that_sample(workload):
+    """StepPlan.sampling, which the scheduler takes from its list of decode requests, is the
+    requests of the plan's rows that sample, in row order, at every step. Under KV pressure
+    offloads turn ready requests away from a step's decode rows; taking turns in a narrow
+    bucket, a row's admission offloads a request ahead of the step's last row: a request in the
+    middle of the list is turned away (once in this workload; the planted bug of taking the
+    ready list's head fails here)."""
+    requests, expected = workload
+    engine = make_engine(num_kv_pages=16, prefill_token_budget=32, decode_order="turns",
+                         decode_buckets=(1, 2))
+    schedule, plans = engine.scheduler.schedule, []
+
+    def recorded():
+        plans.append(schedule())
+        return plans[-1]
+
+    engine.scheduler.schedule = recorded
+    assert run(engine, requests) == expected
+    assert engine.scheduler.num_offloads > 0
+    for plan in plans:
+        assert [id(r) for r in plan.sampling] == [id(row.request) for row in plan.rows
+                                                   if row.samples]

@@ -268,7 +268,7 @@ class Engine:
         step = prepared.logits if prepared.logits is not None else self._launch(prepared)
         # a row whose request finished after this step was planned (one of the zombies) runs,
         # unsampled
-        sampling = [row.request for row in plan.rows if row.samples]
+        sampling = plan.sampling
         kept = [i for i, r in enumerate(sampling) if not r.finish_reason] \
             if self._zombies else None
         live = sampling if kept is None else [sampling[i] for i in kept]
@@ -317,7 +317,7 @@ class Engine:
         if step.published is not None and not self.sampler.any_logprobs:
             drawn = step.drawn
             tokens = step.greedy if drawn is None else drawn.tokens
-            self.readback.start_published(self.ring, step.published, tokens.shape[0],
+            self.readback.start_published(self.ring, step.published, prepared.bucket,
                                           drawn is not None, len(sampling), kept)
             return tokens, kept
         if prepared.is_decode:
@@ -372,8 +372,8 @@ class Engine:
                      for slot, rid in prepared.staged.whole_rows] if prepared.staged else []
             draws = self.sampler.stage_by_slot(whole)
         else:  # every decode row samples
-            draws = self.sampler.stage_rows([_sample_row(row.request)
-                                             for row in prepared.plan.rows])
+            draws = self.sampler.stage_rows([_sample_row(request)
+                                             for request in prepared.plan.sampling])
         self.phases.lap("sampler")
         return draws
 

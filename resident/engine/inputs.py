@@ -66,7 +66,8 @@ class StepInputs:
         num_rows = len(plan.rows)
         self.host = self.buffers.next_host()
         host = DecodeInputs.of(self.host.decode, bucket)
-        page_lists = stage_one_token_rows(host, [row.request for row in plan.rows], self.kv,
+        # a decode plan's rows all sample: its sampling list is its rows' requests
+        page_lists = stage_one_token_rows(host, plan.sampling, self.kv,
                                           self.states, self.positions, self.phases)
         width = self._stage_tables(page_lists, bucket)
         self.phases.lap("kv_plan")

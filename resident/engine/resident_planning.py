@@ -40,7 +40,7 @@ class ResidentPlanning(StepPlanning):
         self.reason = reason
 
     def prepare_decode(self, plan: StepPlan) -> PreparedStep:
-        request_ids = [row.request.request_id for row in plan.rows]
+        request_ids = [request.request_id for request in plan.sampling]
         resident = self.planner.plan(request_ids, self.inputs.bucket_for(len(request_ids)))
         staged = self.planner.flush(resident)
         self.phases.lap("resident")

@@ -185,7 +185,7 @@ class StepRunner:
         the shapes in its requests' order gave other greedy tokens (1 of 24 prompts on the
         H200) than one warmed this way, and every later engine in the process."""
         decode, inputs, planning = self.kernels.decode, self.inputs, self.planning
-        empty = StepPlan([], "decode")
+        empty = StepPlan([], "decode", [])
 
         def prepare(bucket: int) -> None:
             inputs.stage_decode(empty, bucket)

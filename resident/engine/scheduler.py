@@ -57,6 +57,11 @@ class StepPlan:
 
     rows: list[Row]
     kind: str  # decode | prefill | mixed
+    # the requests of the rows that sample, in row order (each decode row's, then each prompt
+    # whose last chunk this is): what sampling, commit and emit walk. Made by the scheduler,
+    # which holds the decode rows' requests as a list already: built again from the rows it
+    # cost every decode step ~1.4 us at c=64 here, charged to the sampler's phase
+    sampling: list[Request]
 
     @property
     def num_tokens(self) -> int:
@@ -122,27 +127,34 @@ class Scheduler:
         self.step_number += 1
         self._reload()
         rows: list[Row] = []
-        self._add_decode_rows(rows)
+        sampling = self._add_decode_rows(rows)
         num_decode = len(rows)
         budget = self.config.prefill_token_budget
         budget = self._add_prefill_rows(rows, budget, self._running_prefills())
         self._admit_waiting(rows, budget)
         for row in rows:
             row.request.last_run_step = self.step_number
-        return StepPlan(rows, _kind(num_decode, len(rows)))
+        if len(rows) > num_decode:
+            sampling = sampling + [row.request for row in rows[num_decode:] if row.samples]
+        return StepPlan(rows, _kind(num_decode, len(rows)), sampling)
 
-    def _add_decode_rows(self, rows: list[Row]) -> None:
+    def _add_decode_rows(self, rows: list[Row]) -> list[Request]:
+        """Adds the decode rows to the (empty) rows; returns their requests, in row order."""
         ready = [r for r in self.running if r.is_decode_ready]
         if self.config.decode_order == "turns":
             ready.sort(key=lambda r: (r.last_run_step, r.arrival))
         else:
             ready.sort(key=lambda r: r.arrival)
         widest = self.config.max_decode_rows
+        turned_away = False
         for request in ready:
             if len(rows) == widest:
                 break
             if self._admit_running(request, 1, rows):
                 rows.append(Row(request, 1, samples=True))
+            else:
+                turned_away = True
+        return [row.request for row in rows] if turned_away else ready[:len(rows)]
 
     def _running_prefills(self) -> list[Request]:
         return sorted((r for r in self.running if r.is_prefilling), key=lambda r: r.arrival)

@@ -350,5 +350,5 @@ class VarlenInputs:
         host = self.host = self.buffers.next_host()
         host.query_start_loc[0] = 0
         self._pad(host, bucket, 0, 0, 0)
-        self._stage_split(host, StepPlan([], "prefill"), bucket, 0)
+        self._stage_split(host, StepPlan([], "prefill", []), bucket, 0)
         self._upload(host, bucket.rows)
