@@ -7,20 +7,28 @@
   each step's rows there and upload them (two H2D copies a step).
 - `SamplingSlots` (resident planning): the same columns for every slot of the resident planner's
   store. A request's row is written only when the planner writes its row whole (new, displaced,
-  or stale after a host-planned step); a decode step gathers its rows by slot into the step's
-  columns and advances their token index on the device (`take`: one kernel on CUDA), inside the
-  decode step's graph, so a captured resident step uploads no sampling parameters.
+  or stale after a host-planned step): one staged block (each row's slot, ints and floats)
+  copied and scattered into the slots (`write`: one H2D and one kernel on CUDA); a decode step
+  gathers its rows by slot into the step's columns and advances their token index on the
+  device (`take`: one kernel on CUDA), inside the decode step's graph, so a captured resident
+  step uploads no sampling parameters.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from resident.engine.draw import RowParams
 
 INDEX_COL = 2  # the token index's column among the int64 ones
+WIDTH = 3  # columns of each dtype
+# a whole-row write's staged row, int64: its slot, its WIDTH ints, then its WIDTH float32s
+# packed two to a column (the last float32 is padding)
+STAGED_WIDTH = 1 + WIDTH + (WIDTH + 1) // 2
+FLOATS_AT = 2 * (1 + WIDTH)  # the floats' first column in the staged block's float32 view
 
 
 class RowColumns(NamedTuple):
@@ -39,8 +47,8 @@ def seed_bits(seed: int) -> int:
 
 class ParamColumns:
     def __init__(self, num_rows: int, device: torch.device) -> None:
-        self.floats_gpu = torch.zeros(num_rows, 3, dtype=torch.float32, device=device)
-        self.ints_gpu = torch.zeros(num_rows, 3, dtype=torch.int64, device=device)
+        self.floats_gpu = torch.zeros(num_rows, WIDTH, dtype=torch.float32, device=device)
+        self.ints_gpu = torch.zeros(num_rows, WIDTH, dtype=torch.int64, device=device)
 
     def params(self, num_rows: int) -> RowParams:
         """The first num_rows rows' parameters, as views."""
@@ -55,8 +63,8 @@ class HostColumns:
 
     def __init__(self, num_rows: int, device: torch.device) -> None:
         pin = device.type == "cuda"
-        self.floats_cpu = torch.zeros(num_rows, 3, dtype=torch.float32, pin_memory=pin)
-        self.ints_cpu = torch.zeros(num_rows, 3, dtype=torch.int64, pin_memory=pin)
+        self.floats_cpu = torch.zeros(num_rows, WIDTH, dtype=torch.float32, pin_memory=pin)
+        self.ints_cpu = torch.zeros(num_rows, WIDTH, dtype=torch.int64, pin_memory=pin)
 
     def put(self, rows: RowColumns) -> None:
         count = len(rows.floats)
@@ -80,35 +88,47 @@ class SamplingSlots:
                  device: torch.device) -> None:
         """slot_ids_gpu: the resident planner's [>= bucket] slot ids of a step's rows, at a
         fixed address (its flush writes them)."""
-        self.table = ParamColumns(num_slots, device)  # [num_slots, 3] each
+        self.table = ParamColumns(num_slots, device)  # [num_slots, WIDTH] each
         self.slot_ids_gpu = slot_ids_gpu
-        # whole-row writes: slots then values, staged and sent in stream order before the draw
-        self._staging = HostColumns(max_rows, device)
-        self._staged = ParamColumns(max_rows, device)
-        self._slots_cpu = torch.zeros(max_rows, dtype=torch.int64,
-                                      pin_memory=device.type == "cuda")
-        self._slots_gpu = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self._take = self._ones_gpu = None
+        # whole-row writes, staged and sent in stream order before the draw: [max_rows,
+        # STAGED_WIDTH], one block so that one H2D sends a write's slots and both dtypes
+        pin = device.type == "cuda"
+        self._staged_cpu = torch.zeros(max_rows, STAGED_WIDTH, dtype=torch.int64, pin_memory=pin)
+        block = self._staged_cpu.numpy()
+        self._staged_slots, self._staged_ints = block[:, 0], block[:, 1:1 + WIDTH]
+        self._staged_floats = block.view(np.float32)[:, FLOATS_AT:FLOATS_AT + WIDTH]
+        self._staged_gpu = torch.zeros(max_rows, STAGED_WIDTH, dtype=torch.int64, device=device)
+        self._take = self._put = self._ones_gpu = None
         if device.type == "cuda":  # imported here: triton must not load before TRITON_INTERPRET
-            from resident.kernels.slot_params import take_triton
+            from resident.kernels.slot_params import put_triton, take_triton
 
-            self._take = take_triton
+            self._take, self._put = take_triton, put_triton
         else:  # the reference's index counts (take)
             self._ones_gpu = torch.ones(max_rows, dtype=torch.int64, device=device)
         self.rows_written = 0
 
     def write(self, slots: list[int], rows: RowColumns) -> None:
-        """Writes rows whole into their slots (three H2D copies and two scatters). The staging
-        is reused by the next step's write only after this step's tokens are read back."""
+        """Writes rows whole into their (distinct) slots: one H2D of the staged block, then
+        its scatter (on CUDA one kernel, kernels/slot_params.py; else this reference's two
+        index_copies). The staging is reused by the next step's write only after this step's
+        tokens are read back."""
         count = len(slots)
-        self._staging.put(rows)
-        self._slots_cpu.numpy()[:count] = slots
-        self._slots_gpu[:count].copy_(self._slots_cpu[:count], non_blocking=True)
-        self._staging.upload(self._staged, count)
-        slot_ids = self._slots_gpu[:count]
-        self.table.floats_gpu.index_copy_(0, slot_ids, self._staged.floats_gpu[:count])
-        self.table.ints_gpu.index_copy_(0, slot_ids, self._staged.ints_gpu[:count])
+        if count > self._staged_slots.shape[0]:
+            raise ValueError(f"{count} whole rows exceed the staging's "
+                             f"{self._staged_slots.shape[0]}")
+        self._staged_slots[:count] = slots
+        self._staged_ints[:count] = rows.ints
+        self._staged_floats[:count] = rows.floats
+        staged = self._staged_gpu[:count]
+        staged.copy_(self._staged_cpu[:count], non_blocking=True)
         self.rows_written += count
+        if self._put is not None:
+            self._put(staged, self.table.floats_gpu, self.table.ints_gpu)
+            return
+        slot_ids = staged[:, 0]
+        self.table.ints_gpu.index_copy_(0, slot_ids, staged[:, 1:1 + WIDTH])
+        self.table.floats_gpu.index_copy_(
+            0, slot_ids, staged.view(torch.float32)[:, FLOATS_AT:FLOATS_AT + WIDTH])
 
     def take(self, columns: ParamColumns, bucket: int) -> None:
         """The bucket's rows' parameters, by slot, into the step's columns, then one token more

@@ -1,6 +1,11 @@
-"""A resident decode step's sampling parameters, gathered by slot and advanced in one kernel
-(engine/sampling_state.py, `SamplingSlots.take`; its torch reference is there: two
-index_selects and an index_add, three kernels in every drawing step's graph).
+"""The resident sampler state's two device ops, each one kernel (engine/sampling_state.py,
+`SamplingSlots`; their torch references are there):
+
+- `take_triton`: a resident decode step's sampling parameters gathered by slot and advanced
+  (the reference's two index_selects and an index_add: three kernels in every drawing step's
+  graph);
+- `put_triton`: rows written whole into their slots from one staged block (the reference's
+  two index_copies), on the steps after an admission.
 
 Each program takes one row: it copies its slot's float and int columns into the step's columns,
 then adds one to the slot's token index, which the draw no longer reads (it reads the step's
@@ -39,3 +44,32 @@ def take_triton(table_floats: torch.Tensor, table_ints: torch.Tensor, slot_ids: 
         _take_kernel[(rows,)](table_floats, table_ints, slot_ids, out_floats, out_ints,
                               WIDTH=width, BLOCK=triton.next_power_of_2(width),
                               INDEX_COL=index_col, num_warps=1)
+
+
+@triton.jit
+def _put_kernel(staged_ints, staged_floats, table_floats, table_ints, WIDTH: tl.constexpr,
+                STAGED_WIDTH: tl.constexpr, FLOATS_AT: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    slot = tl.load(staged_ints + row * STAGED_WIDTH)
+    columns = tl.arange(0, BLOCK)
+    inside = columns < WIDTH
+    tl.store(table_ints + slot * WIDTH + columns,
+             tl.load(staged_ints + row * STAGED_WIDTH + 1 + columns, mask=inside), mask=inside)
+    # the float32 view has two columns to each int64 one
+    tl.store(table_floats + slot * WIDTH + columns,
+             tl.load(staged_floats + row * 2 * STAGED_WIDTH + FLOATS_AT + columns, mask=inside),
+             mask=inside)
+
+
+def put_triton(staged: torch.Tensor, table_floats: torch.Tensor,
+               table_ints: torch.Tensor) -> None:
+    """staged: [rows, staged width] int64, contiguous: each row's slot, its `width` int
+    columns, then its `width` float32 columns packed two to an int64 column (SamplingSlots'
+    staged block); table_*: [slots, width] (float32, int64), contiguous. table_*[slot] = the
+    row's columns, for each row (distinct slots)."""
+    rows, staged_width = staged.shape
+    width = table_ints.shape[1]
+    if rows:
+        _put_kernel[(rows,)](staged, staged.view(torch.float32), table_floats, table_ints,
+                             WIDTH=width, STAGED_WIDTH=staged_width, FLOATS_AT=2 * (1 + width),
+                             BLOCK=triton.next_power_of_2(width), num_warps=1)
