@@ -39,7 +39,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 
 from resident.config import EngineConfig
-from resident.engine.sampling_state import INDEX_COL
+from resident.engine.sampling_state import FLOATS_AT, INDEX_COL, STAGED_WIDTH
 from resident.engine.token_ring import HEADER_BYTES, NUM_SLOTS, TokenRing
 from resident.kernels import (
     argmax,
@@ -161,6 +161,10 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     variants.append(Variant("sampling parameters by slot", slot_params._take_kernel, {
         "table_floats": "*fp32", "table_ints": "*i64", "slot_ids": "*i64", "out_floats": "*fp32",
         "out_ints": "*i64"}, {"WIDTH": 3, "BLOCK": 4, "INDEX_COL": INDEX_COL}, 1))
+    variants.append(Variant("sampling rows written by slot", slot_params._put_kernel, {
+        "staged_ints": "*i64", "staged_floats": "*fp32", "table_floats": "*fp32",
+        "table_ints": "*i64"}, {"WIDTH": 3, "STAGED_WIDTH": STAGED_WIDTH,
+                                "FLOATS_AT": FLOATS_AT, "BLOCK": 4}, 1))
     variants += _conv_varlen_variants(config)
     variants += _chunk_states_variants(config)
     variants += _varlen_attention_variants(config)
