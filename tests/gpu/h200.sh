@@ -162,7 +162,9 @@
 #             session on a warm H100): compare the two sessions' output_throughput, tarred
 #   phases-sampled configs/gate/h200-0.8b-phases-sampled.yaml: the sampler's host time a step at
 #             c=64 sampled, resident planning off and auto, $PHASES_ROUNDS rounds (default 1),
-#             tarred
+#             tarred; PHASES_BASE=<dir> (a source tree, carried): a third arm `base`, that tree
+#             under resident planning, alternated with the two (the same host's before);
+#             PHASES_LIMIT: its seconds (default 400)
 #   check-seeded configs/gate/check-h200-0.8b.yaml's seeded sweep, this tree against itself
 #             (main=. head=.: the old sampler of an earlier main draws other tokens), tarred
 #   check-seeded-triton  the same with sampler=triton on every server
@@ -465,8 +467,14 @@ for part in "$@"; do
       tar czf "$OUT/gate-sampled.tgz" -C "$OUT" gate-greedy gate-sampled \
         && rm -rf "$OUT/gate-greedy" "$OUT/gate-sampled" ;;
     phases-sampled)
-      run phases-sampled 400 python3 -m gate phases \
-        --config configs/gate/h200-0.8b-phases-sampled.yaml --rounds "${PHASES_ROUNDS:-1}" --out "$OUT/phases-sampled"
+      base=()
+      # the command line's arms and knobs replace the file's: all three given
+      [ -n "${PHASES_BASE:-}" ] && base=(--arm off=. --arm auto=. --arm "base=path:$PHASES_BASE"
+        --set off.resident_planning=off --set auto.resident_planning=auto
+        --set base.resident_planning=auto)
+      run phases-sampled "${PHASES_LIMIT:-400}" python3 -m gate phases \
+        --config configs/gate/h200-0.8b-phases-sampled.yaml "${base[@]}" \
+        --rounds "${PHASES_ROUNDS:-1}" --out "$OUT/phases-sampled"
       tar czf "$OUT/phases-sampled.tgz" -C "$OUT" phases-sampled && rm -rf "$OUT/phases-sampled" ;;
     check-seeded | check-seeded-triton)
       knobs=(); [ "$part" = check-seeded-triton ] && knobs=(--set sampler=triton)
