@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from resident.eventloop import EVENT_LOOPS
 from resident.info import gdn_conv_bytes, gdn_recurrent_bytes
 from resident.interpreter import triton_interpreting
 from resident.model.config import ModelConfig
@@ -51,6 +52,7 @@ _CHOICES = {
     "argmax": ("auto", "torch", "triton"),
     "token_ring": ("on", "off"),
     "varlen_splits": ("off", "auto"),
+    "event_loop": EVENT_LOOPS,
 }
 
 
@@ -172,6 +174,8 @@ class EngineConfig:
     # wake-up it causes is a system call whatever it carries, so the API's CPU a token falls as
     # this rises, and tokens arrive in groups (results/2026-12-05-cpu-token-event)
     stream_interval: int = 1
+    # the API processes' asyncio loop (eventloop.py): auto is uvloop where it is installed
+    event_loop: str = "auto"
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
     # ranks the model is split over (Megatron-style, docs/parallel.md): one engine-core process
     # a rank, each on its own device (rank r on CUDA device r of the visible ones); must divide

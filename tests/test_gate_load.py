@@ -16,8 +16,12 @@ from gate.run.load import (
     run_load,
     summarize,
 )
+from resident import eventloop
 
 from server_fixture import Server, run
+
+# the event loops this host can run: asyncio's, and uvloop where it is installed
+HOST_LOOPS = sorted({"asyncio", eventloop.resolve("auto")[0]})
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +49,12 @@ def test_a_run_streams_every_token(server):
     assert metrics.median_e2el_ms > metrics.median_ttft_ms
 
 
-def test_client_processes_stream_every_token_and_one_wall_time(server):
+@pytest.mark.parametrize("event_loop", HOST_LOOPS)
+def test_client_processes_stream_every_token_and_one_wall_time(server, event_loop):
     """Three client processes share 7 slots: every request of every process is counted, once,
-    and the run's wall time spans them all."""
+    and the run's wall time spans them all; on each event loop the host has."""
     spec = LoadSpec(concurrency=7, num_requests=21, prompt_len=16, output_len=6, num_warmup=3,
-                    seed=5, num_clients=3)
+                    seed=5, num_clients=3, event_loop=event_loop)
     result = run(run_load(server.url, spec))
     metrics = result.metrics
     assert (metrics.completed, metrics.failed, metrics.max_concurrency) == (21, 0, 7)

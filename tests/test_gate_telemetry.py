@@ -200,7 +200,9 @@ def test_host_info_describes_this_machine():
     assert info["logical_cpus"] == os.cpu_count()
     assert info["allowed_cpus"]
     assert info["memory_gib"] > 0
-    assert set(info) == {"hostname", "cpu_model", "logical_cpus", "allowed_cpus", "memory_gib"}
+    assert set(info) == {"hostname", "cpu_model", "logical_cpus", "allowed_cpus", "memory_gib",
+                         "client_event_loop"}
+    assert info["client_event_loop"] in ("asyncio", "uvloop")
 
 
 

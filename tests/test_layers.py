@@ -1,8 +1,8 @@
 """The package's import graph runs one way: kernels at the bottom, then the model and the
 resources, the backends and the planner, the engine, the server, and the tools and CLI on top;
 the gate stands apart (it measures other trees' engines over HTTP and imports only the knob
-parsing, the profile reading, the version, the CLI flags, the table rendering and the tools'
-option types it shares), and
+parsing, the profile reading, the version, the CLI flags, the table rendering, the tools'
+option types and the event loop's choice it shares), and
 its own packages run one way too (GATE_LAYERS), with no cycle. Function-level imports count."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("resident.kernels", "resident.provenance", "resident.render", "resident.profiling",
      "resident.cli_flags", "resident.heap", "resident.tool_args", "resident.lifecycle",
-     "resident.interpreter"),
+     "resident.interpreter", "resident.eventloop"),
     ("resident.model", "resident.resources", "resident.parallel"),
     ("resident.config", "resident.info"),
     ("resident.backends", "resident.planner"),
@@ -26,7 +26,7 @@ LAYERS = [
 ]
 GATE_MAY_IMPORT = ("resident.config", "resident.profiling", "resident.provenance",
                    "resident.cli_flags", "resident.render", "resident.tool_args",
-                   "resident.lifecycle")
+                   "resident.lifecycle", "resident.eventloop")
 
 
 def _layer(module: str) -> int:
@@ -36,19 +36,27 @@ def _layer(module: str) -> int:
     raise AssertionError(f"{module} is in no layer: add it to LAYERS")
 
 
-def _imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return {name for name in found if name.split(".")[0] in ("resident", "gate")}
-
-
 def _module(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# every module of the two packages
+MODULES = {_module(path) for package in ("resident", "gate")
+           for path in (ROOT / package).rglob("*.py")}
+
+
+def _imports(path: Path) -> set[str]:
+    """The resident and gate modules `path` imports (`from resident import eventloop` imports
+    resident.eventloop)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names}
+            found |= (submodules & MODULES) or {node.module}
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] in ("resident", "gate")}
 
 
 def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
@@ -90,20 +98,9 @@ def _within(module: str, package: str) -> bool:
 
 
 def _gate_imports() -> dict[str, set[str]]:
-    """Each gate module and the gate modules it imports (`from gate.report import summary`
-    imports gate.report.summary)."""
-    modules = {_module(path): path for path in sorted((ROOT / "gate").rglob("*.py"))}
-    graph = {}
-    for module, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                submodules = {f"{node.module}.{alias.name}" for alias in node.names}
-                found |= (submodules & modules.keys()) or {node.module}
-            elif isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-        graph[module] = {name for name in found if name == "gate" or name.startswith("gate.")}
-    return graph
+    """Each gate module and the gate modules it imports."""
+    return {_module(path): {name for name in _imports(path) if _within(name, "gate")}
+            for path in sorted((ROOT / "gate").rglob("*.py"))}
 
 
 def test_the_gates_packages_import_downwards_only():

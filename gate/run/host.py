@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gate.run.topology import format_cpu_list
+from resident import eventloop
 
 # Distribution names to try for each package, first found wins.
 PACKAGES = {
@@ -75,7 +76,8 @@ def _proc_field(path: Path, key: str) -> str | None:
 
 
 def host_info(proc: Path = Path("/proc")) -> dict[str, Any]:
-    """Hostname, CPU model, logical CPU count, allowed CPUs and total memory (GiB)."""
+    """Hostname, CPU model, logical CPU count, allowed CPUs, total memory (GiB), and the event
+    loop the load's client processes run on here (resident/eventloop.py's auto)."""
     memory = _proc_field(proc / "meminfo", "MemTotal")  # "131072000 kB"
     memory_gib = None
     if memory and memory.split()[0].isdigit():
@@ -86,4 +88,5 @@ def host_info(proc: Path = Path("/proc")) -> dict[str, Any]:
         "logical_cpus": os.cpu_count(),
         "allowed_cpus": format_cpu_list(os.sched_getaffinity(0)),
         "memory_gib": memory_gib,
+        "client_event_loop": eventloop.resolve("auto")[0],
     }

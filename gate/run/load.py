@@ -45,6 +45,7 @@ except ImportError:  # a host without it (the H200's, unless .whl/ carries the w
 
 from gate.metrics import LATENCIES, ServeMetrics, latency_fields
 from gate.run.sse_client import SseClient
+from resident import eventloop
 from resident.lifecycle import end_with_parent
 
 
@@ -69,6 +70,8 @@ class LoadSpec:
     # run repeats another's prompts (a prefix cache would serve a repeat as a whole-prompt hit)
     run: int = 0
     request_rate: float = 0.0  # measured requests a second, open loop; 0: a closed loop
+    # the client processes' asyncio loop (resident/eventloop.py): auto is uvloop where installed
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "num_requests", "prompt_len", "output_len", "vocab_size",
@@ -81,6 +84,7 @@ class LoadSpec:
             raise ValueError(f"shared_prefix_len must be >= 0, got {self.shared_prefix_len}")
         if not 0 <= self.request_rate < float("inf"):
             raise ValueError(f"request_rate must be >= 0 and finite, got {self.request_rate}")
+        eventloop.resolve(self.event_loop)
 
     @property
     def total_prompt_len(self) -> int:
@@ -378,7 +382,7 @@ def _client_process(url: str, spec: LoadSpec, requests: list[tuple[list[int], fl
             return start, time.monotonic(), results, time.process_time() - cpu_start
 
     try:
-        answers.put(asyncio.run(drive()))
+        answers.put(eventloop.run(drive(), spec.event_loop))
     except Exception as err:  # noqa: BLE001 - the parent must hear of it, not wait out its timeout
         barrier.abort()  # the others stop waiting for this one
         answers.put((None, None,

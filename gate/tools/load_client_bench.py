@@ -3,6 +3,7 @@ nothing but the client (and the fake server, on processes of its own) sets the p
 
     python -m gate.tools.load_client_bench [--concurrency 256] [--clients 4]
         [--server-processes 4] [--requests 1024] [--output-len 256] [--target 45000] [--times 5]
+        [--loop auto|asyncio|uvloop]
 
 Runs gate/run/load.py's `run_load` (the gate's client: its processes, its per-token
 timestamps, its parsing) at `--concurrency` with `--clients` processes against the fake server
@@ -31,6 +32,7 @@ import aiohttp
 from gate.run.load import LoadSpec, run_load
 from gate.run.server import free_port
 from gate.tools import fake_sse
+from resident import eventloop
 from resident.render import OutputFormat, render
 from resident.tool_args import add_format, count
 
@@ -71,6 +73,7 @@ def measure(spec: LoadSpec, server_processes: int, target: float,
         raise RuntimeError(f"{metrics.failed} requests failed: {result.errors}")
     rate = metrics.output_throughput or 0.0
     return {"concurrency": spec.concurrency, "client_processes": spec.num_clients,
+            "event_loop": eventloop.resolve(spec.event_loop)[0],
             "server_processes": server_processes, "tokens": tokens,
             "wall_s": metrics.duration, "tok_per_s": round(rate),
             "client_cpu_s": round(result.client_cpu_s, 2),
@@ -92,14 +95,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="the fastest rate a gate cell asks, tok/s")
     parser.add_argument("--times", type=float, default=5.0,
                         help="pace the fake server to this many times the target; 0: unpaced")
+    parser.add_argument("--loop", choices=eventloop.EVENT_LOOPS, default="auto",
+                        help="the client processes' event loop (auto: uvloop where installed)")
     add_format(parser)
     args = parser.parse_args(argv)
     if args.target <= 0:
         parser.error(f"--target must be > 0, got {args.target}")
     if args.times < 0:
         parser.error(f"--times must be >= 0, got {args.times}")
-    spec = LoadSpec(args.concurrency, args.requests, args.prompt_len, args.output_len,
-                    num_clients=args.clients)
+    try:
+        spec = LoadSpec(args.concurrency, args.requests, args.prompt_len, args.output_len,
+                        num_clients=args.clients, event_loop=args.loop)
+    except ValueError as err:  # uvloop asked where it is missing
+        parser.error(str(err))
     render({"load_client_bench": measure(spec, args.server_processes, args.target, args.times)},
            OutputFormat(args.format))
     return 0

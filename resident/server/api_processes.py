@@ -14,7 +14,6 @@ prometheus_client), so /metrics in any process sums all of them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import os
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resident import eventloop
 from resident.server.protocol import IPC_PREFIX, PID_FILE
 
 if TYPE_CHECKING:
@@ -118,5 +118,5 @@ def run_api_process(options: ServeOptions, api_index: int, ipc_dir: Path, core_p
     if api_cpus:  # the API processes share api_core's CPUs
         os.sched_setaffinity(0, api_cpus)
     sock = bind(options.host, options.port, reuse_port=True)
-    sys.exit(asyncio.run(serve_api(options, sock, limits, api_index, ipc_dir,
-                                   SiblingCore(core_pid))))
+    sys.exit(eventloop.run(serve_api(options, sock, limits, api_index, ipc_dir,
+                                     SiblingCore(core_pid)), options.engine_config.event_loop))

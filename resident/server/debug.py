@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from resident import eventloop
 from resident.server.profile_window import TOOLS
 from resident.server.state import STATE, ready_client
 from resident.server.validation import ApiError, as_float, bad_request
@@ -28,7 +29,8 @@ async def _config(request: web.Request) -> web.Response:
     info = ready_client(request).info
     state = request.app[STATE]
     return web.json_response({**info, "tokenizer": state.tokenizer.name,
-                              "chat_template": state.chat_template.source},
+                              "chat_template": state.chat_template.source,
+                              "api_event_loop": eventloop.running_name()},
                              dumps=lambda obj: json.dumps(obj, default=str))
 
 

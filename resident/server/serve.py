@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from resident import eventloop
 from resident.config import EngineConfig, parse_cpu_list
 from resident.heap import freeze_heap
 from resident.model.config import ModelConfig
@@ -89,7 +90,7 @@ def serve(options: ServeOptions) -> int:
     if removed:
         log.info("removed %d IPC directories of servers that are gone", removed)
     try:
-        return asyncio.run(_serve(options, sock, limits))
+        return eventloop.run(_serve(options, sock, limits), options.engine_config.event_loop)
     finally:
         if METRICS_DIR_ENV in os.environ:
             shutil.rmtree(os.environ[METRICS_DIR_ENV], ignore_errors=True)
@@ -146,8 +147,9 @@ async def serve_api(options: ServeOptions, sock: socket.socket, limits: Connecti
                      options.engine_config, chat_template(options))
     runner = await serve_http(app, sock, limits)
     freeze_heap()
-    log.info("API process %d (pid %d) listening on http://%s:%d (stream events: %s)",
-             api_index, os.getpid(), options.host, options.port, jsonenc.ENCODER)
+    log.info("API process %d (pid %d) listening on http://%s:%d (stream events: %s, "
+             "event loop: %s)", api_index, os.getpid(), options.host, options.port,
+             jsonenc.ENCODER, eventloop.running_name())
     try:
         return await _until_stopped(app[STATE], core, others)
     finally:

@@ -93,6 +93,11 @@
 #             the three logs tarred to load-client.tgz
 #   gate-frontend  configs/gate/h200-0.8b-frontend.yaml (an A/A pair at c=64/256, both servers
 #             up together: the summary's CPU table and pacing line), tarred
+#   gate-event-loop  configs/gate/h200-0.8b-event-loop.yaml (the API process on uvloop against
+#             asyncio's loop at c=64/256, both servers up together), tarred
+#   load-client-loops  the load client alone against the fake server at the c=256 cell's pace
+#             (45k tok/s, 2 processes), on asyncio's loop and on uvloop, alternated twice:
+#             load-client-loops.log
 #   served-ratio  issue 35's served-equivalent ratio (gate.tools.served_ratio), 0.8B, 512 in
 #             and 256 out, at each c of $SERVED_RATIO_CONC (default "64 256"; one a call if
 #             the call's 600 s cannot hold both: ~5 min each), ~60 s of load a half: 5,632
@@ -174,9 +179,9 @@
 #   tp-rows   the same check's rows sweep: the row check on each rank under slot pressure
 #             (> 1,000 steps), tarred to check-tp-rows.tgz
 #   gate-tp   configs/gate/h200-9b-tp.yaml (TP2 beside TP1 at c=1/16/64), tarred
-# Carry .whl/ (../shared/tools/gpu-wheels) with an orjson wheel added, which the API and the load
-# client parse with (the host has none): pip download orjson --only-binary=:all: \
-#   --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl
+# Carry .whl/ (../shared/tools/gpu-wheels) with orjson and uvloop wheels added, which the API and
+# the load client parse and run their loops with (the host has neither): for each, pip download
+#   orjson --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl
 # and, for api-spy, py-spy's static binary (not a pyenv shim): mkdir -p .whl/bin && \
 #   cp "$(pyenv which py-spy 2>/dev/null || command -v py-spy)" .whl/bin/py-spy
 # Each part writes $OUT/<part>.log and prints its last lines; a failing part does not stop the
@@ -408,6 +413,20 @@ for part in "$@"; do
       run "$part" "${CHECK_LIMIT:-570}" python3 -m gate check --config "$config" \
         "${main[@]}" --arm head=. "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
+    gate-event-loop)
+      run gate-event-loop "${GATE_LIMIT:-450}" python3 -m gate run \
+        --config configs/gate/h200-0.8b-event-loop.yaml --interleave --parallel-start \
+        --out "$OUT/gate-event-loop"
+      tar czf "$OUT/gate-event-loop.tgz" -C "$OUT" gate-event-loop \
+        && rm -rf "$OUT/gate-event-loop" ;;
+    load-client-loops)
+      for loop in asyncio uvloop asyncio uvloop; do
+        python3 -m gate.tools.load_client_bench --concurrency 256 --clients 2 \
+          --server-processes 8 --requests 2048 --output-len 256 --times 1 --loop "$loop" \
+          --format json
+      done >"$OUT/load-client-loops.log" 2>&1
+      echo "== load-client-loops: exit $?"
+      grep -E '"(event_loop|client_us_per_token|tok_per_s)"' "$OUT/load-client-loops.log" ;;
     gate-frontend)
       run gate-frontend "${GATE_LIMIT:-400}" python3 -m gate run \
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
