@@ -270,8 +270,8 @@ KNOB_MEANINGS = {
     "send_buffer_kib": "a connection's kernel send buffer and the API's buffer above it, KiB",
     "stream_interval": "a stream's tokens after its first leave the engine core this many at "
                        "a time (its last at once)",
-    "event_loop": "the API processes' asyncio loop: uvloop, asyncio, or auto (uvloop where "
-                  "installed)",
+    "event_loop": "the API processes' event loop: asyncio (the standard library's), uvloop, "
+                  "or auto (uvloop where installed)",
     "profile_dir": "where POST /debug/profile writes traces; empty: <tmp>/resident-profiles",
 }
 _KNOB_TYPES = {"int": "integer", "float": "number", "str": "text",

@@ -174,8 +174,11 @@ class EngineConfig:
     # wake-up it causes is a system call whatever it carries, so the API's CPU a token falls as
     # this rises, and tokens arrive in groups (results/2026-12-05-cpu-token-event)
     stream_interval: int = 1
-    # the API processes' asyncio loop (eventloop.py): auto is uvloop where it is installed
-    event_loop: str = "auto"
+    # the API processes' asyncio loop (eventloop.py): auto and uvloop run uvloop (where it is
+    # installed). asyncio's by default: on an H100 host uvloop took the API's CPU a token 16.4
+    # -> 13.0 µs at c=64, but its server read 1.5-1.9% fewer tok/s in one round
+    # (results/2026-12-06-h100-event-loop)
+    event_loop: str = "asyncio"
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
     # ranks the model is split over (Megatron-style, docs/parallel.md): one engine-core process
     # a rank, each on its own device (rank r on CUDA device r of the visible ones); must divide

@@ -1,10 +1,13 @@
-"""The asyncio event loop a process runs its coroutine on, chosen by name (knob `event_loop`):
-`uvloop` (libuv's loop: its transports, reads and writes in C, where the standard library's
-run Python per call), `asyncio` (the standard library's), or `auto`: uvloop where it is
-installed, else asyncio. A streamed token costs the API process one socket write and its client
-one read and a share of a loop wake-up, so the loop's own per-call cost is a large part of
-either's CPU a token (on the project's VM: the gate's client 8.8-9.5 -> 7.2 µs a token at c=256,
-the API 7.2-8.2 -> 6.6-6.9 at c=64; docs/engine.md "The server").
+"""The asyncio event loop a process runs its coroutine on, chosen by name: `uvloop` (libuv's
+loop: its transports, reads and writes in C, where the standard library's run Python per call),
+`asyncio` (the standard library's), or `auto`: uvloop where it is installed, else asyncio.
+
+A streamed token costs the gate's load client one read and a share of a loop wake-up, and the
+API process one socket write, so the loop's own per-call cost is a large part of either's CPU a
+token. On an H100 host the client at the c=256 cell's pace took 28-33 µs a token on asyncio's
+loop and 11 on uvloop, and the API 16.4 against 13.0 at c=64
+(results/2026-12-06-h100-event-loop). The client runs on `auto`; the API processes on the knob
+`event_loop`, asyncio's by default (docs/engine.md "The server" says why).
 """
 
 from __future__ import annotations
