@@ -5,7 +5,7 @@ loop: its transports, reads and writes in C, where the standard library's run Py
 A streamed token costs the gate's load client one read and a share of a loop wake-up, and the
 API process one socket write, so the loop's own per-call cost is a large part of either's CPU a
 token. On an H100 host the client at the c=256 cell's pace took 28-33 µs a token on asyncio's
-loop and 11 on uvloop, and the API 16.4 against 13.0 at c=64
+loop and 11 on uvloop, and the API 15.0-16.4 against 13.0-13.8 at c=64
 (results/2026-12-06-h100-event-loop). The client runs on `auto`; the API processes on the knob
 `event_loop`, asyncio's by default (docs/engine.md "The server" says why).
 """
