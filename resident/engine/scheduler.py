@@ -60,7 +60,7 @@ class StepPlan:
     # the requests of the rows that sample, in row order (each decode row's, then each prompt
     # whose last chunk this is): what sampling, commit and emit walk. Made by the scheduler,
     # which holds the decode rows' requests as a list already: built again from the rows it
-    # cost every decode step ~1.4 us at c=64 here, charged to the sampler's phase
+    # cost every decode step ~1.4 us at c=64 on the VM, charged to the sampler's phase
     sampling: list[Request]
 
     @property
