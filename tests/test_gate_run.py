@@ -16,8 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from gate.cli import app
-from gate.manifest import Manifest
+from gate.manifest import ArmEntry, Manifest
 from gate.records import read_runs
+from gate.run.arms import resolve_arm
+from gate.run.measure import check_source
+from gate.run.server import ServerFailed
 from gate.verdict.stats import paired_deltas, runs_frame
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,13 +270,25 @@ def test_a_resumed_session_reruns_a_partial_round_and_adds_rounds(tmp_path):
     manifest = Manifest.read(out).to_dict()
     assert manifest["rounds"] == 2 and manifest["resumed"][0]["from_round"] == 1
     assert "| r2 |" in (out / "rounds.md").read_text()
-    # a third round on other code than the first two ran is refused, arm by arm
+    # a third round on other code than the first two ran is refused before a server starts
     manifest["arms"][0]["debug_config"]["source_digest"] = "0" * 64
     (out / "manifest.json").write_text(json.dumps(manifest))
     result = invoke(*one_round, "--rounds", "3", "--resume")
-    assert result.exit_code == 1
-    assert all("source digest" in r.error for r in read_runs(out) if r.round == 2)
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    assert "arm main's tree" in said and "not 000000000000" in said
+    assert {r.round for r in read_runs(out)} == {0, 1}
     assert not servers_left(result)
+
+
+def test_a_server_that_loaded_other_code_than_the_session_ran_fails():
+    """What a server reports is checked too (measure.check_source): its package may not be
+    what its tree holds (a path that shadows it)."""
+    entry = ArmEntry("main", debug_config={"source_digest": "a" * 64})
+    arm = resolve_arm("main", ".", ROOT, ROOT / ".gate" / "worktrees", {})
+    check_source(arm, entry, {"source_digest": "a" * 64}, "")
+    with pytest.raises(ServerFailed, match="source digest b+ differs from a+"):
+        check_source(arm, entry, {"source_digest": "b" * 64}, "")
 
 
 def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):

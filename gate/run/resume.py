@@ -1,7 +1,9 @@
 """`resident-gate run --resume`: continuing the session in --out. The session must be this one
-(RESUME_KEYS and the arms' names, specs and knobs match the manifest); the rounds runs.jsonl
-holds whole stay, a partial round is dropped to run again, and the manifest logs the
-resumption. The code and weights are checked again as each server starts (measure.py)."""
+(RESUME_KEYS and the arms' names, specs and knobs match the manifest, and each resident arm's
+tree still holds the code its earlier rounds ran, by source digest, checked before any server
+starts); the rounds runs.jsonl holds whole stay, a partial round is dropped to run again, and the
+manifest logs the resumption. The code and weights are checked again as each server starts
+(measure.py): what a server loaded, not only what its tree holds."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from gate.config import GateConfig
 from gate.manifest import Manifest, Resumption
 from gate.records import RUNS_FILE, RunRecord, read_runs, rewrite_runs
 from gate.verdict.rule import MIN_EFFECT
+from resident.provenance import source_digest
 
 # what must match between a session's manifest and a run that resumes it, and the value of those
 # an older manifest lacks
@@ -54,6 +57,7 @@ def resume_manifest(out: Path, fresh: Manifest, config: GateConfig,
                 recorded = RESUME_DEFAULTS.get(key)
         if mine != recorded:
             raise ValueError(f"--resume: {key} is {mine} here but {recorded} in {out}")
+    _check_sources(fresh, manifest)
     records = read_runs(out)
     first = completed_rounds(records, fresh.arm_names, config.concurrency, config.runs)
     rewrite_runs(out, [r for r in records if r.round < first])
@@ -63,6 +67,24 @@ def resume_manifest(out: Path, fresh: Manifest, config: GateConfig,
     return first, dataclasses.replace(manifest, rounds=config.planned_rounds,
                                       max_rounds=config.max_rounds,
                                       resumed=(*manifest.resumed, resumption))
+
+
+def _check_sources(fresh: Manifest, manifest: Manifest) -> None:
+    """Refuses the resume when a resident arm's tree holds other code than the session's earlier
+    rounds ran (the source digest their servers reported), before any server starts: else every
+    server of the round starts, fails its digest check and fails the round's runs, a whole
+    start-up spent (1-2 minutes a server on a fresh GPU machine)."""
+    recorded = {arm.name: (arm.debug_config or {}).get("source_digest") for arm in manifest.arms}
+    for arm in fresh.arms:
+        digest = recorded.get(arm.name)
+        if arm.kind != "resident" or not digest or not arm.tree:
+            continue
+        here = source_digest(Path(arm.tree) / "resident")
+        if here != digest:
+            raise ValueError(f"--resume: arm {arm.name}'s tree {arm.tree} holds other code than "
+                             f"the session's earlier rounds ran (source digest {here[:12]}, "
+                             f"not {digest[:12]}): a session's rounds run one tree; start "
+                             "another session (another --out)")
 
 
 def first_fingerprint(manifest: Manifest) -> str | None:
