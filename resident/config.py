@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from resident.eventloop import EVENT_LOOPS
+from resident.eventloop import resolve as resolve_event_loop
 from resident.info import gdn_conv_bytes, gdn_recurrent_bytes
 from resident.interpreter import triton_interpreting
 from resident.model.config import ModelConfig
@@ -218,6 +219,8 @@ class EngineConfig:
         _check_buckets("decode_buckets", self.decode_buckets, allow_empty=False)
         _check_buckets("prefill_buckets", self.prefill_buckets, allow_empty=True)
         parse_cpu_list(self.api_core, "api_core")
+        if self.event_loop == "uvloop":  # refused here, by name, where it is not installed
+            resolve_event_loop(self.event_loop)
         if self.step_thread_cores != "auto":
             parse_cpu_list(self.step_thread_cores, "step_thread_cores")
 

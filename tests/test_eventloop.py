@@ -42,6 +42,8 @@ def test_uvloop_asked_where_it_is_missing_is_an_error_and_auto_falls_back(monkey
         eventloop.resolve("uvloop")
     assert eventloop.resolve("auto") == ("asyncio", None)
     assert eventloop.run(_running(), "auto") == "asyncio"
+    with pytest.raises(ValueError, match="event_loop uvloop: uvloop is not installed"):
+        EngineConfig(event_loop="uvloop")  # the CLI's --set names it, no traceback
 
 
 @pytest.mark.parametrize("name", HOST_LOOPS)
