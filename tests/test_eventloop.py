@@ -1,10 +1,12 @@
 """resident/eventloop.py: the event loop chosen by name, the knob that names it, and a server's
 API process on each loop the host has (uvloop where installed, asyncio's always): /debug/config
-names the loop in use, and a streamed completion gives the tokens of the whole answer."""
+names the loop in use, and a streamed completion gives the tokens of the whole answer, with two
+API processes (the server's own and a spawned one) on that loop."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 
 import aiohttp
@@ -48,7 +50,9 @@ def test_uvloop_asked_where_it_is_missing_is_an_error_and_auto_falls_back(monkey
 
 @pytest.mark.parametrize("name", HOST_LOOPS)
 def test_a_server_streams_on_each_loop(name):
-    server = Server("--set", "dtype=float64", "--set", f"event_loop={name}").wait_ready()
+    # two API processes: the first runs in the server's process, the second is spawned
+    server = Server("--set", "dtype=float64", "--set", f"event_loop={name}",
+                    "--api-processes", "2").wait_ready()
     body = {"prompt": [3, 1, 4, 1, 5, 9, 2, 6], "max_tokens": 12, "ignore_eos": True}
 
     async def ask():
@@ -60,9 +64,13 @@ def test_a_server_streams_on_each_loop(name):
 
     try:
         (status, config), (answered, whole), events = run(ask())
+        log = server.log()
     finally:
         server.stop()
     assert (status, answered) == (200, 200)
     assert config["api_event_loop"] == name and config["knobs"]["event_loop"] == name
+    for index in (0, 1):  # each process logs the loop it runs on
+        assert re.search(rf"API process {index} \(pid \d+\) listening .*event loop: {name}\)$",
+                         log, re.M), log
     streamed = [t for event in events for t in event["choices"][0]["token_ids"]]
     assert streamed == whole["choices"][0]["token_ids"] and len(streamed) == 12
