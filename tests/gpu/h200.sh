@@ -94,7 +94,8 @@
 #   gate-frontend  configs/gate/h200-0.8b-frontend.yaml (an A/A pair at c=64/256, both servers
 #             up together: the summary's CPU table and pacing line), tarred
 #   gate-event-loop  configs/gate/h200-0.8b-event-loop.yaml (the API process on uvloop against
-#             asyncio's loop at c=64/256, both servers up together), tarred
+#             asyncio's loop at c=64/256, both servers up together), tarred; UNTIL=N: rounds
+#             until every cell has a verdict, at most N (the config's one round otherwise)
 #   load-client-loops  the load client alone against the fake server at the c=256 cell's pace
 #             (45k tok/s, 2 processes), on asyncio's loop and on uvloop, alternated twice:
 #             load-client-loops.log
@@ -414,9 +415,10 @@ for part in "$@"; do
         "${main[@]}" --arm head=. "${knobs[@]}" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     gate-event-loop)
+      until=(); [ -n "${UNTIL:-}" ] && until=(--until-verdict --max-rounds "$UNTIL")
       run gate-event-loop "${GATE_LIMIT:-450}" python3 -m gate run \
         --config configs/gate/h200-0.8b-event-loop.yaml --interleave --parallel-start \
-        --out "$OUT/gate-event-loop"
+        "${until[@]}" --out "$OUT/gate-event-loop"
       tar czf "$OUT/gate-event-loop.tgz" -C "$OUT" gate-event-loop \
         && rm -rf "$OUT/gate-event-loop" ;;
     load-client-loops)
