@@ -10,7 +10,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from resident.engine.sampling_state import INDEX_COL, ParamColumns, RowColumns, SamplingSlots
+from resident.engine.sampling_state import (
+    FLOATS_AT,
+    INDEX_COL,
+    ParamColumns,
+    RowColumns,
+    SamplingSlots,
+)
 from resident.kernels.slot_params import put_triton, take_triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -63,6 +69,7 @@ def test_put_writes_each_staged_row_whole_into_its_slot(slots):
     assert torch.equal(reference.table.ints_gpu[slots], torch.tensor(rows.ints))
     assert torch.equal(reference.table.floats_gpu[others], before_floats[others])
     assert torch.equal(reference.table.ints_gpu[others], before_ints[others])
-    put_triton(reference._staged_gpu[:len(slots)].to(DEVICE), table_floats, table_ints)
+    put_triton(reference._staged_gpu[:len(slots)].to(DEVICE), table_floats, table_ints,
+               FLOATS_AT)
     assert torch.equal(table_floats.cpu(), reference.table.floats_gpu)
     assert torch.equal(table_ints.cpu(), reference.table.ints_gpu)

@@ -123,7 +123,7 @@ class SamplingSlots:
         staged.copy_(self._staged_cpu[:count], non_blocking=True)
         self.rows_written += count
         if self._put is not None:
-            self._put(staged, self.table.floats_gpu, self.table.ints_gpu)
+            self._put(staged, self.table.floats_gpu, self.table.ints_gpu, FLOATS_AT)
             return
         slot_ids = staged[:, 0]
         self.table.ints_gpu.index_copy_(0, slot_ids, staged[:, 1:1 + WIDTH])

@@ -61,15 +61,15 @@ def _put_kernel(staged_ints, staged_floats, table_floats, table_ints, WIDTH: tl.
              mask=inside)
 
 
-def put_triton(staged: torch.Tensor, table_floats: torch.Tensor,
-               table_ints: torch.Tensor) -> None:
+def put_triton(staged: torch.Tensor, table_floats: torch.Tensor, table_ints: torch.Tensor,
+               floats_at: int) -> None:
     """staged: [rows, staged width] int64, contiguous: each row's slot, its `width` int
-    columns, then its `width` float32 columns packed two to an int64 column (SamplingSlots'
-    staged block); table_*: [slots, width] (float32, int64), contiguous. table_*[slot] = the
-    row's columns, for each row (distinct slots)."""
+    columns, and its `width` float32 columns from column `floats_at` of the block's float32
+    view (SamplingSlots' staged block); table_*: [slots, width] (float32, int64), contiguous.
+    table_*[slot] = the row's columns, for each row (distinct slots)."""
     rows, staged_width = staged.shape
     width = table_ints.shape[1]
     if rows:
         _put_kernel[(rows,)](staged, staged.view(torch.float32), table_floats, table_ints,
-                             WIDTH=width, STAGED_WIDTH=staged_width, FLOATS_AT=2 * (1 + width),
+                             WIDTH=width, STAGED_WIDTH=staged_width, FLOATS_AT=floats_at,
                              BLOCK=triton.next_power_of_2(width), num_warps=1)
