@@ -18,9 +18,12 @@ from pathlib import Path
 import aiohttp
 
 from gate.run.server import parse_metrics
+from resident import eventloop
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 120
+# the event loops this host can run: asyncio's, and uvloop where it is installed
+HOST_LOOPS = sorted({"asyncio", eventloop.resolve("auto")[0]})
 
 
 def free_port() -> int:

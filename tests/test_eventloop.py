@@ -15,9 +15,7 @@ import pytest
 from resident import eventloop
 from resident.config import EngineConfig
 
-from server_fixture import Server, get, post, run, sse_events
-
-HOST_LOOPS = sorted({"asyncio", eventloop.resolve("auto")[0]})
+from server_fixture import HOST_LOOPS, Server, get, post, run, sse_events
 
 
 async def _running() -> str:

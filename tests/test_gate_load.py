@@ -16,12 +16,8 @@ from gate.run.load import (
     run_load,
     summarize,
 )
-from resident import eventloop
 
-from server_fixture import Server, run
-
-# the event loops this host can run: asyncio's, and uvloop where it is installed
-HOST_LOOPS = sorted({"asyncio", eventloop.resolve("auto")[0]})
+from server_fixture import HOST_LOOPS, Server, run
 
 
 @pytest.fixture(scope="module")
