@@ -48,6 +48,11 @@ class ArmEntry:
     def from_dict(cls, data: dict[str, Any]) -> ArmEntry:
         return cls(**_known(cls, data))
 
+    @property
+    def source_digest(self) -> str | None:
+        """The package source digest its servers reported (None before one did)."""
+        return (self.debug_config or {}).get("source_digest")
+
 
 @dataclass(frozen=True)
 class ServerTiming:

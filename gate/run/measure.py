@@ -82,7 +82,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
 def check_source(arm: Arm, entry: ArmEntry, debug: dict, log_tail: str) -> None:
     """Fails (ServerFailed) a resident arm's server whose /debug/config (`debug`) gives a source
     digest other than the one its manifest `entry` recorded in an earlier round."""
-    recorded = (entry.debug_config or {}).get("source_digest")
+    recorded = entry.source_digest
     if recorded and debug.get("source_digest") != recorded:
         raise ServerFailed(f"{arm.name}: its package's source digest "
                            f"{debug.get('source_digest')} differs from {recorded}, which "

@@ -74,7 +74,7 @@ def _check_sources(fresh: Manifest, manifest: Manifest) -> None:
     rounds ran (the source digest their servers reported), before any server starts: else every
     server of the round starts, fails its digest check and fails the round's runs, a whole
     start-up spent (1-2 minutes a server on a fresh GPU machine)."""
-    recorded = {arm.name: (arm.debug_config or {}).get("source_digest") for arm in manifest.arms}
+    recorded = {arm.name: arm.source_digest for arm in manifest.arms}
     for arm in fresh.arms:
         digest = recorded.get(arm.name)
         if arm.kind != "resident" or not digest or not arm.tree:
