@@ -101,6 +101,12 @@ def test_hit_phases_times_hits_that_restore_the_prefix(capsys):
     assert result["hits"] == {"requests": 2, "hits": 2}
     phases = {row["phase"]: row for row in result["phases"]}
     assert phases["steps"]["prefill"] == 2 and phases["kv_stage"]["prefill"] > 0
+    ttft = result["ttft_ms"]  # each hit's first token: at least its prefill step's forward
+    assert ttft["p90"] >= ttft["p50"] >= phases["gpu"]["prefill"] > 0
+    assert hit_phases(["--prefix-len", "64", "--prompt-len", "16", "--output-len", "2",
+                       "--requests", "2", "--set", "prefix_cache=off", "--format", "json"]) == 0
+    fresh = json.loads(capsys.readouterr().out)  # the same prompts computed whole, no hits
+    assert fresh["hits"] == {"requests": 2, "hits": 0} and fresh["ttft_ms"]["p50"] > 0
     with pytest.raises(SystemExit) as exit_info:
         hit_phases(["--set", "prefix_cache=sometimes"])
     assert exit_info.value.code == 2

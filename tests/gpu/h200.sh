@@ -109,6 +109,10 @@
 #             requests a slot, prefix_cache on and off (one Inductor cache for all):
 #             ttft-<on|off>-c<c>.log holds the JSON (TTFT p50 in process and served);
 #             TTFT_RATES="25 45" (one a c, in order): open loop at those requests a second
+#   hit-phases  a prefix hit's host phases and TTFT in process (resident.tools.hit_phases, 0.8B,
+#             c=1, a shared 1,024-token prefix + 256 own, no HTTP and no pipe): hit-phases.log;
+#             then the same prompts with prefix_cache=off (every prompt's 1,280 tokens computed):
+#             hit-phases-off.log (issue 37: the TTFT ratio the engine alone gives)
 #   prefix-engine  the prefix cache in the engine (tests/gpu/test_prefix_gpu.py: a second pass
 #             repeats the first bit for bit, hits, row check 0, everything returns)
 #   check-prefix  configs/gate/check-h200-0.8b-prefix.yaml (--sweep prefix: the cache off, on,
@@ -313,6 +317,11 @@ for part in "$@"; do
         api-profile-c256-x2.log && rm -f "$OUT"/api-profile-c*.log ;;
     host-probe)
       run host-probe 60 python3 tests/gpu/host_probe.py ;;
+    hit-phases)
+      run hit-phases 200 python3 -m resident.tools.hit_phases qwen3.5-0.8b --device cuda \
+        --format json
+      run hit-phases-off 200 python3 -m resident.tools.hit_phases qwen3.5-0.8b --device cuda \
+        --set prefix_cache=off --format json ;;
     api-spy)
       mkdir -p "$OUT/api-spy"
       for c in 64 256; do

@@ -7,18 +7,29 @@ cheap system call (getppid), a 200-byte send + recv over a Unix socket pair (a s
 write and its reader's read), an epoll wait with one ready socket, unpickling a step's 64
 RequestOutputs, and orjson (or the stdlib) encoding one stream event. Each is the best of five
 timings, pinned to the CPU it starts on (issue 35: the API's µs a token on the H200's host was
-~4x this project's VM's)."""
+~4x this project's VM's).
+
+Then the wall time a message takes from one process to another that waits for it in a poll, as
+the idle engine core waits for a request and the API for a step's outputs (p10/p50/p90 over 60
+messages 5 ms apart): over zmq PUSH/PULL on ipc, the engine's pipes (each message through both
+sides' zmq I/O threads), and over a Unix stream socket (one wake-up). On the project's VM:
+zmq ~0.5 ms, the socket ~0.2."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import pickle
 import platform
 import select
 import socket
 import sysconfig
+import tempfile
+import time
 import timeit
+
+import zmq
 
 from resident.engine.types import RequestOutput
 from resident.server.jsonenc import ENCODER, dumps
@@ -38,6 +49,71 @@ def _best_us(statement, number: int) -> float:
 
 def _call() -> int:
     return 1
+
+
+NUM_MESSAGES = 60
+GAP_S = 0.005
+
+
+def _zmq_receiver(addr: str, results) -> None:
+    with zmq.Context() as context, context.socket(zmq.PULL) as pull:
+        pull.connect(addr)
+        results.put([_arrival_delay(lambda: pull.poll(50), pull.recv_pyobj)
+                      for _ in range(NUM_MESSAGES)])
+
+
+def _unix_receiver(path: str, results) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(path)
+        poller = select.poll()
+        poller.register(conn, select.POLLIN)
+        results.put([_arrival_delay(lambda: poller.poll(50), lambda: pickle.loads(conn.recv(64)))
+                     for _ in range(NUM_MESSAGES)])
+
+
+def _arrival_delay(wait, receive) -> float:
+    while not wait():
+        pass
+    return time.monotonic() - receive()
+
+
+def _one_way_ms(receiver, where: str, sender) -> list[float]:
+    """p10/p50/p90 ms of a monotonic stamp's trip to `receiver`'s process; `sender()`, called
+    once it runs, gives the function that sends a stamp."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    process = context.Process(target=receiver, args=(where, results))
+    process.start()
+    send = sender()
+    time.sleep(0.5)  # connected
+    for _ in range(NUM_MESSAGES):
+        send(time.monotonic())
+        time.sleep(GAP_S)
+    delays = sorted(results.get(timeout=30))
+    process.join()
+    return [round(delays[int(len(delays) * f)] * 1e3, 3) for f in (0.1, 0.5, 0.9)]
+
+
+def _pipe_latencies() -> dict[str, list[float]]:
+    with tempfile.TemporaryDirectory() as folder:
+        with zmq.Context() as context, context.socket(zmq.PUSH) as push:
+            addr = f"ipc://{folder}/probe.ipc"
+            push.bind(addr)
+            zmq_ms = _one_way_ms(_zmq_receiver, addr, lambda: push.send_pyobj)
+        path = f"{folder}/probe.sock"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(path)
+            listener.listen(1)
+            accepted = []
+
+            def sender():
+                accepted.append(listener.accept()[0])
+                return lambda stamp: accepted[0].send(pickle.dumps(stamp))
+
+            unix_ms = _one_way_ms(_unix_receiver, path, sender)
+            accepted[0].close()
+    return {"ms_zmq_ipc_one_way_p10_p50_p90": zmq_ms,
+            "ms_unix_socket_one_way_p10_p50_p90": unix_ms}
 
 
 def main() -> None:
@@ -65,6 +141,8 @@ def main() -> None:
         "us_unpickle_64_outputs": _best_us(lambda: pickle.loads(outputs), 20_000),
         "us_encode_event": _best_us(lambda: dumps(chunk), 100_000),
     }
+    os.sched_setaffinity(0, range(os.cpu_count()))  # the receivers get a CPU of their own
+    report |= _pipe_latencies()
     print(json.dumps(report, indent=2))
 
 
