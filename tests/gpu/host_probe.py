@@ -12,8 +12,9 @@ timings, pinned to the CPU it starts on (issue 35: the API's µs a token on the 
 Then the wall time a message takes from one process to another that waits for it in a poll, as
 the idle engine core waits for a request and the API for a step's outputs (p10/p50/p90 over 60
 messages 5 ms apart): over zmq PUSH/PULL on ipc, the engine's pipes (each message through both
-sides' zmq I/O threads), and over a Unix stream socket (one wake-up). On the project's VM:
-zmq ~0.5 ms, the socket ~0.2."""
+sides' zmq I/O threads), the same with the receiver polling without a wait (no wake-up of
+its own thread), and over a Unix stream socket (one wake-up). On the project's VM: zmq ~0.5
+ms, spinning ~0.06, the socket 0.06-0.2."""
 
 from __future__ import annotations
 
@@ -55,11 +56,15 @@ NUM_MESSAGES = 60
 GAP_S = 0.005
 
 
-def _zmq_receiver(addr: str, results) -> None:
+def _zmq_receiver(addr: str, results, timeout_ms: int = 50) -> None:
     with zmq.Context() as context, context.socket(zmq.PULL) as pull:
         pull.connect(addr)
-        results.put([_arrival_delay(lambda: pull.poll(50), pull.recv_pyobj)
-                      for _ in range(NUM_MESSAGES)])
+        results.put([_arrival_delay(lambda: pull.poll(timeout_ms), pull.recv_pyobj)
+                     for _ in range(NUM_MESSAGES)])
+
+
+def _zmq_spinning_receiver(addr: str, results) -> None:
+    _zmq_receiver(addr, results, timeout_ms=0)
 
 
 def _unix_receiver(path: str, results) -> None:
@@ -100,6 +105,7 @@ def _pipe_latencies() -> dict[str, list[float]]:
             addr = f"ipc://{folder}/probe.ipc"
             push.bind(addr)
             zmq_ms = _one_way_ms(_zmq_receiver, addr, lambda: push.send_pyobj)
+            zmq_spin_ms = _one_way_ms(_zmq_spinning_receiver, addr, lambda: push.send_pyobj)
         path = f"{folder}/probe.sock"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
             listener.bind(path)
@@ -113,6 +119,7 @@ def _pipe_latencies() -> dict[str, list[float]]:
             unix_ms = _one_way_ms(_unix_receiver, path, sender)
             accepted[0].close()
     return {"ms_zmq_ipc_one_way_p10_p50_p90": zmq_ms,
+            "ms_zmq_ipc_spinning_receiver_p10_p50_p90": zmq_spin_ms,
             "ms_unix_socket_one_way_p10_p50_p90": unix_ms}
 
 
