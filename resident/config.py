@@ -176,9 +176,9 @@ class EngineConfig:
     # this rises, and tokens arrive in groups (results/2026-12-05-cpu-token-event)
     stream_interval: int = 1
     # the API processes' asyncio loop (eventloop.py): auto and uvloop run uvloop (where it is
-    # installed). asyncio's by default: on H100 hosts uvloop took the API's CPU a token 15.0-16.4
-    # -> 13.0-13.8 µs at c=64, and its server read 0.1-1.9% fewer tok/s in two rounds, no
-    # verdict either way (results/2026-12-06-h100-event-loop)
+    # installed). asyncio's by default: on H100 hosts uvloop took the API's CPU a token 5-9%
+    # lower in three sessions, and its server read 0.5-1.5% fewer tok/s at c=64 in each, no
+    # verdict (results/2026-12-06-h100-event-loop, 2026-12-06-h100-hit-path)
     event_loop: str = "asyncio"
     profile_dir: str = ""  # where POST /debug/profile writes traces; empty: <tmp>/resident-profiles
     # ranks the model is split over (Megatron-style, docs/parallel.md): one engine-core process
