@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         sections["top_functions"] = top_functions(args.stacks,
                                                   result[f"{args.spy}_us_per_token"], args.top)
     render(sections, OutputFormat(args.format))
-    print(f"server log: {log_path}")
+    print(f"server log: {log_path}", file=sys.stderr)  # stdout holds the results alone
     return 0
 
 
