@@ -54,6 +54,7 @@ _CHOICES = {
     "token_ring": ("on", "off"),
     "varlen_splits": ("off", "auto"),
     "event_loop": EVENT_LOOPS,
+    "core_idle_spin": ("auto", "on", "off"),
 }
 
 
@@ -159,6 +160,13 @@ class EngineConfig:
     read_timeout_s: float = 10.0  # a request's headers, and then its body, arrive within it
     shutdown_grace_s: float = 5.0  # on SIGTERM in-flight requests drain this long, then abort
     core_stall_s: float = 60.0  # the core silent this long (dead or stuck): fail and exit
+    # on: an engine core out of work polls for the API's next message without waiting for
+    # core.IDLE_SPIN_S before it sleeps in a wait, so a request arriving then is taken at once,
+    # not after its thread wakes: on an H100 host a message reached a process waiting in zmq's
+    # poll in 0.31 ms (p50), one polling without a wait in 0.12 (tests/gpu/host_probe.py,
+    # results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where the core's spin
+    # would take a CPU the forward, the API and the clients share
+    core_idle_spin: str = "auto"
     # the core silent this long: /health answers 503 "stalled" (it may recover; the exit still
     # waits for core_stall_s, which caps this)
     health_stall_s: float = 5.0
@@ -249,7 +257,8 @@ class EngineConfig:
     def is_resolved(self) -> bool:
         """Every auto knob filled (resolve): what an Engine is built from."""
         return "auto" not in (self.dtype, self.attention_backend, self.cuda_graphs,
-                              self.padded_prefill, self.compile, self.sampler) \
+                              self.padded_prefill, self.compile, self.sampler,
+                              self.core_idle_spin) \
             and min(self.max_model_len, self.num_kv_pages, self.num_state_slots,
                     self.prefix_snapshots) > 0
 
@@ -285,6 +294,8 @@ class EngineConfig:
             compile=self.compile if self.compile != "auto" else
             ("on" if device_type == "cuda" else "off"),
             sampler=_resolve_sampler(self.sampler, device_type),
+            core_idle_spin=self.core_idle_spin if self.core_idle_spin != "auto" else
+            ("on" if device_type == "cuda" else "off"),
             argmax=_resolve_argmax(self.argmax, device_type, dtype),
         )
 
