@@ -163,9 +163,9 @@ class EngineConfig:
     # on: an engine core out of work polls for the API's next message without waiting for
     # core.IDLE_SPIN_S before it sleeps in a wait, so a request arriving then is taken at once,
     # not after its thread wakes: on an H100 host a message reached a process waiting in zmq's
-    # poll in 0.31 ms (p50), one polling without a wait in 0.12 (tests/gpu/host_probe.py,
-    # results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where the core's spin
-    # would take a CPU the forward, the API and the clients share
+    # poll in 0.31 ms (p50), one polling without a wait in 0.12, and served at c=1 TTFT p50 fell
+    # 5.48 -> 5.33 ms (results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where
+    # the core's spin would take a CPU the forward, the API and the clients share
     core_idle_spin: str = "auto"
     # the core silent this long: /health answers 503 "stalled" (it may recover; the exit still
     # waits for core_stall_s, which caps this)
