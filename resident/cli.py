@@ -256,6 +256,8 @@ KNOB_MEANINGS = {
                        "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
+    "core_idle_spin": "an engine core out of work polls for requests without waiting for 5 ms "
+                      "before it sleeps (auto: on CUDA)",
     "seed": "the sampling seed of requests that bring none",
     "max_waiting": "requests in flight past max_num_seqs before new ones get a 429",
     "max_body_mib": "a request body's cap in MiB (413), checked before it is read",
@@ -263,8 +265,6 @@ KNOB_MEANINGS = {
     "read_timeout_s": "seconds a request's headers, then its body, may take to arrive",
     "shutdown_grace_s": "seconds in-flight requests get to finish after SIGTERM",
     "core_stall_s": "seconds the engine core may stay silent before the server fails and exits",
-    "core_idle_spin": "an engine core out of work polls for requests without waiting for 5 ms "
-                      "before it sleeps (auto: on CUDA)",
     "health_stall_s": "seconds the engine core may stay silent before /health says stalled",
     "max_connections": "connections open at once; 0: the descriptor limit less 64",
     "keepalive_timeout_s": "seconds a connection may idle after a response before it is closed",

@@ -152,6 +152,13 @@ class EngineConfig:
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned
     step_thread_cores: str = ""
+    # on: an engine core out of work polls for the API's next message without waiting for
+    # core.IDLE_SPIN_S before it sleeps in a wait, so a request arriving then is taken at once,
+    # not after its thread wakes: on an H100 host a message reached a process waiting in zmq's
+    # poll in 0.31 ms (p50), one polling without a wait in 0.12, and served at c=1 TTFT p50 fell
+    # 5.48 -> 5.33 ms (results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where
+    # the core's spin would take a CPU the forward, the API and the clients share
+    core_idle_spin: str = "auto"
     seed: int = 0  # seeds sampling for requests that bring no seed
     # the HTTP API's limits (server/api.py, server/serve.py; docs/engine.md "Limits and failures")
     max_waiting: int = 1024  # requests in flight past max_num_seqs before new ones get a 429
@@ -160,13 +167,6 @@ class EngineConfig:
     read_timeout_s: float = 10.0  # a request's headers, and then its body, arrive within it
     shutdown_grace_s: float = 5.0  # on SIGTERM in-flight requests drain this long, then abort
     core_stall_s: float = 60.0  # the core silent this long (dead or stuck): fail and exit
-    # on: an engine core out of work polls for the API's next message without waiting for
-    # core.IDLE_SPIN_S before it sleeps in a wait, so a request arriving then is taken at once,
-    # not after its thread wakes: on an H100 host a message reached a process waiting in zmq's
-    # poll in 0.31 ms (p50), one polling without a wait in 0.12, and served at c=1 TTFT p50 fell
-    # 5.48 -> 5.33 ms (results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where
-    # the core's spin would take a CPU the forward, the API and the clients share
-    core_idle_spin: str = "auto"
     # the core silent this long: /health answers 503 "stalled" (it may recover; the exit still
     # waits for core_stall_s, which caps this)
     health_stall_s: float = 5.0
