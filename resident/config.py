@@ -274,9 +274,7 @@ class EngineConfig:
                              f"max_position_embeddings {model.max_position_embeddings}")
         check_tensor_parallel(self.tensor_parallel, model)
         dtype = _resolve_dtype(self.dtype, device_type)
-        padded = self.padded_prefill
-        if padded == "auto":
-            padded = "on" if device_type == "cuda" else "off"
+        padded = _on_for_cuda(self.padded_prefill, device_type)
         backend = self.attention_backend
         if backend == "auto":
             backend = "triton" if device_type == "cuda" else "torch"
@@ -291,11 +289,9 @@ class EngineConfig:
             cuda_graphs=_resolve_graphs(self.cuda_graphs, backend, device_type),
             padded_prefill=padded,
             prefill_buckets=self._token_buckets() if padded == "on" else (),
-            compile=self.compile if self.compile != "auto" else
-            ("on" if device_type == "cuda" else "off"),
+            compile=_on_for_cuda(self.compile, device_type),
             sampler=_resolve_sampler(self.sampler, device_type),
-            core_idle_spin=self.core_idle_spin if self.core_idle_spin != "auto" else
-            ("on" if device_type == "cuda" else "off"),
+            core_idle_spin=_on_for_cuda(self.core_idle_spin, device_type),
             argmax=_resolve_argmax(self.argmax, device_type, dtype),
         )
 
@@ -386,6 +382,13 @@ def _check_buckets(knob: str, buckets: tuple[int, ...], allow_empty: bool) -> No
             or list(buckets) != sorted(set(buckets))):
         raise ValueError(f"knob {knob}: must be increasing positive ints, got "
                          f"{','.join(map(str, buckets)) or 'nothing'}")
+
+
+def _on_for_cuda(knob: str, device_type: str) -> str:
+    """An on|off|auto knob's value: auto is on on CUDA, off on CPU."""
+    if knob != "auto":
+        return knob
+    return "on" if device_type == "cuda" else "off"
 
 
 def _resolve_sampler(knob: str, device_type: str) -> str:
