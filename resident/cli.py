@@ -252,6 +252,9 @@ KNOB_MEANINGS = {
     "varlen_splits": "the prefill and mixed steps' attention splits each query block's keys "
                      "over programs where its grid is short of the SMs (auto); off: one program "
                      "a block",
+    "decode_splits": "the Triton decode attention splits each row's keys over programs until "
+                     "a small bucket's grid has twice the SMs' count (auto, 8-64 splits); "
+                     "off: 8",
     "tensor_parallel": "ranks the model is split over, an engine-core process and a GPU each "
                        "(gloo on CPU); kv_cache_gib is each rank's",
     "api_core": "CPU list for the API process; empty: not pinned",

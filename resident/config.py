@@ -53,6 +53,7 @@ _CHOICES = {
     "argmax": ("auto", "torch", "triton"),
     "token_ring": ("on", "off"),
     "varlen_splits": ("off", "auto"),
+    "decode_splits": ("off", "auto"),
     "event_loop": EVENT_LOOPS,
     "core_idle_spin": ("auto", "on", "off"),
 }
@@ -148,6 +149,12 @@ class EngineConfig:
     # a block, 49 split 3 ways (auto), and beside 16 decode rows 142 against 81 split 2 ways
     # (results/2026-12-06-h200-sampled-varlen)
     varlen_splits: str = "auto"
+    # the Triton decode attention's keys split over as many programs a (row, kv head) as give
+    # a small bucket's grid twice as many programs as SMs (auto:
+    # kernels/decode_attention.decode_splits, 8 to 64); off: 8 in every bucket. On an H100 at
+    # c=1 a layer took 8.4 -> 6.4 µs over 560 keys and 29.1 -> 8.6 over 4,096
+    # (results/2026-12-06-h100-decode-splits)
+    decode_splits: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs
     # outside api_core (step_cores in core.py); empty: not pinned

@@ -311,7 +311,8 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
     assert decode.ops(1).silu_mul_linear_add_norm.keywords["pdl"]
     assert decode.ops(16).silu_mul_linear_add_norm is None  # the CUDA-core form: 4 rows at most
     assert all(decode.ops(bucket).gated_attention.keywords == {"pdl": True,
-                                                               "meeting": pdl.meeting}
+                                                               "meeting": pdl.meeting,
+                                                               "num_sms": 0}
                for bucket in (1, 16, 32))
     assert TritonDecode((1,), fusion=DecodeFusion(True, True)).ops(1).gated_attention is None
     prologues = TritonDecode((1,), "fused", fusion=pdl).ops(1)
@@ -469,3 +470,28 @@ def test_every_committed_gemv_table_loads_and_names_real_projections(path):
     measured = {(row["n"], row["k"]) for row in json.loads(path.read_text())}
     assert measured and measured <= shapes
     assert all(table.choose(n, k, 1) is not None for n, k in measured)
+
+
+def test_decode_splits_give_a_small_buckets_grid_twice_the_sms():
+    """decode_splits=auto: the Triton decode attention's key splits a (row, kv head) fill a
+    bucket's grid to twice the SMs' count (the 0.8B's 2 kv heads on an H100's 132 SMs: 64 at c=1,
+    33 at c=4, 16 at c=8), never fewer than the 8 every bucket had before nor more than 64."""
+    from resident.kernels.decode_attention import decode_splits
+
+    assert [decode_splits(batch, 2, 132) for batch in (1, 2, 4, 8, 16, 64, 256)] == \
+        [64, 64, 33, 16, 8, 8, 8]
+    assert decode_splits(1, 2, 8) == 8
+
+
+@pytest.mark.parametrize(("decode_splits", "num_sms"), [("auto", 64), ("off", 0)])
+def test_decode_splits_size_the_triton_attention_by_the_devices_sms(decode_splits, num_sms):
+    """auto hands each bucket's attention the device's SMs (the interpreter counts as a
+    64-SM device, so CPU tests take the split counts a GPU's small buckets take); off, none:
+    8 splits everywhere."""
+    from resident.kernels import INTERPRETER_SMS
+
+    config = EngineConfig(attention_backend="triton", decode_buckets=(1, 2), max_num_seqs=2,
+                          decode_splits=decode_splits)
+    decode = build_engine(TINY, config, "cpu").runner.kernels.decode
+    assert INTERPRETER_SMS == 64
+    assert {decode.ops(bucket).attention.keywords["num_sms"] for bucket in (1, 2)} == {num_sms}

@@ -55,7 +55,8 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
             gated_delta_rule_ref_op, l2norm_qk=False)))
         fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
         return kernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
-                                             _gemv_table(config, device)))
+                                             _gemv_table(config, device),
+                                             _attention_sms(config, device)))
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -75,7 +76,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
                                   config.decode_gemm, fusion, _gemv_table(config, device))
     elif name == "triton":
         decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
-                              _gemv_table(config, device))
+                              _gemv_table(config, device), _attention_sms(config, device))
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return kernels(prefill, decode)
@@ -90,6 +91,14 @@ def _argmax(config: EngineConfig, device: torch.device) -> Callable:
     from resident.kernels.pdl import pdl_on
 
     return RowsArgmax(pdl=pdl_on(config.pdl, device))
+
+
+def _attention_sms(config: EngineConfig, device: torch.device) -> int:
+    """The SMs the Triton decode attention sizes its key splits by (decode_splits=auto), 0
+    under off (8 splits in every bucket)."""
+    from resident.kernels import device_sms
+
+    return device_sms(device) if config.decode_splits == "auto" else 0
 
 
 def _gemv_table(config: EngineConfig, device: torch.device):

@@ -33,11 +33,6 @@ from resident.model.step import GdnSplit, StepMeta
 SINK_SLOT = 0  # resources/recurrent.py: padding entries' state slot
 
 
-# The interpreter has no SMs: varlen_splits=auto picks splits there as on a device this size,
-# so the CPU tests' tiny steps take split launches
-INTERPRETER_SMS = 64
-
-
 def varlen_attention_op(query, kv_layer, meta: StepMeta, scale: float, *,
                         meeting=None, num_sms: int = 0) -> torch.Tensor:
     """The paged varlen attention; given a `meeting` (varlen_splits=auto), each query block's
@@ -55,11 +50,10 @@ def varlen_attention_op(query, kv_layer, meta: StepMeta, scale: float, *,
 def split_varlen_attention_op(device: torch.device) -> Callable:
     """varlen_attention_op with split keys (varlen_splits=auto): its scratch and counters
     kept for the captured graphs, the rule sized by the device's SMs."""
+    from resident.kernels import device_sms
     from resident.kernels.gdc import KeptZeros
 
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count \
-        if device.type == "cuda" else INTERPRETER_SMS
-    return partial(varlen_attention_op, meeting=KeptZeros(), num_sms=num_sms)
+    return partial(varlen_attention_op, meeting=KeptZeros(), num_sms=device_sms(device))
 
 
 def fla_sequences(query, key, value, log_decay, beta, state_pool: torch.Tensor,

@@ -11,7 +11,11 @@ import torch
 from resident.backends.base import DecodeKernels
 from resident.backends.gemv_table import GemvTable, table_linear, table_linear_add_norm
 from resident.kernels.attention_prologue import attention_prologue
-from resident.kernels.decode_attention import paged_decode_attention
+from resident.kernels.decode_attention import (
+    DEFAULT_DECODE_SPLITS,
+    decode_splits,
+    paged_decode_attention,
+)
 from resident.kernels.gdc import KeptZeros
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
@@ -50,15 +54,17 @@ def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_po
 
 
 def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False,
-                        gate=None, meeting: KeptZeros | None = None):
+                        gate=None, meeting: KeptZeros | None = None, num_sms: int = 0):
+    """The split-KV decode attention; its keys split as decode_splits gives the bucket (its
+    rows, query's first dimension) on num_sms SMs (decode_splits=auto), 8 splits given 0."""
+    num_splits = DEFAULT_DECODE_SPLITS if not num_sms else decode_splits(
+        query.shape[0], kv_layer.shape[3], num_sms)
     return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
-                                  scale, pdl=pdl, gate=gate, meeting=meeting)
+                                  scale, num_splits, pdl=pdl, gate=gate, meeting=meeting)
 
 
-def gated_attention_decode_op(query, gate, kv_layer, meta: StepMeta, scale: float, *,
-                              pdl: bool = False, meeting: KeptZeros | None = None):
-    return attention_decode_op(query, kv_layer, meta, scale, pdl=pdl, gate=gate,
-                               meeting=meeting)
+def gated_attention_decode_op(query, gate, kv_layer, meta: StepMeta, scale: float, **kwargs):
+    return attention_decode_op(query, kv_layer, meta, scale, gate=gate, **kwargs)
 
 
 def gdn_layer_op(projected, weights, conv_pool, state_pool, meta: StepMeta, *,
@@ -211,15 +217,18 @@ class TritonDecode(DecodeKernels):
     name = "triton"
 
     def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny",
-                 fusion: DecodeFusion | None = None, table: GemvTable | None = None) -> None:
+                 fusion: DecodeFusion | None = None, table: GemvTable | None = None,
+                 num_sms: int = 0) -> None:
+        """num_sms: the device's SMs, which size each bucket's attention splits
+        (decode_splits=auto); 0: 8 splits in every bucket."""
         fusion = fusion or DecodeFusion()
         # under epilogues the attention is one kernel (its combine in the split pass)
         meeting = fusion.meeting if fusion.epilogues else None
-        gated = partial(gated_attention_decode_op, pdl=fusion.pdl, meeting=meeting) \
-            if fusion.epilogues else None
-        ops = dataclasses.replace(
-            GDN_DECODE_OPS, attention=partial(attention_decode_op, pdl=fusion.pdl,
-                                              meeting=meeting), gated_attention=gated)
+        attention = partial(attention_decode_op, pdl=fusion.pdl, meeting=meeting,
+                            num_sms=num_sms)
+        gated = partial(gated_attention_decode_op, pdl=fusion.pdl, meeting=meeting,
+                        num_sms=num_sms) if fusion.epilogues else None
+        ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention, gated_attention=gated)
         fused = fusion.bucket_ops(ops, buckets)
         self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion, table)
                      for bucket in buckets}

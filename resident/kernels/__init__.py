@@ -8,6 +8,16 @@ import torch
 # the Gumbel noise's -log(1 - w) by its series below this w (to w**8 / 8): the torch reference
 # (engine/draw.py gumbel_from_bits) and the Triton race (gumbel_race.py) switch at one value
 SERIES_BELOW = 0.125
+# The interpreter has no SMs: a rule that sizes a grid by them (varlen_splits, decode_splits)
+# picks there as on a device this size, so the CPU tests take the launches a GPU would
+INTERPRETER_SMS = 64
+
+
+def device_sms(device: torch.device) -> int:
+    """The SMs a launch's grid is sized for: the CUDA device's, INTERPRETER_SMS elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_SMS
 
 
 def dot_precision(dtype: torch.dtype) -> str:

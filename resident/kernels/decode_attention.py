@@ -10,7 +10,7 @@ Two kernels:
      the `group` query heads that share the kv head once, walks the split's keys in tiles of
      BLOCK_N tokens (gathering each token's page from the block table), and keeps an online
      softmax in fp32. It writes the split's normalised output and its log-sum-exp (log2 domain)
-     to scratch; a split with no keys writes zeros and lse = -inf.
+     to scratch; a split with no keys writes only lse = -inf.
   2. `_combine_kernel`, grid (B, H): rescales the splits by exp2(lse - max lse) and sums them
      (and, given the gated attention's output gate, multiplies by its sigmoid: no kernel of the
      gate's own). Given a `meeting`, the last split of each (row, kv head) does this itself and
@@ -44,6 +44,8 @@ from resident.kernels.pdl import launch_options as pdl_options
 # the elementwise form materialises a [group, BLOCK_N, BLOCK_D] product in registers (spills at
 # D = 256) and leaves the tensor cores idle. The same code is then correct for any group size.
 _MIN_DOT = 16
+DEFAULT_DECODE_SPLITS = 8  # key splits a (row, kv head) where the grid fills the GPU without more
+MAX_DECODE_SPLITS = 64
 
 
 class DecodeScratch(NamedTuple):
@@ -162,15 +164,15 @@ def _split_kernel(
                                          stride_kvs, qk_scale, tile, end, m_i, l_i, acc, d_mask,
                                          PAGE_SIZE, BLOCK_N, DOT_PRECISION)
 
-    # An empty split (no tiles) leaves l_i = 0: write zeros and lse = -inf, which the combine
-    # weighs by exactly 0.
+    # An empty split (no tiles) leaves l_i = 0: it writes lse = -inf, which the combine
+    # weighs by exactly 0 without reading its output, so that is not written.
     has_keys = l_i > 0
     normed = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
 
     po_ptrs = (partial_out + row * stride_pob + heads[:, None] * stride_poh
                + split * stride_pos + offs_d[None, :] * stride_pod)
-    tl.store(po_ptrs, normed, mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(po_ptrs, normed, mask=(g_mask & has_keys)[:, None] & d_mask[None, :])
     tl.store(partial_lse + row * stride_lb + heads * stride_lh + split * stride_ls, lse,
              mask=g_mask)
     if MERGED:
@@ -229,9 +231,10 @@ def _combine_head(partial_out, partial_lse, out, gate, row, head,
 
     po_ptrs = (partial_out + row * stride_pob + head * stride_poh
                + offs_s[:, None] * stride_pos + offs_d[None, :] * stride_pod)
-    part = tl.load(po_ptrs, mask=s_mask[:, None] & d_mask[None, :], other=0.0,
-                   cache_modifier=CACHE)
-    part = tl.where(weight[:, None] > 0, part, 0.0)  # never 0 * (whatever scratch held)
+    # an empty split's row is not read (a short row leaves most of decode_splits' splits
+    # empty), nor multiplied: never 0 * (whatever scratch held)
+    part = tl.load(po_ptrs, mask=(s_mask & (weight > 0))[:, None] & d_mask[None, :],
+                   other=0.0, cache_modifier=CACHE)
     total = tl.sum(weight, 0)
     result = tl.sum(weight[:, None] * part, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
     result = result.to(out.dtype.element_ty)
@@ -241,6 +244,23 @@ def _combine_head(partial_out, partial_lse, out, gate, row, head,
         result = (result.to(COMPUTE) * tl.sigmoid(by)).to(out.dtype.element_ty)
     tl.store(out + row * stride_ob + head * stride_oh + offs_d * stride_od, result,
              mask=d_mask)
+
+
+def decode_splits(batch: int, num_kv_heads: int, num_sms: int) -> int:
+    """Key splits a (row, kv head) for a decode bucket of `batch` rows (decode_splits=auto):
+    as many as give the grid (batch x kv heads x splits) twice as many programs as SMs, rounded
+    down, at least DEFAULT_DECODE_SPLITS and at most MAX_DECODE_SPLITS (the split pass holds
+    one program an SM at a time: 236 registers a thread at 8 warps, tools/compile_check).
+    Small buckets then spread each row's keys over more programs, where 8 splits left most SMs
+    idle (at c=1 on the 0.8B: 16 programs on 132 SMs) and each program walked its tiles one
+    after another. On an H100 (results/2026-12-06-h100-decode-splits, µs a call at 8 / 16 /
+    32 / 64 splits): c=1 over 560 keys 8.4 / 7.5 / 7.1 / 6.4, over 4,096 keys 29.1 / 17.3 /
+    12.5 / 8.6; c=8 over 4,096 41.1 / 33.0 / 36.3 / 36.4; c=16 and wider are fastest at 8. A
+    bucket's grid is fixed at capture and splits are balanced on the device by each row's
+    length, so a short row leaves the splits past its keys empty: they write only their lse
+    (-inf), which is all the combine reads of them."""
+    return max(DEFAULT_DECODE_SPLITS,
+               min(MAX_DECODE_SPLITS, 2 * num_sms // (batch * num_kv_heads)))
 
 
 def _tile_config(block_d: int, block_n: int | None) -> tuple[int, dict]:
@@ -262,7 +282,7 @@ def paged_decode_attention(
     token_seq: torch.Tensor | None,  # [B]: arange(B) for decode; only its shape is checked
     positions: torch.Tensor,  # [B] int64: row b sees its keys 0..positions[b]
     scale: float,
-    num_splits: int = 8,
+    num_splits: int = DEFAULT_DECODE_SPLITS,
     *,
     out: torch.Tensor | None = None,  # [B, H, D] in query's dtype
     scratch: DecodeScratch | None = None,

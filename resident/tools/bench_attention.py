@@ -1,12 +1,14 @@
 """Decode attention kernel time: the Triton split-KV kernel against FlashInfer's fa2 decode.
 
-    python -m resident.tools.bench_attention [--buckets 1,16,64,256] [--context 640] [--json FILE]
+    python -m resident.tools.bench_attention [--buckets 1,16,64,256] [--context 640]
+        [--splits 8,16,32,64] [--json FILE]
 
 Each kernel runs inside a CUDA graph of REPEAT back-to-back calls (the way a decode bucket runs
 it), timed with CUDA events, so the time is the kernels' own plus the ~1 us a graph spends per
 launch, and no Python. FlashInfer's host `plan` is timed separately (wall clock, median). Shapes
 are the 0.8B model's (8 query heads over 2 kv heads of 256, bf16, pages of 16); each row has
-`context` keys on distinct random pages.
+`context` keys on distinct random pages. `--splits` times the Triton kernel at each key split
+count (the engine's is `decode_splits`'s, printed beside them) against the first.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
 from resident.backends.flashinfer import FlashInferDecode, HeadShape, flashinfer_workspace
 from resident.backends.layout import paged_layout
-from resident.kernels.decode_attention import decode_scratch, paged_decode_attention
-from resident.tool_args import counts
+from resident.kernels.decode_attention import (
+    DEFAULT_DECODE_SPLITS,
+    decode_scratch,
+    decode_splits,
+    paged_decode_attention,
+)
+from resident.tool_args import count, counts
 from resident.tools.bench_io import require_cuda, write_json
 
 REPEAT, SAMPLES = 20, 15
@@ -57,7 +65,8 @@ def graph_time_us(run) -> float:
     return statistics.median(times)
 
 
-def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
+def bench_bucket(batch: int, context: int, device: torch.device,
+                 splits: tuple[int, ...] = (DEFAULT_DECODE_SPLITS,)) -> dict:
     pages_per_row = -(-context // PAGE)
     num_pages = batch * pages_per_row + 1
     kv = torch.randn(num_pages, 2, PAGE, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
@@ -68,9 +77,13 @@ def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
     scale = HEAD_DIM**-0.5
 
     out = torch.empty_like(query)
-    scratch = decode_scratch(batch, HEADS, HEAD_DIM, 8, device)
-    triton_us = graph_time_us(lambda: paged_decode_attention(
-        query, kv, tables, None, positions, scale, out=out, scratch=scratch))
+    by_splits = {}
+    for num_splits in splits:
+        run = partial(paged_decode_attention, query, kv, tables, None, positions, scale,
+                      num_splits, out=out,
+                      scratch=decode_scratch(batch, HEADS, HEAD_DIM, num_splits, device))
+        by_splits[num_splits] = round(graph_time_us(run), 2)
+    triton_us = by_splits[splits[0]]
 
     heads = HeadShape(HEADS, KV_HEADS, HEAD_DIM, PAGE, torch.bfloat16)
     decode = FlashInferDecode(heads, flashinfer_workspace(device), (batch,), pages_per_row)
@@ -85,7 +98,10 @@ def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
     want = attention(query, kv, None, scale)
     got = paged_decode_attention(query, kv, tables, None, positions, scale)
     rel_err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-    return {"batch": batch, "context": context, "triton_us": round(triton_us, 2),
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return {"batch": batch, "context": context, "triton_us": triton_us,
+            "triton_us_by_splits": by_splits,
+            "rule_splits": decode_splits(batch, KV_HEADS, num_sms),
             "fa2_us": round(fa2_us, 2), "triton_over_fa2": round(triton_us / fa2_us, 3),
             "fa2_plan_host_us": round(statistics.median(plan_times), 1),
             "rel_err_vs_fa2": float(f"{rel_err:.2e}")}
@@ -94,17 +110,22 @@ def bench_bucket(batch: int, context: int, device: torch.device) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", type=counts, default="1,16,64,256")
-    parser.add_argument("--context", type=int, default=640)
+    parser.add_argument("--context", type=count, default=640)
+    parser.add_argument("--splits", type=counts, default=str(DEFAULT_DECODE_SPLITS),
+                        help="the Triton kernel's key splits to time, the first the ratio's")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if not require_cuda("resident.tools.bench_attention"):
         return 2
     device = torch.device("cuda")
-    rows = [bench_bucket(b, args.context, device) for b in args.buckets]
-    print(f"{'batch':>6} {'triton us':>10} {'fa2 us':>8} {'ratio':>6} {'fa2 plan us':>12}")
+    rows = [bench_bucket(b, args.context, device, tuple(args.splits)) for b in args.buckets]
+    print(f"{'batch':>6} {'triton us':>10} {'fa2 us':>8} {'ratio':>6} {'fa2 plan us':>12} "
+          f"{'rule':>5}  triton us by splits")
     for row in rows:
+        by_splits = " ".join(f"{s}:{us}" for s, us in row["triton_us_by_splits"].items())
         print(f"{row['batch']:>6} {row['triton_us']:>10} {row['fa2_us']:>8} "
-              f"{row['triton_over_fa2']:>6} {row['fa2_plan_host_us']:>12}")
+              f"{row['triton_over_fa2']:>6} {row['fa2_plan_host_us']:>12} "
+              f"{row['rule_splits']:>5}  {by_splits}")
     write_json(args.json, rows)
     return 0
 

@@ -179,7 +179,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
 def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
     """Decode attention (8 splits, PDL) as the decode step launches it: the split pass and the
     combine, with and without the output gate, and the split pass that combines itself (a
-    meeting: fused_decode=full)."""
+    meeting: fused_decode=full); the combines again at the most splits decode_splits gives."""
     block_d = triton.next_power_of_2(config.head_dim)
     block_n, launch = decode_attention._tile_config(block_d, None)
     group = config.num_attention_heads // config.num_key_value_heads
@@ -197,6 +197,8 @@ def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
     combine_types = {name: split_types[name] for name in ("partial_out", "partial_lse", "out",
                                                            "gate")}
     combine_types |= {arg: "i32" for arg in combine.arg_names if arg.startswith("stride_")}
+    most = {"NUM_SPLITS": decode_attention.MAX_DECODE_SPLITS,
+            "BLOCK_S": decode_attention.MAX_DECODE_SPLITS}
     return [
         Variant("decode attention split (PDL)", split, split_types,
                 split_shape | {"MERGED": False, "GATED": False}, **launch),
@@ -204,6 +206,11 @@ def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
                 split_types, split_shape | {"MERGED": True, "GATED": True}, **launch),
         *(Variant(f"decode attention combine{' + output gate' if gated else ''} (PDL)",
                   combine, combine_types, common | {"GATED": gated}) for gated in (False, True)),
+        Variant("decode attention combine + output gate, 64 splits (PDL, decode_splits=auto "
+                "at c=1)", combine, combine_types, common | most | {"GATED": True}),
+        Variant("decode attention split + combine + output gate, 64 splits (PDL, a meeting)",
+                split, split_types, split_shape | most | {"MERGED": True, "GATED": True},
+                **launch),
     ]
 
 

@@ -38,7 +38,10 @@
 #             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
 #             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
-#             them); rule: gemv_table=off (the defaults read a committed table);
+#             them); fullnopdl: both full and nopdl (each kernel's µs its own: PDL's early
+#             launch puts the wait for the kernel before into a kernel's time); nosplits:
+#             decode_splits=off (8 key splits in every bucket); PROMPT_LEN: the prompts'
+#             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off (the defaults read a committed table);
 #             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
 #             kernels/argmax.py);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
@@ -545,6 +548,8 @@ for part in "$@"; do
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
           full) knobs=(--set fused_decode=full) ;;
+          fullnopdl) knobs=(--set fused_decode=full --set pdl=off) ;;
+          nosplits) knobs=(--set decode_splits=off) ;;
           torchargmax) knobs=(--set argmax=torch) ;;
           table) knobs=(--set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
           fulltable) knobs=(--set fused_decode=full
@@ -552,7 +557,7 @@ for part in "$@"; do
         esac
         TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
-          --json "$OUT/bench-${MODEL:-0.8b}-$arm.json"
+          --prompt-len "${PROMPT_LEN:-512}" --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json"
       done ;;
     modes)
       for mode in ${MODES:-sequential interleaved}; do
