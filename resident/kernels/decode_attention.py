@@ -44,7 +44,8 @@ from resident.kernels.pdl import launch_options as pdl_options
 # the elementwise form materialises a [group, BLOCK_N, BLOCK_D] product in registers (spills at
 # D = 256) and leaves the tensor cores idle. The same code is then correct for any group size.
 _MIN_DOT = 16
-DEFAULT_DECODE_SPLITS = 8  # key splits a (row, kv head) where the grid fills the GPU without more
+# key splits a (row, kv head): decode_splits=off's in every bucket, and the fewest auto gives
+DEFAULT_DECODE_SPLITS = 8
 MAX_DECODE_SPLITS = 64
 
 
