@@ -7,8 +7,9 @@ Each kernel runs inside a CUDA graph of REPEAT back-to-back calls (the way a dec
 it), timed with CUDA events, so the time is the kernels' own plus the ~1 us a graph spends per
 launch, and no Python. FlashInfer's host `plan` is timed separately (wall clock, median). Shapes
 are the 0.8B model's (8 query heads over 2 kv heads of 256, bf16, pages of 16); each row has
-`context` keys on distinct random pages. `--splits` times the Triton kernel at each key split
-count (the engine's is `decode_splits`'s, printed beside them) against the first.
+`context` keys on distinct random pages. The Triton kernel runs at the key splits the engine
+gives the bucket (`decode_splits`, decode_splits=auto), or with `--splits` at each count given,
+the first against fa2.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch
 from resident.backends.flashinfer import FlashInferDecode, HeadShape, flashinfer_workspace
 from resident.backends.layout import paged_layout
 from resident.kernels.decode_attention import (
-    DEFAULT_DECODE_SPLITS,
     decode_scratch,
     decode_splits,
     paged_decode_attention,
@@ -66,7 +66,12 @@ def graph_time_us(run) -> float:
 
 
 def bench_bucket(batch: int, context: int, device: torch.device,
-                 splits: tuple[int, ...] = (DEFAULT_DECODE_SPLITS,)) -> dict:
+                 splits: tuple[int, ...] = ()) -> dict:
+    """One bucket's row: the Triton kernel at each of `splits` (none: the engine's count)
+    against fa2, and fa2's host plan."""
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    rule = decode_splits(batch, KV_HEADS, num_sms)
+    splits = splits or (rule,)
     pages_per_row = -(-context // PAGE)
     num_pages = batch * pages_per_row + 1
     kv = torch.randn(num_pages, 2, PAGE, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
@@ -98,10 +103,8 @@ def bench_bucket(batch: int, context: int, device: torch.device,
     want = attention(query, kv, None, scale)
     got = paged_decode_attention(query, kv, tables, None, positions, scale)
     rel_err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     return {"batch": batch, "context": context, "triton_us": triton_us,
-            "triton_us_by_splits": by_splits,
-            "rule_splits": decode_splits(batch, KV_HEADS, num_sms),
+            "triton_us_by_splits": by_splits, "rule_splits": rule,
             "fa2_us": round(fa2_us, 2), "triton_over_fa2": round(triton_us / fa2_us, 3),
             "fa2_plan_host_us": round(statistics.median(plan_times), 1),
             "rel_err_vs_fa2": float(f"{rel_err:.2e}")}
@@ -111,14 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--buckets", type=counts, default="1,16,64,256")
     parser.add_argument("--context", type=count, default=640)
-    parser.add_argument("--splits", type=counts, default=str(DEFAULT_DECODE_SPLITS),
-                        help="the Triton kernel's key splits to time, the first the ratio's")
+    parser.add_argument("--splits", type=counts,
+                        help="the Triton kernel's key splits to time, the first against fa2 "
+                             "(default: the engine's count for each bucket, decode_splits)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if not require_cuda("resident.tools.bench_attention"):
         return 2
     device = torch.device("cuda")
-    rows = [bench_bucket(b, args.context, device, tuple(args.splits)) for b in args.buckets]
+    rows = [bench_bucket(b, args.context, device, tuple(args.splits or ()))
+            for b in args.buckets]
     print(f"{'batch':>6} {'triton us':>10} {'fa2 us':>8} {'ratio':>6} {'fa2 plan us':>12} "
           f"{'rule':>5}  triton us by splits")
     for row in rows:
