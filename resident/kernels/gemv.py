@@ -101,7 +101,8 @@ DEFAULT_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, targ
 # 64x256 tile, level with it, spills registers once the prefetch is in)
 WIDE_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_programs=0)
 # The CUDA-core form where nothing measured picks one (the MLP's silu-mul + down + next add +
-# norm in one kernel at 1-4 rows, fused_decode=full): not yet timed on the H200
+# norm in one kernel at 1-4 rows, fused_decode=full), whose step measured slower than the
+# default's on an H100 (results/2026-12-06-h100-decode-splits)
 DEFAULT_FMA_TILE = GemvTile(block_n=16, block_k=512, num_warps=4, num_stages=3,
                             target_programs=264, fma=True)
 
