@@ -107,6 +107,32 @@ def test_fused_gdn_layer_matches_the_unfused_path_over_steps(dtype, unfused, tol
     assert torch.equal(conv_pool[UNTOUCHED], start_conv[UNTOUCHED])
 
 
+def test_narrower_column_blocks_give_the_same_layer():
+    """block_dv 16 (four programs a value head of 64, where the default has two) against the
+    default in float64: the same outputs and states to fp64 rounding (the norm's sums of
+    squares add in other groups), the same conv windows; a block_dv that is not a power of two
+    is refused."""
+    gen = torch.Generator().manual_seed(11)
+    shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=64)
+    weights, conv_pool, state_pool = _case(gen, shape, torch.float64, "cpu")
+    pools = {16: (conv_pool.clone(), state_pool.clone()), 32: (conv_pool, state_pool)}
+    scratch = GdnLayerScratch(len(SLOTS))
+    state_slots = torch.tensor(SLOTS)
+    for step in range(STEPS):
+        projected = torch.randn(len(SLOTS), sum(shape.split), generator=gen).double()
+        outs = {block: gdn_layer_decode(projected, weights, *pools[block], state_slots,
+                                        scratch, block_dv=block) for block in (16, 32)}
+        assert _rel_err(outs[16], outs[32]) < 1e-13, f"step {step}: outputs"
+        assert torch.equal(pools[16][0], pools[32][0]), f"step {step}: conv windows"
+        assert _rel_err(pools[16][1], pools[32][1]) < 1e-13, f"step {step}: states"
+    # four blocks a head met in their own sums: the narrower launch ran
+    sums, _ = scratch.get(len(SLOTS), shape, 4, torch.float64, torch.device("cpu"))
+    assert sums.any()
+    with pytest.raises(ValueError, match="block_dv must be a power of two, got 24"):
+        gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, scratch,
+                         block_dv=24)
+
+
 def test_a_mismatched_layer_is_refused():
     gen = torch.Generator().manual_seed(1)
     shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=16)

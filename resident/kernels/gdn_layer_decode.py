@@ -175,9 +175,13 @@ def gdn_layer_decode(
     scratch: GdnLayerScratch,
     *,
     pdl: bool = False,
+    block_dv: int = BLOCK_DV,
 ) -> torch.Tensor:  # [B, Hv, Dv] in projected's dtype: the input of out_proj
     """One decode token a row through a GDN layer's conv, gates, delta rule and gated norm,
-    both pools updated in place. Grid (B, Hv, Dv / BLOCK_DV)."""
+    both pools updated in place. Grid (B, Hv, Dv / block_dv): block_dv, a power of two, is a
+    program's value columns (the engine's BLOCK_DV; tests/gpu/time_gdn_layer.py times others)."""
+    if block_dv < 1 or block_dv & (block_dv - 1):
+        raise ValueError(f"block_dv must be a power of two, got {block_dv}")
     shape = GdnShape.of(projected, weights.conv_weight, state_pool)
     group = shape.num_v_heads // shape.num_k_heads
     for name, dim in (("k", shape.k_dim), ("v", shape.v_dim)):
@@ -193,7 +197,7 @@ def gdn_layer_decode(
     if rows == 0:
         return out
     conv_weight, width = weights.conv_weight, weights.conv_weight.shape[1]
-    block_dv = min(BLOCK_DV, shape.v_dim)
+    block_dv = min(block_dv, shape.v_dim)
     compute = torch.float64 if state_pool.dtype == torch.float64 else torch.float32
     sum_sq, counts = scratch.get(rows, shape, shape.v_dim // block_dv, compute,
                                  projected.device)

@@ -169,6 +169,9 @@
 #             kernels and the host's µs a call (eager, replayed) at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
 #             flashinfer" skips FlashInfer's minutes of JIT build on a fresh machine); SAMPLERS:
 #             time_draw's samplers (default torch triton flashinfer)
+#   time-gdn-layer  tests/gpu/time_gdn_layer.py: the fused GDN layer decode's GPU time at the
+#             0.8B's heads by a program's value columns (block_dv 8, 16, 32: the engine's, 64)
+#             at 1, 4 and 16 rows, each against the engine's block (issue 33)
 #   ring      tests/test_token_ring.py and tests/test_kernel_slot_params.py whole: the publish
 #             kernel storing into pinned memory against its torch reference, a replayed graph
 #             alternating slots, the CPU engine's ring against its copy (the GPU engine's:
@@ -493,6 +496,9 @@ for part in "$@"; do
         ${SAMPLER_K:+-k "$SAMPLER_K"}
       # shellcheck disable=SC2086  # SAMPLERS: a list of words
       run sampler-time 150 python3 tests/gpu/time_draw.py ${SAMPLERS:-} ;;
+    time-gdn-layer)
+      run time-gdn-layer 200 python3 tests/gpu/time_gdn_layer.py
+      cat "$OUT/time-gdn-layer.log" ;;
     ring)
       run ring 200 python3 -m pytest -q -p no:cacheprovider tests/test_token_ring.py tests/test_kernel_slot_params.py ;;
     bundle)
