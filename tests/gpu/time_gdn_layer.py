@@ -2,9 +2,9 @@
 key and 16 value heads of 128, conv width 4, bf16, fp32 state) by a program's value columns
 (`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8), captured as a CUDA
 graph as a decode bucket replays it, at 1, 4 and 16 rows: at c=1 the layer took 6.1 µs a call
-with PDL off on an H100, for ~1 MB of state read and written (results/2026-12-06-h100-decode-
-splits), the shape of problem the decode attention's splits had. Each narrower block is also
-checked against the engine's (bf16 rounding apart):
+with PDL off on an H100, for ~1 MB of state read and written
+(results/2026-12-06-h100-decode-splits), the shape of problem the decode attention's splits
+had. Each other block is also checked against the engine's (bf16 rounding apart):
     python3 tests/gpu/time_gdn_layer.py"""
 
 from __future__ import annotations
