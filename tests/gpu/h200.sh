@@ -41,7 +41,8 @@
 #             them); fullnopdl: both full and nopdl (each kernel's µs its own: PDL's early
 #             launch puts the wait for the kernel before into a kernel's time); nosplits:
 #             decode_splits=off (8 key splits in every bucket); PROMPT_LEN: the prompts'
-#             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off (the defaults read a committed table);
+#             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off
+#             (the defaults read a committed table);
 #             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
 #             kernels/argmax.py);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
@@ -566,7 +567,8 @@ for part in "$@"; do
         esac
         TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
-          --prompt-len "${PROMPT_LEN:-512}" --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json"
+          --prompt-len "${PROMPT_LEN:-512}" \
+          --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json"
       done ;;
     modes)
       for mode in ${MODES:-sequential interleaved}; do
