@@ -229,7 +229,8 @@ KNOB_MEANINGS = {
     "gemv_table": "a bench_gemv --json file of this GPU: each decode projection on what it "
                   "timed fastest (Triton tile or cuBLAS); auto: configs/gemv/<GPU name>.json "
                   "if committed; off",
-    "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each (auto); "
+    "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each, the "
+                    "MLP's silu-mul in its gate_up (auto); "
                     "full: also the next add + norm and the attention output gate in the "
                     "kernels before them",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",

@@ -287,8 +287,11 @@ def test_fused_decode_picks_each_buckets_kernels():
         assert ops.attention_prologue is not None
         assert (ops.gdn_layer is not None) == (bucket <= FUSED_GDN_MAX_ROWS)
     assert fused.ops(1).narrow_linear.keywords == {"pdl": True}
+    assert fused.ops(FUSED_GDN_MAX_ROWS).silu_mul_wide_linear.keywords == {"pdl": True}
+    assert fused.ops(wide).silu_mul_wide_linear is None  # more rows than the GEMV takes
     off = TritonDecode((1, wide), fusion=DecodeFusion(False, False)).ops(1)
     assert off.gdn_layer is None and off.attention_prologue is None
+    assert off.silu_mul_wide_linear is None
     assert fused.ops(1).narrow_linear_add_norm is None
 
 
@@ -310,6 +313,9 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
     assert decode.ops(32).narrow_linear_add_norm is None
     assert decode.ops(1).silu_mul_linear_add_norm.keywords["pdl"]
     assert decode.ops(16).silu_mul_linear_add_norm is None  # the CUDA-core form: 4 rows at most
+    # where the down projection takes it, gate_up leaves the silu-mul alone
+    assert decode.ops(1).silu_mul_wide_linear is None
+    assert decode.ops(16).silu_mul_wide_linear is not None
     assert all(decode.ops(bucket).gated_attention.keywords == {"pdl": True,
                                                                "meeting": pdl.meeting,
                                                                "num_sms": 0}

@@ -14,6 +14,7 @@ from resident.kernels.gemv import (
     gated_norm_linear_partials,
     gemv_splits,
     sigmoid_gate_linear_partials,
+    silu_mul_wide_linear,
     skinny_linear,
     skinny_linear_add_norm,
     skinny_linear_partials,
@@ -201,6 +202,47 @@ def test_gated_partials_are_the_mlp_down_projection(rows):
     torch.testing.assert_close(got.sum(0), want, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="holding gate and up"):
         skinny_linear_partials(gate_up[:, :k], weight, gated=True)
+
+
+@pytest.mark.parametrize("rows, fma", [(1, False), (3, False), (16, False), (1, True),
+                                       (3, True)])
+def test_gated_out_is_the_mlps_gate_up_then_silu_mul(rows, fma):
+    """gate_up with the silu-mul in its epilogue: DenseOps.silu_mul of the projection in
+    float64, on either form (the CUDA-core one to its 4 rows); an odd width (no column block
+    pairs gate and up evenly: 45 of them, 16 a block) and a gate_up weight's row-slice
+    view."""
+    from resident.model.dense import silu_mul
+
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 200, generator=generator, dtype=torch.float64).to(DEVICE)
+    weight = torch.randn(96, 200, generator=generator, dtype=torch.float64).to(DEVICE)[:90]
+    tile = GemvTile(block_n=16, block_k=64, target_programs=0, fma=fma)
+    got = silu_mul_wide_linear(x, weight, tile)
+    assert got.shape == (rows, 45)
+    torch.testing.assert_close(got, silu_mul(x @ weight.T), atol=1e-12, rtol=1e-12)
+
+
+def test_gated_out_names_a_bad_weight_or_a_split_tile():
+    x = torch.zeros(1, 64)
+    with pytest.raises(ValueError, match=r"\[2I, K\] gate_up weight .* got \(45, 64\)"):
+        silu_mul_wide_linear(x, torch.zeros(45, 64))
+    with pytest.raises(ValueError, match="never splits K"):
+        silu_mul_wide_linear(x, torch.zeros(64, 64), GemvTile(16, 64, target_programs=8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_gated_out_bf16_gpu(rows):
+    """At the 0.8B's gate_up: silu_mul of cuBLAS's bf16 projection, both rounded products
+    read alike (a product a bf16 ulp apart may differ by one ulp after the silu)."""
+    from resident.model.dense import silu_mul
+
+    x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(2 * 3584, 1024, device="cuda", dtype=torch.bfloat16) * 1024**-0.5
+    want = silu_mul(x @ weight.T).float()
+    for pdl in (False, True):
+        got = silu_mul_wide_linear(x, weight, pdl=pdl).float()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
 @pytest.mark.gpu

@@ -25,6 +25,7 @@ from resident.kernels.gemv import (
     MIN_DOT,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
+    silu_mul_wide_linear,
     skinny_linear,
     skinny_linear_add_norm,
     skinny_linear_partials,
@@ -88,7 +89,9 @@ FUSED_GDN_MAX_ROWS = 16
 
 @dataclasses.dataclass(frozen=True)
 class DecodeFusion:
-    """What the fused_decode and pdl knobs give a decode backend on its device. epilogues
+    """What the fused_decode and pdl knobs give a decode backend on its device. fused: the
+    attention prologue and the GDN layer kernel (bucket_ops), the MLP's silu-mul in its gate_up
+    GEMV (_mlp). epilogues
     (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
     has no kernel of its own: the next block's add + norm in each narrow projection's Triton
     GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm), with the MLP's silu-mul
@@ -146,14 +149,20 @@ class DecodeFusion:
                 pdl=self.pdl))
 
     def _mlp(self, ops: ModelOps, bucket: int, table: GemvTable | None) -> ModelOps:
-        """Under epilogues, a bucket of at most FMA_MAX_ROWS rows runs its MLP's silu-mul, down
-        projection and the next add + norm in one CUDA-core kernel: the activation there costs
-        the rows there are (in the MMA form's 16-row tiles it measured slower than its own
-        kernel, results/2026-11-29-h200-0.8b-fusions)."""
-        if not self.epilogues or bucket > FMA_MAX_ROWS:
-            return ops
-        return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
-            silu_mul_linear_add_norm_op, table=table, scratch=self.meeting, pdl=self.pdl))
+        """Where the MLP's silu-mul runs. Under epilogues, a bucket of at most FMA_MAX_ROWS
+        rows runs it, the down projection and the next add + norm in one CUDA-core kernel:
+        the activation there costs the rows there are (in the MMA form's 16-row tiles it
+        measured slower than its own kernel, results/2026-11-29-h200-0.8b-fusions). Else,
+        when fused, in the gate_up GEMV's epilogue (gemv.silu_mul_wide_linear), which takes
+        gate_up from the table's pick or cuBLAS: the activation then has no kernel of its
+        own, and its two [T, I] halves never go through memory."""
+        if self.epilogues and bucket <= FMA_MAX_ROWS:
+            return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
+                silu_mul_linear_add_norm_op, table=table, scratch=self.meeting, pdl=self.pdl))
+        if self.fused:
+            return dataclasses.replace(ops, silu_mul_wide_linear=partial(
+                silu_mul_wide_linear, pdl=self.pdl))
+        return ops
 
     def _gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones

@@ -45,25 +45,33 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _conv_channels(x_row, w_ptr, pool_slot, c0, stride_wc, stride_ww, stride_cc, stride_cw,
-                   width, D: tl.constexpr, BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr,
-                   SHIFT: tl.constexpr):
-    """Channels [c0, c0 + D) of one row: silu of the conv over the pool's window shifted by
-    the row's input, rounded to the input's dtype, in COMPUTE ([D]). SHIFT: also write the
-    shifted window back to the pool."""
+def _conv_window(pool_slot, w_ptr, c0, stride_wc, stride_ww, stride_cc, stride_cw, width,
+                 D: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Channels [c0, c0 + D) of a slot's conv pool, shifted one tap left (the last tap 0), and
+    their conv weights: ([D, BLOCK_W] each), what a row's conv reads besides its input."""
     offs_c = c0 + tl.arange(0, D)
     offs_w = tl.arange(0, BLOCK_W)
-    pool = pool_slot + offs_c[:, None] * stride_cc
-    older = tl.load(pool + (offs_w + 1)[None, :] * stride_cw,
+    older = tl.load(pool_slot + offs_c[:, None] * stride_cc + (offs_w + 1)[None, :] * stride_cw,
                     mask=(offs_w + 1 < width)[None, :], other=0.0)
-    x = tl.load(x_row + offs_c)
-    window = tl.where((offs_w == width - 1)[None, :], x[:, None], older.to(x.dtype))
     w = tl.load(w_ptr + offs_c[:, None] * stride_wc + offs_w[None, :] * stride_ww,
                 mask=(offs_w < width)[None, :], other=0.0)
+    return older, w
+
+
+@triton.jit
+def _conv_apply(x_row, older, w, pool_slot, c0, stride_cc, stride_cw, width, D: tl.constexpr,
+                BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr, SHIFT: tl.constexpr):
+    """silu of the conv of channels [c0, c0 + D) of one row over _conv_window's window and
+    weights, the row's input its last tap, rounded to the input's dtype, in COMPUTE ([D]).
+    SHIFT: also write the shifted window back to the pool."""
+    offs_c = c0 + tl.arange(0, D)
+    offs_w = tl.arange(0, BLOCK_W)
+    x = tl.load(x_row + offs_c)
+    window = tl.where((offs_w == width - 1)[None, :], x[:, None], older.to(x.dtype))
     acc = tl.sum(window.to(COMPUTE) * w.to(COMPUTE), axis=1)
     if SHIFT:
-        tl.store(pool + offs_w[None, :] * stride_cw, window.to(pool_slot.dtype.element_ty),
-                 mask=(offs_w < width)[None, :])
+        tl.store(pool_slot + offs_c[:, None] * stride_cc + offs_w[None, :] * stride_cw,
+                 window.to(pool_slot.dtype.element_ty), mask=(offs_w < width)[None, :])
     return (acc / (1.0 + tl.exp(-acc))).to(x.dtype).to(COMPUTE)
 
 
@@ -85,33 +93,45 @@ def _gdn_layer_decode_kernel(
     k_head = head // GROUP
     offs_k = tl.arange(0, DK)
     offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    pdl_wait_then_release(USE_PDL)
+    # Before the wait, what no kernel of this step writes (pdl.py): the slot, its state block
+    # and conv windows, the weights. The state block is most of the layer's bytes, so its read
+    # overlaps the in_proj GEMV before; only that projection's output is read after.
     slot = tl.load(slots_ptr + row).to(tl.int64)
+    state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
+                  + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)
+    s = tl.load(state_ptrs, mask=slot != 0, other=0.0).to(COMPUTE)
+    pool_slot = conv_pool_ptr + slot * stride_cn
+    q_c0, k_c0 = k_head * DK, key_dim + k_head * DK
+    v_c0 = 2 * key_dim + head * DV + block * BLOCK_DV
+    q_older, q_w = _conv_window(pool_slot, conv_w_ptr, q_c0, stride_wc, stride_ww, stride_cc,
+                                stride_cw, width, DK, BLOCK_W)
+    k_older, k_w = _conv_window(pool_slot, conv_w_ptr, k_c0, stride_wc, stride_ww, stride_cc,
+                                stride_cw, width, DK, BLOCK_W)
+    v_older, v_w = _conv_window(pool_slot, conv_w_ptr, v_c0, stride_wc, stride_ww, stride_cc,
+                                stride_cw, width, BLOCK_DV, BLOCK_W)
+    decay_rate = -tl.exp(tl.load(a_log_ptr + head).to(COMPUTE))
+    dt_bias = tl.load(dt_bias_ptr + head).to(COMPUTE)
+    pdl_wait_then_release(USE_PDL)
     out_row = out_ptr + row * stride_ot
     if slot == 0:
         tl.store(out_row + head * stride_oh + offs_v,
                  tl.zeros((BLOCK_DV,), dtype=out_ptr.dtype.element_ty))
         return
-    state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
-                  + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)
-    s = tl.load(state_ptrs).to(COMPUTE)
     x_row = proj_ptr + row * stride_pt
-    pool_slot = conv_pool_ptr + slot * stride_cn
-    q = _conv_channels(x_row, conv_w_ptr, pool_slot, k_head * DK, stride_wc, stride_ww,
-                       stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, False)
-    k = _conv_channels(x_row, conv_w_ptr, pool_slot, key_dim + k_head * DK, stride_wc,
-                       stride_ww, stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, False)
-    v = _conv_channels(x_row, conv_w_ptr, pool_slot, 2 * key_dim + head * DV + block * BLOCK_DV,
-                       stride_wc, stride_ww, stride_cc, stride_cw, width, BLOCK_DV, BLOCK_W,
-                       COMPUTE, True)
+    q = _conv_apply(x_row, q_older, q_w, pool_slot, q_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, False)
+    k = _conv_apply(x_row, k_older, k_w, pool_slot, k_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, False)
+    v = _conv_apply(x_row, v_older, v_w, pool_slot, v_c0, stride_cc, stride_cw, width,
+                    BLOCK_DV, BLOCK_W, COMPUTE, True)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
     z_row = x_row + 2 * key_dim + value_dim  # then z [Hv * Dv], b [Hv], a [Hv]
     a = tl.load(z_row + value_dim + num_v_heads + head).to(COMPUTE)
     b = tl.load(z_row + value_dim + head)
-    x = a + tl.load(dt_bias_ptr + head).to(COMPUTE)
+    x = a + dt_bias
     softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
-    s = s * tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(COMPUTE)) * softplus)
+    s = s * tl.exp(decay_rate * softplus)
     beta = tl.sigmoid(b.to(COMPUTE)).to(b.dtype).to(COMPUTE)
     delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
     s = s + k[:, None] * delta[None, :]
@@ -126,10 +146,10 @@ def _gdn_layer_decode_kernel(
     if last_to_arrive(count, GROUP * NUM_BLOCKS):
         # the last of its (row, key head): every other program has read the query and key
         # windows and written its output block and sum
-        _conv_channels(x_row, conv_w_ptr, pool_slot, k_head * DK, stride_wc, stride_ww,
-                       stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, True)
-        _conv_channels(x_row, conv_w_ptr, pool_slot, key_dim + k_head * DK, stride_wc,
-                       stride_ww, stride_cc, stride_cw, width, DK, BLOCK_W, COMPUTE, True)
+        _conv_apply(x_row, q_older, q_w, pool_slot, q_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, True)
+        _conv_apply(x_row, k_older, k_w, pool_slot, k_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, True)
         offs_d = tl.arange(0, DV)
         norm_w = tl.load(norm_w_ptr + offs_d).to(COMPUTE)
         for j in tl.static_range(GROUP):

@@ -105,6 +105,10 @@ WIDE_TILE = GemvTile(block_n=32, block_k=128, num_warps=4, num_stages=4, target_
 # default's on an H100 (results/2026-12-06-h100-decode-splits)
 DEFAULT_FMA_TILE = GemvTile(block_n=16, block_k=512, num_warps=4, num_stages=3,
                             target_programs=264, fma=True)
+# The MLP's gate_up with its silu-mul in the epilogue (silu_mul_wide_linear): a program reads
+# block_n gate rows and the block_n up rows that pair with them, so WIDE_TILE's 32 rows a K
+# step and its 224 programs at the 0.8B (never split: the epilogue needs whole sums)
+GATED_OUT_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, target_programs=0)
 
 
 # what the kernel does to x before the product
@@ -120,7 +124,8 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
                  PREFETCH: tl.constexpr, ADD_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                  SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
-                 COMPUTE: tl.constexpr, FMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 COMPUTE: tl.constexpr, FMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 GATED_OUT: tl.constexpr):
     """What PROLOGUE does to x before the product, in COMPUTE (fp32; fp64 for a fp64 model),
     rounded once to the activations' dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -132,19 +137,26 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
     start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
     that kernel, the loop then reads the L2.
-    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). FMA:
+    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). With
+    GATED_OUT (one split) w is [2N, K], gate rows then up rows, and the output is
+    silu(x @ gate^T) * (x @ up^T) ([M, N]), each product rounded to out's dtype first as the
+    separate DenseOps.silu_mul reads them, the result rounded once. FMA:
     the product by CUDA-core multiply-adds, BLOCK_M the rows rounded up to a power of two
     (else tl.dot's 16). DOT_PRECISION: tl.dot's input_precision (kernels.dot_precision)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
+    if GATED_OUT:
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
     if USE_PDL and PREFETCH:
         rows = w + tl.minimum(offs_n, N - 1) * stride_wn + k_start
         span = tl.minimum(K - k_start, K_TILES * BLOCK_K) * w.dtype.element_ty.primitive_bitwidth
         prefetch_l2(rows, tl.full((BLOCK_N,), span // 8, tl.int32))
+        if GATED_OUT:
+            prefetch_l2(rows + N * stride_wn, tl.full((BLOCK_N,), span // 8, tl.int32))
     pdl_wait_then_release(USE_PDL)
     for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -169,20 +181,33 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
             gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM,
                                COMPUTE)
             x_tile = (x_tile.to(COMPUTE) * tl.sigmoid(gate)).to(x.dtype.element_ty)
-        w_tile = tl.load(w + offs_n[:, None] * stride_wn + offs_k[None, :],
-                         mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
-        if FMA:  # [BM, 1, BK] x [1, BN, BK], summed over K: BM is the rows there are
-            acc += tl.sum(x_tile.to(COMPUTE)[:, None, :] * w_tile.to(COMPUTE)[None, :, :],
-                          axis=2)
-        else:
-            acc += tl.dot(x_tile, tl.trans(w_tile), input_precision=DOT_PRECISION)
+        w_mask = (offs_n[:, None] < N) & k_mask[None, :]
+        w_rows = w + offs_n[:, None] * stride_wn + offs_k[None, :]
+        acc += _product(x_tile, tl.load(w_rows, mask=w_mask, other=0.0), FMA, COMPUTE,
+                        DOT_PRECISION)
+        if GATED_OUT:
+            acc_up += _product(x_tile, tl.load(w_rows + N * stride_wn, mask=w_mask, other=0.0),
+                               FMA, COMPUTE, DOT_PRECISION)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if GATED_OUT:
+        gate = acc.to(out.dtype.element_ty).to(COMPUTE)
+        acc = gate * tl.sigmoid(gate) * acc_up.to(out.dtype.element_ty).to(COMPUTE)
     tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
              acc.to(out.dtype.element_ty), mask=mask)
     if ADD_NORM:
         _add_norm(out, stride_os, stride_om, residual, out_norm_w, normed_out, summed_out, counts,
                   sums_sq, out_eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M, BLOCK_N,
                   NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE)
+
+
+@triton.jit
+def _product(x_tile, w_tile, FMA: tl.constexpr, COMPUTE: tl.constexpr,
+             DOT_PRECISION: tl.constexpr):
+    """x_tile [BM, BK] @ w_tile[BN, BK]^T in COMPUTE: tl.dot's MMA, or with FMA CUDA-core
+    multiply-adds ([BM, 1, BK] x [1, BN, BK] summed over K: BM is the rows there are)."""
+    if FMA:
+        return tl.sum(x_tile.to(COMPUTE)[:, None, :] * w_tile.to(COMPUTE)[None, :, :], axis=2)
+    return tl.dot(x_tile, tl.trans(w_tile), input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -294,6 +319,22 @@ def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False) -> 
     """skinny_linear on WIDE_TILE: a wide projection (N several times K) of at most 16 rows in
     one kernel, no K split."""
     return skinny_linear(x, weight, WIDE_TILE, pdl=pdl)
+
+
+def silu_mul_wide_linear(x: torch.Tensor, weight: torch.Tensor,
+                         tile: GemvTile = GATED_OUT_TILE, *, pdl: bool = False) -> torch.Tensor:
+    """x [M, K] (M <= 16) @ weight[2I, K]^T -> silu(gate) * up [M, I] in x's dtype: the MLP's
+    gate_up projection with DenseOps.silu_mul in its epilogue, so the activation has no kernel
+    of its own (issue 33). weight is the fused gate_up, gate rows first; tile must not split
+    K (its target_programs 0)."""
+    if weight.shape[0] % 2 or tile.target_programs:
+        raise ValueError(f"silu_mul_wide_linear takes a [2I, K] gate_up weight and a tile that "
+                         f"never splits K, got {tuple(weight.shape)} and {tile.name}")
+    half = weight[:weight.shape[0] // 2]
+    _split(x, half, tile)
+    out = torch.empty(x.shape[0], half.shape[0], dtype=x.dtype, device=x.device)
+    _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl, gated_out=True)
+    return out
 
 
 def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
@@ -443,39 +484,42 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
 def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
                       prologue: tl.constexpr = PLAIN, *, head_dim: int = 1,
                       element_size: int = 2, add_norm: bool = False,
-                      dtype: torch.dtype = torch.bfloat16) -> dict:
-    """_gemv_kernel's compile-time arguments for an [N, K] weight of `element_size`-byte
-    elements and `num_rows` rows of `dtype` activations (USE_PDL aside: pdl.launch_options):
-    what _launch passes, and what tools/compile_check compiles."""
+                      dtype: torch.dtype = torch.bfloat16, gated_out: bool = False) -> dict:
+    """_gemv_kernel's compile-time arguments for an [N, K] weight (gated_out: [2N, K]) of
+    `element_size`-byte elements and `num_rows` rows of `dtype` activations (USE_PDL aside:
+    pdl.launch_options): what _launch passes, and what tools/compile_check compiles."""
     splits, k_per_split = split_plan(n, k, tile)
+    weight_bytes = (2 if gated_out else 1) * n * k * element_size
     return {
         "K_TILES": k_per_split // tile.block_k,
         "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
-        "PREFETCH": n * k * element_size <= PREFETCH_MAX_BYTES,
+        "PREFETCH": weight_bytes <= PREFETCH_MAX_BYTES,
         "ADD_NORM": add_norm, "NUM_SPLITS": splits,
         "SQ_ROWS": sums_rows(n, tile) if add_norm else 1,
         "NORM_CHUNKS": triton.cdiv(n, NORM_BLOCK.value),
         "COMPUTE": tl.float64 if accumulation_dtype(dtype) == torch.float64 else tl.float32,
         "FMA": tile.fma,
         "DOT_PRECISION": dot_precision(dtype),
+        "GATED_OUT": gated_out,
     }
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
             prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False,
-            add_norm: AddNorm | None = None) -> None:
+            add_norm: AddNorm | None = None, gated_out: bool = False) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range (split_plan's S), in
     target's dtype. x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the
-    prologue's (see _gemv_kernel); add_norm, the epilogue's (_add_norm)."""
+    prologue's (see _gemv_kernel); add_norm, the epilogue's (_add_norm); gated_out: weight
+    is [2N, K] and target [1, M, N] takes silu(gate) * up."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
     epilogue = add_norm.kernel_args() if add_norm else (x,) * 6 + (0.0,)
     constexprs = launch_constexprs(
         n, k, num_rows, tile, prologue, element_size=weight.element_size(), dtype=x.dtype,
         head_dim=z.shape[2] if z is not None and z.dim() == 3 else 1,
-        add_norm=add_norm is not None)
+        add_norm=add_norm is not None, gated_out=gated_out)
     _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),

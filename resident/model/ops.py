@@ -92,6 +92,10 @@ class ModelOps:
     # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV in small
     # buckets under decode_gemm=wide (slower than cuBLAS on the H200, with or without PDL)
     wide_linear: Callable = narrow_linear_ref
+    # (h [T, H], gate_up weight [2I, H]) -> silu(gate) * up [T, I]: the MLP's opening
+    # projection with its activation in the GEMV's epilogue (gemv.silu_mul_wide_linear).
+    # None: wide_linear, then DenseOps.silu_mul.
+    silu_mul_wide_linear: Callable | None = None
     # (gate_up [T, 2I], down weight [H, I]) -> down(silu(gate) * up), the MLP's activation and
     # down projection in one kernel; returns what narrow_linear does. None: the MLP runs
     # DenseOps.silu_mul, then narrow_linear.

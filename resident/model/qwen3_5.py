@@ -121,6 +121,10 @@ class MLP(nn.Module):
         fuse_linears(self, "gate_up_weight", [self.gate_proj, self.up_proj])
 
     def forward(self, block: BlockInput, ops: ModelOps, next_norm: RMSNorm) -> BlockInput:
+        if ops.silu_mul_wide_linear is not None:
+            h, residual = block.normed_input(self.dense)
+            return block_output(ops.silu_mul_wide_linear(h, self.gate_up_weight),
+                                self.down_proj.weight, residual, next_norm, ops)
         gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
         if ops.silu_mul_linear is not None:
             return BlockInput(ops.silu_mul_linear(gate_up, self.down_proj.weight), residual,

@@ -88,19 +88,21 @@ class Variant:
 
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
-          rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16) -> Variant:
-    """The GEMV at a shape, its activations and weights in `dtype`; `rows` matter to the
-    CUDA-core form (tile.fma) only."""
+          rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16,
+          gated_out: bool = False) -> Variant:
+    """The GEMV at a shape ([N, K]; gated_out: [2N, K], the silu-mul's output in `dtype`), its
+    activations and weights in `dtype`; `rows` matter to the CUDA-core form (tile.fma)
+    only."""
     element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
                                         "normed_out", "summed_out")}
-    types |= {"out": "*fp32", "eps": "fp32", "counts": "*i32", "sums_sq": "*fp32",
-              "out_eps": "fp32"}
+    types |= {"out": element if gated_out else "*fp32", "eps": "fp32", "counts": "*i32",
+              "sums_sq": "*fp32", "out_eps": "fp32"}
     types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
                                      "stride_os", "stride_zm", "stride_zh")}
     constexprs = gemv.launch_constexprs(n, k, rows, tile, prologue, head_dim=head_dim,
                                         add_norm=add_norm, dtype=dtype,
-                                        element_size=dtype.itemsize)
+                                        element_size=dtype.itemsize, gated_out=gated_out)
     return Variant(name, gemv._gemv_kernel, types, constexprs | {"USE_PDL": pdl},
                    tile.num_warps, tile.num_stages)
 
@@ -139,6 +141,8 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               gemv.WIDE_TILE, gemv.PLAIN, pdl=True),
         _gemv("wide GEMM: mlp gate_up (PDL)", 2 * inter, hidden, gemv.WIDE_TILE, gemv.PLAIN,
               pdl=True),
+        _gemv("wide GEMM: mlp gate_up + silu-mul (PDL)", inter, hidden, gemv.GATED_OUT_TILE,
+              gemv.PLAIN, pdl=True, gated_out=True),
     ]
     gdn_types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "out_ptr")}

@@ -44,7 +44,9 @@
 #             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off
 #             (the defaults read a committed table);
 #             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
-#             kernels/argmax.py);
+#             kernels/argmax.py); base: this tree's defaults run from the source tree $BASE
+#             (carried: git archive <ref> resident | tar -x -C .gate/worktrees/base-<ref>);
+#             an arm of another name (fused2: a repeat) runs the defaults;
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
@@ -540,7 +542,8 @@ for part in "$@"; do
       for arm in rule table; do
         knobs=(--set gemv_table=off)
         [ "$arm" = table ] && knobs=(--set "gemv_table=$OUT/gemv-$model.json")
-        TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
+        PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" \
+          python3 -m resident.tools.bench \
           "$model" --concurrency 1,2,4,8,16 --burst 0 "${knobs[@]}" --json "$OUT/bench-$model-$arm.json"
       done
       run confirm-gemv-table 60 python3 -m resident.tools.confirm_gemv_table "$OUT/gemv-$model.json" \
@@ -550,8 +553,9 @@ for part in "$@"; do
     arms)
       cache=$(mktemp -d)
       for arm in ${ARMS:-fused off nopdl wide}; do
-        knobs=()
+        knobs=() tree=$PWD
         case $arm in
+          base) tree=${BASE:?arm base runs the tree at BASE} ;;
           off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
           rule) knobs=(--set gemv_table=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
@@ -565,10 +569,12 @@ for part in "$@"; do
           fulltable) knobs=(--set fused_decode=full
                             --set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
         esac
-        TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
+        # from the arm's tree: python -m puts the working directory first on the path
+        (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-$arm" \
+          "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
           --prompt-len "${PROMPT_LEN:-512}" \
-          --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json"
+          --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json")
       done ;;
     modes)
       for mode in ${MODES:-sequential interleaved}; do
