@@ -320,7 +320,10 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
                                                                "meeting": pdl.meeting,
                                                                "num_sms": 0}
                for bucket in (1, 16, 32))
-    assert TritonDecode((1,), fusion=DecodeFusion(True, True)).ops(1).gated_attention is None
+    # fused without epilogues: the gate in the combine kernel, no meeting
+    assert TritonDecode((1,), fusion=DecodeFusion(True, True)).ops(1).gated_attention.keywords \
+        == {"pdl": True, "meeting": None, "num_sms": 0}
+    assert TritonDecode((1,), fusion=DecodeFusion()).ops(1).gated_attention is None
     prologues = TritonDecode((1,), "fused", fusion=pdl).ops(1)
     assert prologues.narrow_linear_add_norm is None and prologues.silu_mul_linear is not None
     assert row_parallel_ops(decode.ops(1), lambda tensor: None).narrow_linear_add_norm is None
@@ -329,9 +332,9 @@ def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
 def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     """fused_decode=full's epilogues (interpreted): the narrow projections each running the
     next block's add + norm in its kernel (the MLP's down with its silu-mul too, a CUDA-core
-    tile at 2 rows), the decode attention's combine the output gate;
-    teacher-forced through decode steps of a 2-row bucket against the same bucket with both
-    apart: the logits to float64 rounding (a norm weight off by 1% moves them by 1e-3 here, a
+    tile at 2 rows), the decode attention's combine and output gate in its split pass;
+    teacher-forced through decode steps of a 2-row bucket against the same bucket with the
+    norms and the silu-mul apart and the combine a kernel of its own: the logits to float64 rounding (a norm weight off by 1% moves them by 1e-3 here, a
     gate by 1% 3e-4, where greedy tokens may not move at all)."""
     from resident.backends.triton_decode import DecodeFusion, TritonDecode
     from resident.model.cache import ModelCache
@@ -345,9 +348,12 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     runs = {full: (TritonDecode((rows,), fusion=DecodeFusion(True, False, full)).ops(rows),
                    ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu"))
             for full in (False, True)}
-    epilogues = ("narrow_linear_add_norm", "gated_attention", "silu_mul_linear_add_norm")
+    epilogues = ("narrow_linear_add_norm", "silu_mul_linear_add_norm")
     assert all(getattr(runs[True][0], name) is not None for name in epilogues)
     assert all(getattr(runs[False][0], name) is None for name in epilogues)
+    # the output gate in the split pass's merged combine, against the combine kernel's
+    meetings = [runs[full][0].gated_attention.keywords["meeting"] for full in (False, True)]
+    assert meetings[0] is None and meetings[1] is not None
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, TINY.vocab_size, (rows * prompt_len,), generator=generator)
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(rows)], page, "cpu")

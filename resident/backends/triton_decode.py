@@ -91,7 +91,8 @@ FUSED_GDN_MAX_ROWS = 16
 class DecodeFusion:
     """What the fused_decode and pdl knobs give a decode backend on its device. fused: the
     attention prologue and the GDN layer kernel (bucket_ops), the MLP's silu-mul in its gate_up
-    GEMV (_mlp). epilogues
+    GEMV (_mlp), the gated attention's output gate in the Triton decode attention's combine
+    (TritonDecode). epilogues
     (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
     has no kernel of its own: the next block's add + norm in each narrow projection's Triton
     GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm), with the MLP's silu-mul
@@ -231,12 +232,13 @@ class TritonDecode(DecodeKernels):
         """num_sms: the device's SMs, which size each bucket's attention splits
         (decode_splits=auto); 0: 8 splits in every bucket."""
         fusion = fusion or DecodeFusion()
-        # under epilogues the attention is one kernel (its combine in the split pass)
+        # under epilogues the attention is one kernel (its combine in the split pass); fused,
+        # the combine writes the output gated, so the gate has no kernel of its own
         meeting = fusion.meeting if fusion.epilogues else None
         attention = partial(attention_decode_op, pdl=fusion.pdl, meeting=meeting,
                             num_sms=num_sms)
         gated = partial(gated_attention_decode_op, pdl=fusion.pdl, meeting=meeting,
-                        num_sms=num_sms) if fusion.epilogues else None
+                        num_sms=num_sms) if fusion.fused else None
         ops = dataclasses.replace(GDN_DECODE_OPS, attention=attention, gated_attention=gated)
         fused = fusion.bucket_ops(ops, buckets)
         self._ops = {bucket: decode_gemm_ops(fused[bucket], bucket, decode_gemm, fusion, table)
