@@ -44,9 +44,9 @@
 #             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off
 #             (the defaults read a committed table);
 #             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
-#             kernels/argmax.py); base (or base<any>: base2, a repeat): the defaults run from
-#             the source tree $BASE (carried: git archive <ref> resident configs | tar -x -C
-#             .gate/worktrees/base-<ref>);
+#             kernels/argmax.py); <arm>@base: that arm's knobs run from the source tree $BASE
+#             (fused@base: its defaults; carried: git archive <ref> resident configs | tar -x
+#             -C .gate/worktrees/base-<ref>);
 #             an arm of another name (fused2: a repeat) runs the defaults;
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
@@ -555,8 +555,8 @@ for part in "$@"; do
       cache=$(mktemp -d)
       for arm in ${ARMS:-fused off nopdl wide}; do
         knobs=() tree=$PWD
-        case $arm in
-          base*) tree=${BASE:?arm base runs the tree at BASE} ;;
+        case $arm in *@base) tree=${BASE:?arm $arm runs the tree at BASE} ;; esac
+        case ${arm%@base} in
           off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
           rule) knobs=(--set gemv_table=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
