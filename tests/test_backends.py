@@ -334,8 +334,9 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     next block's add + norm in its kernel (the MLP's down with its silu-mul too, a CUDA-core
     tile at 2 rows), the decode attention's combine and output gate in its split pass;
     teacher-forced through decode steps of a 2-row bucket against the same bucket with the
-    norms and the silu-mul apart and the combine a kernel of its own: the logits to float64 rounding (a norm weight off by 1% moves them by 1e-3 here, a
-    gate by 1% 3e-4, where greedy tokens may not move at all)."""
+    norms and the silu-mul apart and the combine a kernel of its own: the logits to float64
+    rounding (a norm weight off by 1% moves them by 1e-3 here, a gate by 1% 3e-4, where
+    greedy tokens may not move at all)."""
     from resident.backends.triton_decode import DecodeFusion, TritonDecode
     from resident.model.cache import ModelCache
     from resident.model.ops import ModelOps
