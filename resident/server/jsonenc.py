@@ -16,6 +16,7 @@ reads into an invalid request (api._parse), so the stdlib's reading always decid
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -34,8 +35,10 @@ def loads(raw: bytes) -> Any:
     return orjson.loads(raw) if orjson is not None else json.loads(raw)
 
 
-def dumps(obj: Any) -> bytes:
-    """`obj` as compact JSON bytes; TypeError for what JSON cannot hold."""
-    if orjson is not None:
-        return orjson.dumps(obj)
+def _stdlib_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# `obj` as compact JSON bytes; TypeError for what JSON cannot hold. orjson's own function where
+# it is installed, not a wrapper around it: every streamed token's event calls it
+dumps: Callable[[Any], bytes] = orjson.dumps if orjson is not None else _stdlib_dumps

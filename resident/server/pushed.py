@@ -110,12 +110,12 @@ class PushedStream:
 
     def _send(self, data: bytes) -> bool:
         """Writes `data`, framed; False where it could not (the stream then ends with why)."""
+        transport = self._transport
         try:
-            if self._transport is None or self._transport.is_closing():
+            if transport is None or transport.is_closing():
                 raise ConnectionResetError("the client went away")
             if data:
-                self._transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked
-                                      else data)
+                transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         except Exception as error:  # noqa: BLE001 - raised in the handler, not the router
             self._ended.set_exception(error)
             return False
