@@ -14,7 +14,10 @@ batches. Here one program takes one row, one value head and BLOCK_DV of its valu
     arrive (all the others have read the query and key windows and written their outputs)
     shifts the query and key conv windows, finishes the gated RMSNorm of the key head's value
     heads, w * rms_norm(o) * silu(z), from the blocks' sums, and sets the counter back to 0.
-So a batch-1 step of the 0.8B has Hv * Dv / BLOCK_DV = 64 programs (a program a whole key head,
+Under PDL a program reads its slot, state block, conv windows and gate weights before its wait
+(pdl.py), so the state, most of the layer's bytes, streams while the in_proj GEMV before it
+runs; only that projection's output is read after the wait. A batch-1 step of the 0.8B has
+Hv * Dv / BLOCK_DV = 64 programs (a program a whole key head,
 tried first, had 16 and took 11.5 us a layer on the H200 against 7.5 for the three unfused
 kernels). Value channels and state blocks belong to one program each; the query and key
 windows are written once, after every reader. The arithmetic and its roundings follow the

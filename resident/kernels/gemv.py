@@ -16,7 +16,11 @@ projection into its prologue (see _gemv_kernel; decode_gemm=fused):
 skinny_linear (a finished [M, N]) is for the bench and the tests. The three prologues do not
 spill, but measured slower than their separate elementwise kernels: the 48 GEMMs of a c=1 step
 took 514 us with them against 181 without, and the elementwise kernels they replace took under
-80; the engine's default (decode_gemm=skinny) runs them apart.
+80; the engine's default (decode_gemm=skinny) runs them apart. The MLP's silu-mul runs in the
+epilogue of its gate_up instead (silu_mul_wide_linear, fused_decode=auto): a program pairs a
+block of gate rows with their up rows, so the activation costs no kernel and no prologue
+(results/2026-12-06-h100-decode-folds: with the attention's gate in its combine, a c=1 step
+-3.8% on an H100, -6% at c=4 and c=16).
 
 The add + norm after a narrow projection can run in the projection's epilogue instead
 (skinny_linear_add_norm, fused_decode=full; _add_norm): the programs that finish last add the

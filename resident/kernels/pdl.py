@@ -10,7 +10,12 @@ attribute as a programmatic edge, so a captured decode step overlaps its kernels
 
 Every kernel that takes `USE_PDL` calls `gdc.pdl_wait_then_release` before its first access to
 step data, so the rule holds whatever kernel precedes it (a kernel launched without PDL waits
-for the one before as usual; the wait is then a no-op). Under the interpreter (CPU) there is no
+for the one before as usual; the wait is then a no-op). Since each releases the next only
+after its own wait (Inductor's kernels too: their release follows their first load, which
+follows their wait), a kernel starts only once every kernel two or more back has finished:
+before its wait it may read what those wrote (the fused GDN layer reads its state block,
+which only its own launch of the step before wrote), never what the kernel just before
+writes. Under the interpreter (CPU) there is no
 PDL: `pdl_available` gives False and the constexpr branches vanish.
 
 This module decides, without importing triton (a CPU install has none: the engine imports it);
