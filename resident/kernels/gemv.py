@@ -19,8 +19,8 @@ took 514 us with them against 181 without, and the elementwise kernels they repl
 80; the engine's default (decode_gemm=skinny) runs them apart. The MLP's silu-mul runs in the
 epilogue of its gate_up instead (silu_mul_wide_linear, fused_decode=auto): a program pairs a
 block of gate rows with their up rows, so the activation costs no kernel and no prologue
-(results/2026-12-06-h100-decode-folds: with the attention's gate in its combine, a c=1 step
--3.8% on an H100, -6% at c=4 and c=16).
+(results/2026-12-06-h100-decode-folds: with the attention's gate in its combine and the GDN
+layer's early state read, a c=1 step -3.8% on an H100, -6% at c=4 and c=16).
 
 The add + norm after a narrow projection can run in the projection's epilogue instead
 (skinny_linear_add_norm, fused_decode=full; _add_norm): the programs that finish last add the
