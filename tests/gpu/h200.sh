@@ -47,7 +47,8 @@
 #             kernels/argmax.py); <arm>@base: that arm's knobs run from the source tree $BASE
 #             (fused@base: its defaults; carried: git archive <ref> resident configs | tar -x
 #             -C .gate/worktrees/base-<ref>);
-#             an arm of another name (fused2: a repeat) runs the defaults;
+#             an arm of another name (fused2: a repeat) runs the defaults; ARM_LIMIT: an
+#             arm's seconds (default 170; the first arm's 120 more: it compiles);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
@@ -543,8 +544,7 @@ for part in "$@"; do
       for arm in rule table; do
         knobs=(--set gemv_table=off)
         [ "$arm" = table ] && knobs=(--set "gemv_table=$OUT/gemv-$model.json")
-        PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" \
-          python3 -m resident.tools.bench \
+        TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
           "$model" --concurrency 1,2,4,8,16 --burst 0 "${knobs[@]}" --json "$OUT/bench-$model-$arm.json"
       done
       run confirm-gemv-table 60 python3 -m resident.tools.confirm_gemv_table "$OUT/gemv-$model.json" \
@@ -552,7 +552,8 @@ for part in "$@"; do
         --out "$OUT/gemv-table-$model.json"
       cat "$OUT/confirm-gemv-table.log" ;;
     arms)
-      cache=$(mktemp -d)
+      # the first arm compiles into an empty Triton cache: 120 s more than the others
+      cache=$(mktemp -d) limit=$((${ARM_LIMIT:-170} + 120))
       for arm in ${ARMS:-fused off nopdl wide}; do
         knobs=() tree=$PWD
         case $arm in *@base) tree=${BASE:?arm $arm runs the tree at BASE} ;; esac
@@ -572,10 +573,11 @@ for part in "$@"; do
         esac
         # from the arm's tree: python -m puts the working directory first on the path
         (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-$arm" \
-          "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
+          "$limit" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
           --prompt-len "${PROMPT_LEN:-512}" \
           --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json")
+        limit=${ARM_LIMIT:-170}
       done ;;
     modes)
       for mode in ${MODES:-sequential interleaved}; do
