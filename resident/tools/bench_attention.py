@@ -24,6 +24,7 @@ import torch
 
 from resident.backends.flashinfer import FlashInferDecode, HeadShape, flashinfer_workspace
 from resident.backends.layout import paged_layout
+from resident.kernels import device_sms
 from resident.kernels.decode_attention import (
     decode_scratch,
     decode_splits,
@@ -69,7 +70,7 @@ def bench_bucket(batch: int, context: int, device: torch.device,
                  splits: tuple[int, ...] = ()) -> dict:
     """One bucket's row: the Triton kernel at each of `splits` (none: the engine's count)
     against fa2, and fa2's host plan."""
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    num_sms = device_sms(device)
     rule = decode_splits(batch, KV_HEADS, num_sms)
     splits = splits or (rule,)
     pages_per_row = -(-context // PAGE)

@@ -16,6 +16,7 @@ import torch
 
 from resident.config import EngineConfig
 from resident.engine.varlen import PaddedBucket
+from resident.kernels import device_sms
 from resident.kernels.gdc import KeptZeros
 from resident.kernels.varlen_attention import MAX_SPLITS, paged_varlen_attention, splits_for
 from resident.model.config import load_model_config
@@ -60,7 +61,7 @@ def engine_rows(rows: list[tuple[int, int]]) -> int:
 
 def main() -> None:
     device = torch.device("cuda")
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    num_sms = device_sms(device)
     for name, rows, bucket in LOADS:
         args, real = step(rows, bucket, device)
         chosen = splits_for(bucket, engine_rows(rows), KV_HEADS, num_sms)
