@@ -5,21 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
 
-from resident.kernels.gdc import KeptZeros
-from resident.kernels.gemv import (
+from resident.kernels.gdc import KeptZeros  # noqa: E402
+from resident.kernels.gemv import (  # noqa: E402
     DEFAULT_TILE,
     GemvTile,
     gated_norm_linear_partials,
     gemv_splits,
+    row_pieces,
     sigmoid_gate_linear_partials,
     silu_mul_wide_linear,
     skinny_linear,
     skinny_linear_add_norm,
     skinny_linear_partials,
 )
-from resident.model.dense import add_rms_norm
+from resident.model.dense import add_rms_norm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -94,6 +96,39 @@ def test_splits_fill_the_grid_and_stop_at_k():
     assert gemv_splits(248320, 1024, GemvTile(32, 256)) == 1
     assert gemv_splits(16, 64, GemvTile(16, 64)) == 1  # one K block: nothing to split
     assert gemv_splits(1024, 3584, GemvTile(32, 256, target_programs=0)) == 1
+
+
+@triton.jit
+def _row_pieces_kernel(rows, firsts, lengths, first_row, N, span, BLOCK_N: tl.constexpr,
+                       CHUNKS: tl.constexpr, ALIGN: tl.constexpr):
+    row, first, length = row_pieces(first_row, N, span, BLOCK_N, CHUNKS, ALIGN)
+    lane = tl.arange(0, BLOCK_N * CHUNKS)
+    tl.store(rows + lane, row)
+    tl.store(firsts + lane, first)
+    tl.store(lengths + lane, length)
+
+
+@pytest.mark.parametrize("span, block_n, chunks", [(1024, 32, 4), (200, 16, 8), (8, 32, 4),
+                                                   (96, 4, 1)])
+def test_prefetch_pieces_cover_each_row_once_in_16_byte_units(span, block_n, chunks):
+    """The L2 prefetch's pieces (one a thread): each row below N is [0, span) exactly, in
+    pieces that start on whole ALIGN units; rows past N send nothing."""
+    first_row, n, align = 40, 40 + block_n - 3, 8
+    rows, firsts, lengths = (torch.full((block_n * chunks,), -1, dtype=torch.int32)
+                             for _ in range(3))
+    _row_pieces_kernel[(1,)](rows, firsts, lengths, first_row, n, span, BLOCK_N=block_n,
+                             CHUNKS=chunks, ALIGN=align)
+    assert rows.tolist() == [first_row + lane // chunks for lane in range(block_n * chunks)]
+    for row in range(first_row, first_row + block_n):
+        mine = rows == row
+        pieces = zip(firsts[mine].tolist(), lengths[mine].tolist(), strict=True)
+        covered = [(first, first + length) for first, length in pieces if length]
+        if row >= n:
+            assert not covered
+            continue
+        ends = [0] + [end for _, end in covered]
+        assert [start for start, _ in covered] == ends[:-1] and ends[-1] == span
+        assert all(start % align == 0 for start, _ in covered)
 
 
 def test_refuses_wide_batches():

@@ -23,14 +23,18 @@ def pdl_wait_then_release(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(rows, row_bytes):
-    """Starts copying each row [addr, addr + row_bytes) of a tensor of row pointers into the L2
-    (`cp.async.bulk.prefetch.L2`, sm_90: no registers, no wait). Addresses and byte counts must
-    be multiples of 16. For a kernel's weights, before its PDL wait: no kernel writes them, so
-    their read from memory overlaps the kernel before."""
+def prefetch_l2(starts, num_bytes):
+    """Starts copying each [start, start + num_bytes) of a tensor of addresses into the L2
+    (`cp.async.bulk.prefetch.L2`, sm_90: no registers, no wait); an element of 0 bytes issues
+    nothing. Addresses and byte counts must be multiples of 16. Every thread issues its own
+    elements, replicas included: a tensor smaller than the program's threads is held whole by
+    each warp and so copied once per warp, hence one element a thread (gemv._prefetch_rows).
+    For a kernel's weights, before its PDL wait: no kernel writes them, so their read from
+    memory overlaps the kernel before."""
     tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-        [rows, row_bytes], dtype=tl.int32, is_pure=False, pack=1)
+        "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; }"
+        " mov.u32 $0, 0;", "=r,l,r", [starts, num_bytes], dtype=tl.int32, is_pure=False,
+        pack=1)
 
 
 @triton.jit

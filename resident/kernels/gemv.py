@@ -53,6 +53,8 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, bl
 # kernel before it is still reading and compete with it for HBM: measured in
 # results/2026-12-03-h200-decode-sizes.
 PREFETCH_MAX_BYTES = 12 << 20
+# A larger weight's programs send their rows just after the wait instead
+LATE_ABOVE_MAX = False
 NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_norm_rows)
 
 
@@ -118,6 +120,10 @@ GATED_OUT_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, ta
 # what the kernel does to x before the product
 PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
     tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3))
+# when a program sends its weight rows to the L2 (with PDL: sm_90, compiled): not at all,
+# before its PDL wait (overlapping the kernel before), or just after it (all its rows' reads in
+# flight at once, where the loop's plain loads would have one tile's at a time)
+NO_PREFETCH, EARLY, LATE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -126,8 +132,8 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  sums_sq, out_eps, K_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr,
                  HEAD_DIM: tl.constexpr, UNROLL: tl.constexpr, USE_PDL: tl.constexpr,
-                 PREFETCH: tl.constexpr, ADD_NORM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                 SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
+                 PREFETCH: tl.constexpr, PREFETCH_CHUNKS: tl.constexpr, ADD_NORM: tl.constexpr,
+                 NUM_SPLITS: tl.constexpr, SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
                  COMPUTE: tl.constexpr, FMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  GATED_OUT: tl.constexpr):
     """What PROLOGUE does to x before the product, in COMPUTE (fp32; fp64 for a fp64 model),
@@ -138,9 +144,9 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
     For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
     head's HEAD_DIM values contiguous).
-    With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
-    start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
-    that kernel, the loop then reads the L2.
+    With USE_PDL the program's weight rows start for the L2 (prefetch_when): EARLY, before it
+    waits for the kernel before (pdl.py), so that the weight read overlaps that kernel and the
+    loop reads the L2; LATE, just after the wait, so that all of them are in flight at once.
     With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). With
     GATED_OUT (one split) w is [2N, K], gate rows then up rows, and the output is
     silu(x @ gate^T) * (x @ up^T) ([M, N]), each product rounded to out's dtype first as the
@@ -155,13 +161,13 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
-    if USE_PDL and PREFETCH:
-        rows = w + tl.minimum(offs_n, N - 1) * stride_wn + k_start
-        span = tl.minimum(K - k_start, K_TILES * BLOCK_K) * w.dtype.element_ty.primitive_bitwidth
-        prefetch_l2(rows, tl.full((BLOCK_N,), span // 8, tl.int32))
-        if GATED_OUT:
-            prefetch_l2(rows + N * stride_wn, tl.full((BLOCK_N,), span // 8, tl.int32))
+    if USE_PDL and PREFETCH == EARLY:
+        _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_TILES * BLOCK_K, BLOCK_N,
+                         PREFETCH_CHUNKS, GATED_OUT)
     pdl_wait_then_release(USE_PDL)
+    if USE_PDL and PREFETCH == LATE:
+        _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_TILES * BLOCK_K, BLOCK_N,
+                         PREFETCH_CHUNKS, GATED_OUT)
     for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -202,6 +208,44 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         _add_norm(out, stride_os, stride_om, residual, out_norm_w, normed_out, summed_out, counts,
                   sums_sq, out_eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M, BLOCK_N,
                   NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE)
+
+
+@triton.jit
+def _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_SPAN: tl.constexpr,
+                     BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, GATED_OUT: tl.constexpr):
+    """Sends the program's weight rows, from k_start for K_SPAN (at most to K), to the L2:
+    its BLOCK_N rows, and under GATED_OUT the up rows N after them."""
+    span = tl.minimum(K - k_start, K_SPAN)
+    _prefetch_rows(w + k_start, pid_n * BLOCK_N, N, stride_wn, span, BLOCK_N, CHUNKS)
+    if GATED_OUT:
+        _prefetch_rows(w + N * stride_wn + k_start, pid_n * BLOCK_N, N, stride_wn, span,
+                       BLOCK_N, CHUNKS)
+
+
+@triton.jit
+def _prefetch_rows(start, first_row, N, stride, span, BLOCK_N: tl.constexpr,
+                   CHUNKS: tl.constexpr):
+    """Rows first_row.. (those below N) of `span` elements each, `stride` apart from `start`,
+    to the L2, each row as CHUNKS pieces so that each of the program's threads issues one
+    copy (BLOCK_N * CHUNKS its threads): a [BLOCK_N] tensor of rows is held whole by every
+    warp, and each warp would issue every row (gdc.prefetch_l2)."""
+    bits = start.dtype.element_ty.primitive_bitwidth
+    row, first, length = row_pieces(first_row, N, span, BLOCK_N, CHUNKS, 128 // bits)
+    prefetch_l2(start + row * stride + first, length * bits // 8)
+
+
+@triton.jit
+def row_pieces(first_row, N, span, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+               ALIGN: tl.constexpr):
+    """[BLOCK_N * CHUNKS] (row, first element, elements) of rows first_row.. cut into CHUNKS
+    pieces of whole ALIGN-element units (16 bytes), the last piece taking the rest; a row at
+    or past N has pieces of 0 elements."""
+    lane = tl.arange(0, BLOCK_N * CHUNKS)
+    row = first_row + lane // CHUNKS
+    piece = lane % CHUNKS
+    piece_len = span // CHUNKS // ALIGN * ALIGN
+    length = tl.where(piece == CHUNKS - 1, span - (CHUNKS - 1) * piece_len, piece_len)
+    return row, piece * piece_len, tl.where(row < N, length, 0)
 
 
 @triton.jit
@@ -485,6 +529,14 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
     return triton.cdiv(k, k_per_split), k_per_split
 
 
+def prefetch_when(weight_bytes: int) -> tl.constexpr:
+    """When the programs of a GEMV over a weight of `weight_bytes` send it to the L2 (with
+    PDL): EARLY at most PREFETCH_MAX_BYTES, above it LATE where LATE_ABOVE_MAX."""
+    if weight_bytes <= PREFETCH_MAX_BYTES:
+        return EARLY
+    return LATE if LATE_ABOVE_MAX else NO_PREFETCH
+
+
 def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
                       prologue: tl.constexpr = PLAIN, *, head_dim: int = 1,
                       element_size: int = 2, add_norm: bool = False,
@@ -499,7 +551,8 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
-        "PREFETCH": weight_bytes <= PREFETCH_MAX_BYTES,
+        "PREFETCH": prefetch_when(weight_bytes),
+        "PREFETCH_CHUNKS": max(1, 32 * tile.num_warps // tile.block_n),
         "ADD_NORM": add_norm, "NUM_SPLITS": splits,
         "SQ_ROWS": sums_rows(n, tile) if add_norm else 1,
         "NORM_CHUNKS": triton.cdiv(n, NORM_BLOCK.value),

@@ -46,7 +46,7 @@
 #             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
 #             kernels/argmax.py); <arm>@base: that arm's knobs run from the source tree $BASE
 #             (fused@base: its defaults; carried: git archive <ref> resident configs | tar -x
-#             -C .gate/worktrees/base-<ref>);
+#             -C .gate/worktrees/base-<ref>); <arm>@<name>: from .gate/worktrees/<name>;
 #             an arm of another name (fused2: a repeat) runs the defaults; ARM_LIMIT: an
 #             arm's seconds (default 170; the first arm's 120 more: it compiles);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
@@ -556,8 +556,11 @@ for part in "$@"; do
       cache=$(mktemp -d) limit=$((${ARM_LIMIT:-170} + 120))
       for arm in ${ARMS:-fused off nopdl wide}; do
         knobs=() tree=$PWD
-        case $arm in *@base) tree=${BASE:?arm $arm runs the tree at BASE} ;; esac
-        case ${arm%@base} in
+        case $arm in
+          *@base) tree=${BASE:?arm $arm runs the tree at BASE} ;;
+          *@*) tree=$PWD/.gate/worktrees/${arm#*@} ;;
+        esac
+        case ${arm%@*} in
           off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
           rule) knobs=(--set gemv_table=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
