@@ -51,10 +51,10 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, bl
 # Under PDL a weight of at most this many bytes is sent to the L2 before the kernel's wait. The
 # H200's L2 holds 50 MB; a larger weight (2B's 16-25 MB narrow projections) would evict what the
 # kernel before it is still reading and compete with it for HBM: measured in
-# results/2026-12-03-h200-decode-sizes.
+# results/2026-12-03-h200-decode-sizes (each row then copied 4 times), and with each row copied
+# once in results/2026-12-06-h100-prefetch-once (24 MB, the 0.8B's in_proj and gate_up too: a
+# c=1 step 3% slower; sent just after the wait instead, as slow).
 PREFETCH_MAX_BYTES = 12 << 20
-# A larger weight's programs send their rows just after the wait instead
-LATE_ABOVE_MAX = False
 NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_norm_rows)
 
 
@@ -120,10 +120,6 @@ GATED_OUT_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, ta
 # what the kernel does to x before the product
 PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
     tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3))
-# when a program sends its weight rows to the L2 (with PDL: sm_90, compiled): not at all,
-# before its PDL wait (overlapping the kernel before), or just after it (all its rows' reads in
-# flight at once, where the loop's plain loads would have one tile's at a time)
-NO_PREFETCH, EARLY, LATE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -144,9 +140,9 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
     For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
     head's HEAD_DIM values contiguous).
-    With USE_PDL the program's weight rows start for the L2 (prefetch_when): EARLY, before it
-    waits for the kernel before (pdl.py), so that the weight read overlaps that kernel and the
-    loop reads the L2; LATE, just after the wait, so that all of them are in flight at once.
+    With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
+    start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
+    that kernel, the loop then reads the L2.
     With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). With
     GATED_OUT (one split) w is [2N, K], gate rows then up rows, and the output is
     silu(x @ gate^T) * (x @ up^T) ([M, N]), each product rounded to out's dtype first as the
@@ -161,13 +157,10 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
-    if USE_PDL and PREFETCH == EARLY:
+    if USE_PDL and PREFETCH:
         _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_TILES * BLOCK_K, BLOCK_N,
                          PREFETCH_CHUNKS, GATED_OUT)
     pdl_wait_then_release(USE_PDL)
-    if USE_PDL and PREFETCH == LATE:
-        _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_TILES * BLOCK_K, BLOCK_N,
-                         PREFETCH_CHUNKS, GATED_OUT)
     for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -529,14 +522,6 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
     return triton.cdiv(k, k_per_split), k_per_split
 
 
-def prefetch_when(weight_bytes: int) -> tl.constexpr:
-    """When the programs of a GEMV over a weight of `weight_bytes` send it to the L2 (with
-    PDL): EARLY at most PREFETCH_MAX_BYTES, above it LATE where LATE_ABOVE_MAX."""
-    if weight_bytes <= PREFETCH_MAX_BYTES:
-        return EARLY
-    return LATE if LATE_ABOVE_MAX else NO_PREFETCH
-
-
 def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
                       prologue: tl.constexpr = PLAIN, *, head_dim: int = 1,
                       element_size: int = 2, add_norm: bool = False,
@@ -551,7 +536,7 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
-        "PREFETCH": prefetch_when(weight_bytes),
+        "PREFETCH": weight_bytes <= PREFETCH_MAX_BYTES,
         "PREFETCH_CHUNKS": max(1, 32 * tile.num_warps // tile.block_n),
         "ADD_NORM": add_norm, "NUM_SPLITS": splits,
         "SQ_ROWS": sums_rows(n, tile) if add_norm else 1,

@@ -35,7 +35,7 @@
 #             at the real shapes (the GEMV's float32 at full precision among them)
 #   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
-#             bench-<arm>.json. fused: this tree's defaults; off: fused_decode=off pdl=off
+#             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
 #             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
 #             them); fullnopdl: both full and nopdl (each kernel's µs its own: PDL's early
@@ -575,11 +575,12 @@ for part in "$@"; do
                             --set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
         esac
         # from the arm's tree: python -m puts the working directory first on the path
-        (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-$arm" \
+        # '@' is not a name the device tool brings back
+        (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-${arm//@/_}" \
           "$limit" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
           --prompt-len "${PROMPT_LEN:-512}" \
-          --json "$OUT/bench-${MODEL:-0.8b}-$arm${PROMPT_LEN:+-p$PROMPT_LEN}.json")
+          --json "$OUT/bench-${MODEL:-0.8b}-${arm//@/_}${PROMPT_LEN:+-p$PROMPT_LEN}.json")
         limit=${ARM_LIMIT:-170}
       done ;;
     modes)
