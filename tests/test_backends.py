@@ -295,6 +295,25 @@ def test_fused_decode_picks_each_buckets_kernels():
     assert fused.ops(1).narrow_linear_add_norm is None
 
 
+def test_a_large_gate_up_keeps_its_silu_mul_apart():
+    """The silu-mul epilogue only on a gate_up of at most GATE_UP_EPILOGUE_MAX_BYTES (the 9B's
+    measured slower on the Triton GEMV than on cuBLAS); a larger one runs the path fused_decode
+    off runs, and the rest of the fusion stays."""
+    from resident.backends.triton_decode import (
+        GATE_UP_EPILOGUE_MAX_BYTES,
+        DecodeFusion,
+        TritonDecode,
+    )
+
+    cpu = torch.device("cpu")
+    for gate_up_bytes, epilogue in ((GATE_UP_EPILOGUE_MAX_BYTES, True),
+                                    (GATE_UP_EPILOGUE_MAX_BYTES + 1, False)):
+        fusion = DecodeFusion.of("auto", "off", cpu, gate_up_bytes)
+        ops = TritonDecode((1,), fusion=fusion).ops(1)
+        assert (ops.silu_mul_wide_linear is not None) == epilogue
+        assert ops.gdn_layer is not None and ops.attention_prologue is not None
+
+
 def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
     """fused_decode=full: the add + norm epilogue on the skinny GEMV of buckets of at most 16
     rows (one scratch for all), launched with PDL under pdl; not in wider buckets (cuBLAS),

@@ -42,6 +42,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
+    gate_up = 2 * model.intermediate_size * model.hidden_size * dtype.itemsize
     padded = (padded_ops(device, name == "triton", gates, config.varlen_splits == "auto")
               if config.padded_prefill == "on" else None)
     kernels = partial(StepKernels, padded=padded, argmax=_argmax(config, device))
@@ -53,7 +54,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         # the varlen conv l2-normalises query and key: the reference delta rule takes them so
         prefill = RefPrefill(ModelOps(conv=conv_varlen_op, gated_delta_rule=partial(
             gated_delta_rule_ref_op, l2norm_qk=False)))
-        fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
+        fusion = DecodeFusion.of(config.fused_decode, config.pdl, device, gate_up)
         return kernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
                                              _gemv_table(config, device),
                                              _attention_sms(config, device)))
@@ -66,7 +67,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     )
     from resident.backends.triton_decode import GDN_DECODE_OPS, DecodeFusion, TritonDecode
 
-    fusion = DecodeFusion.of(config.fused_decode, config.pdl, device)
+    fusion = DecodeFusion.of(config.fused_decode, config.pdl, device, gate_up)
     heads = HeadShape.of(model, config.page_size, dtype)
     workspace = flashinfer_workspace(device)
     prefill = FlashInferPrefill(heads, workspace, gates, lazy=padded is not None)

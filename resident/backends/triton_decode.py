@@ -85,6 +85,13 @@ def attention_prologue_op(qkv, q_norm_weight, k_norm_weight, eps, inv_freq, kv_l
 # (246 against 189), where the unfused delta rule streams the state at 74% of the copy
 # bandwidth (results/2026-12-03-h200-0.8b-fused-decode)
 FUSED_GDN_MAX_ROWS = 16
+# The widest gate_up weight whose GEMV takes the MLP's silu-mul in its epilogue: the Triton
+# GEMV's tiles read a wide weight at ~2 TB/s on an H100, where cuBLAS reads a large one
+# faster, so a large weight loses more than the silu-mul kernel it saves. The 0.8B's 14.7 MB
+# measured faster with it, the 9B's 201 MB 2% slower a step at c=1 and c=16
+# (results/2026-12-06-h100-prefetch-once); the 2B's 50 MB and the 4B's 94 MB were not
+# measured apart and keep cuBLAS.
+GATE_UP_EPILOGUE_MAX_BYTES = 24 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +111,16 @@ class DecodeFusion:
     fused: bool = False
     pdl: bool = False
     epilogues: bool = False
+    # fused: whether the model's gate_up is small enough for the silu-mul epilogue
+    gate_up_epilogue: bool = True
     meeting: KeptZeros = dataclasses.field(default_factory=KeptZeros, compare=False)
 
     @classmethod
-    def of(cls, fused_decode: str, pdl: str, device: torch.device) -> DecodeFusion:
+    def of(cls, fused_decode: str, pdl: str, device: torch.device,
+           gate_up_bytes: int = 0) -> DecodeFusion:
+        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES)."""
         return cls(fused_decode in ("auto", "full"), pdl_on(pdl, device),
-                   fused_decode == "full")
+                   fused_decode == "full", gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES)
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
         """Each bucket's ops under fused_decode: the attention prologue in every bucket, the
@@ -154,13 +165,14 @@ class DecodeFusion:
         rows runs it, the down projection and the next add + norm in one CUDA-core kernel:
         the activation there costs the rows there are (in the MMA form's 16-row tiles it
         measured slower than its own kernel, results/2026-11-29-h200-0.8b-fusions). Else,
-        when fused, in the gate_up GEMV's epilogue (gemv.silu_mul_wide_linear), which takes
-        gate_up from the table's pick or cuBLAS: the activation then has no kernel of its
-        own, and its two [T, I] halves never go through memory."""
+        when fused and the weight is at most GATE_UP_EPILOGUE_MAX_BYTES, in the gate_up
+        GEMV's epilogue (gemv.silu_mul_wide_linear), which takes gate_up from the table's
+        pick or cuBLAS: the activation then has no kernel of its own, and its two [T, I]
+        halves never go through memory."""
         if self.epilogues and bucket <= FMA_MAX_ROWS:
             return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
                 silu_mul_linear_add_norm_op, table=table, scratch=self.meeting, pdl=self.pdl))
-        if self.fused:
+        if self.fused and self.gate_up_epilogue:
             return dataclasses.replace(ops, silu_mul_wide_linear=partial(
                 silu_mul_wide_linear, pdl=self.pdl))
         return ops
