@@ -38,7 +38,8 @@
 #             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off: fused_decode=off pdl=off
 #             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
 #             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
-#             them); fullnopdl: both full and nopdl (each kernel's µs its own: PDL's early
+#             them); deferred: fused_decode=deferred (each add + norm split across the
+#             projections around it); fullnopdl: both full and nopdl (each kernel's µs its own: PDL's early
 #             launch puts the wait for the kernel before into a kernel's time); nosplits:
 #             decode_splits=off (8 key splits in every bucket); PROMPT_LEN: the prompts'
 #             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off
@@ -567,6 +568,7 @@ for part in "$@"; do
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
           full) knobs=(--set fused_decode=full) ;;
+          deferred) knobs=(--set fused_decode=deferred) ;;
           fullnopdl) knobs=(--set fused_decode=full --set pdl=off) ;;
           nosplits) knobs=(--set decode_splits=off) ;;
           torchargmax) knobs=(--set argmax=torch) ;;
