@@ -462,7 +462,7 @@ def rms_norm_linear(
     norm_weight: torch.Tensor,  # [K], zero-centred
     eps: float,
     weight: torch.Tensor,  # [N, K] ([2I, K] gated_out)
-    tile: GemvTile = WIDE_TILE,
+    tile: GemvTile | None = None,
     *,
     gated_out: bool = False,
     pdl: bool = False,
@@ -470,15 +470,14 @@ def rms_norm_linear(
     """dense.rms_norm(x, norm_weight, eps) @ weight^T with the norm in the projection's
     prologue, each row's rms from `sums`: a block's opening projection after a
     skinny_linear_add. gated_out: weight is an MLP's gate_up and the result silu(gate) * up
-    (silu_mul_wide_linear; its tile then)."""
+    (silu_mul_wide_linear). tile: WIDE_TILE, or GATED_OUT_TILE with gated_out, if None."""
     if sums.dim() != 2 or sums.shape[1] < x.shape[0] or sums.dtype != accumulation_dtype(x.dtype):
         raise ValueError(f"sums must be skinny_linear_add's [blocks, >= {x.shape[0]}] "
                          f"{accumulation_dtype(x.dtype)}, got {tuple(sums.shape)} {sums.dtype}")
     prologue = {"prologue": RMS_NORM, "z": sums, "norm_weight": norm_weight, "eps": eps}
     if gated_out:
-        return silu_mul_wide_linear(x, weight, GATED_OUT_TILE if tile is WIDE_TILE else tile,
-                                    pdl=pdl, **prologue)
-    return skinny_linear(x, weight, tile, pdl=pdl, **prologue)
+        return silu_mul_wide_linear(x, weight, tile or GATED_OUT_TILE, pdl=pdl, **prologue)
+    return skinny_linear(x, weight, tile or WIDE_TILE, pdl=pdl, **prologue)
 
 
 def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
