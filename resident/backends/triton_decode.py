@@ -160,7 +160,8 @@ class DecodeFusion:
         if not self.deferred:
             return ops
         return dataclasses.replace(
-            ops, narrow_linear_add=partial(skinny_linear_add, pdl=self.pdl),
+            ops, narrow_linear_add=partial(skinny_linear_add, scratch=self.meeting,
+                                           pdl=self.pdl),
             norm_wide_linear=partial(rms_norm_linear, pdl=self.pdl))
 
     def _table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:

@@ -125,8 +125,9 @@ GATED_OUT_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, ta
 
 
 # A block's closing projection with the add of the next block's opening add + norm in its
-# epilogue (skinny_linear_add: one split, so the epilogue holds finished sums; 64 programs for
-# the 0.8B's 1,024 columns), fused_decode=deferred. Not measured on a GPU.
+# epilogue (skinny_linear_add: one split, so the epilogue holds finished sums with no meeting;
+# 64 programs for the 0.8B's 1,024 columns), fused_decode=deferred. Not measured on a GPU;
+# DEFAULT_TILE (K split, the last split of each column block adding up) is the other form.
 ADD_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, target_programs=0)
 
 
@@ -221,16 +222,17 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     if GATED_OUT:
         gate = acc.to(out.dtype.element_ty).to(COMPUTE)
         acc = gate * tl.sigmoid(gate) * acc_up.to(out.dtype.element_ty).to(COMPUTE)
-    if ADD_SUMS:
+    if ADD_SUMS and NUM_SPLITS == 1:
+        # the sums are finished: no partials, no meeting
         _add_residual(acc, residual, summed_out, sums_sq, pid_n, offs_m, offs_n, mask, N,
                       BLOCK_M, COMPUTE)
     else:
         tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
                  acc.to(out.dtype.element_ty), mask=mask)
-    if ADD_NORM:
+    if ADD_NORM or (ADD_SUMS and NUM_SPLITS > 1):
         _add_norm(out, stride_os, stride_om, residual, out_norm_w, normed_out, summed_out, counts,
                   sums_sq, out_eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M, BLOCK_N,
-                  NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE)
+                  NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE, ADD_NORM)
 
 
 @triton.jit
@@ -285,13 +287,14 @@ def _product(x_tile, w_tile, FMA: tl.constexpr, COMPUTE: tl.constexpr,
 def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, counts, sums_sq,
               eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SQ_ROWS: tl.constexpr,
-              NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr):
+              NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr, NORM: tl.constexpr):
     """dense.add_rms_norm of the finished projection, in the programs that finish last, with
     no kernel of its own. The last split of a column block to arrive (an atomic counter a
     block) adds the block's partials up in split order, rounds, adds the residual (rounded,
     `summed`: the next residual stream) and leaves each row's sum of squares of its block;
-    the last column block to arrive (counter 0) norms every row of `summed` into `normed`.
-    Each last program sets its counter back to 0. residual, summed and normed are [M, N] with
+    the last column block to arrive (counter 0) norms every row of `summed` into `normed`
+    (with NORM; without, the add alone: skinny_linear_add on a split tile). Each last program
+    sets its counter back to 0. residual, summed and normed are [M, N] with
     rows N apart; partials [NUM_SPLITS, M, N] in COMPUTE; sums_sq [SQ_ROWS, BLOCK_M] in COMPUTE,
     SQ_ROWS a power of two at least the column blocks; counts [1 + column blocks] int32, zero
     between launches."""
@@ -303,10 +306,12 @@ def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, 
         _add_residual(total, residual, summed, sums_sq, pid_n, offs_m, offs_n, mask, N,
                       BLOCK_M, COMPUTE)
         tl.store(counts + 1 + pid_n, 0)
-        if last_to_arrive(counts, tl.num_programs(0)):
-            _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M, SQ_ROWS,
-                       NORM_CHUNKS, COMPUTE)
-            tl.store(counts, 0)
+        # nested: `NORM and ...` would still run the arrival's atomic add
+        if NORM:  # noqa: SIM102
+            if last_to_arrive(counts, tl.num_programs(0)):
+                _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M, SQ_ROWS,
+                           NORM_CHUNKS, COMPUTE)
+                tl.store(counts, 0)
 
 
 @triton.jit
@@ -435,24 +440,34 @@ def silu_mul_wide_linear(x: torch.Tensor, weight: torch.Tensor,
 
 
 def skinny_linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                      tile: GemvTile = ADD_TILE, *,
+                      tile: GemvTile = ADD_TILE, scratch: KeptZeros | None = None, *,
                       pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed, sums): summed = x @ weight^T + residual as dense.add_rms_norm sums them (the
-    product rounded, the residual added and rounded), in one kernel of one split, and sums
-    [column blocks, BLOCK_M] (accumulation_dtype): each column block's sum of squares of each
-    row of summed. A block's closing projection with the add of the next block's opening add
-    + norm; that block's opening projection norms summed in its prologue from the sums
-    (rms_norm_linear), so the add + norm has no kernel of its own."""
+    product rounded, the residual added and rounded), in one kernel, and sums [column blocks,
+    BLOCK_M] (accumulation_dtype): each column block's sum of squares of each row of summed.
+    A block's closing projection with the add of the next block's opening add + norm; that
+    block's opening projection norms summed in its prologue from the sums (rms_norm_linear),
+    so the add + norm has no kernel of its own. On a tile of one split the epilogue holds the
+    finished sums; on a split tile the last split of each column block adds them up
+    (_add_norm without its norm), its programs meeting in `scratch`."""
     splits, _ = _split(x, weight, tile)
     num_rows, n = x.shape[0], weight.shape[0]
-    if splits != 1 or residual.shape != (num_rows, n) or not residual.is_contiguous():
-        raise ValueError(f"skinny_linear_add takes a tile that never splits K and a contiguous "
-                         f"[{num_rows}, {n}] residual, got {tile.name} and "
-                         f"{tuple(residual.shape)}")
+    if residual.shape != (num_rows, n) or not residual.is_contiguous() \
+            or (splits > 1 and scratch is None):
+        raise ValueError(f"skinny_linear_add takes a contiguous [{num_rows}, {n}] residual "
+                         f"and, on a tile that splits K, a scratch; got "
+                         f"{tuple(residual.shape)} and {tile.name}")
     summed = torch.empty_like(residual)
-    sums = torch.empty(triton.cdiv(n, tile.block_n), _block_m(num_rows, tile),
-                       dtype=accumulation_dtype(x.dtype), device=x.device)
-    _launch(x, weight, tile, summed.unsqueeze(0), pdl=pdl, add_sums=(residual, summed, sums))
+    blocks = triton.cdiv(n, tile.block_n)
+    sums = torch.empty(blocks, _block_m(num_rows, tile), dtype=accumulation_dtype(x.dtype),
+                       device=x.device)
+    if splits == 1:
+        _launch(x, weight, tile, summed.unsqueeze(0), pdl=pdl,
+                add_sums=(residual, summed, sums, summed))
+        return summed, sums
+    counts = scratch.get((1 + blocks,), torch.int32, x.device)
+    partials = torch.empty(splits, num_rows, n, dtype=sums.dtype, device=x.device)
+    _launch(x, weight, tile, partials, pdl=pdl, add_sums=(residual, summed, sums, counts))
     return summed, sums
 
 
@@ -663,18 +678,19 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
             prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False,
             add_norm: AddNorm | None = None, gated_out: bool = False,
-            add_sums: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+            add_sums: tuple[torch.Tensor, ...] | None = None) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range (split_plan's S), in
     target's dtype. x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the
     prologue's (see _gemv_kernel); add_norm, the epilogue's (_add_norm); gated_out: weight
-    is [2N, K] and target [1, M, N] takes silu(gate) * up; add_sums (residual, summed, sums:
-    skinny_linear_add's), the add epilogue's instead of target."""
+    is [2N, K] and target [1, M, N] takes silu(gate) * up; add_sums (residual, summed, sums,
+    counts: skinny_linear_add's), the add epilogue's, target then the partials of a split
+    tile."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
     if add_norm:
         epilogue = add_norm.kernel_args()
     elif add_sums:
-        residual, summed, sums = add_sums
-        epilogue = (residual, x, x, summed, x, sums, 0.0)
+        residual, summed, sums, counts = add_sums
+        epilogue = (residual, x, x, summed, counts, sums, 0.0)
     else:
         epilogue = (x,) * 6 + (0.0,)
     constexprs = launch_constexprs(

@@ -96,7 +96,8 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
     element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
                                         "normed_out", "summed_out")}
-    types |= {"out": element if gated_out or add_sums else "*fp32", "eps": "fp32",
+    one_split = gemv.split_plan(n, k, tile)[0] == 1
+    types |= {"out": element if gated_out or (add_sums and one_split) else "*fp32", "eps": "fp32",
               "counts": "*i32", "sums_sq": "*fp32", "out_eps": "fp32"}
     if prologue == gemv.RMS_NORM:
         types["z"] = "*fp32"  # the sums of squares a skinny_linear_add left
@@ -149,6 +150,8 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               gemv.PLAIN, pdl=True, gated_out=True),
         # fused_decode=deferred: the add in the closing projection, the norm in the opening's
         _gemv("mlp down + residual add (PDL)", hidden, inter, gemv.ADD_TILE, gemv.PLAIN,
+              pdl=True, add_sums=True),
+        _gemv("mlp down + residual add, K split (PDL)", hidden, inter, narrow, gemv.PLAIN,
               pdl=True, add_sums=True),
         _gemv("wide GEMM: gdn in_proj with its norm (PDL)",
               config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
