@@ -301,7 +301,7 @@ def test_fused_decode_picks_each_buckets_kernels():
 def test_a_large_gate_up_keeps_its_silu_mul_apart():
     """The silu-mul epilogue only on a gate_up of at most GATE_UP_EPILOGUE_MAX_BYTES (the 9B's
     measured slower on the Triton GEMV than on cuBLAS); a larger one runs the path fused_decode
-    off runs, and the rest of the fusion stays."""
+    off runs, and the rest of the fusion stays. deferred, bounded alike, is auto above it."""
     from resident.backends.triton_decode import (
         GATE_UP_EPILOGUE_MAX_BYTES,
         DecodeFusion,
@@ -315,6 +315,9 @@ def test_a_large_gate_up_keeps_its_silu_mul_apart():
         ops = TritonDecode((1,), fusion=fusion).ops(1)
         assert (ops.silu_mul_wide_linear is not None) == epilogue
         assert ops.gdn_layer is not None and ops.attention_prologue is not None
+        # deferred moves every opening projection to the Triton GEMV: the same bound
+        deferred = DecodeFusion.of("deferred", "off", cpu, gate_up_bytes)
+        assert deferred.fused and deferred.deferred == epilogue
 
 
 def test_full_fused_decode_puts_the_epilogues_in_their_kernels():

@@ -123,10 +123,11 @@ class DecodeFusion:
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device,
            gate_up_bytes: int = 0) -> DecodeFusion:
-        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES)."""
+        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES, which bounds
+        deferred too: its opening projections leave cuBLAS for the Triton GEMV)."""
+        small = gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES
         return cls(fused_decode in ("auto", "full", "deferred"), pdl_on(pdl, device),
-                   fused_decode == "full", gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES,
-                   fused_decode == "deferred")
+                   fused_decode == "full", small, fused_decode == "deferred" and small)
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
         """Each bucket's ops under fused_decode: the attention prologue in every bucket, the
@@ -155,8 +156,9 @@ class DecodeFusion:
         closing projection adds the residual in its epilogue (gemv.skinny_linear_add, one
         split) and leaves its rows' sums of squares, and the next block's opening projection
         norms its input in its prologue from them (gemv.rms_norm_linear: WIDE_TILE, or
-        GATED_OUT_TILE for a gate_up with its silu-mul), whatever a table picks for either.
-        Not measured on a GPU yet."""
+        GATED_OUT_TILE for a gate_up with its silu-mul), whatever a table picks for either:
+        so only for a model whose gate_up is within GATE_UP_EPILOGUE_MAX_BYTES (of); a larger
+        one runs auto's kernels. Not measured on a GPU yet."""
         if not self.deferred:
             return ops
         return dataclasses.replace(
