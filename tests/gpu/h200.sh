@@ -38,12 +38,13 @@
 #             at the real shapes (the GEMV's float32 at full precision among them)
 #   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
-#             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off: fused_decode=off pdl=off
-#             gemv_table=off; nopdl: pdl=off; pdlonly: fused_decode=off; wide:
-#             decode_gemm=wide; full: fused_decode=full (the epilogues in the kernels before
-#             them); deferred: fused_decode=deferred (each add + norm split across the
-#             projections around it); fullnopdl: both full and nopdl (each kernel's µs its own: PDL's early
-#             launch puts the wait for the kernel before into a kernel's time); nosplits:
+#             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off:
+#             fused_decode=off pdl=off gemv_table=off; nopdl: pdl=off; pdlonly:
+#             fused_decode=off; wide: decode_gemm=wide; full: fused_decode=full (the epilogues
+#             in the kernels before them); deferred: fused_decode=deferred (each add + norm
+#             split across the projections around it); fullnopdl: both full and nopdl (each
+#             kernel's µs its own: PDL's early launch puts the wait for the kernel before
+#             into a kernel's time); nosplits:
 #             decode_splits=off (8 key splits in every bucket); PROMPT_LEN: the prompts'
 #             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off
 #             (the defaults read a committed table);
