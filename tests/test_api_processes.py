@@ -33,14 +33,18 @@ def _api_process_pid(server: Server) -> int:
     return int(found.group(1))
 
 
-async def _settled(url: str, before: dict[str, float]) -> dict[str, float]:
-    """The metrics once nothing runs and every page is back (an aborted request's pages return
-    after the step planned ahead of the abort), or after 30 s."""
+async def _settled(url: str, before: dict[str, float],
+                   at_least: dict[str, float] | None = None) -> dict[str, float]:
+    """The metrics once nothing runs, every page is back (an aborted request's pages return
+    after the step planned ahead of the abort) and each counter of `at_least` has reached its
+    value (a request is counted when its handler returns, just after its last bytes reach the
+    client), or after 30 s."""
     deadline = time.monotonic() + 30
     while True:
         after = await metrics(url)
         if (after["resident_requests_running"] == 0
-                and after["resident_kv_pages_free"] == before["resident_kv_pages_free"]) \
+                and after["resident_kv_pages_free"] == before["resident_kv_pages_free"]
+                and all(after.get(key, 0) >= value for key, value in (at_least or {}).items())) \
                 or time.monotonic() > deadline:
             return after
         await asyncio.sleep(0.2)
@@ -77,15 +81,17 @@ def test_interleaved_streams_over_two_processes_and_merged_metrics(server):
     (whichever process answers it) counts the completions of both."""
     body = {"prompt": PROMPT, "max_tokens": 12, "ignore_eos": True, "temperature": 0}
 
+    key = 'resident_http_requests_total{code="200",route="/v1/completions"}'
+
     async def body_():
         before = await metrics(server.url)
         results = await asyncio.gather(*(_stream(server.url, body) for _ in range(NUM_STREAMS)))
-        scrapes = [await metrics(server.url) for _ in range(4)]  # on either process
+        want = {key: before.get(key, 0) + NUM_STREAMS}
+        scrapes = [await _settled(server.url, before, want) for _ in range(4)]  # either process
         return before, results, scrapes
 
     before, results, scrapes = run(body_())
     assert all(r["tokens"] == 12 and r["finish"] == "length" for r in results), results
-    key = 'resident_http_requests_total{code="200",route="/v1/completions"}'
     for samples in scrapes:
         assert samples[key] - before.get(key, 0) == NUM_STREAMS
         assert samples["resident_requests_running"] == 0
