@@ -331,14 +331,16 @@ def _add_residual(total, residual, summed, sums_sq, pid_n, offs_m, offs_n, mask,
 
 
 @triton.jit
-def _rstd_from_sums(sums, stride_sm, offs_m, M, K, eps, SUM_BLOCKS: tl.constexpr,
-                    SUM_ROWS: tl.constexpr):
+def _rstd_from_sums(sums, stride_sm, offs_m, M, K, eps, num_blocks, SUM_ROWS: tl.constexpr):
     """[BLOCK_M] 1 / rms of each row of a K-wide stream from its column blocks' sums of
-    squares, sums[block, row] (SUM_BLOCKS of them, rows stride_sm apart; SUM_ROWS a power of
-    two at least SUM_BLOCKS), added in block order."""
+    squares, sums[block, row] (num_blocks of them, rows stride_sm apart; SUM_ROWS a power of
+    two at least num_blocks), added in block order: the add + norm epilogue's (_norm_rows) and
+    the RMS_NORM prologue's. Read past L1 (".cg"): in the epilogue other programs of the same
+    launch wrote them."""
     blocks = tl.arange(0, SUM_ROWS)[:, None]
     squares = tl.load(sums + blocks * stride_sm + offs_m[None, :],
-                      mask=(blocks < SUM_BLOCKS) & (offs_m[None, :] < M), other=0.0)
+                      mask=(blocks < num_blocks) & (offs_m[None, :] < M), other=0.0,
+                      cache_modifier=".cg")
     return tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
 
 
@@ -350,10 +352,7 @@ def _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M: tl.constexpr
     offs_m = tl.arange(0, BLOCK_M)
     # only this launch's column blocks: a launch of another row block (BLOCK_M) may have left
     # sums past them in the same scratch
-    blocks = tl.arange(0, SQ_ROWS)[:, None]
-    squares = tl.load(sums_sq + blocks * BLOCK_M + offs_m[None, :],
-                      mask=blocks < tl.num_programs(0), other=0.0, cache_modifier=".cg")
-    rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)
+    rstd = _rstd_from_sums(sums_sq, BLOCK_M, offs_m, M, N, eps, tl.num_programs(0), SQ_ROWS)
     for chunk in tl.static_range(NORM_CHUNKS):
         cols = chunk * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
         mask = (offs_m[:, None] < M) & (cols[None, :] < N)
