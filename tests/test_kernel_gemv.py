@@ -81,8 +81,6 @@ def test_fma_tile_runs_the_add_norm_epilogue():
 def test_gated_add_norm_is_the_mlps_down_and_the_next_norm(tile):
     """silu-mul, down and the next add + norm in one kernel: add_rms_norm of the down
     projection of silu_mul(gate_up) to float64 rounding, on either form."""
-    from resident.model.dense import silu_mul
-
     generator = torch.Generator().manual_seed(11)
     gate_up = torch.randn(3, 2 * 128 + 8, generator=generator,
                           dtype=torch.float64).to(DEVICE)[:, :256]
@@ -170,8 +168,6 @@ def test_gated_add_norm_fma_bf16_gpu(rows, n, k):
     """The MLP's silu-mul + down + next add + norm on the default CUDA-core tile with PDL, at
     the 0.8B's and 9B's down projection, against the separate ops in bf16."""
     from resident.kernels.gemv import DEFAULT_FMA_TILE
-    from resident.model.dense import silu_mul
-
     gate_up = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16)
     _, weight, residual, norm_weight = _add_norm_operands(rows, n, k, torch.bfloat16, "cuda")
     want_normed, want_summed = add_rms_norm(silu_mul(gate_up) @ weight.T, residual,
@@ -249,8 +245,6 @@ def test_gated_out_is_the_mlps_gate_up_then_silu_mul(rows, fma):
     float64, on either form (the CUDA-core one to its 4 rows); an odd width (no column block
     pairs gate and up evenly: 45 of them, 16 a block) and a gate_up weight's row-slice
     view."""
-    from resident.model.dense import silu_mul
-
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 200, generator=generator, dtype=torch.float64).to(DEVICE)
     weight = torch.randn(96, 200, generator=generator, dtype=torch.float64).to(DEVICE)[:90]
@@ -273,8 +267,6 @@ def test_gated_out_names_a_bad_weight_or_a_split_tile():
 def test_gated_out_bf16_gpu(rows):
     """At the 0.8B's gate_up: silu_mul of cuBLAS's bf16 projection, both rounded products
     read alike (a product a bf16 ulp apart may differ by one ulp after the silu)."""
-    from resident.model.dense import silu_mul
-
     x = torch.randn(rows, 1024, device="cuda", dtype=torch.bfloat16)
     weight = torch.randn(2 * 3584, 1024, device="cuda", dtype=torch.bfloat16) * 1024**-0.5
     want = silu_mul(x @ weight.T).float()

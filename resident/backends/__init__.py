@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -42,7 +43,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
-    gate_up = 2 * model.intermediate_size * model.hidden_size * dtype.itemsize
+    gate_up = math.prod(model.decode_projections["mlp gate_up"]) * dtype.itemsize
     padded = (padded_ops(device, name == "triton", gates, config.varlen_splits == "auto")
               if config.padded_prefill == "on" else None)
     kernels = partial(StepKernels, padded=padded, argmax=_argmax(config, device))

@@ -119,6 +119,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     narrow = gemv.DEFAULT_TILE
     by_head = gemv.dataclasses.replace(narrow, block_k=config.linear_value_head_dim)
     sum_blocks = triton.cdiv(hidden, gemv.ADD_TILE.block_n)
+    in_proj = config.decode_projections["gdn in_proj"][0]
     variants = [
         _gemv("gdn out_proj + gated_rms_norm", hidden, config.linear_value_dim, by_head,
               gemv.GATED_RMS_NORM, head_dim=config.linear_value_head_dim),
@@ -141,9 +142,8 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
         *(_gemv(f"mlp silu-mul + down + next add + norm, CUDA-core, {rows} row"
                 f"{'s' if rows > 1 else ''} (PDL)", hidden, inter, gemv.DEFAULT_FMA_TILE,
                 gemv.SILU_MUL, pdl=True, add_norm=True, rows=rows) for rows in (1, 4)),
-        _gemv("wide GEMM: gdn in_proj (PDL)",
-              config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
-              gemv.WIDE_TILE, gemv.PLAIN, pdl=True),
+        _gemv("wide GEMM: gdn in_proj (PDL)", in_proj, hidden, gemv.WIDE_TILE, gemv.PLAIN,
+              pdl=True),
         _gemv("wide GEMM: mlp gate_up (PDL)", 2 * inter, hidden, gemv.WIDE_TILE, gemv.PLAIN,
               pdl=True),
         _gemv("wide GEMM: mlp gate_up + silu-mul (PDL)", inter, hidden, gemv.GATED_OUT_TILE,
@@ -153,9 +153,8 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               pdl=True, add_sums=True),
         _gemv("mlp down + residual add, K split (PDL)", hidden, inter, narrow, gemv.PLAIN,
               pdl=True, add_sums=True),
-        _gemv("wide GEMM: gdn in_proj with its norm (PDL)",
-              config.conv_dim + config.linear_value_dim + 2 * config.linear_num_value_heads, hidden,
-              gemv.WIDE_TILE, gemv.RMS_NORM, pdl=True, sum_blocks=sum_blocks),
+        _gemv("wide GEMM: gdn in_proj with its norm (PDL)", in_proj, hidden, gemv.WIDE_TILE,
+              gemv.RMS_NORM, pdl=True, sum_blocks=sum_blocks),
         _gemv("wide GEMM: mlp gate_up + silu-mul with its norm (PDL)", inter, hidden,
               gemv.GATED_OUT_TILE, gemv.RMS_NORM, pdl=True, gated_out=True,
               sum_blocks=sum_blocks),
