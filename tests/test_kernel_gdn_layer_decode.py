@@ -131,6 +131,9 @@ def test_narrower_column_blocks_give_the_same_layer():
     with pytest.raises(ValueError, match="block_dv must be a power of two, got 24"):
         gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, scratch,
                          block_dv=24)
+    with pytest.raises(ValueError, match="num_warps must be a power of two, got 3"):
+        gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, scratch,
+                         num_warps=3)
 
 
 def test_a_mismatched_layer_is_refused():

@@ -199,12 +199,15 @@ def gdn_layer_decode(
     *,
     pdl: bool = False,
     block_dv: int = BLOCK_DV,
+    num_warps: int = NUM_WARPS,
 ) -> torch.Tensor:  # [B, Hv, Dv] in projected's dtype: the input of out_proj
     """One decode token a row through a GDN layer's conv, gates, delta rule and gated norm,
     both pools updated in place. Grid (B, Hv, Dv / block_dv): block_dv, a power of two, is a
-    program's value columns (the engine's BLOCK_DV; tests/gpu/time_gdn_layer.py times others)."""
-    if block_dv < 1 or block_dv & (block_dv - 1):
-        raise ValueError(f"block_dv must be a power of two, got {block_dv}")
+    program's value columns and num_warps its warps (the engine's BLOCK_DV and NUM_WARPS;
+    tests/gpu/time_gdn_layer.py times others)."""
+    for name, value in (("block_dv", block_dv), ("num_warps", num_warps)):
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two, got {value}")
     shape = GdnShape.of(projected, weights.conv_weight, state_pool)
     group = shape.num_v_heads // shape.num_k_heads
     for name, dim in (("k", shape.k_dim), ("v", shape.v_dim)):
@@ -233,7 +236,7 @@ def gdn_layer_decode(
         L2NORM_EPS, weights.norm_eps,
         GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=block_dv,
         BLOCK_W=triton.next_power_of_2(width),
-        COMPUTE=compute_dtype(state_pool.dtype), num_warps=NUM_WARPS, **launch_options(pdl),
+        COMPUTE=compute_dtype(state_pool.dtype), num_warps=num_warps, **launch_options(pdl),
     )
     return out
 

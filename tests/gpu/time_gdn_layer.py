@@ -1,10 +1,11 @@
 """GPU time of the fused GDN layer decode (kernels/gdn_layer_decode.py) at the 0.8B's heads (16
 key and 16 value heads of 128, conv width 4, bf16, fp32 state) by a program's value columns
-(`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8), captured as a CUDA
-graph as a decode bucket replays it, at 1, 4 and 16 rows: at c=1 the layer took 6.1 µs a call
-with PDL off on an H100, for ~1 MB of state read and written
+(`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8) and warps, captured as
+a CUDA graph as a decode bucket replays it, at 1, 4 and 16 rows: at c=1 the layer took 6.1 µs a
+call with PDL off on an H100, for ~1 MB of state read and written
 (results/2026-12-06-h100-decode-splits), the shape of problem the decode attention's splits
-had. Each other block is also checked against the engine's (bf16 rounding apart):
+had; at 16 rows 16.3 µs against ~9.6 to stream its 32 MB. Each other config is also checked
+against the engine's (bf16 rounding apart):
     python3 tests/gpu/time_gdn_layer.py"""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from resident.kernels.gdn_layer_decode import (
     BLOCK_DV,
+    NUM_WARPS,
     GdnLayerScratch,
     GdnLayerWeights,
     GdnShape,
@@ -25,7 +27,8 @@ from resident.tools.bench_attention import graph_time_us
 SHAPE = GdnShape(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128)
 WIDTH = 4
 ROWS = (1, 4, 16)
-BLOCKS = (8, 16, BLOCK_DV, 64)
+# (block_dv, num_warps): the engine's first
+CONFIGS = ((BLOCK_DV, NUM_WARPS), (8, 4), (16, 4), (32, 2), (32, 8), (64, 4), (64, 8), (128, 8))
 
 
 def layer(rows: int, device: torch.device):
@@ -50,22 +53,23 @@ def layer(rows: int, device: torch.device):
 
 def main() -> None:
     device = torch.device("cuda")
-    print(f"{'rows':>5} " + " ".join(f"{f'block_dv {b} us':>14}" for b in BLOCKS)
+    print(f"{'rows':>5} " + " ".join(f"{f'{b}x{w}w us':>10}" for b, w in CONFIGS)
           + "  max rel err against the engine's")
     for rows in ROWS:
         weights, conv_pool, state_pool, projected, slots = layer(rows, device)
         scratch = GdnLayerScratch(rows)
         times, outs = [], {}
-        for block in BLOCKS:
+        for block, warps in CONFIGS:
+            config = {"block_dv": block, "num_warps": warps}
             run = functools.partial(gdn_layer_decode, projected, weights, conv_pool.clone(),
-                                    state_pool.clone(), slots, scratch, block_dv=block)
+                                    state_pool.clone(), slots, scratch, **config)
             times.append(graph_time_us(run))
-            outs[block] = gdn_layer_decode(projected, weights, conv_pool.clone(),
-                                           state_pool.clone(), slots, scratch,
-                                           block_dv=block).float()
-        want = outs[BLOCK_DV]
-        worst = max(((outs[b] - want).norm() / want.norm()).item() for b in BLOCKS)
-        print(f"{rows:>5} " + " ".join(f"{t:>14.2f}" for t in times) + f"  {worst:.1e}")
+            outs[block, warps] = gdn_layer_decode(projected, weights, conv_pool.clone(),
+                                                  state_pool.clone(), slots, scratch,
+                                                  **config).float()
+        want = outs[CONFIGS[0]]
+        worst = max(((out - want).norm() / want.norm()).item() for out in outs.values())
+        print(f"{rows:>5} " + " ".join(f"{t:>10.2f}" for t in times) + f"  {worst:.1e}")
 
 
 if __name__ == "__main__":
