@@ -232,9 +232,7 @@ KNOB_MEANINGS = {
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each, the "
                     "MLP's silu-mul in its gate_up (auto); "
                     "full: also the next add + norm and the attention output gate in the "
-                    "kernels before them; deferred: auto with each add + norm split between "
-                    "the projections around it (the add in one's epilogue, the norm in the "
-                    "next one's prologue; a gate_up of at most 64 MB, else auto)",
+                    "kernels before them",
     "pdl": "programmatic dependent launch between decode kernels where the GPU has it (auto)",
     "prefix_cache": "start a request from its longest cached prompt prefix: KV pages shared, "
                     "GDN state restored from a snapshot",

@@ -45,7 +45,7 @@ _CHOICES = {
     "padded_prefill": ("auto", "on", "off"),
     "compile": ("auto", "on", "off"),
     "decode_gemm": ("skinny", "wide", "fused", "cublas"),
-    "fused_decode": ("auto", "full", "deferred", "off"),
+    "fused_decode": ("auto", "full", "off"),
     "pdl": ("auto", "off"),
     "prefix_cache": ("off", "on"),
     "prefix_snapshot_tail": ("off", "on"),

@@ -73,8 +73,7 @@ def test_triton_decode_backend_gives_the_reference_tokens(decode_gemm):
 
 def test_fused_decode_gives_the_unfused_tokens_in_float64():
     """fused_decode's kernels (a GDN layer, an attention prologue, interpreted; under `full`
-    also the add + norm in the narrow projections' kernels, under `deferred` split between the
-    projections around it) against the separate kernels in
+    also the add + norm in the narrow projections' kernels) against the separate kernels in
     float64: requests of different lengths come and go, so decode steps
     run both buckets (1, 2) and a mixed step takes a prefill beside a decode row whose conv
     window and state the fused kernel last wrote."""
@@ -89,7 +88,6 @@ def test_fused_decode_gives_the_unfused_tokens_in_float64():
         ops = engine.runner.kernels.decode.ops(2)
         assert (ops.gdn_layer is not None) == (fused_decode != "off")
         assert (ops.narrow_linear_add_norm is not None) == (fused_decode == "full")
-        assert (ops.narrow_linear_add is not None) == (fused_decode == "deferred")
         outputs = run_engine(engine, requests, concurrency=2)
         assert engine.stats()["steps"]["mixed"] > 0
         return outputs
@@ -97,7 +95,6 @@ def test_fused_decode_gives_the_unfused_tokens_in_float64():
     unfused = greedy("off")
     assert greedy("auto") == unfused
     assert greedy("full") == unfused
-    assert greedy("deferred") == unfused
 
 
 @pytest.mark.parametrize("planning", ["off", "auto"])
@@ -301,7 +298,7 @@ def test_fused_decode_picks_each_buckets_kernels():
 def test_a_large_gate_up_keeps_its_silu_mul_apart():
     """The silu-mul epilogue only on a gate_up of at most GATE_UP_EPILOGUE_MAX_BYTES (the 9B's
     measured slower on the Triton GEMV than on cuBLAS); a larger one runs the path fused_decode
-    off runs, and the rest of the fusion stays. deferred, bounded alike, is auto above it."""
+    off runs, and the rest of the fusion stays."""
     from resident.backends.triton_decode import (
         GATE_UP_EPILOGUE_MAX_BYTES,
         DecodeFusion,
@@ -315,9 +312,6 @@ def test_a_large_gate_up_keeps_its_silu_mul_apart():
         ops = TritonDecode((1,), fusion=fusion).ops(1)
         assert (ops.silu_mul_wide_linear is not None) == epilogue
         assert ops.gdn_layer is not None and ops.attention_prologue is not None
-        # deferred moves every opening projection to the Triton GEMV: the same bound
-        deferred = DecodeFusion.of("deferred", "off", cpu, gate_up_bytes)
-        assert deferred.fused and deferred.deferred == epilogue
 
 
 def test_full_fused_decode_puts_the_epilogues_in_their_kernels():
@@ -363,65 +357,36 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     rounding (a norm weight off by 1% moves them by 1e-3 here, a gate by 1% 3e-4, where
     greedy tokens may not move at all)."""
     from resident.backends.triton_decode import DecodeFusion, TritonDecode
-
-    rows = 2
-    apart, full = (TritonDecode((rows,), fusion=DecodeFusion(True, False, epilogues)).ops(rows)
-                   for epilogues in (False, True))
-    epilogues = ("narrow_linear_add_norm", "silu_mul_linear_add_norm")
-    assert all(getattr(full, name) is not None for name in epilogues)
-    assert all(getattr(apart, name) is None for name in epilogues)
-    # the output gate in the split pass's merged combine, against the combine kernel's
-    meetings = [ops.gated_attention.keywords["meeting"] for ops in (apart, full)]
-    assert meetings[0] is None and meetings[1] is not None
-    _assert_same_decode_logits(apart, full, rows)
-
-
-def test_deferred_fused_decode_gives_the_decode_steps_logits_in_float64():
-    """fused_decode=deferred (interpreted): each closing projection adds the residual in its
-    epilogue and the next opening projection norms its input in its prologue (the MLP's
-    gate_up with its silu-mul epilogue too), teacher-forced as above against the add + norm
-    kernels of fused_decode=auto."""
-    from resident.backends.triton_decode import DecodeFusion, TritonDecode
-    from resident.parallel.shard import row_parallel_ops
-
-    rows = 2
-    auto, deferred = (TritonDecode((rows,), fusion=DecodeFusion(True, False, deferred=split))
-                      .ops(rows) for split in (False, True))
-    assert deferred.narrow_linear_add is not None and deferred.norm_wide_linear is not None
-    assert auto.narrow_linear_add is None and deferred.silu_mul_wide_linear is not None
-    # under tensor parallelism the sum of ranks comes before the add: neither runs
-    reduced = row_parallel_ops(deferred, lambda tensor: None)
-    assert reduced.narrow_linear_add is None and reduced.norm_wide_linear is None
-    _assert_same_decode_logits(auto, deferred, rows)
-
-
-def _assert_same_decode_logits(apart, fused, rows: int) -> None:
-    """Three teacher-forced decode steps of `rows` rows after their prompts, on the tiny
-    model in float64 with two caches: the logits of `fused` equal those of `apart` to float64
-    rounding."""
     from resident.model.cache import ModelCache
     from resident.model.ops import ModelOps
     from resident.model.step import build_step_meta
     from resident.model.weights import load_model
 
     model = load_model(TINY, "cpu", torch.float64)
-    prompt_len, page = 20, 16
+    rows, prompt_len, page = 2, 20, 16
     pages = [[1, 2, 3], [4, 5, 6]]
-    caches = [ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu")
-              for _ in range(2)]
+    runs = {full: (TritonDecode((rows,), fusion=DecodeFusion(True, False, full)).ops(rows),
+                   ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu"))
+            for full in (False, True)}
+    epilogues = ("narrow_linear_add_norm", "silu_mul_linear_add_norm")
+    assert all(getattr(runs[True][0], name) is not None for name in epilogues)
+    assert all(getattr(runs[False][0], name) is None for name in epilogues)
+    # the output gate in the split pass's merged combine, against the combine kernel's
+    meetings = [runs[full][0].gated_attention.keywords["meeting"] for full in (False, True)]
+    assert meetings[0] is None and meetings[1] is not None
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, TINY.vocab_size, (rows * prompt_len,), generator=generator)
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(rows)], page, "cpu")
     with torch.inference_mode():
-        for cache in caches:
+        for _, cache in runs.values():
             model(prompt, meta, cache, ModelOps())
         for step in range(3):
             meta = build_step_meta([(prompt_len + step, 1, pages[r], r + 1)
                                     for r in range(rows)], page, "cpu")
             token = torch.randint(0, TINY.vocab_size, (rows,), generator=generator)
-            want, got = (model.compute_logits(model(token, meta, cache, ops))
-                         for ops, cache in zip((apart, fused), caches, strict=True))
-            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
+            apart, fused = (model.compute_logits(model(token, meta, cache, ops))
+                            for ops, cache in (runs[False], runs[True]))
+            torch.testing.assert_close(fused, apart, atol=1e-10, rtol=1e-10)
 
 
 def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]]) -> str:

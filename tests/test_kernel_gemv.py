@@ -10,17 +10,14 @@ tl = pytest.importorskip("triton.language")
 
 from resident.kernels.gdc import KeptZeros  # noqa: E402
 from resident.kernels.gemv import (  # noqa: E402
-    ADD_TILE,
     DEFAULT_TILE,
     GemvTile,
     gated_norm_linear_partials,
     gemv_splits,
-    rms_norm_linear,
     row_pieces,
     sigmoid_gate_linear_partials,
     silu_mul_wide_linear,
     skinny_linear,
-    skinny_linear_add,
     skinny_linear_add_norm,
     skinny_linear_partials,
 )
@@ -431,71 +428,3 @@ def test_add_norm_epilogue_bf16_gpu(rows, n, k, pdl):
         torch.testing.assert_close(summed, want_summed, atol=0, rtol=1 / 128)
         torch.testing.assert_close(normed.float(), want_normed.float(), atol=2e-2, rtol=2e-2)
     assert not _counts(scratch, n, DEFAULT_TILE).any()
-
-
-@pytest.mark.parametrize("rows", [1, 3, 16])
-@pytest.mark.parametrize("tile", [GemvTile(16, 32, target_programs=0),
-                                  GemvTile(16, 32, target_programs=264)])
-def test_an_add_then_a_norm_prologue_are_add_rms_norm_then_the_projection(rows, tile):
-    """fused_decode=deferred's pair in float64: skinny_linear_add's sum (one split, or split
-    with its last splits meeting, twice in one scratch) and the next projection of
-    rms_norm_linear (split or not, and an MLP's gate_up with its silu-mul) equal
-    dense.add_rms_norm, then the projection."""
-    generator = torch.Generator().manual_seed(rows)
-    hidden, k, n = 48, 80, 72
-
-    def randn(*shape, scale=1.0):
-        return torch.randn(*shape, generator=generator, dtype=torch.float64) * scale
-
-    x, weight, residual = randn(rows, k), randn(hidden, k, scale=k**-0.5), randn(rows, hidden)
-    norm_weight, opening = randn(hidden, scale=0.1), randn(n, hidden, scale=hidden**-0.5)
-    scratch = KeptZeros()
-    for _ in range(2):  # the counters left at zero for the next launch
-        summed, sums = skinny_linear_add(x, weight, residual, tile, scratch)
-        normed, want_summed = add_rms_norm(x @ weight.T, residual, norm_weight, 1e-6)
-        torch.testing.assert_close(summed, want_summed, atol=1e-12, rtol=1e-12)
-    got = rms_norm_linear(summed, sums, norm_weight, 1e-6, opening, tile)
-    torch.testing.assert_close(got, normed @ opening.T, atol=1e-12, rtol=1e-12)
-    gated = rms_norm_linear(summed, sums, norm_weight, 1e-6, opening,
-                            GemvTile(16, 32, target_programs=0), gated_out=True)
-    torch.testing.assert_close(gated, silu_mul(normed @ opening.T), atol=1e-12, rtol=1e-12)
-
-
-def test_an_add_and_a_norm_prologue_name_bad_operands():
-    x, weight, residual = torch.zeros(2, 64), torch.zeros(32, 64), torch.zeros(2, 32)
-    with pytest.raises(ValueError, match="a scratch"):
-        skinny_linear_add(x, weight, residual, GemvTile(16, 32, target_programs=264))
-    with pytest.raises(ValueError, match=r"contiguous \[2, 32\] residual"):
-        skinny_linear_add(x, weight, torch.zeros(2, 16))
-    with pytest.raises(ValueError, match="skinny_linear_add's"):
-        rms_norm_linear(torch.zeros(2, 32), torch.zeros(2, 1), torch.zeros(32), 1e-6, weight.T)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 4, 16])
-@pytest.mark.parametrize("pdl", [False, True])
-@pytest.mark.parametrize("tile", [ADD_TILE, DEFAULT_TILE])
-def test_an_add_then_a_norm_prologue_bf16_gpu(rows, pdl, tile):
-    """The pair at the 0.8B's shapes in bf16, with PDL: down's add (1024 x 3584, one split or
-    K split), then the norm in in_proj's prologue (8224 x 1024) and in gate_up's with its
-    silu-mul (2 x 3584 x 1024), against add_rms_norm and torch's projections of the same
-    roundings."""
-    hidden, inter = 1024, 3584
-
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16)
-
-    x, down, residual = randn(rows, inter), randn(hidden, inter, scale=inter**-0.5), \
-        randn(rows, hidden)
-    norm_weight = randn(hidden, scale=0.1)
-    summed, sums = skinny_linear_add(x, down, residual, tile, KeptZeros(), pdl=pdl)
-    normed, want_summed = add_rms_norm((x.float() @ down.float().T).to(torch.bfloat16),
-                                       residual, norm_weight, 1e-6)
-    torch.testing.assert_close(summed, want_summed, atol=2e-2, rtol=2e-2)
-    for n, gated in ((8224, False), (2 * inter, True)):
-        opening = randn(n, hidden, scale=hidden**-0.5)
-        got = rms_norm_linear(summed, sums, norm_weight, 1e-6, opening, gated_out=gated,
-                              pdl=pdl).float()
-        want = (normed.float() @ opening.float().T).to(torch.bfloat16)
-        want = (silu_mul(want) if gated else want).float()
-        assert ((got - want).norm() / want.norm()).item() < 1e-2

@@ -24,11 +24,9 @@ from resident.kernels.gemv import (
     FMA_MAX_ROWS,
     MIN_DOT,
     gated_norm_linear_partials,
-    rms_norm_linear,
     sigmoid_gate_linear_partials,
     silu_mul_wide_linear,
     skinny_linear,
-    skinny_linear_add,
     skinny_linear_add_norm,
     skinny_linear_partials,
     wide_linear,
@@ -116,18 +114,14 @@ class DecodeFusion:
     epilogues: bool = False
     # fused: whether the model's gate_up is small enough for the silu-mul epilogue
     gate_up_epilogue: bool = True
-    # fused_decode=deferred: each add + norm between two blocks split across them (_deferred)
-    deferred: bool = False
     meeting: KeptZeros = dataclasses.field(default_factory=KeptZeros, compare=False)
 
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device,
            gate_up_bytes: int = 0) -> DecodeFusion:
-        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES, which bounds
-        deferred too: its opening projections leave cuBLAS for the Triton GEMV)."""
-        small = gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES
-        return cls(fused_decode in ("auto", "full", "deferred"), pdl_on(pdl, device),
-                   fused_decode == "full", small, fused_decode == "deferred" and small)
+        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES)."""
+        return cls(fused_decode in ("auto", "full"), pdl_on(pdl, device),
+                   fused_decode == "full", gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES)
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
         """Each bucket's ops under fused_decode: the attention prologue in every bucket, the
@@ -149,22 +143,7 @@ class DecodeFusion:
         """The projections of a bucket of at most 16 rows on the Triton GEMV (decode_gemm
         skinny or wide): PDL and the epilogues as this fusion says, then a measured table's
         picks."""
-        return self._deferred(self._mlp(self._table(self._gemms(ops), table), bucket, table))
-
-    def _deferred(self, ops: ModelOps) -> ModelOps:
-        """Under deferred, the add + norm between two blocks has no kernel of its own: each
-        closing projection adds the residual in its epilogue (gemv.skinny_linear_add, one
-        split) and leaves its rows' sums of squares, and the next block's opening projection
-        norms its input in its prologue from them (gemv.rms_norm_linear: WIDE_TILE, or
-        GATED_OUT_TILE for a gate_up with its silu-mul), whatever a table picks for either:
-        so only for a model whose gate_up is within GATE_UP_EPILOGUE_MAX_BYTES (of); a larger
-        one runs auto's kernels. Not measured on a GPU yet."""
-        if not self.deferred:
-            return ops
-        return dataclasses.replace(
-            ops, narrow_linear_add=partial(skinny_linear_add, scratch=self.meeting,
-                                           pdl=self.pdl),
-            norm_wide_linear=partial(rms_norm_linear, pdl=self.pdl))
+        return self._mlp(self._table(self._gemms(ops), table), bucket, table)
 
     def _table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
         """Each projection of a shape the table holds on its measured winner (the ops given

@@ -30,13 +30,6 @@ of the wide projection after it, loaded [16, BLOCK_K] fp32 tiles of the partials
 step and spilled registers (python -m resident.tools.compile_check reports spills): a c=1 step's
 skinny GEMMs took 3.1 of its 3.5 ms of GPU time (results/2026-11-29-h200-0.8b-fusions).
 
-Or it can be split between the two projections around it (fused_decode=deferred): the closing
-projection on one split adds the residual in its epilogue and leaves each row's sum of squares
-by column block (skinny_linear_add), and the next block's opening projection norms its input
-in its prologue from those sums (rms_norm_linear): no meeting, no kernel of the norm's own,
-and the prologue holds only [16, BLOCK_K] of the residual stream and a [blocks, 16] tile of
-sums. Not yet measured on a GPU.
-
 `python -m resident.tools.bench_gemv` measures it against cuBLAS, with the weights cycled
 through more memory than the L2 holds (as in a decode step) and a sweep of tiles.
 """
@@ -124,16 +117,9 @@ DEFAULT_FMA_TILE = GemvTile(block_n=16, block_k=512, num_warps=4, num_stages=3,
 GATED_OUT_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, target_programs=0)
 
 
-# A block's closing projection with the add of the next block's opening add + norm in its
-# epilogue (skinny_linear_add: one split, so the epilogue holds finished sums with no meeting;
-# 64 programs for the 0.8B's 1,024 columns), fused_decode=deferred. Not measured on a GPU;
-# DEFAULT_TILE (K split, the last split of each column block adding up) is the other form.
-ADD_TILE = GemvTile(block_n=16, block_k=128, num_warps=4, num_stages=4, target_programs=0)
-
-
 # what the kernel does to x before the product
-PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE, RMS_NORM = (
-    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3), tl.constexpr(4))
+PLAIN, SILU_MUL, GATED_RMS_NORM, SIGMOID_GATE = (
+    tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3))
 
 
 @triton.jit
@@ -145,25 +131,19 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  PREFETCH: tl.constexpr, PREFETCH_CHUNKS: tl.constexpr, ADD_NORM: tl.constexpr,
                  NUM_SPLITS: tl.constexpr, SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
                  COMPUTE: tl.constexpr, FMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 GATED_OUT: tl.constexpr, ADD_SUMS: tl.constexpr, SUM_BLOCKS: tl.constexpr,
-                 SUM_ROWS: tl.constexpr):
+                 GATED_OUT: tl.constexpr):
     """What PROLOGUE does to x before the product, in COMPUTE (fp32; fp64 for a fp64 model),
     rounded once to the activations' dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
     - GATED_RMS_NORM: each BLOCK_K of x is one head; the input is
       norm_w * rms_norm(x_head) * silu(z_head) (DenseOps.gated_rms_norm).
     - SIGMOID_GATE: the input is x * sigmoid(z) (DenseOps.sigmoid_gate).
-    - RMS_NORM: x is a residual stream not yet normed; the input is dense.rms_norm(x) with
-      norm_w and eps, each row's sum of squares from z, the [SUM_BLOCKS, stride_zm] sums a
-      skinny_linear_add left (its column blocks' by row; SUM_ROWS their power of two).
     For the two gates z is [M, heads, HEAD_DIM], rows stride_zm and heads stride_zh apart (a
     head's HEAD_DIM values contiguous).
     With USE_PDL and PREFETCH (a weight of at most PREFETCH_MAX_BYTES) the program's weight rows
     start for the L2 before it waits for the kernel before (pdl.py): the weight read overlaps
     that kernel, the loop then reads the L2.
-    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm); with
-    ADD_SUMS (one split) only its add, leaving the residual stream in summed_out and each
-    column block's sums of squares by row in sums_sq for an RMS_NORM prologue. With
+    With ADD_NORM the kernel then runs the next block's opening add + norm (_add_norm). With
     GATED_OUT (one split) w is [2N, K], gate rows then up rows, and the output is
     silu(x @ gate^T) * (x @ up^T) ([M, N]), each product rounded to out's dtype first as the
     separate DenseOps.silu_mul reads them, the result rounded once. FMA:
@@ -181,8 +161,6 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_TILES * BLOCK_K, BLOCK_N,
                          PREFETCH_CHUNKS, GATED_OUT)
     pdl_wait_then_release(USE_PDL)
-    if PROLOGUE == RMS_NORM:
-        rstd = _rstd_from_sums(z, stride_zm, offs_m, M, K, eps, SUM_BLOCKS, SUM_ROWS)
     for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
         offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
@@ -202,11 +180,6 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                                COMPUTE)
             scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(COMPUTE)
             x_tile = (scale[None, :] * normed * gate * tl.sigmoid(gate)).to(x.dtype.element_ty)
-        if PROLOGUE == RMS_NORM:
-            # as dense.rms_norm: (x * rstd) * (1 + w) in COMPUTE, rounded once
-            scale = 1.0 + tl.load(norm_w + offs_k, mask=k_mask, other=0.0).to(COMPUTE)
-            x_tile = ((x_tile.to(COMPUTE) * rstd[:, None]) * scale[None, :]).to(
-                x.dtype.element_ty)
         if PROLOGUE == SIGMOID_GATE:
             gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM,
                                COMPUTE)
@@ -222,17 +195,12 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     if GATED_OUT:
         gate = acc.to(out.dtype.element_ty).to(COMPUTE)
         acc = gate * tl.sigmoid(gate) * acc_up.to(out.dtype.element_ty).to(COMPUTE)
-    if ADD_SUMS and NUM_SPLITS == 1:
-        # the sums are finished: no partials, no meeting
-        _add_residual(acc, residual, summed_out, sums_sq, pid_n, offs_m, offs_n, mask, N,
-                      BLOCK_M, COMPUTE)
-    else:
-        tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
-                 acc.to(out.dtype.element_ty), mask=mask)
-    if ADD_NORM or (ADD_SUMS and NUM_SPLITS > 1):
+    tl.store(out + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
+             acc.to(out.dtype.element_ty), mask=mask)
+    if ADD_NORM:
         _add_norm(out, stride_os, stride_om, residual, out_norm_w, normed_out, summed_out, counts,
                   sums_sq, out_eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M, BLOCK_N,
-                  NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE, ADD_NORM)
+                  NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE)
 
 
 @triton.jit
@@ -287,56 +255,42 @@ def _product(x_tile, w_tile, FMA: tl.constexpr, COMPUTE: tl.constexpr,
 def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, counts, sums_sq,
               eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, SQ_ROWS: tl.constexpr,
-              NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr, NORM: tl.constexpr):
+              NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr):
     """dense.add_rms_norm of the finished projection, in the programs that finish last, with
     no kernel of its own. The last split of a column block to arrive (an atomic counter a
     block) adds the block's partials up in split order, rounds, adds the residual (rounded,
     `summed`: the next residual stream) and leaves each row's sum of squares of its block;
-    the last column block to arrive (counter 0) norms every row of `summed` into `normed`
-    (with NORM; without, the add alone: skinny_linear_add on a split tile). Each last program
-    sets its counter back to 0. residual, summed and normed are [M, N] with
+    the last column block to arrive (counter 0) norms every row of `summed` into `normed`.
+    Each last program sets its counter back to 0. residual, summed and normed are [M, N] with
     rows N apart; partials [NUM_SPLITS, M, N] in COMPUTE; sums_sq [SQ_ROWS, BLOCK_M] in COMPUTE,
     SQ_ROWS a power of two at least the column blocks; counts [1 + column blocks] int32, zero
     between launches."""
+    dtype = summed.dtype.element_ty
     if last_to_arrive(counts + 1 + pid_n, NUM_SPLITS):
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
         for split in tl.static_range(NUM_SPLITS):
             total += tl.load(partials + split * stride_ps + offs_m[:, None] * stride_pm
                              + offs_n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-        _add_residual(total, residual, summed, sums_sq, pid_n, offs_m, offs_n, mask, N,
-                      BLOCK_M, COMPUTE)
+        at = offs_m[:, None] * N + offs_n[None, :]
+        # as torch adds two tensors of the activations' dtype: in fp32 (fp64), rounded once
+        added = (total.to(dtype).to(COMPUTE)
+                 + tl.load(residual + at, mask=mask, other=0.0).to(COMPUTE)).to(dtype)
+        tl.store(summed + at, added, mask=mask)
+        added = added.to(COMPUTE)
+        tl.store(sums_sq + pid_n * BLOCK_M + offs_m, tl.sum(added * added, axis=1))
         tl.store(counts + 1 + pid_n, 0)
-        # nested: `NORM and ...` would still run the arrival's atomic add
-        if NORM:  # noqa: SIM102
-            if last_to_arrive(counts, tl.num_programs(0)):
-                _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M, SQ_ROWS,
-                           NORM_CHUNKS, COMPUTE)
-                tl.store(counts, 0)
-
-
-@triton.jit
-def _add_residual(total, residual, summed, sums_sq, pid_n, offs_m, offs_n, mask, N,
-                  BLOCK_M: tl.constexpr, COMPUTE: tl.constexpr):
-    """summed = the finished projection `total` (COMPUTE), rounded, + residual, as torch adds
-    two tensors of the activations' dtype (in fp32 / fp64, rounded once); this column block's
-    sum of squares of each row of summed into sums_sq[pid_n]. residual and summed are [M, N],
-    rows N apart."""
-    dtype = summed.dtype.element_ty
-    at = offs_m[:, None] * N + offs_n[None, :]
-    added = (total.to(dtype).to(COMPUTE)
-             + tl.load(residual + at, mask=mask, other=0.0).to(COMPUTE)).to(dtype)
-    tl.store(summed + at, added, mask=mask)
-    added = added.to(COMPUTE)
-    tl.store(sums_sq + pid_n * BLOCK_M + offs_m, tl.sum(added * added, axis=1))
+        if last_to_arrive(counts, tl.num_programs(0)):
+            _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M, SQ_ROWS,
+                       NORM_CHUNKS, COMPUTE)
+            tl.store(counts, 0)
 
 
 @triton.jit
 def _rstd_from_sums(sums, stride_sm, offs_m, M, K, eps, num_blocks, SUM_ROWS: tl.constexpr):
     """[BLOCK_M] 1 / rms of each row of a K-wide stream from its column blocks' sums of
     squares, sums[block, row] (num_blocks of them, rows stride_sm apart; SUM_ROWS a power of
-    two at least num_blocks), added in block order: the add + norm epilogue's (_norm_rows) and
-    the RMS_NORM prologue's. Read past L1 (".cg"): in the epilogue other programs of the same
-    launch wrote them."""
+    two at least num_blocks), added in block order. Read past L1 (".cg"): other programs of
+    the same launch wrote them."""
     blocks = tl.arange(0, SUM_ROWS)[:, None]
     squares = tl.load(sums + blocks * stride_sm + offs_m[None, :],
                       mask=(blocks < num_blocks) & (offs_m[None, :] < M), other=0.0,
@@ -392,20 +346,18 @@ def gemv_splits(n: int, k: int, tile: GemvTile) -> int:
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
-                  tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False,
-                  prologue: tl.constexpr = PLAIN, **prologue_args) -> torch.Tensor:
+                  tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 16, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
-    accumulated in fp32, x taken through `prologue` (see _launch). pdl: launched with
-    programmatic dependent launch (pdl.py)."""
+    accumulated in fp32. pdl: launched with programmatic dependent launch (pdl.py)."""
     splits, _ = _split(x, weight, tile)
     num_rows, n = x.shape[0], weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     if splits == 1:
-        _launch(x, weight, tile, out.unsqueeze(0), prologue, pdl=pdl, **prologue_args)
+        _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl)
         return out
     partials = torch.empty(splits, num_rows, n, dtype=accumulation_dtype(x.dtype),
                            device=x.device)
-    _launch(x, weight, tile, partials, prologue, pdl=pdl, **prologue_args)
+    _launch(x, weight, tile, partials, pdl=pdl)
     block = 1024
     _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
         partials, out, num_rows, n, partials.stride(0), partials.stride(1), out.stride(0),
@@ -421,8 +373,7 @@ def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False) -> 
 
 
 def silu_mul_wide_linear(x: torch.Tensor, weight: torch.Tensor,
-                         tile: GemvTile = GATED_OUT_TILE, *, pdl: bool = False,
-                         prologue: tl.constexpr = PLAIN, **prologue_args) -> torch.Tensor:
+                         tile: GemvTile = GATED_OUT_TILE, *, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 16) @ weight[2I, K]^T -> silu(gate) * up [M, I] in x's dtype: the MLP's
     gate_up projection with DenseOps.silu_mul in its epilogue, so the activation has no kernel
     of its own (issue 33). weight is the fused gate_up, gate rows first; tile must not split
@@ -433,65 +384,8 @@ def silu_mul_wide_linear(x: torch.Tensor, weight: torch.Tensor,
     half = weight[:weight.shape[0] // 2]
     _split(x, half, tile)
     out = torch.empty(x.shape[0], half.shape[0], dtype=x.dtype, device=x.device)
-    _launch(x, weight, tile, out.unsqueeze(0), prologue, pdl=pdl, gated_out=True,
-            **prologue_args)
+    _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl, gated_out=True)
     return out
-
-
-def skinny_linear_add(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                      tile: GemvTile = ADD_TILE, scratch: KeptZeros | None = None, *,
-                      pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed, sums): summed = x @ weight^T + residual as dense.add_rms_norm sums them (the
-    product rounded, the residual added and rounded), in one kernel, and sums [column blocks,
-    BLOCK_M] (accumulation_dtype): each column block's sum of squares of each row of summed.
-    A block's closing projection with the add of the next block's opening add + norm; that
-    block's opening projection norms summed in its prologue from the sums (rms_norm_linear),
-    so the add + norm has no kernel of its own. On a tile of one split the epilogue holds the
-    finished sums; on a split tile the last split of each column block adds them up
-    (_add_norm without its norm), its programs meeting in `scratch`."""
-    splits, _ = _split(x, weight, tile)
-    num_rows, n = x.shape[0], weight.shape[0]
-    if residual.shape != (num_rows, n) or not residual.is_contiguous() \
-            or (splits > 1 and scratch is None):
-        raise ValueError(f"skinny_linear_add takes a contiguous [{num_rows}, {n}] residual "
-                         f"and, on a tile that splits K, a scratch; got "
-                         f"{tuple(residual.shape)} and {tile.name}")
-    summed = torch.empty_like(residual)
-    blocks = triton.cdiv(n, tile.block_n)
-    sums = torch.empty(blocks, _block_m(num_rows, tile), dtype=accumulation_dtype(x.dtype),
-                       device=x.device)
-    if splits == 1:
-        _launch(x, weight, tile, summed.unsqueeze(0), pdl=pdl,
-                add_sums=(residual, summed, sums, summed))
-        return summed, sums
-    counts = scratch.get((1 + blocks,), torch.int32, x.device)
-    partials = torch.empty(splits, num_rows, n, dtype=sums.dtype, device=x.device)
-    _launch(x, weight, tile, partials, pdl=pdl, add_sums=(residual, summed, sums, counts))
-    return summed, sums
-
-
-def rms_norm_linear(
-    x: torch.Tensor,  # [M, K]: a residual stream, not yet normed
-    sums: torch.Tensor,  # [column blocks, rows]: skinny_linear_add's sums of squares of x
-    norm_weight: torch.Tensor,  # [K], zero-centred
-    eps: float,
-    weight: torch.Tensor,  # [N, K] ([2I, K] gated_out)
-    tile: GemvTile | None = None,
-    *,
-    gated_out: bool = False,
-    pdl: bool = False,
-) -> torch.Tensor:  # [M, N] ([M, I] gated_out)
-    """dense.rms_norm(x, norm_weight, eps) @ weight^T with the norm in the projection's
-    prologue, each row's rms from `sums`: a block's opening projection after a
-    skinny_linear_add. gated_out: weight is an MLP's gate_up and the result silu(gate) * up
-    (silu_mul_wide_linear). tile: WIDE_TILE, or GATED_OUT_TILE with gated_out, if None."""
-    if sums.dim() != 2 or sums.shape[1] < x.shape[0] or sums.dtype != accumulation_dtype(x.dtype):
-        raise ValueError(f"sums must be skinny_linear_add's [blocks, >= {x.shape[0]}] "
-                         f"{accumulation_dtype(x.dtype)}, got {tuple(sums.shape)} {sums.dtype}")
-    prologue = {"prologue": RMS_NORM, "z": sums, "norm_weight": norm_weight, "eps": eps}
-    if gated_out:
-        return silu_mul_wide_linear(x, weight, tile or GATED_OUT_TILE, pdl=pdl, **prologue)
-    return skinny_linear(x, weight, tile or WIDE_TILE, pdl=pdl, **prologue)
 
 
 def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
@@ -638,17 +532,10 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
     return triton.cdiv(k, k_per_split), k_per_split
 
 
-def _block_m(num_rows: int, tile: GemvTile) -> int:
-    """A program's rows: the MMA's 16, or the CUDA-core form's rows rounded up to a power of
-    two."""
-    return triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT
-
-
 def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
                       prologue: tl.constexpr = PLAIN, *, head_dim: int = 1,
                       element_size: int = 2, add_norm: bool = False,
-                      dtype: torch.dtype = torch.bfloat16, gated_out: bool = False,
-                      add_sums: bool = False, sum_blocks: int = 1) -> dict:
+                      dtype: torch.dtype = torch.bfloat16, gated_out: bool = False) -> dict:
     """_gemv_kernel's compile-time arguments for an [N, K] weight (gated_out: [2N, K]) of
     `element_size`-byte elements and `num_rows` rows of `dtype` activations (USE_PDL aside:
     pdl.launch_options): what _launch passes, and what tools/compile_check compiles."""
@@ -656,7 +543,7 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
     weight_bytes = (2 if gated_out else 1) * n * k * element_size
     return {
         "K_TILES": k_per_split // tile.block_k,
-        "BLOCK_M": _block_m(num_rows, tile),
+        "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
         "PREFETCH": weight_bytes <= PREFETCH_MAX_BYTES,
@@ -668,35 +555,23 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "FMA": tile.fma,
         "DOT_PRECISION": dot_precision(dtype),
         "GATED_OUT": gated_out,
-        "ADD_SUMS": add_sums, "SUM_BLOCKS": sum_blocks,
-        "SUM_ROWS": triton.next_power_of_2(sum_blocks),
     }
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
             prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False,
-            add_norm: AddNorm | None = None, gated_out: bool = False,
-            add_sums: tuple[torch.Tensor, ...] | None = None) -> None:
+            add_norm: AddNorm | None = None, gated_out: bool = False) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range (split_plan's S), in
     target's dtype. x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the
     prologue's (see _gemv_kernel); add_norm, the epilogue's (_add_norm); gated_out: weight
-    is [2N, K] and target [1, M, N] takes silu(gate) * up; add_sums (residual, summed, sums,
-    counts: skinny_linear_add's), the add epilogue's, target then the partials of a split
-    tile."""
+    is [2N, K] and target [1, M, N] takes silu(gate) * up."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
-    if add_norm:
-        epilogue = add_norm.kernel_args()
-    elif add_sums:
-        residual, summed, sums, counts = add_sums
-        epilogue = (residual, x, x, summed, counts, sums, 0.0)
-    else:
-        epilogue = (x,) * 6 + (0.0,)
+    epilogue = add_norm.kernel_args() if add_norm else (x,) * 6 + (0.0,)
     constexprs = launch_constexprs(
         n, k, num_rows, tile, prologue, element_size=weight.element_size(), dtype=x.dtype,
         head_dim=z.shape[2] if z is not None and z.dim() == 3 else 1,
-        add_norm=add_norm is not None, gated_out=gated_out, add_sums=add_sums is not None,
-        sum_blocks=z.shape[0] if prologue == RMS_NORM else 1)
+        add_norm=add_norm is not None, gated_out=gated_out)
     _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),

@@ -83,16 +83,6 @@ class ModelOps:
     # skinny_linear_add_norm). None: narrow_linear, then DenseOps.add_rms_norm. Where a
     # *_linear prologue op below is set, that op runs and the norm stays apart.
     narrow_linear_add_norm: Callable | None = None
-    # (x [T, K], weight [N, K], residual [T, N]) -> (summed, sums): a block's closing
-    # projection with only the add of the next block's add + norm in its kernel
-    # (gemv.skinny_linear_add); the norm runs in the prologue of that block's opening
-    # projection (norm_wide_linear), which takes the rows' sums of squares `sums`. Set with
-    # norm_wide_linear; None: narrow_linear_add_norm or narrow_linear.
-    narrow_linear_add: Callable | None = None
-    # (x [T, H] not yet normed, sums, norm weight [H], eps, weight, gated_out=False) -> the
-    # opening projection of DenseOps.rms_norm(x) (with gated_out, an MLP's silu(gate) * up of
-    # its gate_up), the norm in the projection's prologue (gemv.rms_norm_linear).
-    norm_wide_linear: Callable | None = None
     # (gate_up [T, 2I], down weight [H, I], residual [T, H], norm weight [H], eps) -> (normed,
     # summed): the MLP's silu-mul, down projection and the next block's add + norm in one
     # kernel (gemv.skinny_linear_add_norm, gated). None: DenseOps.silu_mul, then the down

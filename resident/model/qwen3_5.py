@@ -64,46 +64,35 @@ class BlockInput:
     """A block's input before its RMSNorm: the last block's output x (or the fp32 split-K
     partials [S, T, hidden] of its projection) and the residual stream (None before the first
     layer); or, `normed`, what the norm gives: x = norm(output + residual), residual the sum
-    (the last block's projection ran the add + norm in its kernel: block_output); or, with
-    `sums`, the sum not yet normed (x and residual both the sum) and its rows' sums of squares
-    by column block, for a norm in the opening projection's prologue."""
+    (the last block's projection ran the add + norm in its kernel: block_output)."""
 
     x: torch.Tensor
     residual: torch.Tensor | None
     norm: RMSNorm
     normed: bool = False
-    sums: torch.Tensor | None = None
 
     def normed_input(self, dense: DenseOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(the normed input, the residual stream after the add)."""
         norm = self.norm
         if self.normed:
             return self.x, self.residual
-        if self.residual is None or self.sums is not None:
+        if self.residual is None:
             return dense.rms_norm(self.x, norm.weight, norm.eps), self.x
         return dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
 
-    def project(self, weight: torch.Tensor, dense: DenseOps, ops: ModelOps,
-                gated_out: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def project(self, weight: torch.Tensor, dense: DenseOps,
+                ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(the block's opening projection of its normed input, the residual stream after the
-        add); gated_out: the MLP's gate_up with its silu-mul (ops.silu_mul_wide_linear)."""
-        if self.sums is not None and ops.norm_wide_linear is not None:
-            return ops.norm_wide_linear(self.x, self.sums, self.norm.weight, self.norm.eps,
-                                        weight, gated_out=gated_out), self.x
+        add)."""
         h, residual = self.normed_input(dense)
-        linear = ops.silu_mul_wide_linear if gated_out else ops.wide_linear
-        return linear(h, weight), residual
+        return ops.wide_linear(h, weight), residual
 
 
 def block_output(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
                  next_norm: RMSNorm, ops: ModelOps) -> BlockInput:
     """A block's closing projection (x @ weight.T, narrower than x) as the input of the block
     after it, which opens with `next_norm`: under ops.narrow_linear_add_norm that add + norm run
-    in the projection's kernel; under ops.narrow_linear_add its add, the norm then in the next
-    block's opening projection."""
-    if ops.narrow_linear_add is not None:
-        summed, sums = ops.narrow_linear_add(x, weight, residual)
-        return BlockInput(summed, summed, next_norm, sums=sums)
+    in the projection's kernel."""
     if ops.narrow_linear_add_norm is None:
         return BlockInput(ops.narrow_linear(x, weight), residual, next_norm)
     normed, summed = ops.narrow_linear_add_norm(x, weight, residual, next_norm.weight,
@@ -133,9 +122,9 @@ class MLP(nn.Module):
 
     def forward(self, block: BlockInput, ops: ModelOps, next_norm: RMSNorm) -> BlockInput:
         if ops.silu_mul_wide_linear is not None:
-            activated, residual = block.project(self.gate_up_weight, self.dense, ops,
-                                                gated_out=True)
-            return block_output(activated, self.down_proj.weight, residual, next_norm, ops)
+            h, residual = block.normed_input(self.dense)
+            return block_output(ops.silu_mul_wide_linear(h, self.gate_up_weight),
+                                self.down_proj.weight, residual, next_norm, ops)
         gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
         if ops.silu_mul_linear is not None:
             return BlockInput(ops.silu_mul_linear(gate_up, self.down_proj.weight), residual,

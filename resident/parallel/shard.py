@@ -159,8 +159,7 @@ def row_parallel_ops(ops: ModelOps, all_reduce: Callable[[torch.Tensor], None]) 
     collective of each attention/GDN block and each MLP. The wrapped ops keep their
     signatures, so the model code is the same at every rank count."""
     # the sum of ranks comes before the next add + norm, so no projection may run it
-    changes = {"narrow_linear_add_norm": None, "silu_mul_linear_add_norm": None,
-               "narrow_linear_add": None, "norm_wide_linear": None}
+    changes = {"narrow_linear_add_norm": None, "silu_mul_linear_add_norm": None}
     for name in ROW_PARALLEL_OPS:
         op = getattr(ops, name)
         if op is not None:

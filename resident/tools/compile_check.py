@@ -89,24 +89,20 @@ class Variant:
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
           rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16,
-          gated_out: bool = False, add_sums: bool = False, sum_blocks: int = 1) -> Variant:
+          gated_out: bool = False) -> Variant:
     """The GEMV at a shape ([N, K]; gated_out: [2N, K], the silu-mul's output in `dtype`), its
     activations and weights in `dtype`; `rows` matter to the CUDA-core form (tile.fma)
     only."""
     element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
                                         "normed_out", "summed_out")}
-    one_split = gemv.split_plan(n, k, tile)[0] == 1
-    types |= {"out": element if gated_out or (add_sums and one_split) else "*fp32", "eps": "fp32",
-              "counts": "*i32", "sums_sq": "*fp32", "out_eps": "fp32"}
-    if prologue == gemv.RMS_NORM:
-        types["z"] = "*fp32"  # the sums of squares a skinny_linear_add left
+    types |= {"out": element if gated_out else "*fp32", "eps": "fp32", "counts": "*i32",
+              "sums_sq": "*fp32", "out_eps": "fp32"}
     types |= {arg: "i32" for arg in ("M", "N", "K", "stride_xm", "stride_wn", "stride_om",
                                      "stride_os", "stride_zm", "stride_zh")}
     constexprs = gemv.launch_constexprs(n, k, rows, tile, prologue, head_dim=head_dim,
                                         add_norm=add_norm, dtype=dtype,
-                                        element_size=dtype.itemsize, gated_out=gated_out,
-                                        add_sums=add_sums, sum_blocks=sum_blocks)
+                                        element_size=dtype.itemsize, gated_out=gated_out)
     return Variant(name, gemv._gemv_kernel, types, constexprs | {"USE_PDL": pdl},
                    tile.num_warps, tile.num_stages)
 
@@ -117,9 +113,8 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     hidden, inter = config.hidden_size, config.intermediate_size
     q_dim = config.num_attention_heads * config.head_dim
     narrow = gemv.DEFAULT_TILE
-    by_head = gemv.dataclasses.replace(narrow, block_k=config.linear_value_head_dim)
-    sum_blocks = triton.cdiv(hidden, gemv.ADD_TILE.block_n)
     in_proj = config.decode_projections["gdn in_proj"][0]
+    by_head = gemv.dataclasses.replace(narrow, block_k=config.linear_value_head_dim)
     variants = [
         _gemv("gdn out_proj + gated_rms_norm", hidden, config.linear_value_dim, by_head,
               gemv.GATED_RMS_NORM, head_dim=config.linear_value_head_dim),
@@ -148,16 +143,6 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               pdl=True),
         _gemv("wide GEMM: mlp gate_up + silu-mul (PDL)", inter, hidden, gemv.GATED_OUT_TILE,
               gemv.PLAIN, pdl=True, gated_out=True),
-        # fused_decode=deferred: the add in the closing projection, the norm in the opening's
-        _gemv("mlp down + residual add (PDL)", hidden, inter, gemv.ADD_TILE, gemv.PLAIN,
-              pdl=True, add_sums=True),
-        _gemv("mlp down + residual add, K split (PDL)", hidden, inter, narrow, gemv.PLAIN,
-              pdl=True, add_sums=True),
-        _gemv("wide GEMM: gdn in_proj with its norm (PDL)", in_proj, hidden, gemv.WIDE_TILE,
-              gemv.RMS_NORM, pdl=True, sum_blocks=sum_blocks),
-        _gemv("wide GEMM: mlp gate_up + silu-mul with its norm (PDL)", inter, hidden,
-              gemv.GATED_OUT_TILE, gemv.RMS_NORM, pdl=True, gated_out=True,
-              sum_blocks=sum_blocks),
     ]
     gdn_types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "out_ptr")}

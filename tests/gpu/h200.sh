@@ -10,9 +10,6 @@
 #             tests/gpu/time_varlen.py (its µs by split count for a prefix hit, a hit beside 16
 #             decode rows and a fresh 2,048-token prompt)
 #   bench     resident.tools.bench at c=1/16/64/256 with the burst row (this tree's defaults)
-#   deferred-split-tree  .gate/worktrees/deferred-split: this tree with gemv.ADD_TILE (the
-#             closing projections' add under fused_decode=deferred) on DEFAULT_TILE, for
-#             `arms`: ARMS="fused deferred deferred@deferred-split"
 #   bench-sampled  resident.tools.bench at c=64, greedy then temperature 0.7 / top_p 0.9 (issue
 #             36: the draw's share of an in-process step), each with its step's Python profile
 #             (--cprofile), tarred to bench-sampled.tgz
@@ -41,8 +38,7 @@
 #             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off:
 #             fused_decode=off pdl=off gemv_table=off; nopdl: pdl=off; pdlonly:
 #             fused_decode=off; wide: decode_gemm=wide; full: fused_decode=full (the epilogues
-#             in the kernels before them); deferred: fused_decode=deferred (each add + norm
-#             split across the projections around it); fullnopdl: both full and nopdl (each
+#             in the kernels before them); fullnopdl: both full and nopdl (each
 #             kernel's µs its own: PDL's early launch puts the wait for the kernel before
 #             into a kernel's time); nosplits:
 #             decode_splits=off (8 key splits in every bucket); PROMPT_LEN: the prompts'
@@ -513,13 +509,6 @@ for part in "$@"; do
       run ring 200 python3 -m pytest -q -p no:cacheprovider tests/test_token_ring.py tests/test_kernel_slot_params.py ;;
     bundle)
       (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log) && echo "== bundle: logs.tgz" ;;
-    deferred-split-tree)
-      # fused_decode=deferred's other form for `arms` (deferred@deferred-split): this tree with
-      # the closing projections' add on DEFAULT_TILE (K split, the last splits meeting)
-      tree=.gate/worktrees/deferred-split
-      rm -rf "$tree" && mkdir -p "$tree" && cp -r resident configs pyproject.toml "$tree/"
-      sed -i 's/^ADD_TILE = GemvTile(.*)$/ADD_TILE = DEFAULT_TILE/' "$tree/resident/kernels/gemv.py"
-      grep -c '^ADD_TILE = DEFAULT_TILE$' "$tree/resident/kernels/gemv.py" ;;
     gate-sampled)
       run gate-greedy "${GATE_LIMIT:-280}" python3 -m gate run --config configs/gate/h200-0.8b-sampled.yaml \
         --temperature 0 --top-p 1 --rounds "${SAMPLED_ROUNDS:-1}" --name h200-0.8b-greedy --out "$OUT/gate-greedy"
@@ -579,7 +568,6 @@ for part in "$@"; do
           pdlonly) knobs=(--set fused_decode=off) ;;
           wide) knobs=(--set decode_gemm=wide) ;;
           full) knobs=(--set fused_decode=full) ;;
-          deferred) knobs=(--set fused_decode=deferred) ;;
           fullnopdl) knobs=(--set fused_decode=full --set pdl=off) ;;
           nosplits) knobs=(--set decode_splits=off) ;;
           torchargmax) knobs=(--set argmax=torch) ;;

@@ -349,8 +349,7 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
     and attention prologue kernels, without and with PDL, and with fused_decode=full's epilogues:
     the add + norm in the narrow projections' kernels, the output gate in the attention's, the
     silu-mul in the down projection's; then every projection on a CUDA-core tile through a
-    gemv table; then fused_decode=deferred's add in the closing projections and norm in the
-    opening ones), teacher-forced for 8 steps at 0.8B in bf16, against the same steps on the torch
+    gemv table), teacher-forced for 8 steps at 0.8B in bf16, against the same steps on the torch
     reference ops in bf16, each measured against an fp32 run of the reference: no Triton path
     is further from fp32."""
     import copy
@@ -383,8 +382,6 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
                 ("full+pdl, CUDA-core table", model, TritonDecode(
                     (num_rows,), fusion=DecodeFusion(True, True, True),
                     table=cuda_core).ops(num_rows), torch.bfloat16),
-                ("fused_decode=deferred+pdl", model, TritonDecode((num_rows,), fusion=DecodeFusion(
-                    True, True, deferred=True)).ops(num_rows), torch.bfloat16),
                 ("reference", model, ModelOps(), torch.bfloat16),
                 ("fp32", exact, ModelOps(), torch.float32)]}
     generator = torch.Generator().manual_seed(5)
@@ -392,7 +389,7 @@ def test_fused_small_bucket_decode_is_as_close_to_fp32_as_the_reference_ops():
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(num_rows)], PAGE,
                            DEVICE)
     fused = ("fused", "fused_decode", "fused_decode+pdl", "fused_decode=full+pdl",
-             "full+pdl, CUDA-core table", "fused_decode=deferred+pdl")
+             "full+pdl, CUDA-core table")
     errors = dict.fromkeys((*fused, "reference"), 0.0)
     with torch.inference_mode():
         for net, _, cache in runs.values():  # prefill on the reference ops
