@@ -27,8 +27,9 @@
 #             pair at c=64 (issue 18's gate noise), 3 rounds a call; SERVED_LIMIT: its seconds
 #             (default 560), to leave room for other parts in the call
 #   gate-planner  configs/gate/h200-0.8b-planner-ahead.yaml's four arms (resident planning
-#             off/auto x flashinfer/triton, plan_ahead=launch) at c=1/16/64, their servers up
-#             together with 4 GiB of KV each, $PLANNER_ROUNDS rounds (default 5), tarred
+#             off/auto x flashinfer/triton, plan_ahead=launch) at $CONC (default 1,16,64), their
+#             servers up together with 4 GiB of KV each, $PLANNER_ROUNDS rounds (default 5),
+#             tarred
 #   check     configs/gate/check-h200-0.8b.yaml's greedy and concurrency sweeps against the tree
 #             at .gate/worktrees/main-dc7131b (carried: git worktree add --detach ... dc7131b)
 #   check-2b  the same at qwen3.5-2b (configs/gate/check-h200-2b.yaml)
@@ -463,7 +464,7 @@ for part in "$@"; do
       # servers do not fit an 80 GB card (each held 20-25 GiB), so each gets 4 GiB of KV
       run gate-planner "${GATE_LIMIT:-420}" python3 -m gate run \
         --config configs/gate/h200-0.8b-planner-ahead.yaml --interleave --parallel-start \
-        --concurrency 1,16,64 --set kv_cache_gib=4 --rounds "${PLANNER_ROUNDS:-5}" \
+        --concurrency "${CONC:-1,16,64}" --set kv_cache_gib=4 --rounds "${PLANNER_ROUNDS:-5}" \
         --out "$OUT/gate-planner"
       tar czf "$OUT/gate-planner.tgz" -C "$OUT" gate-planner && rm -rf "$OUT/gate-planner" ;;
     gate-frontend)
