@@ -286,19 +286,6 @@ def _add_norm(partials, stride_ps, stride_pm, residual, norm_w, normed, summed, 
 
 
 @triton.jit
-def _rstd_from_sums(sums, stride_sm, offs_m, M, K, eps, num_blocks, SUM_ROWS: tl.constexpr):
-    """[BLOCK_M] 1 / rms of each row of a K-wide stream from its column blocks' sums of
-    squares, sums[block, row] (num_blocks of them, rows stride_sm apart; SUM_ROWS a power of
-    two at least num_blocks), added in block order. Read past L1 (".cg"): other programs of
-    the same launch wrote them."""
-    blocks = tl.arange(0, SUM_ROWS)[:, None]
-    squares = tl.load(sums + blocks * stride_sm + offs_m[None, :],
-                      mask=(blocks < num_blocks) & (offs_m[None, :] < M), other=0.0,
-                      cache_modifier=".cg")
-    return tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
-
-
-@triton.jit
 def _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M: tl.constexpr,
                SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr, COMPUTE: tl.constexpr):
     """normed = dense.rms_norm(summed): each row's sum of squares from its column blocks',
@@ -306,7 +293,11 @@ def _norm_rows(summed, normed, norm_w, sums_sq, eps, M, N, BLOCK_M: tl.constexpr
     offs_m = tl.arange(0, BLOCK_M)
     # only this launch's column blocks: a launch of another row block (BLOCK_M) may have left
     # sums past them in the same scratch
-    rstd = _rstd_from_sums(sums_sq, BLOCK_M, offs_m, M, N, eps, tl.num_programs(0), SQ_ROWS)
+    blocks = tl.arange(0, SQ_ROWS)[:, None]
+    squares = tl.load(sums_sq + blocks * BLOCK_M + offs_m[None, :],
+                      mask=(blocks < tl.num_programs(0)) & (offs_m[None, :] < M), other=0.0,
+                      cache_modifier=".cg")
+    rstd = tl.rsqrt(tl.sum(squares, axis=0) / N + eps)
     for chunk in tl.static_range(NORM_CHUNKS):
         cols = chunk * NORM_BLOCK + tl.arange(0, NORM_BLOCK)
         mask = (offs_m[:, None] < M) & (cols[None, :] < N)
