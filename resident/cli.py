@@ -56,6 +56,7 @@ class Device(enum.StrEnum):
 
 
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_STATE_DTYPES = ("float32", "bfloat16")
 
 # hidden: typer lists an argument with its Python type (<str>); the usage line shows {MODEL}
 # and each command's help says what it is
@@ -92,6 +93,9 @@ def info(
                   "bandwidth).", 0.001))] = 4.28,
     dtype: Annotated[str, typer.Option(
         "--dtype", metavar=_choices(_DTYPE_BYTES), help="Weight and KV dtype.")] = "bfloat16",
+    gdn_state_dtype: Annotated[str, typer.Option(
+        "--gdn-state-dtype", metavar=_choices(_STATE_DTYPES),
+        help="The GDN recurrent state's dtype (knob gdn_state_dtype).")] = "float32",
     prefix_snapshots: Annotated[int, typer.Option(
         "--prefix-snapshots", metavar="INT",
         **_ranged("GDN state snapshots of the prefix cache (knob prefix_snapshots; 0: what "
@@ -113,11 +117,15 @@ def info(
     if dtype not in _DTYPE_BYTES:
         raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(_DTYPE_BYTES)}",
                                  param_hint="--dtype")
-    facts = model_facts(config, _DTYPE_BYTES[dtype], context, bandwidth)
+    if gdn_state_dtype not in _STATE_DTYPES:
+        raise typer.BadParameter(f"{gdn_state_dtype!r} is not one of "
+                                 f"{', '.join(_STATE_DTYPES)}", param_hint="--gdn-state-dtype")
+    facts = model_facts(config, _DTYPE_BYTES[dtype], context, bandwidth,
+                        state_bytes=_DTYPE_BYTES[gdn_state_dtype])
     try:
         num_snapshots = num_prefix_snapshots(EngineConfig(
-            prefix_snapshots=prefix_snapshots, prefix_snapshot_gib=prefix_snapshot_gib),
-            config, dtype)
+            prefix_snapshots=prefix_snapshots, prefix_snapshot_gib=prefix_snapshot_gib,
+            gdn_state_dtype=gdn_state_dtype), config, dtype)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--prefix-snapshot-gib") from None
     summary = {
@@ -127,13 +135,15 @@ def info(
         "num_gdn_layers": len(config.linear_layers),
         "num_parameters": facts.num_parameters,
         "dtype": dtype,
+        "gdn_state_dtype": gdn_state_dtype,
         "weight_bytes": facts.weight_bytes,
         "kv_bytes_per_token": facts.kv_bytes_per_token,
         "gdn_recurrent_bytes_per_seq": facts.gdn_recurrent_bytes_per_seq,
         "gdn_conv_bytes_per_seq": facts.gdn_conv_bytes_per_seq,
         # the prefix cache's snapshot pool on the device (prefix_cache=on): one GDN state each
         "prefix_snapshots": num_snapshots,
-        "prefix_snapshot_pool_bytes": num_snapshots * snapshot_bytes(config, dtype),
+        "prefix_snapshot_pool_bytes": num_snapshots * snapshot_bytes(config, dtype, 1,
+                                                                     gdn_state_dtype),
         "context_tokens": context,
         "bandwidth_tb_s": bandwidth,
     }

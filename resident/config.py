@@ -35,6 +35,7 @@ MAX_DEFAULT_MODEL_LEN = 32768
 
 _CHOICES = {
     "dtype": ("auto", "bfloat16", "float16", "float32", "float64"),
+    "gdn_state_dtype": ("auto", "bfloat16", "float32", "float64"),
     "decode_order": ("arrival", "turns"),
     "resident_planning": ("off", "auto"),
     "row_check": ("off", "on"),
@@ -64,6 +65,13 @@ class EngineConfig:
     """Engine knobs; see the module docstring for where values come from."""
 
     dtype: str = "auto"
+    # what the GDN recurrent state is stored in (its slots, prefix snapshots and swaps; every
+    # kernel computes in fp32 whatever it is): auto is float32 (float64 in a float64 model), as
+    # Qwen3.5's checkpoints declare (`mamba_ssm_dtype`) and vLLM follows. bfloat16 halves the
+    # state's bytes, which are most of what a large decode step moves (2 x 18 MiB a sequence at
+    # 0.8B), at the cost of rounding the state once a token (vLLM's --mamba-ssm-cache-dtype,
+    # SGLang's --mamba-ssm-dtype)
+    gdn_state_dtype: str = "auto"
     page_size: int = 16
     num_kv_pages: int = 0  # 0: 4096 on CPU; sized from kv_cache_gib on CUDA
     kv_cache_gib: float = 16.0  # a device's; under tensor_parallel each rank's
@@ -263,8 +271,8 @@ class EngineConfig:
     @property
     def is_resolved(self) -> bool:
         """Every auto knob filled (resolve): what an Engine is built from."""
-        return "auto" not in (self.dtype, self.attention_backend, self.cuda_graphs,
-                              self.padded_prefill, self.compile, self.sampler,
+        return "auto" not in (self.dtype, self.gdn_state_dtype, self.attention_backend,
+                              self.cuda_graphs, self.padded_prefill, self.compile, self.sampler,
                               self.core_idle_spin) \
             and min(self.max_model_len, self.num_kv_pages, self.num_state_slots,
                     self.prefix_snapshots) > 0
@@ -281,6 +289,7 @@ class EngineConfig:
                              f"max_position_embeddings {model.max_position_embeddings}")
         check_tensor_parallel(self.tensor_parallel, model)
         dtype = _resolve_dtype(self.dtype, device_type)
+        state_dtype = resolve_state_dtype(self.gdn_state_dtype, dtype, device_type)
         padded = _on_for_cuda(self.padded_prefill, device_type)
         backend = self.attention_backend
         if backend == "auto":
@@ -288,6 +297,7 @@ class EngineConfig:
         return dataclasses.replace(
             self,
             dtype=dtype,
+            gdn_state_dtype=state_dtype,
             max_model_len=max_len,
             num_kv_pages=self.num_kv_pages or _auto_kv_pages(self, model, dtype, device_type),
             num_state_slots=self.num_state_slots or self.max_num_seqs + 1,
@@ -334,11 +344,22 @@ def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: str) -> int:
             * model.head_dim * DTYPE_BYTES[dtype])
 
 
-def snapshot_bytes(model: ModelConfig, dtype: str, tensor_parallel: int = 1) -> int:
+def resolve_state_dtype(knob: str, dtype: str, device_type: str = "cpu") -> str:
+    """gdn_state_dtype's value for a model of `dtype`: auto is float32, float64 in a float64
+    model (EngineConfig.gdn_state_dtype); float64 only on CPU."""
+    if knob == "auto":
+        return "float64" if dtype == "float64" else "float32"
+    if knob == "float64" and device_type != "cpu":
+        raise ValueError("knob gdn_state_dtype: float64 is for exact tests on CPU only")
+    return knob
+
+
+def snapshot_bytes(model: ModelConfig, dtype: str, tensor_parallel: int = 1,
+                   state_dtype: str = "auto") -> int:
     """One prefix-cache snapshot on one rank: a sequence's GDN conv window (in `dtype`) and
-    recurrent state (fp32; fp64 in a float64 model: model/cache.py), a rank holding its share
-    of the GDN heads."""
-    state = DTYPE_BYTES["float64" if dtype == "float64" else "float32"]
+    recurrent state (in gdn_state_dtype's, `state_dtype` as the knob gives it), a rank holding
+    its share of the GDN heads."""
+    state = DTYPE_BYTES[resolve_state_dtype(state_dtype, dtype)]
     return (gdn_conv_bytes(model, DTYPE_BYTES[dtype])
             + gdn_recurrent_bytes(model, state)) // tensor_parallel
 
@@ -348,7 +369,7 @@ def num_prefix_snapshots(config: EngineConfig, model: ModelConfig, dtype: str) -
     each device, MAX_AUTO_SNAPSHOTS at most."""
     if config.prefix_snapshots:
         return config.prefix_snapshots
-    each = snapshot_bytes(model, dtype, config.tensor_parallel)
+    each = snapshot_bytes(model, dtype, config.tensor_parallel, config.gdn_state_dtype)
     count = int(config.prefix_snapshot_gib * 2**30) // each
     if count < 1:
         raise ValueError(f"knob prefix_snapshot_gib: {config.prefix_snapshot_gib} GiB holds no "

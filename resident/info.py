@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from resident.model.config import ModelConfig
 
 DEFAULT_BATCHES = (1, 16, 64, 256)
-STATE_BYTES = 4  # the GDN recurrent state is fp32 whatever the weights' dtype
+STATE_BYTES = 4  # the GDN recurrent state's default (knob gdn_state_dtype): fp32
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ def model_facts(
     context: int = 640,
     bandwidth_tb_s: float = 4.28,
     batches: tuple[int, ...] = DEFAULT_BATCHES,
+    state_bytes: int = STATE_BYTES,
 ) -> ModelFacts:
     if context < 0:
         raise ValueError(f"context must be >= 0, got {context}")
@@ -95,7 +96,7 @@ def model_facts(
     weight_bytes = num_params * dtype_bytes
     untied_embedding = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
     decode_weight_bytes = weight_bytes - untied_embedding * dtype_bytes
-    recurrent = gdn_recurrent_bytes(config)
+    recurrent = gdn_recurrent_bytes(config, state_bytes)
     conv = gdn_conv_bytes(config, dtype_bytes)
     kv_per_token = (len(config.attention_layers) * 2 * config.num_key_value_heads
                     * config.head_dim * dtype_bytes)

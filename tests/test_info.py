@@ -61,10 +61,26 @@ def test_context_and_bandwidth_move_the_roofline():
         "ms_per_step"]
 
 
+def test_a_bf16_gdn_state_halves_its_bytes_in_the_roofline():
+    """--gdn-state-dtype bfloat16: each sequence's state and its share of a step's bytes
+    halve (at 0.8B, c=256: 3.08 ms of floor at 4.28 TB/s becomes 1.95)."""
+    def facts(*args):
+        return json.loads(runner.invoke(app, ["info", "qwen3.5-0.8b", "--format", "json",
+                                              *args]).output)
+
+    fp32, bf16 = facts(), facts("--gdn-state-dtype", "bfloat16")
+    state = fp32["model"]["gdn_recurrent_bytes_per_seq"]
+    assert bf16["model"]["gdn_recurrent_bytes_per_seq"] * 2 == state
+    for full, half in zip(fp32["decode_roofline"], bf16["decode_roofline"], strict=True):
+        assert full["bytes_per_step"] - half["bytes_per_step"] == half["batch"] * state
+    assert bf16["model"]["prefix_snapshots"] == fp32["model"]["prefix_snapshots"] == 64
+
+
 @pytest.mark.parametrize(
     "args, message",
     [(["info", "no-such-model"], "unknown model 'no-such-model'"),
      (["info", "tiny", "--dtype", "int8"], "'int8' is not one of"),
+     (["info", "tiny", "--gdn-state-dtype", "float16"], "'float16' is not one of"),
      (["info", "tiny", "--context", "-1"], "--context")],
 )
 def test_bad_input_is_named(args, message):

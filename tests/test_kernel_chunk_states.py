@@ -65,12 +65,16 @@ def _case(lengths: list[int], slots: list[int], heads: int, value_heads: int, di
                                        for a in (slots, cu, offsets, table)), real)
 
 
-@pytest.mark.parametrize(("dim_k", "dim_v"), [(64, 32), (128, 64)])
-def test_states_by_slot_match_the_reference(dim_k, dim_v):
+# a bf16 pool (gdn_state_dtype=bfloat16): both read it once and round the final state once
+@pytest.mark.parametrize(("dim_k", "dim_v", "state_dtype"), [
+    (64, 32, torch.float32), (128, 64, torch.float32), (64, 32, torch.bfloat16)])
+def test_states_by_slot_match_the_reference(dim_k, dim_v, state_dtype):
     # sequence 0 of 70 tokens straddles two chunks; 0 tokens; one partial chunk; 130 tokens on
     # three chunks; then two zero-length padding sequences on the sink (slot 0)
     case = _case([70, 0, 5, 130, 0, 0], [6, 2, 8, 3, 0, 0], heads=2, value_heads=4,
                  dim_k=dim_k, dim_v=dim_v, table_rows=12, device="cpu", dtype=torch.float32)
+    case.state = case.state.to(state_dtype)
+    state_tolerance = 1e-4 if state_dtype == torch.float32 else 8e-3
     want_state = case.state.clone()
     h, v_new = chunk_states(*case.args())
     want_h, want_v = chunk_states_ref(*case.args(want_state))
@@ -79,7 +83,9 @@ def test_states_by_slot_match_the_reference(dim_k, dim_v):
     torch.testing.assert_close(h[:, :real], want_h[:, :real], atol=1e-4, rtol=1e-4)
     # every real slot's final state; the slots no sequence names untouched, bit for bit
     named, untouched = [6, 2, 8, 3], [1, 4, 5, 7]
-    torch.testing.assert_close(case.state[named], want_state[named], atol=1e-4, rtol=1e-4)
+    assert case.state.dtype == state_dtype
+    torch.testing.assert_close(case.state[named], want_state[named], atol=state_tolerance,
+                               rtol=state_tolerance)
     assert torch.equal(case.state[untouched], want_state[untouched])
 
 

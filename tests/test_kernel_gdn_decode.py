@@ -85,20 +85,34 @@ def test_conv_decode_matches_reference_over_steps(channels):
     assert torch.equal(pool[UNTOUCHED], start[UNTOUCHED])
 
 
+# a bf16 pool (gdn_state_dtype=bfloat16): both compute in fp32 from the same stored state and
+# round it once a token, compared as a whole. Triton's interpreter casts fp32 to bf16 by
+# truncation (its cast passes no rounding mode), where the GPU and torch round to nearest: half
+# the elements an ulp apart, ~0.3% a step (the GPU test holds the kernel to 5e-3 over 3 steps)
+STATE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
+
+
 @pytest.mark.parametrize("l2norm_qk", [True, False])
-@pytest.mark.parametrize(("k_dim", "v_dim"), [(16, 8), (16, 24), (24, 40)])
-def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim, l2norm_qk):
+@pytest.mark.parametrize(("k_dim", "v_dim", "state_dtype"), [
+    (16, 8, torch.float32), (16, 24, torch.float32), (24, 40, torch.float32),
+    (16, 24, torch.bfloat16)])
+def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim, state_dtype,
+                                                              l2norm_qk):
     gen = torch.Generator().manual_seed(k_dim * 100 + v_dim)
     hk, hv = 2, 4
-    pool = torch.randn(NUM_SLOTS, hv, k_dim, v_dim, generator=gen)
+    pool = torch.randn(NUM_SLOTS, hv, k_dim, v_dim, generator=gen).to(state_dtype)
     ref_pool, start = pool.clone(), pool.clone()
+    tolerance = STATE_TOLERANCE[state_dtype]
     for step in range(STEPS):
         slots = SLOTS if step % 2 == 0 else SLOTS[::-1]  # rows move between steps
         inputs = _gdn_inputs(gen, len(slots), hk, hv, k_dim, v_dim)
         out, out_ref = _gdn_step(inputs, pool, ref_pool, slots, l2norm_qk=l2norm_qk)
         assert not out.isnan().any(), f"step {step}: unwritten outputs"
-        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(pool, ref_pool, atol=1e-5, rtol=1e-5)
+        assert pool.dtype == state_dtype
+        if state_dtype == torch.float32:
+            torch.testing.assert_close(out, out_ref, atol=tolerance, rtol=tolerance)
+            torch.testing.assert_close(pool, ref_pool, atol=tolerance, rtol=tolerance)
+        assert _rel_err(out, out_ref) < tolerance and _rel_err(pool, ref_pool) < tolerance
     assert torch.equal(pool[UNTOUCHED], start[UNTOUCHED])
     assert not torch.allclose(pool[SLOTS[:-1]], start[SLOTS[:-1]])
 
@@ -233,10 +247,12 @@ def test_conv_decode_gpu_0_8b(rows):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 16, 64])
-def test_gated_delta_rule_decode_gpu_0_8b(rows):
+def test_gated_delta_rule_decode_gpu_0_8b(rows, state_dtype):
     gen = torch.Generator().manual_seed(rows)
-    pool = (torch.randn(GPU_SLOTS, HEADS, HEAD_DIM, HEAD_DIM, generator=gen) * 0.1).cuda()
+    pool = (torch.randn(GPU_SLOTS, HEADS, HEAD_DIM, HEAD_DIM, generator=gen) * 0.1)
+    pool = pool.to("cuda", state_dtype)
     ref_pool, start = pool.clone(), pool.clone()
     slots = _gpu_slots(rows)
     for _ in range(STEPS):
@@ -244,7 +260,9 @@ def test_gated_delta_rule_decode_gpu_0_8b(rows):
         out, out_ref = _gdn_step(inputs, pool, ref_pool, slots, "cuda")
         assert out.dtype == torch.bfloat16 and not out.isnan().any()
         assert _rel_err(out, out_ref) < 1e-2
-        assert _rel_err(pool[slots], ref_pool[slots]) < 1e-3
+        assert pool.dtype == state_dtype
+        assert _rel_err(pool[slots], ref_pool[slots]) < (1e-3 if state_dtype == torch.float32
+                                                         else 5e-3)
     assert torch.equal(pool[_untouched(slots)], start[_untouched(slots)])
 
 

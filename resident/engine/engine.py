@@ -106,7 +106,8 @@ class Engine:
         # this rank's shapes: its heads and MLP channels; pools and kernels follow them
         rank_model = self._load_model()
         self.cache = ModelCache.allocate(rank_model, config.num_kv_pages, config.page_size,
-                                         config.num_state_slots, self.dtype, device)
+                                         config.num_state_slots, self.dtype, device,
+                                         torch_dtype(config.gdn_state_dtype))
         self.kv = KVPool(config.num_kv_pages, config.page_size)
         self.states = StatePool(config.num_state_slots)
         self.positions = Positions()

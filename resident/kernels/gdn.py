@@ -103,12 +103,14 @@ def gated_delta_rule_ref(
     *,
     l2norm_qk: bool = True,  # False: query and key come l2-normed (conv_varlen's l2norm_qk)
 ) -> torch.Tensor:  # [T, Hv, Dv]
-    """The delta rule token by token, q/k l2-normed in the kernel and q scaled by Dk**-0.5."""
+    """The delta rule token by token, q/k l2-normed in the kernel and q scaled by Dk**-0.5;
+    in fp32 (fp64 for a fp64 state) whatever the state is stored in, the state rounded to its
+    pool's dtype once a row's tokens are done (as the kernels: one load, one store)."""
     num_tokens, num_k_heads, k_dim = key.shape
     num_v_heads = value.shape[1]
-    compute = state_pool.dtype
+    compute = torch.promote_types(state_pool.dtype, torch.float32)
     repeat = num_v_heads // num_k_heads
-    # [T, Hv, ...] in the state's dtype; q and k per value head
+    # [T, Hv, ...] in the compute dtype; q and k per value head
     q, k = query.to(compute), key.to(compute)
     if l2norm_qk:
         q, k = l2norm(q), l2norm(k)
@@ -144,14 +146,14 @@ def _delta_rule_varlen(q, k, v, g, b, state_pool, state_slots, query_start_loc,
 
     q, k, v, g, b = map(padded, (q, k, v, g, b))
     tok, valid = _row_tokens(query_start_loc, max_query_len, num_tokens)
-    state = state_pool[state_slots]  # [B, Hv, Dk, Dv]
+    state = state_pool[state_slots].to(q.dtype)  # [B, Hv, Dk, Dv]
     outs = []
     for i in range(max_query_len):
         t = tok[:, i]
         updated, out = _delta_step(state, q[t], k[t], v[t], g[t], b[t])
         outs.append(out)
         state = torch.where(valid[:, i, None, None, None], updated, state)
-    state_pool[state_slots] = state
+    state_pool[state_slots] = state.to(state_pool.dtype)
     return _scatter_rows(torch.stack(outs, dim=1), tok, num_tokens)
 
 
@@ -166,8 +168,9 @@ def _delta_rule_one_token(q, k, v, g, b, state_pool, state_slots,
     has_token = query_start_loc[1:] > starts  # [B]
     row_token = starts.clamp(max=num_tokens - 1)
     state = state_pool[state_slots]
-    updated, out = _delta_step(state, q[row_token], k[row_token], v[row_token], g[row_token],
-                               b[row_token])
-    state_pool[state_slots] = torch.where(has_token[:, None, None, None], updated, state)
+    updated, out = _delta_step(state.to(q.dtype), q[row_token], k[row_token], v[row_token],
+                               g[row_token], b[row_token])
+    state_pool[state_slots] = torch.where(has_token[:, None, None, None],
+                                          updated.to(state.dtype), state)
     return _scatter_rows(out[:, None], torch.where(has_token, starts, num_tokens)[:, None],
                          num_tokens)

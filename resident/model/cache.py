@@ -2,7 +2,7 @@
 
     kv:         [num_attention_layers, num_pages, 2, page_size, num_kv_heads, head_dim] (dtype)
     conv:       [num_linear_layers, num_slots, conv_dim, conv_kernel]                  (dtype)
-    recurrent:  [num_linear_layers, num_slots, Hv, Dk, Dv]     (fp32; fp64 for a fp64 model)
+    recurrent:  [num_linear_layers, num_slots, Hv, Dk, Dv]     (the knob gdn_state_dtype's)
 
 Page 0 and slot 0 are the sinks that padding rows point at; the pools never hand them out.
 """
@@ -14,10 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from resident.model.config import ModelConfig
-
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass(frozen=True)
@@ -39,7 +35,12 @@ class ModelCache:
         num_slots: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        state_dtype: torch.dtype | None = None,
     ) -> ModelCache:
+        """state_dtype: the recurrent state's; None: float32 (float64 in a float64 model), as
+        gdn_state_dtype's auto."""
+        if state_dtype is None:
+            state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         kv = torch.zeros(
             len(config.attention_layers), num_pages, 2, page_size,
             config.num_key_value_heads, config.head_dim, dtype=dtype, device=device,
@@ -49,7 +50,7 @@ class ModelCache:
                            dtype=dtype, device=device)
         recurrent = torch.zeros(
             num_linear, num_slots, config.linear_num_value_heads, config.linear_key_head_dim,
-            config.linear_value_head_dim, dtype=state_dtype(dtype), device=device,
+            config.linear_value_head_dim, dtype=state_dtype, device=device,
         )
         return cls(kv=kv, conv=conv, recurrent=recurrent)
 

@@ -205,8 +205,8 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     fresh_gpu_ms, fresh_kernels, _ = _kernel_profile(
         lambda: _fresh_prefill_s(engine, prompt_len, f"fresh-c{concurrency}-profiled"), 1)
     context = prompt_len + 8 + TIMED
-    roofline = model_facts(engine.model_config, context=context,
-                           batches=(concurrency,)).roofline[0]
+    roofline = model_facts(engine.model_config, context=context, batches=(concurrency,),
+                           state_bytes=engine.cache.recurrent.element_size()).roofline[0]
     return {
         "concurrency": concurrency, "decode_steps_timed": decode_steps,
         "step_ms": round(step_s * 1e3, 3), "tok_s": round(concurrency / step_s, 1),

@@ -49,7 +49,7 @@
 #             tokens (default 512; the JSON's name then ends -p<len>); rule: gemv_table=off
 #             (the defaults read a committed table);
 #             torchargmax: argmax=torch (the greedy tokens on torch's reduction, not
-#             kernels/argmax.py); <arm>@base: that arm's knobs run from the source tree $BASE
+#             kernels/argmax.py); bf16state: gdn_state_dtype=bfloat16; <arm>@base: that arm's knobs run from the source tree $BASE
 #             (fused@base: its defaults; carried: git archive <ref> resident configs | tar -x
 #             -C .gate/worktrees/base-<ref>); <arm>@<name>: from .gate/worktrees/<name>;
 #             an arm of another name (fused2: a repeat) runs the defaults; ARM_LIMIT: an
@@ -62,6 +62,13 @@
 #   check-fused-fp32  the same in float32 (configs/gate/check-h200-0.8b-fused-fp32.yaml;
 #             $MODEL, default qwen3.5-0.8b: qwen3.5-2b for issue 33's 2B check), tarred
 #   parity-fused the decode paths' logits against fp32, teacher-forced (fused_decode among them)
+#   state-bf16  gdn_state_dtype=bfloat16's GPU tests: the decode, layer and chunk-state kernels on
+#             a bf16 pool at the real shapes, and its logits against fp32 teacher-forced for 64
+#             steps beside the fp32 state's (issue 33)
+#   check-state-bf16  configs/gate/check-h200-0.8b-state-bf16-fp32.yaml (bf16 state against fp32
+#             in a float32 model, greedy and concurrency), tarred
+#   gate-state-bf16  configs/gate/h200-0.8b-state-bf16.yaml (bf16 against fp32 state served at
+#             c=16/64/256, both servers up together, until a verdict or 3 rounds), tarred
 #   gate-fused   configs/gate/h200-0.8b-fused.yaml (fused against off, c=1/16/64, interleaved,
 #             until a verdict), tarred
 #   gemv-sweep  resident.tools.bench_gemv at the projections of each of $GEMV_MODELS (default
@@ -389,6 +396,15 @@ for part in "$@"; do
       run check-fused 400 python3 -m gate check --config configs/gate/check-h200-0.8b-fused.yaml \
         --out "$OUT/check-fused"
       tar czf "$OUT/check-fused.tgz" -C "$OUT" check-fused && rm -rf "$OUT/check-fused" ;;
+    state-bf16)
+      run state-bf16 300 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+        tests/test_kernel_gdn_decode.py tests/test_kernel_gdn_layer_decode.py \
+        tests/test_kernel_chunk_states.py tests/gpu/test_backends_gpu.py \
+        -k "gpu_0_8b or real_shapes or chunk or bf16_state" ;;
+    check-state-bf16)
+      run check-state-bf16 "${CHECK_LIMIT:-400}" python3 -m gate check \
+        --config configs/gate/check-h200-0.8b-state-bf16-fp32.yaml --out "$OUT/check-state-bf16"
+      tar czf "$OUT/check-state-bf16.tgz" -C "$OUT" check-state-bf16 && rm -rf "$OUT/check-state-bf16" ;;
     check-fused-fp32)
       dir=check-fused-fp32-${MODEL:-qwen3.5-0.8b}
       run check-fused-fp32 "${CHECK_LIMIT:-400}" python3 -m gate check \
@@ -472,7 +488,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
@@ -583,6 +599,7 @@ for part in "$@"; do
           fullnopdl) knobs=(--set fused_decode=full --set pdl=off) ;;
           nosplits) knobs=(--set decode_splits=off) ;;
           torchargmax) knobs=(--set argmax=torch) ;;
+          bf16state) knobs=(--set gdn_state_dtype=bfloat16) ;;
           table) knobs=(--set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
           fulltable) knobs=(--set fused_decode=full
                             --set "gemv_table=${GEMV_TABLE:-$OUT/gemv-${MODEL:-qwen3.5-0.8b}.json}") ;;
