@@ -215,6 +215,8 @@ def serve(
 # one line a knob for `resident knobs`; tests/test_gate_cli.py checks every knob has one
 KNOB_MEANINGS = {
     "dtype": "weights, KV cache and activations; auto: bfloat16 on CUDA, float32 on CPU",
+    "gdn_state_dtype": "the GDN recurrent state's storage (float32 | bfloat16: half its bytes); "
+                       "auto: float32, float64 in a float64 model",
     "page_size": "tokens a KV-cache page holds (a power of two)",
     "num_kv_pages": "KV-cache pages; 0: 4096 on CPU, as many as kv_cache_gib holds on CUDA",
     "kv_cache_gib": "GiB of KV cache on CUDA when num_kv_pages is 0",

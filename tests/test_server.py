@@ -263,7 +263,8 @@ def test_debug_config_and_models(server):
     assert status == 200
     assert config["model"] == "tiny" and config["device"] == "cpu"
     assert config["dtype"] == "float64" and config["planning_mode"] == "resident"
-    assert config["knobs_changed"] == {"dtype": "float64"}
+    # the GDN state's auto follows the model's float64 (the default resolves to float32)
+    assert config["knobs_changed"] == {"dtype": "float64", "gdn_state_dtype": "float64"}
     assert config["resident_package_path"] == str(ROOT / "resident")
     assert config["source_digest"] == source_digest(ROOT / "resident")
     assert isinstance(config["git_dirty"], bool)  # the tests run from a checkout
