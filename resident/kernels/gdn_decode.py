@@ -181,6 +181,8 @@ def gated_delta_rule_decode(
     out: torch.Tensor | None = None,  # [B, Hv, Dv] in value's dtype; allocated when None
     gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,  # (A_log, dt_bias) [Hv]
     l2norm_qk: bool = True,  # False: query and key come l2-normed (conv_varlen's l2norm_qk)
+    block_dv: int = GDN_BLOCK_DV,
+    num_warps: int = GDN_NUM_WARPS,
 ) -> torch.Tensor:  # [B, Hv, Dv]
     """One gated delta rule step per row, `gated_delta_rule_ref` for decode.
 
@@ -193,14 +195,15 @@ def gated_delta_rule_decode(
     S = state * exp(g); S += k (x) ((v - S^T k) * beta); out = S^T q; S written back to
     state_pool[slot, h] in place. Computed in fp32 (fp64 for a fp64 pool). A row on the sink
     slot 0 (padding) is skipped: no state read or written, its output left as `out` held it.
-    Grid (B, Hv, cdiv(Dv, 32)); each program holds a [Dk, 32] tile of one head's state.
+    Grid (B, Hv, cdiv(Dv, block_dv)); each program holds a [Dk, block_dv] tile of one head's
+    state (tests/gpu/time_gdn_decode.py times other tiles and warps).
     """
     del query_start_loc  # decode rows are tokens 0..B-1 in order
     _check_decode(max_query_len, state_slots.shape[0], query.shape[0])
     rows, num_k_heads, k_dim = key.shape
     num_v_heads, v_dim = value.shape[1:]
     o = torch.empty_like(value, memory_format=torch.contiguous_format) if out is None else out
-    block_dv = min(GDN_BLOCK_DV, triton.next_power_of_2(v_dim))
+    block_dv = min(block_dv, triton.next_power_of_2(v_dim))
     grid = (rows, num_v_heads, triton.cdiv(v_dim, block_dv))
     a_log, dt_bias = gate_params if gate_params is not None else (log_decay, log_decay)
     _gdn_decode_kernel[grid](
@@ -210,6 +213,6 @@ def gated_delta_rule_decode(
         num_v_heads // num_k_heads, k_dim, v_dim, k_dim**-0.5, L2NORM_EPS,
         BLOCK_DK=triton.next_power_of_2(k_dim), BLOCK_DV=block_dv,
         COMPUTE=compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
-        L2NORM_QK=l2norm_qk, num_warps=GDN_NUM_WARPS,
+        L2NORM_QK=l2norm_qk, num_warps=num_warps,
     )
     return o

@@ -65,6 +65,8 @@
 #   state-bf16  gdn_state_dtype=bfloat16's GPU tests: the decode, layer and chunk-state kernels on
 #             a bf16 pool at the real shapes, and its logits against fp32 teacher-forced for 64
 #             steps beside the fp32 state's (issue 33)
+#   time-gdn-decode  tests/gpu/time_gdn_decode.py: the GDN decode delta rule's µs at 64 and 256
+#             rows by state dtype, value columns a program and warps
 #   check-state-bf16  configs/gate/check-h200-0.8b-state-bf16-fp32.yaml (bf16 state against fp32
 #             in a float32 model, greedy and concurrency), tarred
 #   gate-state-bf16  configs/gate/h200-0.8b-state-bf16.yaml (bf16 against fp32 state served at
@@ -401,6 +403,8 @@ for part in "$@"; do
         tests/test_kernel_gdn_decode.py tests/test_kernel_gdn_layer_decode.py \
         tests/test_kernel_chunk_states.py tests/gpu/test_backends_gpu.py \
         -k "gpu_0_8b or real_shapes or chunk or bf16_state" ;;
+    time-gdn-decode)
+      run time-gdn-decode 120 python3 tests/gpu/time_gdn_decode.py ;;
     check-state-bf16)
       run check-state-bf16 "${CHECK_LIMIT:-400}" python3 -m gate check \
         --config configs/gate/check-h200-0.8b-state-bf16-fp32.yaml --out "$OUT/check-state-bf16"
