@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
-from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
+from resident.kernels.gdn_decode import (
+    WIDE_ROWS,
+    block_dv_for,
+    causal_conv_decode,
+    gated_delta_rule_decode,
+)
 
 NUM_SLOTS, STEPS = 8, 3
 # Three real rows on distinct non-sink slots and one padding row on the sink, in no slot order.
@@ -115,6 +120,23 @@ def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim, stat
         assert _rel_err(out, out_ref) < tolerance and _rel_err(pool, ref_pool) < tolerance
     assert torch.equal(pool[UNTOUCHED], start[UNTOUCHED])
     assert not torch.allclose(pool[SLOTS[:-1]], start[SLOTS[:-1]])
+
+
+@pytest.mark.parametrize("v_dim", [40, 128])  # 40: one 64-column program a head, masked
+def test_wide_programs_give_the_same_step(v_dim):
+    """block_dv 64 (the rule's from WIDE_ROWS rows) against the engine's 32 columns below it:
+    the same outputs and states to fp64 rounding, on a float64 pool."""
+    gen = torch.Generator().manual_seed(v_dim)
+    pool = torch.randn(NUM_SLOTS, 4, 16, v_dim, generator=gen, dtype=torch.float64)
+    narrow_pool = pool.clone()
+    inputs = _gdn_inputs(gen, len(SLOTS), 2, 4, 16, v_dim, dtype=torch.float64)
+    state_slots, qsl = _decode_meta(SLOTS)
+    wide = gated_delta_rule_decode(*inputs, pool, state_slots, qsl, 1, block_dv=64)
+    narrow = gated_delta_rule_decode(*inputs, narrow_pool, state_slots, qsl, 1, block_dv=32)
+    real = [row for row, slot in enumerate(SLOTS) if slot != 0]
+    torch.testing.assert_close(wide[real], narrow[real], atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(pool, narrow_pool, atol=1e-12, rtol=1e-12)
+    assert block_dv_for(WIDE_ROWS) == 64 and block_dv_for(WIDE_ROWS - 1) == 32
 
 
 def _raw_gate_case(gen, rows, hv, dtype, device):

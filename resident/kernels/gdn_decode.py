@@ -24,9 +24,14 @@ CONV_BLOCK_C = 128
 CONV_NUM_WARPS = 4
 # Value columns per delta-rule program. The program holds a [Dk, BLOCK_DV] fp32 state tile in
 # registers: at Dk=128, 32 columns is 4096 floats, 32 registers a thread over 4 warps, well under
-# Hopper's 255 per thread with room for the q/k/delta broadcasts (64 doubles that and spills
-# nothing, but halves the programs). 4 programs per head also give 64 programs at batch 1.
+# Hopper's 255 per thread with room for the q/k/delta broadcasts; 4 programs per head also give
+# 64 programs at batch 1. From WIDE_ROWS rows up a program takes WIDE_BLOCK_DV columns (64
+# spills nothing, and the grid has programs to spare): on an H100 at the 0.8B's heads a layer
+# took 219.8 -> 200.1 µs at 256 rows with an fp32 state and 169.8 -> 116.1 with a bf16 one
+# (gdn_state_dtype), 55.5 -> 52.8 and 30.2 -> 24.7 at 64 (tests/gpu/time_gdn_decode.py,
+# results/2026-12-06-h100-state-bf16); 16 to 48 rows were not timed and keep 32
 GDN_BLOCK_DV = 32
+WIDE_BLOCK_DV, WIDE_ROWS = 64, 64
 GDN_NUM_WARPS = 4
 L2NORM_EPS = 1e-6  # as `l2norm` in gdn.py: inside the rsqrt of the sum of squares
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's F.softplus: x itself above it
@@ -35,6 +40,11 @@ SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's F.softplus: x itself above it
 def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     """fp32 accumulation, fp64 only for a fp64 model (CPU parity runs)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def block_dv_for(rows: int) -> int:
+    """The delta rule's value columns a program for a launch of `rows` rows (GDN_BLOCK_DV)."""
+    return WIDE_BLOCK_DV if rows >= WIDE_ROWS else GDN_BLOCK_DV
 
 
 def _check_decode(max_query_len: int, rows: int, tokens: int) -> None:
@@ -181,7 +191,7 @@ def gated_delta_rule_decode(
     out: torch.Tensor | None = None,  # [B, Hv, Dv] in value's dtype; allocated when None
     gate_params: tuple[torch.Tensor, torch.Tensor] | None = None,  # (A_log, dt_bias) [Hv]
     l2norm_qk: bool = True,  # False: query and key come l2-normed (conv_varlen's l2norm_qk)
-    block_dv: int = GDN_BLOCK_DV,
+    block_dv: int = 0,  # 0: block_dv_for(rows)
     num_warps: int = GDN_NUM_WARPS,
 ) -> torch.Tensor:  # [B, Hv, Dv]
     """One gated delta rule step per row, `gated_delta_rule_ref` for decode.
@@ -203,7 +213,7 @@ def gated_delta_rule_decode(
     rows, num_k_heads, k_dim = key.shape
     num_v_heads, v_dim = value.shape[1:]
     o = torch.empty_like(value, memory_format=torch.contiguous_format) if out is None else out
-    block_dv = min(block_dv, triton.next_power_of_2(v_dim))
+    block_dv = min(block_dv or block_dv_for(rows), triton.next_power_of_2(v_dim))
     grid = (rows, num_v_heads, triton.cdiv(v_dim, block_dv))
     a_log, dt_bias = gate_params if gate_params is not None else (log_decay, log_decay)
     _gdn_decode_kernel[grid](

@@ -1,12 +1,14 @@
 """GPU time of the GDN decode delta rule (kernels/gdn_decode.py, the kernel of buckets above
 FUSED_GDN_MAX_ROWS) at the 0.8B's heads (16 key and 16 value heads of 128, bf16 activations)
 by the state's dtype (gdn_state_dtype: float32, bfloat16), a program's value columns
-(`block_dv`: 4 programs a head at the engine's 32, 2 at 64) and warps, captured as a CUDA graph
-as a decode bucket replays it, at 64 and 256 rows. A bf16 state moves half the bytes: on an
-H100 the c=256 step's 18 calls took 3,855 µs with fp32 state and 3,020 with bf16, 45% of the
-copy bandwidth where fp32 reached 71% (results/2026-12-06-h100-state-bf16). 64 rows of bf16
-state (34 MB) stay in an H100's L2 from one replay to the next: the 256-row line is the one a
-step sees. Each config's state is checked against the engine's (its dtype's rounding apart):
+(`block_dv`: 4 programs a head at 32, 2 at 64) and warps, captured as a CUDA graph as a decode
+bucket replays it, at 64 and 256 rows. On an H100 the c=256 step's 18 calls took 3,855 µs with
+an fp32 state and 3,020 with a bf16 one at 32 columns: 75% and 48% of the copy bandwidth
+(results/2026-12-06-h100-state-bf16, which this script's first run chose WIDE_BLOCK_DV from).
+64 rows of bf16 state (34 MB) stay in an H100's L2 from one replay to the next: the 256-row
+line is the one a step sees. Each config's state after one step from the same start is checked
+against the first config's (its dtype's rounding apart; that first run's error column compared
+different starts, a bug since fixed, its times stand):
     python3 tests/gpu/time_gdn_decode.py"""
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import functools
 
 import torch
 
-from resident.kernels.gdn_decode import GDN_BLOCK_DV, GDN_NUM_WARPS, gated_delta_rule_decode
+from resident.kernels.gdn_decode import (
+    GDN_BLOCK_DV,
+    GDN_NUM_WARPS,
+    WIDE_BLOCK_DV,
+    gated_delta_rule_decode,
+)
 from resident.tools.bench_attention import graph_time_us
 
 HEADS, DIM = 16, 128
 ROWS = (64, 256)
-# (block_dv, num_warps): the engine's first
-CONFIGS = ((GDN_BLOCK_DV, GDN_NUM_WARPS), (32, 8), (64, 4), (64, 8), (16, 4), (128, 8))
+# (block_dv, num_warps): the engine's below WIDE_ROWS first, then its from WIDE_ROWS up
+CONFIGS = ((GDN_BLOCK_DV, GDN_NUM_WARPS), (WIDE_BLOCK_DV, GDN_NUM_WARPS), (32, 8), (64, 8),
+           (16, 4), (128, 8))
 
 
 def inputs(rows: int, state_dtype: torch.dtype, device: torch.device):
@@ -47,16 +55,14 @@ def main() -> None:
         for rows in ROWS:
             tensors, gates, pool, slots = inputs(rows, state_dtype, device)
             qsl = torch.arange(rows + 1, device=device)
+            start = pool.clone()  # every config's checked step starts here
             times, states = [], []
             for block_dv, warps in CONFIGS:
                 run = functools.partial(gated_delta_rule_decode, *tensors, pool, slots, qsl, 1,
                                         gate_params=gates, block_dv=block_dv, num_warps=warps)
-                start = pool.clone()
-                run()  # compiles; then one step from the same state for the check
                 pool.copy_(start)
                 run()
                 states.append(pool[1:].float().clone())
-                pool.copy_(start)
                 times.append(graph_time_us(run))
             errors = [((s - states[0]).norm() / states[0].norm()).item() for s in states[1:]]
             moved = 2 * rows * HEADS * DIM * DIM * pool.element_size()
