@@ -28,8 +28,9 @@ CONV_NUM_WARPS = 4
 # 64 programs at batch 1. From WIDE_ROWS rows up a program takes WIDE_BLOCK_DV columns (64
 # spills nothing, and the grid has programs to spare): on an H100 at the 0.8B's heads a layer
 # took 219.8 -> 200.1 µs at 256 rows with an fp32 state and 169.8 -> 116.1 with a bf16 one
-# (gdn_state_dtype), 55.5 -> 52.8 and 30.2 -> 24.7 at 64 (tests/gpu/time_gdn_decode.py,
-# results/2026-12-06-h100-state-bf16); 16 to 48 rows were not timed and keep 32
+# (gdn_state_dtype), 55.5 -> 52.8 and 30.2 -> 24.7 at 64 (tests/gpu/time_gdn_decode.py), and a
+# c=256 step -5.6% and -16.3% (results/2026-12-06-h100-state-bf16); 16 to 48 rows were not
+# timed and keep 32
 GDN_BLOCK_DV = 32
 WIDE_BLOCK_DV, WIDE_ROWS = 64, 64
 GDN_NUM_WARPS = 4
