@@ -25,8 +25,9 @@ CONV_NUM_WARPS = 4
 # Value columns per delta-rule program. The program holds a [Dk, BLOCK_DV] fp32 state tile in
 # registers: at Dk=128, 32 columns is 4096 floats, 32 registers a thread over 4 warps, well under
 # Hopper's 255 per thread with room for the q/k/delta broadcasts; 4 programs per head also give
-# 64 programs at batch 1. From WIDE_ROWS rows up a program takes WIDE_BLOCK_DV columns (64
-# spills nothing, and the grid has programs to spare): on an H100 at the 0.8B's heads a layer
+# 64 programs at batch 1. From WIDE_ROWS rows up a program takes WIDE_BLOCK_DV columns (the
+# grid has programs to spare; ptxas spills ~100 bytes a thread at 64, tools/compile_check,
+# and it is faster all the same): on an H100 at the 0.8B's heads a layer
 # took 219.8 -> 200.1 µs at 256 rows with an fp32 state and 169.8 -> 116.1 with a bf16 one
 # (gdn_state_dtype), 55.5 -> 52.8 and 30.2 -> 24.7 at 64 (tests/gpu/time_gdn_decode.py), and a
 # c=256 step -5.6% and -16.3% (results/2026-12-06-h100-state-bf16); 16 to 48 rows were not

@@ -150,12 +150,21 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     gdn_types |= {arg: "i32" for arg in gdn_decode._gdn_decode_kernel.arg_names
                   if arg.startswith("stride_") or arg in ("group", "k_dim", "v_dim")}
     # l2norm_qk: decode steps normalise q and k in the kernel; a mixed step's decode rows get
-    # them normalised by the varlen conv
-    variants += [Variant(name, gdn_decode._gdn_decode_kernel, gdn_types, {
+    # them normalised by the varlen conv; from WIDE_ROWS rows a program takes WIDE_BLOCK_DV
+    # columns, over an fp32 or (gdn_state_dtype) bf16 state. Those spill 100-112 bytes a
+    # thread at 4 warps and were chosen all the same: they measured 9% (fp32) and 32% (bf16)
+    # faster a layer at 256 rows than 32 columns, which spill nothing
+    # (results/2026-12-06-h100-state-bf16); 128 bytes catches a change that spills more
+    variants += [Variant(name, gdn_decode._gdn_decode_kernel, gdn_types | {"state_ptr": state}, {
         "BLOCK_DK": triton.next_power_of_2(config.linear_key_head_dim),
-        "BLOCK_DV": gdn_decode.GDN_BLOCK_DV, "COMPUTE": triton.language.float32,
-        "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS)
-        for name, l2norm in (("gdn decode + gates", True), ("gdn decode, q/k normed", False))]
+        "BLOCK_DV": block_dv, "COMPUTE": triton.language.float32,
+        "RAW_GATES": True, "L2NORM_QK": l2norm}, gdn_decode.GDN_NUM_WARPS,
+        allowed_spill=128 if block_dv == gdn_decode.WIDE_BLOCK_DV else 0)
+        for name, l2norm, block_dv, state in (
+            ("gdn decode + gates", True, gdn_decode.GDN_BLOCK_DV, "*fp32"),
+            ("gdn decode, q/k normed", False, gdn_decode.GDN_BLOCK_DV, "*fp32"),
+            ("gdn decode + gates, wide", True, gdn_decode.WIDE_BLOCK_DV, "*fp32"),
+            ("gdn decode + gates, wide, bf16 state", True, gdn_decode.WIDE_BLOCK_DV, "*bf16"))]
     variants += _fused_decode_variants(config)
     variants += _decode_attention_variants(config)
     variants.append(_argmax_variant(config))
