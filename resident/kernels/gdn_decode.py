@@ -185,7 +185,7 @@ def gated_delta_rule_decode(
     value: torch.Tensor,  # [B, Hv, Dv]
     log_decay: torch.Tensor,  # [B, Hv] fp32 (a, with gate_params)
     beta: torch.Tensor,  # [B, Hv] (b, with gate_params)
-    state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] fp32 (fp64 for a fp64 model); updated
+    state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] gdn_state_dtype's (fp32, bf16, fp64); updated
     state_slots: torch.Tensor,  # [B] int64
     query_start_loc: torch.Tensor,  # [B+1]: unused (decode rows own one token each)
     max_query_len: int,

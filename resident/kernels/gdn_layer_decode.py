@@ -193,7 +193,7 @@ def gdn_layer_decode(
     projected: torch.Tensor,  # [B, C + Hv Dv + 2 Hv]: mixed qkv, z, b, a (the in_proj output)
     weights: GdnLayerWeights,
     conv_pool: torch.Tensor,  # [N, C, W]; updated
-    state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] fp32 (fp64 for a fp64 model); updated
+    state_pool: torch.Tensor,  # [N, Hv, Dk, Dv] gdn_state_dtype's (fp32, bf16, fp64); updated
     state_slots: torch.Tensor,  # [B] int64; 0 (the sink) marks a padding row
     scratch: GdnLayerScratch,
     *,
