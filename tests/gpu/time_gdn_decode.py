@@ -9,10 +9,11 @@ an fp32 state and 3,020 with a bf16 one at 32 columns: 75% and 48% of the copy b
 line is the one a step sees. Each config's state after one step from the same start is checked
 against the first config's (its dtype's rounding apart; that first run's error column compared
 different starts, a bug since fixed, its times stand):
-    python3 tests/gpu/time_gdn_decode.py"""
+    python3 tests/gpu/time_gdn_decode.py [--rows 64,256]"""
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import torch
@@ -23,6 +24,7 @@ from resident.kernels.gdn_decode import (
     WIDE_BLOCK_DV,
     gated_delta_rule_decode,
 )
+from resident.tool_args import counts
 from resident.tools.bench_attention import graph_time_us
 
 HEADS, DIM = 16, 128
@@ -48,11 +50,14 @@ def inputs(rows: int, state_dtype: torch.dtype, device: torch.device):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=counts, default=",".join(map(str, ROWS)))
+    rows_timed = parser.parse_args().rows
     device = torch.device("cuda")
     print(f"{'state':>9} {'rows':>5} " + " ".join(f"{f'{b}x{w}w us':>10}" for b, w in CONFIGS)
           + "  GB/s at the best  max rel err against the engine's")
     for state_dtype in (torch.float32, torch.bfloat16):
-        for rows in ROWS:
+        for rows in rows_timed:
             tensors, gates, pool, slots = inputs(rows, state_dtype, device)
             qsl = torch.arange(rows + 1, device=device)
             start = pool.clone()  # every config's checked step starts here
