@@ -164,6 +164,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
             ("gdn decode + gates", True, gdn_decode.GDN_BLOCK_DV, "*fp32"),
             ("gdn decode, q/k normed", False, gdn_decode.GDN_BLOCK_DV, "*fp32"),
             ("gdn decode + gates, wide", True, gdn_decode.WIDE_BLOCK_DV, "*fp32"),
+            ("gdn decode, q/k normed, wide", False, gdn_decode.WIDE_BLOCK_DV, "*fp32"),
             ("gdn decode + gates, wide, bf16 state", True, gdn_decode.WIDE_BLOCK_DV, "*bf16"))]
     variants += _fused_decode_variants(config)
     variants += _decode_attention_variants(config)
