@@ -122,8 +122,9 @@ def test_gated_delta_rule_decode_matches_reference_over_steps(k_dim, v_dim, stat
     assert not torch.allclose(pool[SLOTS[:-1]], start[SLOTS[:-1]])
 
 
+@pytest.mark.parametrize("l2norm_qk", [True, False])  # False: a mixed step's decode rows
 @pytest.mark.parametrize("v_dim", [40, 128])  # 40: one 64-column program a head, masked
-def test_wide_programs_give_the_same_step(v_dim):
+def test_wide_programs_give_the_same_step(v_dim, l2norm_qk):
     """block_dv 64 (the rule's from WIDE_ROWS rows) against the engine's 32 columns below it:
     the same outputs and states to fp64 rounding, on a float64 pool."""
     gen = torch.Generator().manual_seed(v_dim)
@@ -131,8 +132,10 @@ def test_wide_programs_give_the_same_step(v_dim):
     narrow_pool = pool.clone()
     inputs = _gdn_inputs(gen, len(SLOTS), 2, 4, 16, v_dim, dtype=torch.float64)
     state_slots, qsl = _decode_meta(SLOTS)
-    wide = gated_delta_rule_decode(*inputs, pool, state_slots, qsl, 1, block_dv=64)
-    narrow = gated_delta_rule_decode(*inputs, narrow_pool, state_slots, qsl, 1, block_dv=32)
+    wide = gated_delta_rule_decode(*inputs, pool, state_slots, qsl, 1, block_dv=64,
+                                   l2norm_qk=l2norm_qk)
+    narrow = gated_delta_rule_decode(*inputs, narrow_pool, state_slots, qsl, 1, block_dv=32,
+                                     l2norm_qk=l2norm_qk)
     real = [row for row, slot in enumerate(SLOTS) if slot != 0]
     torch.testing.assert_close(wide[real], narrow[real], atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(pool, narrow_pool, atol=1e-12, rtol=1e-12)
