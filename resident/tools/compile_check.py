@@ -151,7 +151,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
                   if arg.startswith("stride_") or arg in ("group", "k_dim", "v_dim")}
     # l2norm_qk: decode steps normalise q and k in the kernel; a mixed step's decode rows get
     # them normalised by the varlen conv; from WIDE_ROWS rows a program takes WIDE_BLOCK_DV
-    # columns, over an fp32 or (gdn_state_dtype) bf16 state. Those spill 100-112 bytes a
+    # columns, over an fp32 or (gdn_state_dtype) bf16 state. Those spill 76-112 bytes a
     # thread at 4 warps and were chosen all the same: they measured 9% (fp32) and 32% (bf16)
     # faster a layer at 256 rows than 32 columns, which spill nothing
     # (results/2026-12-06-h100-state-bf16); 128 bytes catches a change that spills more
