@@ -346,7 +346,8 @@ def kv_bytes_per_page(model: ModelConfig, page_size: int, dtype: str) -> int:
 
 def resolve_state_dtype(knob: str, dtype: str, device_type: str = "cpu") -> str:
     """gdn_state_dtype's value for a model of `dtype`: auto is float32, float64 in a float64
-    model (EngineConfig.gdn_state_dtype); float64 only on CPU."""
+    model (EngineConfig.gdn_state_dtype; kernels.compute_dtype's rule, here on the knobs'
+    names: the config is read before torch is imported); float64 only on CPU."""
     if knob == "auto":
         return "float64" if dtype == "float64" else "float32"
     if knob == "float64" and device_type != "cpu":

@@ -20,6 +20,20 @@ def device_sms(device: torch.device) -> int:
     return INTERPRETER_SMS
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the kernels and their torch references compute, accumulate and keep state in for
+    tensors of `dtype` (gdn_state_dtype's auto too): float32, float64 for a float64 model (the
+    CPU's exact runs)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def triton_compute_dtype(dtype: torch.dtype):
+    """compute_dtype as Triton's dtype: a kernel's COMPUTE constexpr."""
+    import triton.language as tl  # only the Triton kernels ask: triton is an extra
+
+    return getattr(tl, str(compute_dtype(dtype)).removeprefix("torch."))
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot's input_precision for operands of `dtype`: full precision for fp32 and fp64
     (tl.dot's default, tf32, rounds fp32 operands to 10 mantissa bits, ~1e-3 relative on the

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from resident.kernels import compute_dtype
+
 
 def write_kv_ref(
     kv_layer: torch.Tensor,  # [P, 2, S, Hkv, D]
@@ -38,7 +40,7 @@ def paged_attention_ref(
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = kv_layer.shape[3]
     group = num_heads // num_kv_heads
-    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(query.dtype)
 
     if positions.device.type == "cpu" and num_tokens:
         # keys past a token's position are masked out below: pages past the furthest one are

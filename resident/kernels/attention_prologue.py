@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels import triton_compute_dtype
 from resident.kernels.gdc import pdl_wait_then_release
-from resident.kernels.gdn_decode import compute_dtype
 from resident.kernels.layer_shapes import AttentionHeads
 from resident.kernels.pdl import launch_options
 
@@ -109,7 +109,7 @@ def attention_prologue(
         qkv.stride(0), query.stride(0), query.stride(1), kv_layer.stride(0),
         kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3), heads.num_heads,
         heads.num_kv_heads, eps,
-        D=dim, ROT=rotary, PAGE=kv_layer.shape[2], COMPUTE=compute_dtype(qkv.dtype),
+        D=dim, ROT=rotary, PAGE=kv_layer.shape[2], COMPUTE=triton_compute_dtype(qkv.dtype),
         num_warps=num_warps(dim), **launch_options(pdl),
     )
     return query

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels.gdn_decode import L2NORM_EPS, compute_dtype
+from resident.kernels import triton_compute_dtype
+from resident.kernels.gdn_decode import L2NORM_EPS
 
 # [4 tokens, one 128-channel head] on 2 warps: at a 2,304-token step of the 0.8B the H200 ran
 # this kernel (l2norm fused) in 40.8 us a call against 48.2 for the best tile of the kernel
@@ -163,7 +164,7 @@ def causal_conv_varlen(
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), conv_pool.stride(0),
         conv_pool.stride(1), conv_pool.stride(2), num_tokens, channels, key_width, value_width,
         head_dim, L2NORM_EPS, WIDTH=width, BLOCK_T=CONV_BLOCK_T,
-        BLOCK_C=triton.next_power_of_2(head_dim), COMPUTE=compute_dtype(weight.dtype),
+        BLOCK_C=triton.next_power_of_2(head_dim), COMPUTE=triton_compute_dtype(weight.dtype),
         L2NORM_QK=l2norm_qk, num_warps=CONV_NUM_WARPS,
     )
     _conv_state_kernel[(state_slots.shape[0], triton.cdiv(channels, STATE_BLOCK_C))](

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from resident.interpreter import triton_interpreting
-from resident.kernels import dot_precision
+from resident.kernels import dot_precision, triton_compute_dtype
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
 from resident.kernels.pdl import launch_options as pdl_options
 
@@ -330,7 +330,7 @@ def paged_decode_attention(
         if meeting is not None else out
     tail = {"BLOCK_S": triton.next_power_of_2(num_splits), "BLOCK_D": block_d,
             "GATED": gate is not None,
-            "COMPUTE": tl.float64 if query.dtype == torch.float64 else tl.float32}
+            "COMPUTE": triton_compute_dtype(query.dtype)}
     _split_kernel[(batch, num_kv_heads, num_splits)](
         query, kv_layer, block_tables, positions, partial_out, partial_lse,
         scale * math.log2(math.e), block_tables.shape[1],

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels import triton_compute_dtype
+
 # Channels per conv program: 128 channels x W taps is one small contiguous pool tile, and enough
 # programs per row (48 at C=6144) to spread a batch-1 step over the SMs.
 CONV_BLOCK_C = 128
@@ -37,11 +39,6 @@ WIDE_BLOCK_DV, WIDE_ROWS = 64, 64
 GDN_NUM_WARPS = 4
 L2NORM_EPS = 1e-6  # as `l2norm` in gdn.py: inside the rsqrt of the sum of squares
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's F.softplus: x itself above it
-
-
-def compute_dtype(dtype: torch.dtype) -> tl.dtype:
-    """fp32 accumulation, fp64 only for a fp64 model (CPU parity runs)."""
-    return tl.float64 if dtype == torch.float64 else tl.float32
 
 
 def block_dv_for(rows: int) -> int:
@@ -119,7 +116,7 @@ def causal_conv_decode(
         conv_pool.stride(0), conv_pool.stride(1), conv_pool.stride(2), y.stride(0), y.stride(1),
         channels, width,
         BLOCK_C=CONV_BLOCK_C, BLOCK_W=triton.next_power_of_2(width),
-        COMPUTE=compute_dtype(weight.dtype), num_warps=CONV_NUM_WARPS,
+        COMPUTE=triton_compute_dtype(weight.dtype), num_warps=CONV_NUM_WARPS,
     )
     return y
 
@@ -224,7 +221,7 @@ def gated_delta_rule_decode(
         *state_pool.stride(), *o.stride(),
         num_v_heads // num_k_heads, k_dim, v_dim, k_dim**-0.5, L2NORM_EPS,
         BLOCK_DK=triton.next_power_of_2(k_dim), BLOCK_DV=block_dv,
-        COMPUTE=compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
+        COMPUTE=triton_compute_dtype(state_pool.dtype), RAW_GATES=gate_params is not None,
         L2NORM_QK=l2norm_qk, num_warps=num_warps,
     )
     return o

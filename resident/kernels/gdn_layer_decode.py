@@ -36,8 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.kernels import compute_dtype, triton_compute_dtype
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release
-from resident.kernels.gdn_decode import L2NORM_EPS, SOFTPLUS_THRESHOLD, compute_dtype
+from resident.kernels.gdn_decode import L2NORM_EPS, SOFTPLUS_THRESHOLD
 from resident.kernels.layer_shapes import GdnLayerWeights, GdnShape
 from resident.kernels.pdl import launch_options
 
@@ -224,7 +225,7 @@ def gdn_layer_decode(
         return out
     conv_weight, width = weights.conv_weight, weights.conv_weight.shape[1]
     block_dv = min(block_dv, shape.v_dim)
-    compute = torch.float64 if state_pool.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(state_pool.dtype)
     sum_sq, counts = scratch.get(rows, shape, shape.v_dim // block_dv, compute,
                                  projected.device)
     _gdn_layer_decode_kernel[(rows, shape.num_v_heads, shape.v_dim // block_dv)](
@@ -236,7 +237,7 @@ def gdn_layer_decode(
         L2NORM_EPS, weights.norm_eps,
         GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=block_dv,
         BLOCK_W=triton.next_power_of_2(width),
-        COMPUTE=compute_dtype(state_pool.dtype), num_warps=num_warps, **launch_options(pdl),
+        COMPUTE=triton_compute_dtype(state_pool.dtype), num_warps=num_warps, **launch_options(pdl),
     )
     return out
 

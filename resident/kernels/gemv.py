@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from resident.kernels import dot_precision
+from resident.kernels import compute_dtype, dot_precision, triton_compute_dtype
 from resident.kernels.gdc import KeptZeros, last_to_arrive, pdl_wait_then_release, prefetch_l2
 from resident.kernels.pdl import launch_options
 
@@ -346,7 +346,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     if splits == 1:
         _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl)
         return out
-    partials = torch.empty(splits, num_rows, n, dtype=accumulation_dtype(x.dtype),
+    partials = torch.empty(splits, num_rows, n, dtype=compute_dtype(x.dtype),
                            device=x.device)
     _launch(x, weight, tile, partials, pdl=pdl)
     block = 1024
@@ -383,7 +383,7 @@ def skinny_linear_partials(x: torch.Tensor, weight: torch.Tensor,
                            tile: GemvTile = DEFAULT_TILE, *, gated: bool = False,
                            pdl: bool = False) -> torch.Tensor:
     """As skinny_linear, but -> the partial sums [S, M, N] (fp32; fp64 for a fp64 model:
-    accumulation_dtype) of its S K-splits, left for the consumer to add up
+    compute_dtype) of its S K-splits, left for the consumer to add up
     (DenseOps.add_rms_norm does, inside its fused kernel). With gated, x is an MLP's [M, 2K]
     gate_up and the product is (silu(gate) * up) @ weight^T: the MLP's down projection with
     its activation in the same kernel."""
@@ -397,7 +397,7 @@ def gated_norm_linear_partials(
     eps: float,
     weight: torch.Tensor,  # [N, H * D]
     tile: GemvTile = DEFAULT_TILE,
-) -> torch.Tensor:  # [S, M, N] partial sums, accumulation_dtype
+) -> torch.Tensor:  # [S, M, N] partial sums, compute_dtype
     """out_proj(gated_rms_norm(x, gate)) in one kernel: each K tile of the product is one head,
     normed and gated as it is loaded."""
     num_rows, num_heads, head_dim = x.shape
@@ -415,7 +415,7 @@ def sigmoid_gate_linear_partials(
     gate: torch.Tensor,  # [M, H, D]: its output gate (a strided view, each head's D contiguous)
     weight: torch.Tensor,  # [N, H * D]
     tile: GemvTile = DEFAULT_TILE,
-) -> torch.Tensor:  # [S, M, N] partial sums, accumulation_dtype
+) -> torch.Tensor:  # [S, M, N] partial sums, compute_dtype
     """o_proj(x * sigmoid(gate)) in one kernel: the gated attention's output gate applied as
     each tile of x is loaded."""
     _check_gated(x, gate)
@@ -474,7 +474,7 @@ def skinny_linear_add_norm(
         raise ValueError(f"residual {tuple(residual.shape)} must be a contiguous [{num_rows}, "
                          f"{n}] and norm_weight {tuple(norm_weight.shape)} [{n}]")
     counts = scratch.get((1 + triton.cdiv(n, tile.block_n),), torch.int32, x.device)
-    sums_sq = scratch.get((sums_rows(n, tile), MIN_DOT), accumulation_dtype(x.dtype), x.device)
+    sums_sq = scratch.get((sums_rows(n, tile), MIN_DOT), compute_dtype(x.dtype), x.device)
     add_norm = AddNorm(residual, norm_weight, eps, torch.empty_like(residual),
                        torch.empty_like(residual), counts, sums_sq)
     _launch_partials(x, weight, tile, SILU_MUL if gated else PLAIN, gated=gated, pdl=pdl,
@@ -488,7 +488,7 @@ def _launch_partials(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
     """The [S, M, N] partial sums of x @ weight^T after `prologue` (see _launch)."""
     splits, _ = _split(x, weight, tile, gated)
     partials = torch.empty(splits, x.shape[0], weight.shape[0],
-                           dtype=accumulation_dtype(x.dtype), device=x.device)
+                           dtype=compute_dtype(x.dtype), device=x.device)
     _launch(x, weight, tile, partials, prologue, pdl=pdl, **prologue_args)
     return partials
 
@@ -542,7 +542,7 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "ADD_NORM": add_norm, "NUM_SPLITS": splits,
         "SQ_ROWS": sums_rows(n, tile) if add_norm else 1,
         "NORM_CHUNKS": triton.cdiv(n, NORM_BLOCK.value),
-        "COMPUTE": tl.float64 if accumulation_dtype(dtype) == torch.float64 else tl.float32,
+        "COMPUTE": triton_compute_dtype(dtype),
         "FMA": tile.fma,
         "DOT_PRECISION": dot_precision(dtype),
         "GATED_OUT": gated_out,
@@ -570,9 +570,3 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch
         *epilogue, **constexprs, num_warps=tile.num_warps, num_stages=tile.num_stages,
         **launch_options(pdl),
     )
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What the GEMV accumulates and leaves its partials in for activations of `dtype`: fp32,
-    fp64 for a fp64 model (the CPU's exact runs)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32

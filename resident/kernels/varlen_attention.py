@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from resident.interpreter import triton_interpreting
-from resident.kernels import dot_precision
+from resident.kernels import compute_dtype, dot_precision
 from resident.kernels.decode_attention import _MIN_DOT, _softmax_step
 from resident.kernels.gdc import KeptZeros, last_to_arrive
 
@@ -268,7 +268,7 @@ def _split_scratch(meeting: KeptZeros, num_tokens: int, num_heads: int, head_dim
     split launch, the partials fp32 (fp64 for a float64 query: the CPU parity dtype)."""
     shapes = ((num_tokens, num_heads, num_splits, head_dim),
               (num_tokens, num_heads, num_splits), (num_blocks, num_kv_heads))
-    dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(query.dtype)
     return (meeting.get(shapes[0], dtype, query.device),
             meeting.get(shapes[1], dtype, query.device),
             meeting.get(shapes[2], torch.int32, query.device))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from resident.kernels import compute_dtype
 from resident.model.config import ModelConfig
 
 
@@ -40,7 +41,7 @@ class ModelCache:
         """state_dtype: the recurrent state's; None: float32 (float64 in a float64 model), as
         gdn_state_dtype's auto."""
         if state_dtype is None:
-            state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+            state_dtype = compute_dtype(dtype)
         kv = torch.zeros(
             len(config.attention_layers), num_pages, 2, page_size,
             config.num_key_value_heads, config.head_dim, dtype=dtype, device=device,

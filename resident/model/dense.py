@@ -20,16 +20,14 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from resident.kernels import compute_dtype
+
 log = logging.getLogger("resident.compile")
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Zero-centred RMSNorm over the last dim: norm(x) * (1 + w)."""
-    xf = x.to(_compute_dtype(x))
+    xf = x.to(compute_dtype(x.dtype))
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * (1.0 + weight.to(xf.dtype))).to(x.dtype)
 
@@ -51,7 +49,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
                    eps: float) -> torch.Tensor:
     """GDN output norm over the last dim: w * norm(x) * silu(gate), w not zero-centred.
     x, gate: [T, Hv, Dv] (gate may be a strided view)."""
-    compute = _compute_dtype(x)
+    compute = compute_dtype(x.dtype)
     xf = x.to(compute)
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     out = weight * normed.to(x.dtype)
