@@ -32,13 +32,12 @@ CONV_NUM_WARPS = 4
 # and it is faster all the same): on an H100 at the 0.8B's heads a layer
 # took 219.8 -> 200.1 µs at 256 rows with an fp32 state and 169.8 -> 116.1 with a bf16 one
 # (gdn_state_dtype), 55.5 -> 52.8 and 30.2 -> 24.7 at 64 (tests/gpu/time_gdn_decode.py), and a
-# c=256 step -5.6% and -16.3% (results/2026-12-06-h100-state-bf16). Below 64 rows, on an H100
-# (results/2026-12-06-h100-wide-rows): 24 / 32 / 48 rows 12.9 -> 12.6, 18.6 -> 18.4 and
-# 41.5 -> 39.6 µs with an fp32 state, 11.3 -> 10.0, 14.4 -> 11.4 and 20.6 -> 16.4 with a bf16
-# one; at 16 rows an fp32 state's 9.2 -> 9.7 (16 rows and fewer run the fused GDN layer but in
-# the padded steps' decode rows)
+# c=256 step -5.6% and -16.3% (results/2026-12-06-h100-state-bf16). Below 64 rows, whole decode
+# steps on an H100 (results/2026-12-06-h100-wide-rows) at 24 / 32 / 48 rows: +0.9 / -0.9 /
+# -1.2% with an fp32 state, -3.1 / -3.8 / -3.1% with a bf16 one; so 64 columns from 32 rows,
+# where neither state loses
 GDN_BLOCK_DV = 32
-WIDE_BLOCK_DV, WIDE_ROWS = 64, 24
+WIDE_BLOCK_DV, WIDE_ROWS = 64, 32
 GDN_NUM_WARPS = 4
 L2NORM_EPS = 1e-6  # as `l2norm` in gdn.py: inside the rsqrt of the sum of squares
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch's F.softplus: x itself above it
