@@ -6,7 +6,9 @@ bucket replays it, at 64 and 256 rows. On an H100 the c=256 step's 18 calls took
 an fp32 state and 3,020 with a bf16 one at 32 columns: 75% and 48% of the copy bandwidth
 (results/2026-12-06-h100-state-bf16, which this script's first run chose WIDE_BLOCK_DV from).
 64 rows of bf16 state (34 MB) stay in an H100's L2 from one replay to the next: the 256-row
-line is the one a step sees. Each config's state after one step from the same start is checked
+line is the one a step sees. Fewer rows stay warm too, so the rule below 64 rows was judged in
+whole steps (results/2026-12-06-h100-wide-rows: the fp32 state's warm 24-row gain was a cold
+step's loss). Each config's state after one step from the same start is checked
 against the first config's (its dtype's rounding apart; that first run's error column compared
 different starts, a bug since fixed, its times stand):
     python3 tests/gpu/time_gdn_decode.py [--rows 64,256]"""
