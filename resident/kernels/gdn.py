@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from resident.kernels import compute_dtype
+
 
 def _row_tokens(
     query_start_loc: torch.Tensor, max_query_len: int, num_tokens: int
@@ -108,7 +110,7 @@ def gated_delta_rule_ref(
     pool's dtype once a row's tokens are done (as the kernels: one load, one store)."""
     num_tokens, num_k_heads, k_dim = key.shape
     num_v_heads = value.shape[1]
-    compute = torch.promote_types(state_pool.dtype, torch.float32)
+    compute = compute_dtype(state_pool.dtype)
     repeat = num_v_heads // num_k_heads
     # [T, Hv, ...] in the compute dtype; q and k per value head
     q, k = query.to(compute), key.to(compute)
