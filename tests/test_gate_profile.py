@@ -35,8 +35,8 @@ def test_profile_md_lays_out_each_arm_and_the_diff_against_the_baseline():
     steps = [line for line in text.splitlines() if line.startswith("| main | decode")]
     assert len(steps) == 1 and "| 3 |" in steps[0]  # the fixture's three decode steps
     kernels = text.split("### decode kernels")[1].split("###")[0]
-    assert "| gather | - | 4.0 (1) |" in kernels
-    assert "| attn | 50.0 (1) | 60.0 (1) |" in kernels
+    assert "| gather | - | 4.0 / 4.0 (1) |" in kernels
+    assert "| attn | 50.0 / 50.0 (1) | 60.0 / 60.0 (1) |" in kernels
     diff = text.split("**head against the baseline.**")[1]
     assert "| added | gather |" in diff and "| changed | attn |" in diff
     assert "**old against" not in text and "**main against" not in text

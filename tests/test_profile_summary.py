@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from resident.profiling.nsys import NsysFormatError, from_nsys_csv
-from resident.profiling.summary import ProfileSummary, diff, summarize
+from resident.profiling.summary import (
+    ProfileSummary,
+    diff,
+    frontier_shares,
+    summarize,
+    union_us,
+)
 from resident.profiling.torch_trace import from_chrome_trace
 
 from profile_fixtures import chrome_trace, nsys_csvs
@@ -43,6 +49,20 @@ def test_the_decode_steps_numbers(summary):
         1 / 3)
     assert table["sample"].us_sd == pytest.approx(17.3205, rel=1e-4)
     assert table["gemm"].us_sd == 0
+    # no kernel overlaps another here: each is exposed for all of its µs
+    assert all(k.exposed_us_per_step == pytest.approx(k.us_per_step) for k in decode.kernels)
+
+
+def test_overlapping_kernels_share_the_busy_time_by_what_each_adds():
+    # under PDL: the second kernel launches at 5 and waits inside the first until 10, then
+    # runs to 12; the fourth starts and ends inside the third; the last starts after a gap
+    intervals = [(0.0, 10.0), (5.0, 12.0), (12.0, 20.0), (13.0, 15.0), (25.0, 26.0)]
+    shares = frontier_shares(intervals)
+    assert shares == [10.0, 2.0, 8.0, 0.0, 1.0]
+    assert sum(shares) == union_us(intervals) == 21.0
+    # the order given is kept: each share stays with its interval
+    assert frontier_shares(intervals[::-1]) == shares[::-1]
+    assert frontier_shares([]) == []
 
 
 def test_a_kind_without_graphs_and_the_window_edges(summary):
@@ -123,6 +143,8 @@ def test_recorded_h200_steps_read_as_graph_replays():
     assert 1000 < decode.graph_us_median < decode.period_us_mean < 1500
     assert 0.7 < decode.busy_share < 0.95
     assert decode.kernel_us == pytest.approx(sum(k.us_per_step for k in decode.kernels))
+    # the kernels' exposed µs add up to the step's busy time
+    assert sum(k.exposed_us_per_step for k in decode.kernels) == pytest.approx(decode.busy_us)
 
 
 def test_recorded_h200_diff_explains_the_triton_decode_gap():

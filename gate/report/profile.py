@@ -22,10 +22,13 @@ the cell's concurrency, after its timed runs: the timed runs are never profiled.
 `period` is host start to next start (the cadence tok/s sees); `busy` the union of the step's
 GPU work; `gaps` the idle between its first and last kernel (launch gaps inside a graph
 included); `graph` the span of its graph replays (median) and `idle outside` the period less
-it. Kernels are matched by name; a change counts when it exceeds 3 standard errors of the
-difference (each kernel's spread over the window's steps) or its calls per step differ. Open a
-trace (`profiles/*.json.gz`) in https://ui.perfetto.dev or chrome://tracing; an nsys report in
-Nsight Systems."""
+it. A kernel's cell is its µs a step / its exposed µs (the part of `busy` it alone accounts
+for: under PDL a kernel launches early and waits inside the one before it, so its own µs count
+that wait and the kernels' µs add up to more than the step; the exposed µs add up to `busy`),
+then its calls a step. Kernels are matched by name; a change counts when it exceeds 3 standard
+errors of the difference (each kernel's spread over the window's steps) or its calls per step
+differ. Open a trace (`profiles/*.json.gz`) in https://ui.perfetto.dev or chrome://tracing;
+an nsys report in Nsight Systems."""
 
 
 def render_profile_md(manifest: Manifest, records: list[dict[str, Any]]) -> str:
@@ -54,7 +57,7 @@ def _cell(records: dict[str, dict], arms: list[str]) -> list[str]:
     baseline = arms[0] if arms[0] in summaries else None
     for kind in sorted({k.kind for s in summaries.values() for k in s.kinds}):
         by_arm = {arm: s.kind(kind) for arm, s in summaries.items() if s.kind(kind)}
-        lines += [f"### {kind} kernels (µs a step, calls a step)", "",
+        lines += [f"### {kind} kernels (µs a step / exposed µs, calls a step)", "",
                   _kernel_table(by_arm), ""]
         for arm in by_arm:
             if baseline in by_arm and arm != baseline:
@@ -85,12 +88,15 @@ def _kernel_table(by_arm: dict[str, KindSummary]) -> str:
     names = sorted(cost, key=lambda n: (-cost[n], n))[:KERNEL_ROWS]
     rows = [[_short(name), *(_kernel_cell(tables[arm].get(name)) for arm in arms)]
             for name in names]
-    rows.append(["all kernels", *(fmt(by_arm[arm].kernel_us, 1) for arm in arms)])
+    rows.append(["all kernels", *(f"{fmt(by_arm[arm].kernel_us, 1)} / {fmt(by_arm[arm].busy_us, 1)}"
+                                  for arm in arms)])
     return md_table(["kernel", *arms], rows, "l" + "r" * len(arms))
 
 
 def _kernel_cell(stat) -> str:
-    return "-" if stat is None else f"{stat.us_per_step:.1f} ({stat.calls_per_step:g})"
+    if stat is None:
+        return "-"
+    return f"{stat.us_per_step:.1f} / {stat.exposed_us_per_step:.1f} ({stat.calls_per_step:g})"
 
 
 def _diff_lines(arm: str, result: KindDiff) -> list[str]:

@@ -11,7 +11,9 @@ Per kind (a step's numbers, then their mean over the window's steps of that kind
   the step's replays, the design's "graph execution"; `idle_outside_graph`: period less graph,
   the device's idle outside the graph (both absent for kinds that replay no graph);
 - the kernel table: each op name's µs and calls per step, and the standard deviation of its
-  µs over steps (the noise a diff compares against).
+  µs over steps (the noise a diff compares against); and its `exposed` µs a step, the part of
+  `busy` it alone accounts for (frontier_shares): under PDL a kernel's own µs include its wait
+  for the kernel before it, so the own µs of a step's kernels add up to more than the step.
 
 A diff matches kernels by name: added, removed, or changed when the means differ by more than
 3 standard errors of the difference, 2% of the baseline's µs and `floor_us` (two server processes
@@ -41,6 +43,8 @@ class KernelStat:
     us_per_step: float
     calls_per_step: float
     us_sd: float  # over the kind's steps
+    # its share of the steps' busy time (frontier_shares); 0 in summaries written before it
+    exposed_us_per_step: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,23 +141,38 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     """The length of the union of (start, end) intervals: time the device was busy. Under PDL a
     kernel starts before the one ahead of it ends and waits inside, so summing durations would
     count that wait twice."""
-    total, covered = 0.0, float("-inf")
-    for start, end in sorted(intervals):
+    return sum(frontier_shares(list(intervals)))
+
+
+def frontier_shares(intervals: list[tuple[float, float]]) -> list[float]:
+    """Each (start, end) interval's share of their union, in the given order: the part of it
+    past the latest end of the intervals that start before it (ties by end). The shares add up
+    to union_us. A step's kernels under PDL: one that launched early and waited inside the
+    kernel before it is charged only for the time it ran on alone, so the shares say what each
+    kernel adds to the step, where their own durations overlap."""
+    shares = [0.0] * len(intervals)
+    covered = float("-inf")
+    for index in sorted(range(len(intervals)), key=intervals.__getitem__):
+        start, end = intervals[index]
         if end > covered:
-            total += end - max(start, covered)
+            shares[index] = end - max(start, covered)
             covered = end
-    return total
+    return shares
 
 
 def _kernel_table(steps: list[list[DeviceOp]]) -> tuple[KernelStat, ...]:
     us: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(steps))
+    exposed: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     for index, ops in enumerate(steps):
-        for op in ops:
+        shares = frontier_shares([(op.start_us, op.end_us) for op in ops])
+        for op, share in zip(ops, shares, strict=True):
             us[op.name][index] += op.dur_us
+            exposed[op.name] += share
             calls[op.name] += 1
     table = [KernelStat(name, statistics.fmean(values), calls[name] / len(steps),
-                        statistics.stdev(values) if len(values) > 1 else 0.0)
+                        statistics.stdev(values) if len(values) > 1 else 0.0,
+                        exposed[name] / len(steps))
              for name, values in us.items()]
     return tuple(sorted(table, key=lambda k: (-k.us_per_step, k.name)))
 

@@ -56,7 +56,7 @@ from resident.engine.types import EngineRequest, SamplingParams
 from resident.heap import freeze_heap
 from resident.info import model_facts
 from resident.model.config import load_model_config
-from resident.profiling.summary import union_us
+from resident.profiling.summary import frontier_shares
 from resident.tool_args import add_draw, counts
 from resident.tools.bench_io import require_cuda, write_json
 from resident.tools.compiled_kernels import compiled_kernels
@@ -110,21 +110,25 @@ def _kernel_profile(run, count: int | Callable[[], int]) -> tuple[float, float, 
     """(GPU busy ms, kernels, the TOP_KERNELS costliest kernel names) per one of the `count`
     units of work (steps) `run` does, from torch.profiler; `count` may be read after `run`.
     Busy is the union of the kernels' intervals (summary.union_us): under PDL their durations
-    overlap, and each kernel's own µs in the top rows include its wait for the one before."""
+    overlap, and each kernel's own µs in the top rows include its wait for the one before;
+    its `exposed_us_per_step` is its share of busy (summary.frontier_shares), which add up."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
     if callable(count):
         count = count()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    shares = frontier_shares([(e.time_range.start, e.time_range.end) for e in kernels])
     by_name: dict[str, list[float]] = {}
-    for event in kernels:
+    exposed: dict[str, float] = {}
+    for event, share in zip(kernels, shares, strict=True):
         by_name.setdefault(event.name, []).append(event.device_time_total)
+        exposed[event.name] = exposed.get(event.name, 0.0) + share
     top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:TOP_KERNELS]
     top_rows = [{"kernel": name[:90], "us_per_step": round(sum(times) / count, 1),
+                 "exposed_us_per_step": round(exposed[name] / count, 1),
                  "calls_per_step": len(times) / count} for name, times in top]
-    busy_us = union_us((e.time_range.start, e.time_range.end) for e in kernels)
-    return busy_us / 1e3 / count, len(kernels) / count, top_rows
+    return sum(shares) / 1e3 / count, len(kernels) / count, top_rows
 
 
 def _fresh_prefill_s(engine: Engine, prompt_len: int, tag: str) -> float:
@@ -284,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             for c in args.concurrency]
     knobs = {k: engine.config.to_dict()[k] for k in
              ("attention_backend", "decode_gemm", "gemv_table", "fused_decode", "pdl",
-              "cuda_graphs", "compile", "resident_planning", "padded_prefill",
-              "prefill_token_budget", "sampler")}
+              "decode_splits", "gdn_state_dtype", "cuda_graphs", "compile",
+              "resident_planning", "padded_prefill", "prefill_token_budget", "sampler")}
     knobs |= {"temperature": draw.temperature, "top_p": draw.top_p}
     print(json.dumps(knobs))
     if burst:
