@@ -59,8 +59,9 @@ StartupOpt = Annotated[float | None, typer.Option(
     "--startup-timeout", metavar="SECONDS", help="How long a server may take to answer "
     "/health." + config_default("startup_timeout"), rich_help_panel=ARMS)]
 
+# named explicitly: typer 0.27 derives this one's name from its metavar ("--MODEL")
 ModelOpt = Annotated[str | None, typer.Option(
-    metavar="MODEL", help="A model config or directory." + config_default("model"),
+    "--model", metavar="MODEL", help="A model config or directory." + config_default("model"),
     rich_help_panel=CELLS)]
 DeviceOpt = Annotated[str | None, typer.Option(
     metavar="[cpu|cuda]", help="Where the servers run." + config_default("device"),

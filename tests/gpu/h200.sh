@@ -413,16 +413,11 @@ for part in "$@"; do
         --config configs/gate/check-h200-0.8b-state-bf16-fp32.yaml --out "$OUT/check-state-bf16"
       tar czf "$OUT/check-state-bf16.tgz" -C "$OUT" check-state-bf16 && rm -rf "$OUT/check-state-bf16" ;;
     check-fused-fp32)
-      # the model through the config file: the device's typer has refused `gate check --model`
-      # ("No such option", 2026-12-06), and the versions below say which typer that is
-      model=${MODEL:-qwen3.5-0.8b} config=$(mktemp --suffix .yaml)
+      model=${MODEL:-qwen3.5-0.8b}
       dir=check-fused-fp32-$model
-      sed -e "s/^model: .*/model: $model/" -e "s/^name: .*/name: check-${model#qwen3.5-}-fused-fp32/" \
-        configs/gate/check-h200-0.8b-fused-fp32.yaml >"$config"
-      python3 -c 'import importlib.metadata as m; print("typer", m.version("typer"), "click", m.version("click"))'
-      echo "gate check --help lines naming --model: $(python3 -m gate check --help | grep -c -- --model)"
-      run check-fused-fp32 "${CHECK_LIMIT:-400}" python3 -m gate check --config "$config" \
-        --out "$OUT/$dir"
+      run check-fused-fp32 "${CHECK_LIMIT:-400}" python3 -m gate check \
+        --config configs/gate/check-h200-0.8b-fused-fp32.yaml --model "$model" \
+        --name "check-${model#qwen3.5-}-fused-fp32" --out "$OUT/$dir"
       tar czf "$OUT/$dir.tgz" -C "$OUT" "$dir" && rm -rf "$OUT/$dir" ;;
     gate-fused)
       run gate-fused "${GATE_LIMIT:-540}" python3 -m gate run --config configs/gate/h200-0.8b-fused.yaml \
