@@ -171,9 +171,8 @@ class EngineConfig:
     # core.IDLE_SPIN_S before it sleeps in a wait, so a request arriving then is taken at once,
     # not after its thread wakes: on an H100 host a message reached a process waiting in zmq's
     # poll in 0.31 ms (p50), one polling without a wait in 0.12, and served at c=1 TTFT p50 fell
-    # 5.48 -> 5.33 ms (results/2026-12-06-h100-hit-path, over zmq before pipes.py). auto: on on
-    # CUDA; off on CPU, where the core's spin would take a CPU the forward, the API and the
-    # clients share
+    # 5.48 -> 5.33 ms (results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where
+    # the core's spin would take a CPU the forward, the API and the clients share
     core_idle_spin: str = "auto"
     seed: int = 0  # seeds sampling for requests that bring no seed
     # the HTTP API's limits (server/api.py, server/serve.py; docs/engine.md "Limits and failures")

@@ -312,7 +312,8 @@ async def api(api_key: str | None = None) -> AsyncIterator[tuple[TestClient, Non
     routes' answers before the engine is up. Served routes are tested end to end in
     test_server.py."""
     with tempfile.TemporaryDirectory(prefix="rapi") as directory:
-        client = EngineClient(f"{directory}/pipe")
+        addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+        client = EngineClient(*addrs)
         client.start()
         http = TestClient(TestServer(create_app(client, BYTES, MODEL, api_key, EngineConfig())))
         await http.start_server()

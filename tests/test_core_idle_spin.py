@@ -1,17 +1,16 @@
 """core_idle_spin: an engine core out of work polls for requests without waiting for a while
-before it sleeps in a wait on its pipes (server/core.py); on by default on CUDA, off on CPU."""
+before it sleeps in zmq's poll (server/core.py); on by default on CUDA, off on CPU."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import zmq
 
 from resident.config import EngineConfig
 from resident.model.config import load_model_config
 from resident.server.core import input_arrived
-from resident.server.pipes import CorePipes
-from tests.pipe_ends import ApiEnds
 from tests.server_fixture import Server, get, post, run
 
 
@@ -25,22 +24,17 @@ def test_auto_spins_on_cuda_only_and_a_bad_value_is_named():
         EngineConfig(core_idle_spin="spin")
 
 
-def test_a_message_is_taken_while_spinning_and_after_it(tmp_path):
-    with ApiEnds(tmp_path, 1) as ends:
-        pipes = CorePipes(ends.paths)
-        api = ends.pipe(0)
-        try:
-            api.send("early")  # there before the spin: taken at once
-            assert input_arrived(pipes, time.monotonic() + 1.0)
-            assert pipes.receive() == ([(0, "early")], [])
-            # nothing comes: the spin ends, then the wait
-            assert not input_arrived(pipes, time.monotonic() + 0.01)
-            api.send("late")  # no spin left: the wait takes it
-            assert input_arrived(pipes, 0.0) and pipes.receive() == ([(0, "late")], [])
-            api.close()  # a closed pipe is news too: its API process is gone
-            assert input_arrived(pipes, 0.0) and pipes.receive() == ([], [0])
-        finally:
-            pipes.close(0)
+def test_a_message_is_taken_while_spinning_and_after_it():
+    with zmq.Context() as context, context.socket(zmq.PULL) as pull, \
+            context.socket(zmq.PUSH) as push:
+        pull.bind("inproc://idle-spin")
+        push.connect("inproc://idle-spin")
+        push.send_pyobj("early")  # there before the spin: taken at once
+        assert input_arrived(pull, time.monotonic() + 1.0) and pull.recv_pyobj() == "early"
+        # nothing comes: the spin ends, then the wait
+        assert not input_arrived(pull, time.monotonic() + 0.01)
+        push.send_pyobj("late")  # no spin left: the wait takes it
+        assert input_arrived(pull, 0.0) and pull.recv_pyobj() == "late"
 
 
 def test_a_spinning_core_serves_the_same_tokens():

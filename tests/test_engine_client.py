@@ -8,12 +8,13 @@ import tempfile
 import time
 from contextlib import aclosing
 
+import zmq
+
 from resident.config import build_engine_config, model_yaml_knobs
 from resident.engine.types import EngineRequest, SamplingParams
 from resident.model.config import load_model_config
 from resident.server.client import EngineClient
 from resident.server.core import run_engine_core
-from resident.server.pipes import CorePipes
 from resident.server.protocol import AbortRequest, AddRequest
 
 MAX_TOKENS = 24
@@ -50,9 +51,10 @@ def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
 
     async def body():
         with tempfile.TemporaryDirectory(prefix="rclient") as directory:
-            client = EngineClient(f"{directory}/pipe")
+            addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+            client = EngineClient(*addrs)
             core = multiprocessing.get_context("spawn").Process(
-                target=run_engine_core, args=(model, config, "cpu", [f"{directory}/pipe"]),
+                target=run_engine_core, args=(model, config, "cpu", [addrs[0]], [addrs[1]]),
                 daemon=True)
             core.start()
             client.start()
@@ -77,90 +79,57 @@ def test_outputs_that_arrive_while_the_consumer_is_busy_come_as_one_batch():
     asyncio.run(body())
 
 
-async def _core_messages(core: CorePipes, count: int) -> list:
-    """The next `count` messages at the core's end, as the core's loop reads them."""
-    messages: list = []
-    deadline = time.monotonic() + 10
-    while len(messages) < count and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)  # the client's event loop runs meanwhile
-        if core.wait(0):
-            received, closed = core.receive()
-            assert not closed
-            messages += [message for _, message in received]
-    return messages
-
-
 def test_what_one_turn_of_the_loop_queues_reaches_the_core_as_one_message_in_order():
     """Requests and aborts queued in one turn of the event loop leave as one list, in order
     (the core handles each); one queued alone leaves as itself. Read at the core's end of the
-    pipe (pipes.CorePipes), as the core reads it."""
+    pipe by a plain PULL socket."""
     request = EngineRequest("a", [1, 2], SamplingParams(max_tokens=2))
 
     async def body():
         with tempfile.TemporaryDirectory(prefix="rclient") as directory:
-            client = EngineClient(f"{directory}/pipe")
-            client.start()
-            core = CorePipes([f"{directory}/pipe"])
+            addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+            client = EngineClient(*addrs)
+            core_end = zmq.Context.instance().socket(zmq.PULL)
+            core_end.connect(addrs[0])
             try:
-                await asyncio.sleep(0.05)  # connected, as a core is before its Ready
+                await asyncio.sleep(0.2)  # connected, as a core is before its Ready
                 client._post(AddRequest(request))
                 client._post(AbortRequest("a"))
                 client._post(AddRequest(request, api_index=1))
                 await asyncio.sleep(0)  # the turn ends: one flush
                 client._post(AbortRequest("b"))
-                return await _core_messages(core, 2)
+                await asyncio.sleep(0.05)
+                assert core_end.poll(5000)
+                first = core_end.recv_pyobj()
+                assert core_end.poll(5000)
+                second = core_end.recv_pyobj()
             finally:
-                core.close(0)
+                core_end.close(linger=0)
                 await client.close()
+        assert first == [AddRequest(request), AbortRequest("a"), AddRequest(request, 1)]
+        assert second == AbortRequest("b")
 
-    first, second = asyncio.run(body())
-    assert first == [AddRequest(request), AbortRequest("a"), AddRequest(request, 1)]
-    assert second == AbortRequest("b")
+    asyncio.run(body())
 
 
-def test_what_is_queued_before_the_core_connects_leaves_once_it_does():
-    """The core connects after the API listens (it may start later): what the API queued
-    meanwhile arrives then, in order, with what came after it."""
+def test_a_message_the_pipe_cannot_take_yet_leaves_once_it_can():
+    """Queued before the core's end connects (zmq refuses a PUSH with no peer), a request is
+    retried every FLUSH_RETRY_S and arrives once the core is there, with what came after it."""
     async def body():
         with tempfile.TemporaryDirectory(prefix="rclient") as directory:
-            client = EngineClient(f"{directory}/pipe")
-            client.start()
+            addrs = (f"ipc://{directory}/requests", f"ipc://{directory}/outputs")
+            client = EngineClient(*addrs)
+            core_end = zmq.Context.instance().socket(zmq.PULL)
             try:
                 client._post(AbortRequest("early"))
-                await asyncio.sleep(0.05)  # nobody is connected
+                await asyncio.sleep(0.05)  # retried a few times: nobody is connected
                 client._post(AbortRequest("later"))
-                core = CorePipes([f"{directory}/pipe"])
-                try:
-                    return await _core_messages(core, 1)
-                finally:
-                    core.close(0)
+                core_end.connect(addrs[0])
+                await asyncio.sleep(0.3)
+                assert core_end.poll(5000)
+                return core_end.recv_pyobj()
             finally:
+                core_end.close(linger=0)
                 await client.close()
 
-    assert asyncio.run(body()) == [[AbortRequest("early"), AbortRequest("later")]]
-
-
-def test_a_message_larger_than_the_socket_takes_leaves_as_the_core_reads():
-    """A message the socket cannot take at once (beyond its kernel buffers) is written as the
-    core's end reads, the event loop never blocked; what follows it keeps its place."""
-    many = [AbortRequest(f"{index:08d}" * 64) for index in range(30_000)]  # ~20 MB pickled
-
-    async def body():
-        with tempfile.TemporaryDirectory(prefix="rclient") as directory:
-            client = EngineClient(f"{directory}/pipe")
-            client.start()
-            core = CorePipes([f"{directory}/pipe"])
-            try:
-                await asyncio.sleep(0.05)
-                for message in many:
-                    client._post(message)
-                await asyncio.sleep(0)
-                assert client._pipe.has_unsent  # the rest waits for the core to read
-                client._post(AbortRequest("after"))
-                return await _core_messages(core, 2)
-            finally:
-                core.close(0)
-                await client.close()
-
-    first, second = asyncio.run(body())
-    assert first == many and second == AbortRequest("after")
+    assert asyncio.run(body()) == [AbortRequest("early"), AbortRequest("later")]

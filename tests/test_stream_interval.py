@@ -5,15 +5,13 @@ dropped; served, the same tokens as one at a time, written n events a write."""
 from __future__ import annotations
 
 import asyncio
-import tempfile
 
 import aiohttp
 import pytest
+import zmq
 
 from resident.engine.types import FINISH_ERROR, FINISH_LENGTH, RequestOutput, TokenLogprobs
-from resident.server.pipes import CorePipes
 from resident.server.routing import OutputRouter
-from tests.pipe_ends import ApiEnds
 from tests.server_fixture import Server, post, run
 
 LOGPROBS = (TokenLogprobs(-0.5, ()),)
@@ -24,25 +22,26 @@ def _steps(interval: int, steps: list[list[RequestOutput]],
     """What one API process receives for each step's outputs through a router of `interval`
     (a request owned as it first appears; those in `aborted` disowned before the third
     step's, as a request the API aborted)."""
-    with tempfile.TemporaryDirectory(prefix="rinterval") as directory, \
-            ApiEnds(directory, 1) as ends:
-        pipes = CorePipes(ends.paths)
-        router = OutputRouter(pipes, 1.0, interval)
-        received, owned = [], set()
-        try:
-            for index, outputs in enumerate(steps):
-                for output in outputs:
-                    if output.request_id not in owned:
-                        router.own(output.request_id, 0)
-                        owned.add(output.request_id)
-                if index == 2:
-                    for request_id in aborted:
-                        router.disown(request_id)
-                router.send_outputs(outputs)
-                messages = ends.read(0, timeout_s=0.1)
-                received.append(messages[0].outputs() if messages else [])
-        finally:
-            pipes.close(0)
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    pull.bind("inproc://stream-interval")
+    router = OutputRouter(context, ["inproc://stream-interval"], 1.0, interval)
+    received, owned = [], set()
+    try:
+        for index, outputs in enumerate(steps):
+            for output in outputs:
+                if output.request_id not in owned:
+                    router.own(output.request_id, 0)
+                    owned.add(output.request_id)
+            if index == 2:
+                for request_id in aborted:
+                    router.disown(request_id)
+            router.send_outputs(outputs)
+            received.append(pull.recv_pyobj().outputs() if pull.poll(100) else [])
+    finally:
+        router.close(0)
+        pull.close(0)
+        context.term()
     return received
 
 

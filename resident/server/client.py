@@ -1,10 +1,9 @@
 """EngineClient: an API process's asyncio handle on the engine core.
 
-Each API process (`api_index`, 0 for the first: the one that spawned the core) listens on its
-pipe's path and the core connects (pipes.py), so the core may start (and fail) after the API is
-listening; what the API sends before then waits. The event loop's reader callback routes core
-messages: a request's outputs to its stream, stats replies to their waiters, Ready and Fatal to
-whoever waits on startup. Every message
+Each API process (`api_index`, 0 for the first: the one that spawned the core) binds its two
+IPC pipes and the core connects, so the core may start (and fail)
+after the API is listening. One reader task routes core messages: a request's outputs to its
+stream, stats replies to their waiters, Ready and Fatal to whoever waits on startup. Every message
 (Heartbeat included) stamps `last_heard`, so serve.py can tell a stuck or dead core from a quiet
 one; `fail` and `abort_all` end every open stream when it cannot go on.
 """
@@ -15,10 +14,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
+
+import zmq
+import zmq.asyncio
 
 from resident.engine.types import (
     FINISH_ABORT,
@@ -27,7 +28,6 @@ from resident.engine.types import (
     RequestOutput,
     plain_output,
 )
-from resident.server.pipes import Pipe, encode, listen
 from resident.server.protocol import (
     AbortRequest,
     AddRequest,
@@ -42,8 +42,11 @@ from resident.server.protocol import (
 )
 
 log = logging.getLogger("resident.api")
+FLUSH_RETRY_S = 0.001  # a queued request waits this long when the core's pipe is full
 PROFILE_EXPORT_S = 300.0  # a window's trace written and summarized within this, after it closes
-SHUTDOWN_LINGER_S = 0.1  # the first API process's Shutdown, and what is still unsent, get this
+# zmq.POLLIN as a plain int: `events & zmq.POLLIN` runs enum.Flag's Python operator (~0.6 µs),
+# twice a step in _drain
+POLLIN = int(zmq.POLLIN)
 
 
 class EngineUnavailable(RuntimeError):
@@ -75,18 +78,23 @@ class Pushed(_Stream, Protocol):
 
 
 class EngineClient:
-    def __init__(self, pipe_path: str, api_index: int = 0) -> None:
+    def __init__(self, request_addr: str, output_addr: str, api_index: int = 0) -> None:
         self.api_index = api_index
-        self._path = pipe_path
-        self._listener = listen(pipe_path)
-        self._pipe: Pipe | None = None  # once the core connects
-        # what a turn of the event loop queued for the core, sent as one message (_post)
+        self._context = zmq.asyncio.Context()
+        self._requests = self._context.socket(zmq.PUSH)
+        self._requests.bind(request_addr)
+        # requests and aborts, queued in a turn of the event loop and sent as one (_post)
+        self._sending = zmq.Socket.shadow(self._requests.underlying)
         self._outbox: list[Any] = []
+        self._outputs = self._context.socket(zmq.PULL)
+        self._outputs.bind(output_addr)
         self._streams: dict[str, _Stream] = {}
         self._stats_waiters: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._nonces = itertools.count()
         self._ready: asyncio.Future[dict[str, Any]] | None = None
-        self._reading = False
+        # the output pipe read by the event loop's own reader callback (start)
+        self._reading = zmq.Socket.shadow(self._outputs.underlying)
+        self._reader_fd: int | None = None
         self.fatal: str | None = None
         self.info: dict[str, Any] = {}
         self.last_heard = time.monotonic()
@@ -106,25 +114,12 @@ class EngineClient:
         return self._ready is not None and self._ready.done() and self.fatal is None
 
     def start(self) -> None:
-        """Waits for the core's connection, then routes its messages; call from the running
-        event loop."""
+        """Starts routing core messages; call from the running event loop."""
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
-        loop.add_reader(self._listener.fileno(), self._accept)
-
-    def _accept(self) -> None:
-        """The core connected: its messages are read as they come; what waited goes."""
-        try:
-            sock, _ = self._listener.accept()
-        except BlockingIOError:
-            return
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self._listener.fileno())
-        self._pipe = Pipe(sock)
-        self._reading = True
-        loop.add_reader(self._pipe.fileno(), self._drain)
-        if self._outbox:
-            self._flush()
+        self._reader_fd = self._reading.getsockopt(zmq.FD)
+        loop.add_reader(self._reader_fd, self._drain)
+        loop.call_soon(self._drain)  # what came before the reader was added
 
     async def wait_ready(self) -> dict[str, Any]:
         assert self._ready is not None, "start() first"
@@ -172,26 +167,23 @@ class EngineClient:
 
     def _post(self, message: Any) -> None:
         """Queues a request or an abort for the core. What a turn of the event loop queues
-        leaves as one message (a list) at its end, one write (a lone zmq send cost ~50 µs of
-        CPU, results/2026-12-05-cpu-intake, before pipes.py), and a wave of requests handled
-        in one turn costs the core one read. Order is kept."""
+        leaves as one message (a list) at its end: pyzmq wakes its I/O thread once for them,
+        where a lone send costs ~50 µs of CPU (results/2026-12-05-cpu-intake), and a wave of
+        requests handled in one turn costs one wake. Order is kept."""
         self._outbox.append(message)
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
-        pipe = self._pipe
-        if pipe is None or not self._outbox:  # the core is not connected yet: _accept sends
-            return
         batch, self._outbox = self._outbox, []
-        pipe.send(batch if len(batch) > 1 else batch[0])
-        if pipe.has_unsent:  # the core is behind: the rest goes as its socket takes it
-            asyncio.get_running_loop().add_writer(pipe.fileno(), self._write_unsent)
-
-    def _write_unsent(self) -> None:
-        pipe = self._pipe
-        if pipe.flush():
-            asyncio.get_running_loop().remove_writer(pipe.fileno())
+        try:
+            self._sending.send_pyobj(batch if len(batch) > 1 else batch[0], flags=zmq.NOBLOCK)
+        except zmq.Again:  # the pipe to the core is full (the core is behind): try again soon
+            if self.fatal is None:  # else the core is gone and fail() has ended every stream
+                self._outbox[:0] = batch
+                asyncio.get_running_loop().call_later(FLUSH_RETRY_S, self._flush)
+        except zmq.ZMQError:  # closed: the core is gone, and fail() ends the streams
+            pass
 
     async def stats(self, timeout: float = 10.0, section: str = "stats") -> dict[str, Any]:
         """The core's answer to a StatsQuery of that section (protocol.StatsQuery)."""
@@ -213,60 +205,53 @@ class EngineClient:
         waiter = asyncio.get_running_loop().create_future()
         self._stats_waiters[nonce] = waiter
         try:
-            self._post(message(nonce))
+            await self._requests.send_pyobj(message(nonce))
             return await asyncio.wait_for(waiter, timeout)
         finally:
             self._stats_waiters.pop(nonce, None)
 
     async def api_gone(self, api_index: int) -> None:
         """Tells the core another API process died (its requests are aborted)."""
-        self._post(ApiGone(api_index))
+        with contextlib.suppress(zmq.ZMQError):
+            await self._requests.send_pyobj(ApiGone(api_index), flags=zmq.NOBLOCK)
 
     async def close(self) -> None:
-        """Stops routing and closes the pipe; the first API process (api_index 0, whose
+        """Stops routing and closes the pipes; the first API process (api_index 0, whose
         child the core is) also tells the core to exit, after what is still queued."""
+        if self._outbox:
+            self._flush()
+        if self.fatal is None and self.api_index == 0:
+            with contextlib.suppress(zmq.ZMQError):
+                await self._requests.send_pyobj(Shutdown(), flags=zmq.NOBLOCK)
         self._stop_reading()
-        loop = asyncio.get_running_loop()
-        pipe = self._pipe
-        if pipe is None:
-            loop.remove_reader(self._listener.fileno())
-        else:
-            with contextlib.suppress(ValueError, OSError):
-                loop.remove_writer(pipe.fileno())
-            if self._outbox:
-                pipe.send_bytes(encode(self._outbox if len(self._outbox) > 1 else
-                                       self._outbox[0]))
-            if self.fatal is None and self.api_index == 0:
-                pipe.send(Shutdown())
-            pipe.flush_for(SHUTDOWN_LINGER_S)
-            pipe.close()
-        self._outbox = []
-        self._listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._path)
+        self._requests.close(linger=100)
+        self._outputs.close(linger=0)
+        self._context.term()
 
     def _drain(self) -> None:
-        """Routes every core message the pipe holds, as the loop finds it readable: no future
-        or task a message (an awaited receive makes them; at c=4 and a 1 ms step the API's
-        CPU a token went 65 -> 47 µs without, on the project's VM,
-        results/2026-12-04-h200-frontend). A stream that fell behind finds all its outputs
-        routed before it runs, and writes them at once. A core that closed its pipe is left
-        to the watch in serve.py, which says why it is gone (its exit code)."""
+        """Routes every core message queued on the output pipe, as the loop finds it readable:
+        no future or task a message (pyzmq's asyncio recv made two; at c=4 and a 1 ms step the
+        API's CPU a token went 65 -> 47 µs on the project's VM, results/2026-12-04-h200-frontend).
+        zmq's descriptor is edge-triggered: it is read until zmq says nothing more is queued. A
+        stream that fell behind finds all its outputs routed before it runs, and writes them at
+        once."""
         try:
-            for message in self._pipe.receive():
+            while self._reader_fd is not None \
+                    and self._reading.getsockopt(zmq.EVENTS) & POLLIN:
+                try:
+                    message = self._reading.recv_pyobj(zmq.NOBLOCK)
+                except zmq.Again:  # zmq said a message was there and it was not: wait again
+                    return
                 if not self._route(message):
                     self._stop_reading()
-                    return
-            if self._pipe.closed:
-                self._stop_reading()
         except Exception as err:  # noqa: BLE001 - every open stream must learn the pipe broke
             self._stop_reading()
             self.fail(f"reading from the engine core failed: {type(err).__name__}")
 
     def _stop_reading(self) -> None:
-        if self._reading:
-            asyncio.get_running_loop().remove_reader(self._pipe.fileno())
-            self._reading = False
+        if self._reader_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._reader_fd)
+            self._reader_fd = None
 
     def _route(self, message) -> bool:
         """One core message to whoever waits for it; False once the core has failed."""

@@ -1,11 +1,10 @@
 """The engine-core process: owns the device, steps the engine, streams outputs to the API.
 
-It connects to the pipe each API process listens on (pipes.py), builds the engine, sends
-Ready to each, then loops: drain requests (blocking briefly only when idle), run one step, send
-that step's outputs (one message an API process, its own requests' outputs: routing.py), and
-to each API process at least every HEARTBEAT_S a message of some kind, so it can tell a stuck
-or dead core from a quiet one. An API process that closed its pipe is gone: its requests are
-aborted. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each
+It connects to the two pipes each API process bound, builds the engine, sends Ready to each,
+then loops: drain requests (blocking briefly only when idle), run one step, send that step's
+outputs (one message an API process, its own requests' outputs: routing.py), and to each API
+process at least every HEARTBEAT_S a message of some kind, so it can tell a stuck or dead core
+from a quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each
 loop that runs a step is timed from its intake to its outputs sent (engine/phases.py); the idle
 wait is outside it. A profile window (POST /debug/profile, profile_window.py) marks the same
 loops.
@@ -25,12 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
 from resident.config import EngineConfig, parse_cpu_list
 from resident.engine.startup import StartupTimes
 from resident.engine.types import FINISH_ERROR, RequestOutput
 from resident.lifecycle import die_with_spawner
 from resident.model.config import ModelConfig
-from resident.server.pipes import CorePipes
 from resident.server.profile_window import ProfileWindows, profile_dir
 from resident.server.protocol import (
     AbortRequest,
@@ -59,13 +59,18 @@ HEARTBEAT_S = 1.0
 
 
 def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str,
-                    pipe_paths: Sequence[str], log_level: str = "INFO") -> None:
+                    request_addrs: Sequence[str], output_addrs: Sequence[str],
+                    log_level: str = "INFO") -> None:
     """Process entry point (spawned by `resident serve`): `config` resolved for `device`
-    (cpu or cuda) by the CLI; one pipe path per API process, in its api_index order."""
+    (cpu or cuda) by the CLI; one request and one output address per API process, in its
+    api_index order."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parent = die_with_spawner()
-    pipes = CorePipes(pipe_paths)
-    outputs = OutputRouter(pipes, HEARTBEAT_S, config.stream_interval)
+    context = zmq.Context()
+    requests = context.socket(zmq.PULL)  # fair-queued over every API process
+    for addr in request_addrs:
+        requests.connect(addr)
+    outputs = OutputRouter(context, output_addrs, HEARTBEAT_S, config.stream_interval)
     followers: Followers | None = None
     try:
         from resident.server.ranks import start_followers
@@ -76,14 +81,16 @@ def run_engine_core(model_config: ModelConfig, config: EngineConfig, device: str
                                    followers.group if followers else None)
         log.info("%s", engine.startup.line())
         outputs.broadcast(Ready(engine.info()))
-        _serve(engine, pipes, outputs, parent=parent, followers=followers)
+        _serve(engine, requests, outputs, parent=parent, followers=followers)
     except Exception as error:  # noqa: BLE001 - the API process must learn why, whatever it was
         log.exception("engine core failed")
         outputs.broadcast(Fatal(f"{type(error).__name__}: {error}"))
     finally:
         if followers is not None:
             followers.stop()
-        pipes.close(linger_s=1.0)
+        requests.close(linger=0)
+        outputs.close(linger_ms=1000)
+        context.term()
 
 
 def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_name: str,
@@ -171,7 +178,7 @@ class _Boundary:
     stats_queries: list[StatsQuery] = field(default_factory=list)
 
 
-def _serve(engine, pipes: CorePipes, outputs: OutputRouter, parent: int,
+def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int,
            followers: Followers | None = None) -> None:
     phases = engine.phases
     profiling = ProfileWindows(profile_dir(engine.config.profile_dir), engine.device.type)
@@ -186,18 +193,18 @@ def _serve(engine, pipes: CorePipes, outputs: OutputRouter, parent: int,
         if closed is not None:
             query, answer = closed
             outputs.send(query.api_index, StatsReply(query.nonce, answer))
-        if not engine.has_work() and not input_arrived(pipes, worked_s + spin_s):
+        if not engine.has_work() and not input_arrived(requests, worked_s + spin_s):
             continue  # idle: waited outside any timed step
         phases.open()  # a step is timed from this intake to its outputs sent
         profiling.open_step()
         boundary = _Boundary()
-        messages, closed = pipes.receive()
-        # an API process sends what one turn of its event loop queued as one list; one that
-        # closed its pipe is gone, as if the first API process had said so
-        for message in _unbatched(messages) + [ApiGone(index) for index in closed]:
-            if not _handle(engine, message, pending, outputs, profiling, boundary,
-                           followers is not None):
-                return
+        while requests.poll(0):
+            message = requests.recv_pyobj()
+            # an API process sends what one turn of its event loop queued as one list
+            for one in message if isinstance(message, list) else (message,):
+                if not _handle(engine, one, pending, outputs, profiling, boundary,
+                               followers is not None):
+                    return
         phases.lap("intake")
         kind = _step(engine, followers, boundary, pending)
         if boundary.stats_queries:
@@ -211,18 +218,13 @@ def _serve(engine, pipes: CorePipes, outputs: OutputRouter, parent: int,
     log.warning("the API process is gone; engine core exits")
 
 
-def input_arrived(pipes: CorePipes, spin_until_s: float) -> bool:
+def input_arrived(requests: zmq.Socket, spin_until_s: float) -> bool:
     """Whether a message from an API process is there: polled without a wait until
     `spin_until_s` (core_idle_spin), then waited for up to IDLE_POLL_MS."""
     while time.monotonic() < spin_until_s:
-        if pipes.wait(0):
+        if requests.poll(0):
             return True
-    return pipes.wait(IDLE_POLL_MS / 1000)
-
-
-def _unbatched(messages: list[tuple[int, Any]]) -> list[Any]:
-    return [one for _, message in messages
-            for one in (message if isinstance(message, list) else (message,))]
+    return bool(requests.poll(IDLE_POLL_MS))
 
 
 def _step(engine, followers: Followers | None, boundary: _Boundary,

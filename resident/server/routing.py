@@ -1,6 +1,5 @@
-"""The engine core's side of its API processes: their pipes (pipes.CorePipes), and which
-process owns each request, so a step's outputs go out as one message a process (its streams'
-outputs only).
+"""The engine core's side of its API processes: one output pipe each, and which process owns
+each request, so a step's outputs go out as one message a process (its streams' outputs only).
 
 With `stream_interval` n > 1 a request's plain outputs (types.is_plain) after its first are
 held back until n tokens are, and go as one output; any other output (its last, an error)
@@ -14,26 +13,32 @@ core from a quiet one by it).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+
+import zmq
 
 from resident.engine.types import RequestOutput, is_plain
-from resident.server.pipes import CorePipes
 from resident.server.protocol import Heartbeat, StepOutputs
 
 
 class OutputRouter:
-    def __init__(self, pipes: CorePipes, heartbeat_s: float, stream_interval: int = 1) -> None:
-        self._pipes = pipes
-        self._live = [True] * len(pipes)
+    def __init__(self, context: zmq.Context, output_addrs: Sequence[str],
+                 heartbeat_s: float, stream_interval: int = 1) -> None:
+        self._sockets: list[zmq.Socket | None] = []
+        for addr in output_addrs:
+            socket = context.socket(zmq.PUSH)
+            socket.connect(addr)
+            self._sockets.append(socket)
         self._owners: dict[str, int] = {}  # request id -> API index
         self._stream_interval = stream_interval
         # request id -> its tokens held back (stream_interval), [] once its first output went
         self._held: dict[str, list[int]] = {}
-        self._last_sent = [time.monotonic()] * len(pipes)
+        self._last_sent = [time.monotonic()] * len(output_addrs)
         self._heartbeat_s = heartbeat_s
 
     @property
     def num_live(self) -> int:
-        return sum(self._live)
+        return sum(socket is not None for socket in self._sockets)
 
     def own(self, request_id: str, api_index: int) -> None:
         self._owners[request_id] = api_index
@@ -45,12 +50,13 @@ class OutputRouter:
 
     def send(self, api_index: int, message) -> None:
         """`message` to one API process (nothing if it is gone or unknown)."""
-        if 0 <= api_index < len(self._live) and self._live[api_index]:
-            self._pipes.send(api_index, message)
+        socket = self._sockets[api_index] if 0 <= api_index < len(self._sockets) else None
+        if socket is not None:
+            socket.send_pyobj(message)
             self._last_sent[api_index] = time.monotonic()
 
     def broadcast(self, message) -> None:
-        for api_index in range(len(self._live)):
+        for api_index in range(len(self._sockets)):
             self.send(api_index, message)
 
     def send_outputs(self, outputs: list[RequestOutput]) -> None:
@@ -103,12 +109,17 @@ class OutputRouter:
 
     def gone(self, api_index: int) -> list[str]:
         """Forgets a dead API process; returns the requests it owned (to abort)."""
-        if not 0 <= api_index < len(self._live) or not self._live[api_index]:
+        if not 0 <= api_index < len(self._sockets) or self._sockets[api_index] is None:
             return []
-        self._pipes.drop(api_index)
-        self._live[api_index] = False
+        self._sockets[api_index].close(linger=0)
+        self._sockets[api_index] = None
         owned = [rid for rid, owner in self._owners.items() if owner == api_index]
         for request_id in owned:
             del self._owners[request_id]
             self._held.pop(request_id, None)
         return owned
+
+    def close(self, linger_ms: int) -> None:
+        for socket in self._sockets:
+            if socket is not None:
+                socket.close(linger=linger_ms)

@@ -138,7 +138,7 @@ async def serve_api(options: ServeOptions, sock: socket.socket, limits: Connecti
                     others: ApiProcesses | None = None) -> int:
     """One API process: its pipes to the core, its app on `sock`, until stopped (the exit
     code); `others`, in the first process, are the other API processes it watches."""
-    client = EngineClient(pipe_path(ipc_dir, api_index), api_index)
+    client = EngineClient(*pipe_addrs(ipc_dir, api_index), api_index)
     client.start()
     model_dir = options.model_config.weights
     tokenizer = load_tokenizer(model_dir if Path(model_dir).is_dir() else None,
@@ -157,17 +157,18 @@ async def serve_api(options: ServeOptions, sock: socket.socket, limits: Connecti
         await client.close()
 
 
-def pipe_path(ipc_dir: Path, api_index: int) -> str:
-    """Where an API process listens for the core's connection (pipes.py)."""
-    return str(ipc_dir / f"pipe-{api_index}")
+def pipe_addrs(ipc_dir: Path, api_index: int) -> tuple[str, str]:
+    """An API process's request and output pipe addresses."""
+    return f"ipc://{ipc_dir}/requests-{api_index}", f"ipc://{ipc_dir}/outputs-{api_index}"
 
 
 def _spawn_core(options: ServeOptions, ipc_dir: Path) -> multiprocessing.Process:
-    paths = [pipe_path(ipc_dir, i) for i in range(options.api_processes)]
+    addrs = [pipe_addrs(ipc_dir, i) for i in range(options.api_processes)]
     context = multiprocessing.get_context("spawn")
     core = context.Process(
         target=run_engine_core, name="resident-core", daemon=True,
-        args=(options.model_config, options.engine_config, options.device, paths,
+        args=(options.model_config, options.engine_config, options.device,
+              [request for request, _ in addrs], [output for _, output in addrs],
               options.log_level),
     )
     core.start()

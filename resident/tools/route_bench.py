@@ -1,7 +1,6 @@
 """What a streamed token costs on its way from the engine core to its client's socket, in
-Python: the core's packing and framing of a step's outputs (pipes.encode), and the API
-process's unframing (pipes.Frames), routing and rendering of them, up to the transport's write
-(a null transport: no system call).
+Python: the core's packing and pickling of a step's outputs, and the API process's unpickling,
+routing and rendering of them, up to the transport's write (a null transport: no system call).
 
     python -m resident.tools.route_bench [--streams 64] [--steps 2000] [--format table|json]
 
@@ -16,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pickle
 import sys
-import tempfile
 import time
 from functools import partial
 from types import SimpleNamespace
@@ -29,7 +28,6 @@ from resident.render import OutputFormat, render
 from resident.server.api import _Completion
 from resident.server.chat_template import load_chat_template
 from resident.server.client import EngineClient
-from resident.server.pipes import Frames, encode
 from resident.server.protocol import StepOutputs
 from resident.server.pushed import PushedStream
 from resident.server.state import ApiState
@@ -82,39 +80,33 @@ def _best_us(run, num_tokens: int) -> float:
 
 
 async def measure(num_streams: int, num_steps: int) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="route-bench") as directory:
-        client = EngineClient(f"{directory}/pipe")  # never connected: its router alone runs
-        try:
-            return _measure(client, num_streams, num_steps)
-        finally:
-            await client.close()
+    client = EngineClient(f"inproc://route-bench-requests-{id(num_streams)}",
+                          f"inproc://route-bench-outputs-{id(num_streams)}")
+    try:
+        state = ApiState(client, ByteTokenizer(VOCAB), "tiny", EngineConfig(),
+                         load_chat_template(None))
+        ids = _streams(client, state, num_streams)
+        steps = [[RequestOutput(request_id, [256 + (step * 7 + row) % (VOCAB - 256)])
+                  for row, request_id in enumerate(ids)] for step in range(min(num_steps, 64))]
+        step_outputs = [steps[i % len(steps)] for i in range(num_steps)]
+        messages: list[bytes] = []
 
+        def pack() -> None:
+            messages[:] = [pickle.dumps(StepOutputs.of(outputs)) for outputs in step_outputs]
 
-def _measure(client: EngineClient, num_streams: int, num_steps: int) -> dict[str, Any]:
-    state = ApiState(client, ByteTokenizer(VOCAB), "tiny", EngineConfig(),
-                     load_chat_template(None))
-    ids = _streams(client, state, num_streams)
-    steps = [[RequestOutput(request_id, [256 + (step * 7 + row) % (VOCAB - 256)])
-              for row, request_id in enumerate(ids)] for step in range(min(num_steps, 64))]
-    step_outputs = [steps[i % len(steps)] for i in range(num_steps)]
-    messages: list[bytes] = []
+        def route() -> None:
+            for message in messages:
+                client._route(pickle.loads(message))
 
-    def pack() -> None:
-        messages[:] = [encode(StepOutputs.of(outputs)) for outputs in step_outputs]
-
-    def route() -> None:
-        frames = Frames()
-        for message in messages:
-            for output in frames.feed(message):
-                client._route(output)
-
-    num_tokens = num_streams * num_steps
-    core_us = _best_us(pack, num_tokens)
-    api_us = _best_us(route, num_tokens)
-    return {"streams": num_streams, "steps": num_steps,
-            "core_pack_us_per_token": round(core_us, 3),
-            "api_route_us_per_token": round(api_us, 3),
-            "bytes_per_step": round(sum(map(len, messages)) / len(messages))}
+        num_tokens = num_streams * num_steps
+        core_us = _best_us(pack, num_tokens)
+        api_us = _best_us(route, num_tokens)
+        return {"streams": num_streams, "steps": num_steps,
+                "core_pack_us_per_token": round(core_us, 3),
+                "api_route_us_per_token": round(api_us, 3),
+                "bytes_per_step": round(sum(map(len, messages)) / len(messages))}
+    finally:
+        await client.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -173,9 +173,6 @@
 #             4,096-token prompts, until a verdict), tarred
 #   gate-idle-spin  configs/gate/h200-0.8b-idle-spin.yaml (core_idle_spin on against off, c=1,
 #             one prefix hit at a time: read TTFT and the queue split), tarred
-#   gate-pipes  configs/gate/h200-0.8b-pipes.yaml (the Unix-socket pipes against zmq's, the
-#             tree at 2232aa1 carried as .gate/worktrees/zmq-2232aa1; prefix hits at c=1 and
-#             c=16: read TTFT and the queue split), tarred
 #   profile-varlen  configs/gate/h200-0.8b-varlen-profile.yaml (a prefix hit's prefill step
 #             profiled at c=1, varlen_splits off and auto), then resident.tools.kernel_gaps
 #             over the two kept traces' prefill replays (profile-varlen-gaps.log) and the
@@ -496,7 +493,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-pipes)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
