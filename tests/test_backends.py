@@ -486,6 +486,7 @@ def test_a_gemv_sweep_always_times_the_engines_own_tiles():
         assert len(set(tiles)) == len(tiles)
     assert any(tile.fma for tile in tiles_for("fma", FMA_MAX_ROWS))
     assert not any(tile.fma for tile in tiles_for("fma", FMA_MAX_ROWS + 1))
+    assert tiles_for("engine", 1) == (DEFAULT_TILE, WIDE_TILE)  # the engine's tiles alone
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs" / "gemv")

@@ -7,8 +7,9 @@ The shapes are the model's fused projections. A decode step reads each weight on
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
 (several times the H200's 50 MB L2); the calls are replayed inside a CUDA graph
 (bench_attention.graph_time_us), bf16. Each shape sweeps the tiles (`--tiles`: the MMA form's
-DOT_TILES, the CUDA-core form's FMA_TILES for rows up to FMA_MAX_ROWS, or both) at each row
-count and times the best against cuBLAS; a tile whose pipeline does not fit in shared memory is
+DOT_TILES, the CUDA-core form's FMA_TILES for rows up to FMA_MAX_ROWS, both, or `engine`: only
+the engine's own tiles, ENGINE_TILES, which every sweep times) at each row count and times the
+best against cuBLAS; a tile whose pipeline does not fit in shared memory is
 skipped (named on stderr). TB/s counts the weight bytes only.
 """
 
@@ -71,10 +72,10 @@ def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) 
 
 
 def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
-    """The tiles `--tiles` (dot, fma or all) sweeps at num_rows rows, always with the tiles the
-    engine runs without a table (ENGINE_TILES): a table picks cuBLAS where the best swept tile
-    lost to it, so a sweep of other tiles alone could hand a projection to cuBLAS where the
-    engine's own tile beats both."""
+    """The tiles `--tiles` (dot, fma, all or engine) sweeps at num_rows rows, always with the
+    tiles the engine runs without a table (ENGINE_TILES; `engine`: those alone): a table
+    picks cuBLAS where the best swept tile lost to it, so a sweep of other tiles alone could
+    hand a projection to cuBLAS where the engine's own tile beats both."""
     dot = DOT_TILES if kinds in ("dot", "all") else ()
     fma = FMA_TILES if kinds in ("fma", "all") and num_rows <= FMA_MAX_ROWS else ()
     return tuple(dict.fromkeys(ENGINE_TILES + dot + fma))
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3.5-0.8b")
     parser.add_argument("--rows", type=counts, default="1,4,16")
-    parser.add_argument("--tiles", choices=("dot", "fma", "all"), default="all",
+    parser.add_argument("--tiles", choices=("dot", "fma", "all", "engine"), default="all",
                         help="the tiles swept at each row count")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)

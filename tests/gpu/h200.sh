@@ -77,8 +77,9 @@
 #             qwen3.5-0.8b), rows $GEMV_ROWS (1,4), tiles $GEMV_TILES (fma: the CUDA-core form;
 #             dot, all) against cuBLAS, cold weights: gemv-<model>.json and .log
 #   gemv-table  a gemv table for this GPU, confirmed in whole steps: bench_gemv at $MODEL's
-#             (default qwen3.5-0.8b) projections, rows 1,2,4,8,16 ($GEMV_TILES, default fma,
-#             beside the engine's own tiles), then the bench at c=1,2,4,8,16 with
+#             (default qwen3.5-0.8b) projections, rows $GEMV_ROWS (1,2,4,8,16) ($GEMV_TILES:
+#             fma, the default, or dot or all, beside the engine's own tiles; engine: those
+#             alone), then the bench at c=$GEMV_ROWS with
 #             gemv_table=off (rule) and =the sweep (table), then resident.tools.confirm_gemv_table:
 #             gemv-table-<model>.json holds the row counts the steps confirmed (commit it as
 #             configs/gemv/<GPU name>.json, merged with other models' entries)
@@ -571,15 +572,15 @@ for part in "$@"; do
         tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py \
         tests/test_kernel_argmax.py ;;
     gemv-table)
-      model=${MODEL:-qwen3.5-0.8b}
+      model=${MODEL:-qwen3.5-0.8b} rows=${GEMV_ROWS:-1,2,4,8,16}
       run "gemv-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv --model "$model" \
-        --rows 1,2,4,8,16 --tiles "${GEMV_TILES:-fma}" --json "$OUT/gemv-$model.json"
+        --rows "$rows" --tiles "${GEMV_TILES:-fma}" --json "$OUT/gemv-$model.json"
       cache=$(mktemp -d)
       for arm in rule table; do
         knobs=(--set gemv_table=off)
         [ "$arm" = table ] && knobs=(--set "gemv_table=$OUT/gemv-$model.json")
         TRITON_CACHE_DIR=$cache run "bench-$arm" "${ARM_LIMIT:-170}" python3 -m resident.tools.bench \
-          "$model" --concurrency 1,2,4,8,16 --burst 0 "${knobs[@]}" --json "$OUT/bench-$model-$arm.json"
+          "$model" --concurrency "$rows" --burst 0 "${knobs[@]}" --json "$OUT/bench-$model-$arm.json"
       done
       run confirm-gemv-table 60 python3 -m resident.tools.confirm_gemv_table "$OUT/gemv-$model.json" \
         --rule "$OUT/bench-$model-rule.json" --table "$OUT/bench-$model-table.json" \
