@@ -16,6 +16,7 @@ from resident.kernels.decode_attention import (
     decode_splits,
     paged_decode_attention,
 )
+from resident.kernels.embedding import embedding
 from resident.kernels.gdc import KeptZeros
 from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
@@ -98,7 +99,7 @@ GATE_UP_EPILOGUE_MAX_BYTES = 64 << 20
 @dataclasses.dataclass(frozen=True)
 class DecodeFusion:
     """What the fused_decode and pdl knobs give a decode backend on its device. fused: the
-    attention prologue and the GDN layer kernel (bucket_ops), the MLP's silu-mul in its gate_up
+    embedding's gather, the attention prologue and the GDN layer kernel (bucket_ops), the MLP's silu-mul in its gate_up
     GEMV (_mlp), the gated attention's output gate in the Triton decode attention's combine
     (TritonDecode). epilogues
     (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
@@ -124,12 +125,14 @@ class DecodeFusion:
                    fused_decode == "full", gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES)
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
-        """Each bucket's ops under fused_decode: the attention prologue in every bucket, the
-        GDN layer kernel in buckets of up to FUSED_GDN_MAX_ROWS rows."""
+        """Each bucket's ops under fused_decode: the token embedding's one-kernel gather and
+        the attention prologue in every bucket, the GDN layer kernel in buckets of up to
+        FUSED_GDN_MAX_ROWS rows."""
         if not self.fused:
             return dict.fromkeys(buckets, ops)
         prologue = dataclasses.replace(
-            ops, attention_prologue=partial(attention_prologue_op, pdl=self.pdl))
+            ops, attention_prologue=partial(attention_prologue_op, pdl=self.pdl),
+            embed=embedding)
         small = [bucket for bucket in buckets if bucket <= FUSED_GDN_MAX_ROWS]
         if not small:
             return dict.fromkeys(buckets, prologue)

@@ -1,6 +1,6 @@
 """The resident ops as Triton kernels: the same contracts as the torch references in
-resident/kernels/resident.py, with static grids (one program a staged cell or a row) and no host
-reads, so a decode bucket's capture can record them.
+resident/kernels/resident.py, with static grids (one program a staged cell, a row, or a block of
+a row's table) and no host reads, so a decode bucket's capture can record them.
 
 store: [R, C] int64 contiguous, one row per slot (row 0 the sink).
 """
@@ -28,38 +28,46 @@ def scatter_cells_triton(store: torch.Tensor, cells: torch.Tensor) -> None:
     _scatter_cells_kernel[(cells.shape[0],)](store, cells.contiguous(), store.shape[1])
 
 
+# a gather program's block-table columns: a row's table is copied by its span's columns / BLOCK
+# programs at once. One program a row, walking the span, was 8.4 µs of a 0.98 ms c=1 step on an
+# H100 (the capture width is the whole span, and each block's load waited for the store before)
+GATHER_BLOCK = 128
+
+
 @triton.jit
 def _gather_rows_kernel(store, slot_ids, block_tables, bt_stride, positions, kv_write_loc,
                         state_slots, num_cols, length_col, offset_col, state_col, span_start,
-                        page_size, width, MAX_WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+                        page_size, width, BLOCK: tl.constexpr):
+    """Program (row, block): the row's block-table columns [block * BLOCK, +BLOCK) below
+    width; block 0 also its position, KV write location and state slot."""
+    row, block = tl.program_id(0), tl.program_id(1)
     base = store + tl.load(slot_ids + row) * num_cols
-    length = tl.load(base + length_col)
-    tl.store(positions + row, tl.load(base + offset_col) + length)
-    tl.store(state_slots + row, tl.load(base + state_col))
-    column = tl.minimum(length // page_size, width - 1)
-    page = tl.load(base + span_start + column)
-    tl.store(kv_write_loc + row, page * page_size + length % page_size)
-    # width is a runtime value (one compile for every width a step reads); MAX_WIDTH, the
-    # columns from the span's start to the row's end, is fixed by the store's shape
-    for start in tl.static_range(0, MAX_WIDTH, BLOCK):
-        j = start + tl.arange(0, BLOCK)
-        mask = j < width
-        pages = tl.load(base + span_start + j, mask=mask)
-        tl.store(block_tables + row * bt_stride + j, pages.to(block_tables.dtype.element_ty),
-                 mask=mask)
+    j = block * BLOCK + tl.arange(0, BLOCK)
+    mask = j < width
+    pages = tl.load(base + span_start + j, mask=mask)
+    tl.store(block_tables + row * bt_stride + j, pages.to(block_tables.dtype.element_ty),
+             mask=mask)
+    if block == 0:
+        length = tl.load(base + length_col)
+        tl.store(positions + row, tl.load(base + offset_col) + length)
+        tl.store(state_slots + row, tl.load(base + state_col))
+        column = tl.minimum(length // page_size, width - 1)
+        page = tl.load(base + span_start + column)
+        tl.store(kv_write_loc + row, page * page_size + length % page_size)
 
 
 def gather_rows_triton(store, slot_ids, length_col, offset_col, state_col, span_start, width,
-                       page_size, block_tables, positions, kv_write_loc, state_slots) -> None:
+                       page_size, block_tables, positions, kv_write_loc, state_slots,
+                       block: int = GATHER_BLOCK) -> None:
     """Fills a decode step's buffers from its rows, as gather_rows_ref does. block_tables may be
-    a column slice of a wider buffer (rows keep their stride)."""
+    a column slice of a wider buffer (rows keep their stride). block: a program's columns (a
+    power of two)."""
     if block_tables.stride(1) != 1:
         raise ValueError("block_tables must be contiguous along its columns")
-    _gather_rows_kernel[(slot_ids.shape[0],)](
+    _gather_rows_kernel[(slot_ids.shape[0], triton.cdiv(width, block))](
         store, slot_ids, block_tables, block_tables.stride(0), positions, kv_write_loc,
         state_slots, store.shape[1], length_col, offset_col, state_col, span_start, page_size,
-        width, MAX_WIDTH=store.shape[1] - span_start, BLOCK=128)
+        width, BLOCK=block)
 
 
 @triton.jit

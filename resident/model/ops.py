@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from resident.kernels.attention import paged_attention_ref, write_kv_ref
+from resident.kernels.embedding import embedding_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
 from resident.model.dense import gdn_gates
 from resident.model.step import StepMeta
@@ -67,6 +68,8 @@ def gated_delta_rule_ref_op(query, key, value, a, b, a_log, dt_bias, state_pool:
 class ModelOps:
     """The kernels of one kind of step; the torch references by default."""
 
+    # (embedding weight [V, H], token ids [T]) -> [T, H]
+    embed: Callable = embedding_ref
     write_kv: Callable = write_kv_op
     attention: Callable = attention_ref_op
     conv: Callable = conv_ref_op

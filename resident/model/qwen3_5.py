@@ -352,7 +352,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         ops = ops or self.default_ops
         if self.all_reduce is not None:  # a few µs a forward, once a graph under capture
             ops = row_parallel_ops(ops, self.all_reduce)
-        x = self.model.embed_tokens(input_ids)
+        x = ops.embed(self.model.embed_tokens.weight, input_ids)
         tables = None if ops.attention_prologue is not None else \
             self.dense.rope_tables(meta.positions, self.inv_freq, x.dtype)
         rope = Rope(self.inv_freq, tables)
