@@ -99,16 +99,15 @@ GATE_UP_EPILOGUE_MAX_BYTES = 64 << 20
 @dataclasses.dataclass(frozen=True)
 class DecodeFusion:
     """What the fused_decode and pdl knobs give a decode backend on its device. fused: the
-    embedding's gather, the attention prologue and the GDN layer kernel (bucket_ops), the MLP's silu-mul in its gate_up
-    GEMV (_mlp), the gated attention's output gate in the Triton decode attention's combine
-    (TritonDecode). epilogues
-    (fused_decode=full): the elementwise work after a kernel in that kernel's last pass, so it
-    has no kernel of its own: the next block's add + norm in each narrow projection's Triton
-    GEMV of a small bucket (kernels/gemv.py skinny_linear_add_norm), with the MLP's silu-mul
-    in its down projection's at 1-4 rows; and in every bucket the Triton decode attention's
-    combine, with the gated attention's output gate, in its split pass's last programs. Their
-    programs meet in `meeting` (one kernel runs at a time, and each leaves its counters at
-    zero)."""
+    embedding's gather, the attention prologue and the GDN layer kernel (bucket_ops), the
+    MLP's silu-mul in its gate_up GEMV (_mlp), the gated attention's output gate in the Triton
+    decode attention's combine (TritonDecode). epilogues (fused_decode=full): the elementwise
+    work after a kernel in that kernel's last pass, so it has no kernel of its own: the next
+    block's add + norm in each narrow projection's Triton GEMV of a small bucket
+    (kernels/gemv.py skinny_linear_add_norm), with the MLP's silu-mul in its down projection's
+    at 1-4 rows; and in every bucket the Triton decode attention's combine, with the gated
+    attention's output gate, in its split pass's last programs. Their programs meet in
+    `meeting` (one kernel runs at a time, and each leaves its counters at zero)."""
 
     fused: bool = False
     pdl: bool = False
