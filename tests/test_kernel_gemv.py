@@ -40,26 +40,6 @@ def test_matches_torch_fp32(rows, n, k, block_k, unroll):
     torch.testing.assert_close(got, x @ weight.T, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("preload", [0, 1, 2])
-@pytest.mark.parametrize("fma", [False, True])
-def test_weight_tiles_loaded_before_the_wait_give_the_same_sums(preload, fma):
-    """A program's first `preload` weight tiles loaded ahead (before the PDL wait on a GPU),
-    the rest in the loop: the same product on either form, with 5 K tiles a program and with
-    2 (split, the tail tile partial), and gate_up's silu-mul epilogue (its up tiles ahead
-    too) in float64."""
-    generator = torch.Generator().manual_seed(preload)
-    x = torch.randn(3, 300, generator=generator, dtype=torch.float64).to(DEVICE)
-    weight = torch.randn(96, 300, generator=generator, dtype=torch.float64).to(DEVICE)
-    for target_programs in (0, 18):
-        tile = GemvTile(block_n=16, block_k=64, target_programs=target_programs, fma=fma,
-                        preload=preload)
-        torch.testing.assert_close(skinny_linear(x, weight, tile), x @ weight.T, atol=1e-12,
-                                   rtol=1e-12)
-    tile = GemvTile(block_n=16, block_k=64, target_programs=0, fma=fma, preload=preload)
-    torch.testing.assert_close(silu_mul_wide_linear(x, weight, tile), silu_mul(x @ weight.T),
-                               atol=1e-12, rtol=1e-12)
-
-
 @pytest.mark.parametrize("rows", [1, 3, 4])
 @pytest.mark.parametrize("tile", [
     GemvTile(block_n=4, block_k=128, target_programs=0, fma=True),  # one program a K row
@@ -232,8 +212,6 @@ def test_tile_names_a_bad_value():
         GemvTile(target_programs=-1)
     with pytest.raises(ValueError, match="unroll"):
         GemvTile(unroll=0)
-    with pytest.raises(ValueError, match="preload must be 0 to 2, got 3"):
-        GemvTile(preload=3)
     with pytest.raises(ValueError, match="block_n must be a power of two >= 16"):
         GemvTile(block_n=8)
     assert GemvTile(block_n=8, fma=True).block_n == 8

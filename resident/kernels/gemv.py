@@ -56,8 +56,6 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, bl
 # c=1 step 3% slower; sent just after the wait instead, as slow).
 PREFETCH_MAX_BYTES = 12 << 20
 NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_norm_rows)
-MAX_PRELOAD = 2  # weight tiles a program can hold in registers across its wait (_gemv_kernel)
-PRELOAD_TILES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +77,12 @@ class GemvTile:
     # so only unrolling lets a program have several tiles' loads in flight at once
     unroll: int = 1
     fma: bool = False
-    # a program's first weight tiles (at most its K tiles) loaded into registers before its
-    # PDL wait: no kernel writes a weight, so after the wait only x is waited for
-    preload: int = PRELOAD_TILES
 
     @property
     def name(self) -> str:
         """As the sweeps and the start-up log print it."""
-        preload = f" l{self.preload}" if self.preload != PRELOAD_TILES else ""
         return (f"{'fma ' if self.fma else ''}{self.block_n}x{self.block_k} w{self.num_warps} "
-                f"s{self.num_stages} p{self.target_programs} u{self.unroll}{preload}")
+                f"s{self.num_stages} p{self.target_programs} u{self.unroll}")
 
     def __post_init__(self) -> None:
         smallest = {"block_n": 1 if self.fma else MIN_DOT, "block_k": MIN_DOT}
@@ -99,8 +93,6 @@ class GemvTile:
                                  f"got {value}")
         if self.unroll < 1:
             raise ValueError(f"GemvTile.unroll must be >= 1, got {self.unroll}")
-        if not 0 <= self.preload <= MAX_PRELOAD:
-            raise ValueError(f"GemvTile.preload must be 0 to {MAX_PRELOAD}, got {self.preload}")
         if self.target_programs < 0:
             raise ValueError(f"GemvTile.target_programs must be >= 0, got "
                              f"{self.target_programs}")
@@ -139,7 +131,7 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
                  PREFETCH: tl.constexpr, PREFETCH_CHUNKS: tl.constexpr, ADD_NORM: tl.constexpr,
                  NUM_SPLITS: tl.constexpr, SQ_ROWS: tl.constexpr, NORM_CHUNKS: tl.constexpr,
                  COMPUTE: tl.constexpr, FMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 GATED_OUT: tl.constexpr, PRELOAD: tl.constexpr):
+                 GATED_OUT: tl.constexpr):
     """What PROLOGUE does to x before the product, in COMPUTE (fp32; fp64 for a fp64 model),
     rounded once to the activations' dtype:
     - SILU_MUL: x is [M, 2K] = (gate, up); the input is silu(gate) * up.
@@ -156,43 +148,49 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
     silu(x @ gate^T) * (x @ up^T) ([M, N]), each product rounded to out's dtype first as the
     separate DenseOps.silu_mul reads them, the result rounded once. FMA:
     the product by CUDA-core multiply-adds, BLOCK_M the rows rounded up to a power of two
-    (else tl.dot's 16). DOT_PRECISION: tl.dot's input_precision (kernels.dot_precision).
-    PRELOAD (0 to MAX_PRELOAD, at most K_TILES): the first weight tiles loaded before the PDL
-    wait."""
+    (else tl.dot's 16). DOT_PRECISION: tl.dot's input_precision (kernels.dot_precision)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)  # GATED_OUT's up rows
+    if GATED_OUT:
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=COMPUTE)
     # K_TILES is a compile-time count: the interpreter cannot take a tensor as a range bound
     k_start = pid_k * (K_TILES * BLOCK_K)
     if USE_PDL and PREFETCH:
         _prefetch_weight(w, pid_n, N, K, stride_wn, k_start, K_TILES * BLOCK_K, BLOCK_N,
                          PREFETCH_CHUNKS, GATED_OUT)
-    # the first PRELOAD tiles' weights before the wait (their x after it): no kernel writes a
-    # weight, so their read overlaps the kernel before
-    if PRELOAD >= 1:
-        w0, u0 = _weight_tile(w, offs_n, k_start, N, K, stride_wn, BLOCK_K, GATED_OUT)
-    if PRELOAD >= 2:
-        w1, u1 = _weight_tile(w, offs_n, k_start + BLOCK_K, N, K, stride_wn, BLOCK_K,
-                              GATED_OUT)
     pdl_wait_then_release(USE_PDL)
-    if PRELOAD >= 1:
-        acc, acc_up = _accumulate(acc, acc_up, _x_tile(
-            x, z, norm_w, offs_m, k_start, M, K, stride_xm, stride_zm, stride_zh, eps, BLOCK_K,
-            PROLOGUE, HEAD_DIM, COMPUTE), w0, u0, FMA, COMPUTE, DOT_PRECISION, GATED_OUT)
-    if PRELOAD >= 2:
-        acc, acc_up = _accumulate(acc, acc_up, _x_tile(
-            x, z, norm_w, offs_m, k_start + BLOCK_K, M, K, stride_xm, stride_zm, stride_zh, eps,
-            BLOCK_K, PROLOGUE, HEAD_DIM, COMPUTE), w1, u1, FMA, COMPUTE, DOT_PRECISION,
-            GATED_OUT)
-    for tile in tl.range(PRELOAD, K_TILES, loop_unroll_factor=UNROLL):
-        k_tile = k_start + tile * BLOCK_K
-        w_tile, u_tile = _weight_tile(w, offs_n, k_tile, N, K, stride_wn, BLOCK_K, GATED_OUT)
-        acc, acc_up = _accumulate(acc, acc_up, _x_tile(
-            x, z, norm_w, offs_m, k_tile, M, K, stride_xm, stride_zm, stride_zh, eps, BLOCK_K,
-            PROLOGUE, HEAD_DIM, COMPUTE), w_tile, u_tile, FMA, COMPUTE, DOT_PRECISION,
-            GATED_OUT)
+    for tile in tl.range(K_TILES, loop_unroll_factor=UNROLL):
+        offs_k = k_start + tile * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x_mask = (offs_m[:, None] < M) & k_mask[None, :]
+        x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask,
+                         other=0.0)
+        if PROLOGUE == SILU_MUL:
+            gate = x_tile.to(COMPUTE)
+            up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
+                         other=0.0).to(COMPUTE)
+            x_tile = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
+        if PROLOGUE == GATED_RMS_NORM:
+            head = x_tile.to(COMPUTE)
+            rstd = tl.rsqrt(tl.sum(head * head, axis=1) / BLOCK_K + eps)  # [BM]
+            normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(COMPUTE)
+            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM,
+                               COMPUTE)
+            scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(COMPUTE)
+            x_tile = (scale[None, :] * normed * gate * tl.sigmoid(gate)).to(x.dtype.element_ty)
+        if PROLOGUE == SIGMOID_GATE:
+            gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM,
+                               COMPUTE)
+            x_tile = (x_tile.to(COMPUTE) * tl.sigmoid(gate)).to(x.dtype.element_ty)
+        w_mask = (offs_n[:, None] < N) & k_mask[None, :]
+        w_rows = w + offs_n[:, None] * stride_wn + offs_k[None, :]
+        acc += _product(x_tile, tl.load(w_rows, mask=w_mask, other=0.0), FMA, COMPUTE,
+                        DOT_PRECISION)
+        if GATED_OUT:
+            acc_up += _product(x_tile, tl.load(w_rows + N * stride_wn, mask=w_mask, other=0.0),
+                               FMA, COMPUTE, DOT_PRECISION)
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if GATED_OUT:
         gate = acc.to(out.dtype.element_ty).to(COMPUTE)
@@ -203,57 +201,6 @@ def _gemv_kernel(x, w, out, z, norm_w, M, N, K, stride_xm, stride_wn, stride_om,
         _add_norm(out, stride_os, stride_om, residual, out_norm_w, normed_out, summed_out, counts,
                   sums_sq, out_eps, M, N, pid_n, offs_m, offs_n, mask, BLOCK_M, BLOCK_N,
                   NUM_SPLITS, SQ_ROWS, NORM_CHUNKS, COMPUTE)
-
-
-@triton.jit
-def _x_tile(x, z, norm_w, offs_m, k_tile, M, K, stride_xm, stride_zm, stride_zh, eps,
-            BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, HEAD_DIM: tl.constexpr,
-            COMPUTE: tl.constexpr):
-    """The [BM, BK] tile of the product's input at K offset k_tile: x's, after PROLOGUE (see
-    _gemv_kernel), in x's dtype."""
-    offs_k = k_tile + tl.arange(0, BLOCK_K)
-    x_mask = (offs_m[:, None] < M) & (offs_k < K)[None, :]
-    x_tile = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=x_mask, other=0.0)
-    if PROLOGUE == SILU_MUL:
-        gate = x_tile.to(COMPUTE)
-        up = tl.load(x + offs_m[:, None] * stride_xm + K + offs_k[None, :], mask=x_mask,
-                     other=0.0).to(COMPUTE)
-        x_tile = (gate * tl.sigmoid(gate) * up).to(x.dtype.element_ty)
-    if PROLOGUE == GATED_RMS_NORM:
-        head = x_tile.to(COMPUTE)
-        rstd = tl.rsqrt(tl.sum(head * head, axis=1) / BLOCK_K + eps)  # [BM]
-        normed = (head * rstd[:, None]).to(x.dtype.element_ty).to(COMPUTE)
-        gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM, COMPUTE)
-        scale = tl.load(norm_w + tl.arange(0, BLOCK_K)).to(COMPUTE)
-        x_tile = (scale[None, :] * normed * gate * tl.sigmoid(gate)).to(x.dtype.element_ty)
-    if PROLOGUE == SIGMOID_GATE:
-        gate = _load_heads(z, offs_m, offs_k, x_mask, stride_zm, stride_zh, HEAD_DIM, COMPUTE)
-        x_tile = (x_tile.to(COMPUTE) * tl.sigmoid(gate)).to(x.dtype.element_ty)
-    return x_tile
-
-
-@triton.jit
-def _accumulate(acc, acc_up, x_tile, w_tile, u_tile, FMA: tl.constexpr, COMPUTE: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, GATED_OUT: tl.constexpr):
-    """acc (and under GATED_OUT acc_up) plus x_tile's product with w_tile (u_tile)."""
-    acc += _product(x_tile, w_tile, FMA, COMPUTE, DOT_PRECISION)
-    if GATED_OUT:
-        acc_up += _product(x_tile, u_tile, FMA, COMPUTE, DOT_PRECISION)
-    return acc, acc_up
-
-
-@triton.jit
-def _weight_tile(w, offs_n, k_tile, N, K, stride_wn, BLOCK_K: tl.constexpr,
-                 GATED_OUT: tl.constexpr):
-    """The [BN, BK] weight tile at K offset k_tile, and under GATED_OUT its up rows' (N rows
-    on; else the same tile again, unused)."""
-    offs_k = k_tile + tl.arange(0, BLOCK_K)
-    w_mask = (offs_n[:, None] < N) & (offs_k < K)[None, :]
-    w_rows = w + offs_n[:, None] * stride_wn + offs_k[None, :]
-    tile = tl.load(w_rows, mask=w_mask, other=0.0)
-    if GATED_OUT:
-        return tile, tl.load(w_rows + N * stride_wn, mask=w_mask, other=0.0)
-    return tile, tile
 
 
 @triton.jit
@@ -599,7 +546,6 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "FMA": tile.fma,
         "DOT_PRECISION": dot_precision(dtype),
         "GATED_OUT": gated_out,
-        "PRELOAD": min(tile.preload, k_per_split // tile.block_k),
     }
 
 
