@@ -45,6 +45,7 @@ from resident.engine.sampling_state import (
     seed_bits,
 )
 from resident.engine.types import SamplingParams
+from resident.kernels import compute_dtype
 
 log = logging.getLogger("resident.engine")
 
@@ -253,8 +254,7 @@ class Sampler:
         # a list index is copied to the device; when every row asked, a slice needs no copy
         select = slice(0, len(rows)) if len(asked) == len(rows) else asked
         # fp32 at least: bf16 logits would round the log-softmax to 2-3 digits
-        precision = torch.promote_types(logits.dtype, torch.float32)
-        logprobs = torch.log_softmax(logits[select].to(precision), dim=-1)
+        logprobs = torch.log_softmax(logits[select].to(compute_dtype(logits.dtype)), dim=-1)
         top_values, top_ids = logprobs.topk(max(counts), dim=-1)
         sampled = logprobs.gather(1, tokens[select][:, None])
         values = torch.cat([sampled, top_values], dim=1).to(torch.float64)
