@@ -1,12 +1,13 @@
 """The decode step's token embedding as one Triton gather (kernels/embedding.py) against
-torch's embedding (interpreter on CPU, at tiny sizes)."""
+torch's embedding, ModelOps.embed's reference (interpreter on CPU, at tiny sizes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from resident.kernels.embedding import embedding, embedding_ref
+from resident.kernels.embedding import embedding
+from resident.model.ops import embedding_ref_op
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -17,7 +18,7 @@ def test_the_gather_equals_torchs_embedding(dtype, block):
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(50, 40, generator=generator).to(DEVICE, dtype)
     ids = torch.tensor([3, 49, 0, 3, 17], device=DEVICE)  # a repeated id and both ends
-    assert torch.equal(embedding(weight, ids, block), embedding_ref(weight, ids))
+    assert torch.equal(embedding(weight, ids, block), embedding_ref_op(weight, ids))
 
 
 def test_no_rows_and_bad_ids_are_named():

@@ -3,13 +3,12 @@
 torch's embedding (index_select) walks the rows one after another in each of its programs at a
 few rows: 2.1 µs of an H100's c=1 decode step and 12.3 µs at c=16, for 2 and 32 KB
 (results/2026-12-06-h100-exposed). Here each program copies one block of one row's columns,
-all at once. Same contract as `embedding_ref`.
+all at once. Same contract as F.embedding(ids, weight), ModelOps.embed's reference.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -26,13 +25,9 @@ def _embed_kernel(weight, ids, out, hidden, stride_w, stride_o, BLOCK: tl.conste
     tl.store(out + row * stride_o + cols, values, mask=mask)
 
 
-def embedding_ref(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """weight [V, H], ids [T] -> [T, H]."""
-    return F.embedding(ids, weight)
-
-
 def embedding(weight: torch.Tensor, ids: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
-    """embedding_ref as one kernel of (row, block of columns) programs; block a power of two."""
+    """weight [V, H], ids [T] -> weight's rows [T, H], as one kernel of (row, block of columns)
+    programs; block a power of two."""
     if ids.dim() != 1 or weight.stride(1) != 1:
         raise ValueError(f"embedding takes ids [T] and a weight with contiguous rows, got ids "
                          f"{tuple(ids.shape)} and strides {weight.stride()}")

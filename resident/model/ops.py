@@ -20,12 +20,15 @@ from dataclasses import dataclass
 import torch
 
 from resident.kernels.attention import paged_attention_ref, write_kv_ref
-from resident.kernels.embedding import embedding_ref
 from resident.kernels.gdn import causal_conv_ref, gated_delta_rule_ref
 from resident.model.dense import gdn_gates
 from resident.model.step import StepMeta
 
 narrow_linear_ref = torch.nn.functional.linear
+
+
+def embedding_ref_op(weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.embedding(ids, weight)
 
 
 def write_kv_op(kv_layer: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -69,7 +72,7 @@ class ModelOps:
     """The kernels of one kind of step; the torch references by default."""
 
     # (embedding weight [V, H], token ids [T]) -> [T, H]
-    embed: Callable = embedding_ref
+    embed: Callable = embedding_ref_op
     write_kv: Callable = write_kv_op
     attention: Callable = attention_ref_op
     conv: Callable = conv_ref_op
