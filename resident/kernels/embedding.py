@@ -1,9 +1,10 @@
 """The token embedding of a decode step as one Triton gather: out[r] = weight[ids[r]].
 
-torch's embedding (index_select) walks the rows one after another in each of its programs at a
-few rows: 2.1 µs of an H100's c=1 decode step and 12.3 µs at c=16, for 2 and 32 KB
-(results/2026-12-06-h100-exposed). Here each program copies one block of one row's columns,
-all at once. Same contract as F.embedding(ids, weight), ModelOps.embed's reference.
+torch's embedding (its indexSelectSmallIndex kernel) took a decode step's time in proportion
+to the rows, as if it walked them one after another: 2.3 µs of an H100's c=1 step and 13.2 at
+c=16, for 2 and 32 KB; this kernel, whose programs each copy one block of one row's columns at
+once, 1.3 and 1.8 (results/2026-12-06-h100-exposed). Same contract as F.embedding(ids,
+weight), ModelOps.embed's reference.
 """
 
 from __future__ import annotations

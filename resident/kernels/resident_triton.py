@@ -28,9 +28,10 @@ def scatter_cells_triton(store: torch.Tensor, cells: torch.Tensor) -> None:
     _scatter_cells_kernel[(cells.shape[0],)](store, cells.contiguous(), store.shape[1])
 
 
-# a gather program's block-table columns: a row's table is copied by its span's columns / BLOCK
-# programs at once. One program a row, walking the span, was 8.4 µs of a 0.98 ms c=1 step on an
-# H100 (the capture width is the whole span, and each block's load waited for the store before)
+# a gather program's block-table columns: a row's table is copied by width / BLOCK programs at
+# once (a decode graph's width is the whole span). One program a row, walking the span block
+# after block, took 7.8 µs of a 0.99 ms c=1 step on an H100, these 1.8
+# (results/2026-12-06-h100-exposed)
 GATHER_BLOCK = 128
 
 
@@ -64,7 +65,7 @@ def gather_rows_triton(store, slot_ids, length_col, offset_col, state_col, span_
     power of two)."""
     if block_tables.stride(1) != 1:
         raise ValueError("block_tables must be contiguous along its columns")
-    _gather_rows_kernel[(slot_ids.shape[0], triton.cdiv(width, block))](
+    _gather_rows_kernel[(slot_ids.shape[0], max(1, triton.cdiv(width, block)))](
         store, slot_ids, block_tables, block_tables.stride(0), positions, kv_write_loc,
         state_slots, store.shape[1], length_col, offset_col, state_col, span_start, page_size,
         width, BLOCK=block)
