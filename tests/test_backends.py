@@ -277,11 +277,8 @@ def test_a_host_planned_decode_backend_plans_every_decode_step(planning, monkeyp
 def test_fused_decode_picks_each_buckets_kernels():
     """The attention prologue in every bucket, the fused GDN layer up to FUSED_GDN_MAX_ROWS
     rows (it lost to the separate kernels at 64 and 256 on the H200), neither when off; PDL
-    reaches the skinny GEMMs of small buckets, whose add + norms run as the kernel that lets
-    the opening projection launch before it waits, and that projection sends more of its
-    weight to the L2 before its own wait."""
+    reaches the skinny GEMMs of small buckets."""
     from resident.backends.triton_decode import FUSED_GDN_MAX_ROWS, DecodeFusion, TritonDecode
-    from resident.kernels.gemv import WIDE_PREFETCH_MAX_BYTES
 
     wide = 2 * FUSED_GDN_MAX_ROWS
     fused = TritonDecode((1, FUSED_GDN_MAX_ROWS, wide), fusion=DecodeFusion(True, True))
@@ -290,14 +287,11 @@ def test_fused_decode_picks_each_buckets_kernels():
         assert ops.attention_prologue is not None
         assert (ops.gdn_layer is not None) == (bucket <= FUSED_GDN_MAX_ROWS)
     assert fused.ops(1).narrow_linear.keywords == {"pdl": True}
-    assert fused.ops(FUSED_GDN_MAX_ROWS).silu_mul_wide_linear.keywords == {
-        "pdl": True, "prefetch_bytes": WIDE_PREFETCH_MAX_BYTES}
-    assert fused.ops(1).add_rms_norm.keywords == {"pdl": True}
+    assert fused.ops(FUSED_GDN_MAX_ROWS).silu_mul_wide_linear.keywords == {"pdl": True}
     assert fused.ops(wide).silu_mul_wide_linear is None  # more rows than the GEMV takes
-    assert fused.ops(wide).add_rms_norm is None  # Inductor's, before cuBLAS's projections
     off = TritonDecode((1, wide), fusion=DecodeFusion(False, False)).ops(1)
     assert off.gdn_layer is None and off.attention_prologue is None
-    assert off.silu_mul_wide_linear is None and off.add_rms_norm is None
+    assert off.silu_mul_wide_linear is None
     assert fused.ops(1).narrow_linear_add_norm is None
 
 

@@ -91,9 +91,9 @@ STEP = {"torch linear": 2 * 8 + 1, "triton _embed_kernel": 1, "torch argmax": 1}
 def test_auto_decode_step_launches(monkeypatch):
     """fused_decode=auto: the fused GDN layer and attention prologue, the MLP's gate_up with
     its silu-mul (a Triton GEMV, cuBLAS's before), the output gate in the attention's combine;
-    norms and the combine apart, the add + norms as one Triton kernel each (64 launches)."""
+    norms and the combine apart (64 launches)."""
     assert _decode_step_launches(DecodeFusion(True, False), monkeypatch) == {
-        **STEP, "torch linear": 1 + 8, "dense rms_norm": 1, "triton _add_rms_norm_kernel": 16,
+        **STEP, "torch linear": 1 + 8, "dense rms_norm": 1, "dense add_rms_norm": 16,
         "triton _gemv_kernel": 24, "triton _gdn_layer_decode_kernel": 6,
         "triton _attention_prologue_kernel": 2, "triton _split_kernel": 2,
         "triton _combine_kernel": 2}

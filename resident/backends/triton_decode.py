@@ -10,7 +10,6 @@ import torch
 
 from resident.backends.base import DecodeKernels
 from resident.backends.gemv_table import GemvTable, table_linear, table_linear_add_norm
-from resident.kernels.add_norm import add_rms_norm
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import (
     DEFAULT_DECODE_SPLITS,
@@ -25,8 +24,6 @@ from resident.kernels.gemv import (
     DEFAULT_FMA_TILE,
     FMA_MAX_ROWS,
     MIN_DOT,
-    PREFETCH_MAX_BYTES,
-    WIDE_PREFETCH_MAX_BYTES,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
     silu_mul_wide_linear,
@@ -143,13 +140,6 @@ class DecodeFusion:
         return {bucket: layer if bucket <= FUSED_GDN_MAX_ROWS else prologue
                 for bucket in buckets}
 
-    @property
-    def wide_prefetch_bytes(self) -> int:
-        """The largest opening projection's weight its GEMV sends to the L2 before its PDL
-        wait: more when fused, where the add + norm before it lets it launch early
-        (kernels/add_norm.py)."""
-        return WIDE_PREFETCH_MAX_BYTES if self.fused else PREFETCH_MAX_BYTES
-
     def small_bucket_ops(self, ops: ModelOps, bucket: int,
                          table: GemvTable | None) -> ModelOps:
         """The projections of a bucket of at most 16 rows on the Triton GEMV (decode_gemm
@@ -168,9 +158,7 @@ class DecodeFusion:
             narrow_linear=partial(table_linear, table=table, fallback=ops.narrow_linear,
                                   triton_linear=skinny_linear_partials, pdl=self.pdl),
             wide_linear=partial(table_linear, table=table, fallback=ops.wide_linear,
-                                triton_linear=partial(
-                                    skinny_linear, prefetch_bytes=self.wide_prefetch_bytes),
-                                pdl=self.pdl),
+                                triton_linear=skinny_linear, pdl=self.pdl),
             narrow_linear_add_norm=add_norm and partial(
                 table_linear_add_norm, table=table, fallback=add_norm, scratch=self.meeting,
                 pdl=self.pdl))
@@ -189,25 +177,21 @@ class DecodeFusion:
                 silu_mul_linear_add_norm_op, table=table, scratch=self.meeting, pdl=self.pdl))
         if self.fused and self.gate_up_epilogue:
             return dataclasses.replace(ops, silu_mul_wide_linear=partial(
-                silu_mul_wide_linear, pdl=self.pdl, prefetch_bytes=self.wide_prefetch_bytes))
+                silu_mul_wide_linear, pdl=self.pdl))
         return ops
 
     def _gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
         with the next add + norm; under pdl launched with PDL, each starting to read its
-        weights while the kernel before runs; fused, the add + norms before the wide ones as
-        a kernel that under pdl releases the projection before it waits."""
+        weights while the kernel before runs."""
         replaced = {}
-        if self.fused:
-            replaced["add_rms_norm"] = partial(add_rms_norm, pdl=self.pdl)
         if self.epilogues:
             replaced["narrow_linear_add_norm"] = partial(skinny_linear_add_norm,
                                                          scratch=self.meeting, pdl=self.pdl)
         if self.pdl:
             replaced["narrow_linear"] = partial(ops.narrow_linear, pdl=True)
             if ops.wide_linear is wide_linear:
-                replaced["wide_linear"] = partial(wide_linear, pdl=True,
-                                                  prefetch_bytes=self.wide_prefetch_bytes)
+                replaced["wide_linear"] = partial(wide_linear, pdl=True)
         return dataclasses.replace(ops, **replaced)
 
 

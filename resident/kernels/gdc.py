@@ -23,16 +23,6 @@ def pdl_wait_then_release(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def pdl_release_then_wait(USE_PDL: tl.constexpr):
-    """Let the next kernel's programs be placed at once, then wait for the kernel before: for
-    a kernel whose successor reads nothing before its own wait that this kernel's
-    predecessors write (kernels/add_norm.py says why)."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-
-
-@triton.jit
 def prefetch_l2(starts, num_bytes):
     """Starts copying each [start, start + num_bytes) of a tensor of addresses into the L2
     (`cp.async.bulk.prefetch.L2`, sm_90: no registers, no wait); an element of 0 bytes issues

@@ -55,10 +55,6 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, bl
 # once in results/2026-12-06-h100-prefetch-once (24 MB, the 0.8B's in_proj and gate_up too: a
 # c=1 step 3% slower; sent just after the wait instead, as slow).
 PREFETCH_MAX_BYTES = 12 << 20
-# A block's opening projection (GDN in_proj, attention qkv, MLP gate_up) launched behind the
-# early-releasing add + norm (kernels/add_norm.py) starts while the narrow projection before the
-# norm runs, which reads its own weights from the L2 by then: it may send this much
-WIDE_PREFETCH_MAX_BYTES = 24 << 20
 NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_norm_rows)
 
 
@@ -341,20 +337,18 @@ def gemv_splits(n: int, k: int, tile: GemvTile) -> int:
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
-                  tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False,
-                  prefetch_bytes: int = PREFETCH_MAX_BYTES) -> torch.Tensor:
+                  tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 16, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
-    accumulated in fp32. pdl: launched with programmatic dependent launch (pdl.py), a weight of
-    at most prefetch_bytes sent to the L2 before the wait."""
+    accumulated in fp32. pdl: launched with programmatic dependent launch (pdl.py)."""
     splits, _ = _split(x, weight, tile)
     num_rows, n = x.shape[0], weight.shape[0]
     out = torch.empty(num_rows, n, dtype=x.dtype, device=x.device)
     if splits == 1:
-        _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl, prefetch_bytes=prefetch_bytes)
+        _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl)
         return out
     partials = torch.empty(splits, num_rows, n, dtype=compute_dtype(x.dtype),
                            device=x.device)
-    _launch(x, weight, tile, partials, pdl=pdl, prefetch_bytes=prefetch_bytes)
+    _launch(x, weight, tile, partials, pdl=pdl)
     block = 1024
     _sum_splits_kernel[(triton.cdiv(num_rows * n, block),)](
         partials, out, num_rows, n, partials.stride(0), partials.stride(1), out.stride(0),
@@ -363,28 +357,25 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
     return out
 
 
-def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False,
-                prefetch_bytes: int = PREFETCH_MAX_BYTES) -> torch.Tensor:
+def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """skinny_linear on WIDE_TILE: a wide projection (N several times K) of at most 16 rows in
     one kernel, no K split."""
-    return skinny_linear(x, weight, WIDE_TILE, pdl=pdl, prefetch_bytes=prefetch_bytes)
+    return skinny_linear(x, weight, WIDE_TILE, pdl=pdl)
 
 
 def silu_mul_wide_linear(x: torch.Tensor, weight: torch.Tensor,
-                         tile: GemvTile = GATED_OUT_TILE, *, pdl: bool = False,
-                         prefetch_bytes: int = PREFETCH_MAX_BYTES) -> torch.Tensor:
+                         tile: GemvTile = GATED_OUT_TILE, *, pdl: bool = False) -> torch.Tensor:
     """x [M, K] (M <= 16) @ weight[2I, K]^T -> silu(gate) * up [M, I] in x's dtype: the MLP's
     gate_up projection with DenseOps.silu_mul in its epilogue, so the activation has no kernel
     of its own (issue 33). weight is the fused gate_up, gate rows first; tile must not split
-    K (its target_programs 0); prefetch_bytes as skinny_linear's."""
+    K (its target_programs 0)."""
     if weight.shape[0] % 2 or tile.target_programs:
         raise ValueError(f"silu_mul_wide_linear takes a [2I, K] gate_up weight and a tile that "
                          f"never splits K, got {tuple(weight.shape)} and {tile.name}")
     half = weight[:weight.shape[0] // 2]
     _split(x, half, tile)
     out = torch.empty(x.shape[0], half.shape[0], dtype=x.dtype, device=x.device)
-    _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl, gated_out=True,
-            prefetch_bytes=prefetch_bytes)
+    _launch(x, weight, tile, out.unsqueeze(0), pdl=pdl, gated_out=True)
     return out
 
 
@@ -535,12 +526,10 @@ def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
 def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
                       prologue: tl.constexpr = PLAIN, *, head_dim: int = 1,
                       element_size: int = 2, add_norm: bool = False,
-                      dtype: torch.dtype = torch.bfloat16, gated_out: bool = False,
-                      prefetch_bytes: int = PREFETCH_MAX_BYTES) -> dict:
+                      dtype: torch.dtype = torch.bfloat16, gated_out: bool = False) -> dict:
     """_gemv_kernel's compile-time arguments for an [N, K] weight (gated_out: [2N, K]) of
     `element_size`-byte elements and `num_rows` rows of `dtype` activations (USE_PDL aside:
-    pdl.launch_options): what _launch passes, and what tools/compile_check compiles. A weight
-    of at most prefetch_bytes goes to the L2 before the kernel's PDL wait."""
+    pdl.launch_options): what _launch passes, and what tools/compile_check compiles."""
     splits, k_per_split = split_plan(n, k, tile)
     weight_bytes = (2 if gated_out else 1) * n * k * element_size
     return {
@@ -548,7 +537,7 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
         "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
-        "PREFETCH": weight_bytes <= prefetch_bytes,
+        "PREFETCH": weight_bytes <= PREFETCH_MAX_BYTES,
         "PREFETCH_CHUNKS": max(1, 32 * tile.num_warps // tile.block_n),
         "ADD_NORM": add_norm, "NUM_SPLITS": splits,
         "SQ_ROWS": sums_rows(n, tile) if add_norm else 1,
@@ -563,18 +552,17 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
 def _launch(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile, target: torch.Tensor,
             prologue: tl.constexpr = PLAIN, *, z: torch.Tensor | None = None,
             norm_weight: torch.Tensor | None = None, eps: float = 0.0, pdl: bool = False,
-            add_norm: AddNorm | None = None, gated_out: bool = False,
-            prefetch_bytes: int = PREFETCH_MAX_BYTES) -> None:
+            add_norm: AddNorm | None = None, gated_out: bool = False) -> None:
     """target [S, M, N]: split s's sums of x @ weight^T over its K range (split_plan's S), in
     target's dtype. x is [M, K] ([M, 2K] for SILU_MUL); z, norm_weight and eps are the
     prologue's (see _gemv_kernel); add_norm, the epilogue's (_add_norm); gated_out: weight
-    is [2N, K] and target [1, M, N] takes silu(gate) * up; prefetch_bytes: launch_constexprs'."""
+    is [2N, K] and target [1, M, N] takes silu(gate) * up."""
     (splits, num_rows, n), k = target.shape, weight.shape[1]
     epilogue = add_norm.kernel_args() if add_norm else (x,) * 6 + (0.0,)
     constexprs = launch_constexprs(
         n, k, num_rows, tile, prologue, element_size=weight.element_size(), dtype=x.dtype,
         head_dim=z.shape[2] if z is not None and z.dim() == 3 else 1,
-        add_norm=add_norm is not None, gated_out=gated_out, prefetch_bytes=prefetch_bytes)
+        add_norm=add_norm is not None, gated_out=gated_out)
     _gemv_kernel[(triton.cdiv(n, tile.block_n), splits)](
         x, weight, target, x if z is None else z, x if norm_weight is None else norm_weight,
         num_rows, n, k, x.stride(0), weight.stride(0), target.stride(1), target.stride(0),

@@ -94,11 +94,6 @@ class ModelOps:
     # kernel (gemv.skinny_linear_add_norm, gated). None: DenseOps.silu_mul, then the down
     # projection as narrow_linear_add_norm or narrow_linear says.
     silu_mul_linear_add_norm: Callable | None = None
-    # (x [T, H] or split-K partials [S, T, H], residual [T, H], norm weight [H], eps) ->
-    # (normed, summed): a block's opening add + norm as its own Triton kernel, which under PDL
-    # lets the opening projection launch before it waits (kernels/add_norm.py). None:
-    # DenseOps.add_rms_norm.
-    add_rms_norm: Callable | None = None
     # (x, weight) -> x @ weight.T for a block's opening projections (GDN in_proj, attention
     # qkv, MLP gate_up: wider than their input): cuBLAS by default, the Triton GEMV in small
     # buckets under decode_gemm=wide (slower than cuBLAS on the H200, with or without PDL)

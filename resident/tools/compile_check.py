@@ -42,7 +42,6 @@ from resident.config import EngineConfig
 from resident.engine.sampling_state import FLOATS_AT, INDEX_COL, STAGED_WIDTH
 from resident.engine.token_ring import HEADER_BYTES, NUM_SLOTS, TokenRing
 from resident.kernels import (
-    add_norm,
     argmax,
     attention_prologue,
     chunk_states,
@@ -170,14 +169,6 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
     variants += _fused_decode_variants(config)
     variants += _decode_attention_variants(config)
     variants.append(_argmax_variant(config))
-    variants.append(Variant("add + norm of split-K partials (PDL, early release)",
-                            add_norm._add_rms_norm_kernel, {
-                                "x": "*fp32", "residual": "*bf16", "weight": "*bf16",
-                                "normed": "*bf16", "summed": "*bf16", "N": "i32",
-                                "stride_xs": "i32", "stride_xm": "i32", "stride_rm": "i32",
-                                "eps": "fp32"},
-                            {"NUM_SPLITS": 8, "BLOCK_N": triton.next_power_of_2(hidden),
-                             "COMPUTE": triton.language.float32, "USE_PDL": True}))
     variants.append(_gumbel_race_variant())
     variants += _nucleus_race_variants(config)
     variants.append(_publish_variant())
