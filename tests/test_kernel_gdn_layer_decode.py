@@ -115,8 +115,8 @@ def test_fused_gdn_layer_matches_the_unfused_path_over_steps(dtype, state_dtype,
 def test_narrower_column_blocks_give_the_same_layer():
     """block_dv 16 (four programs a value head of 64, where the default has two) against the
     default in float64: the same outputs and states to fp64 rounding (the norm's sums of
-    squares add in other groups), the same conv windows; a block_dv that is not a power of two
-    is refused."""
+    squares add in other groups), the same conv windows; a block_dv that is not a power of two,
+    and a register cap ptxas would not take, are refused."""
     gen = torch.Generator().manual_seed(11)
     shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=64)
     weights, conv_pool, state_pool = _case(gen, shape, torch.float64, "cpu")
@@ -139,6 +139,9 @@ def test_narrower_column_blocks_give_the_same_layer():
     with pytest.raises(ValueError, match="num_warps must be a power of two, got 3"):
         gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, scratch,
                          num_warps=3)
+    with pytest.raises(ValueError, match="max_registers must be 0 .* got 300"):
+        gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, scratch,
+                         max_registers=300)
 
 
 def test_a_mismatched_layer_is_refused():

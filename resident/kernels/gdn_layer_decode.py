@@ -46,6 +46,13 @@ from resident.kernels.pdl import launch_options
 # [128, 128] tile spilled registers at 8 and 16 warps)
 BLOCK_DV = 32
 NUM_WARPS = 4
+# A program's registers at most (ptxas's maxnreg; 0: its own choice). Left alone ptxas gives
+# the kernel 250 a thread, so two 4-warp programs fit an SM and a 16-row step's 1,024 programs
+# (19 us a layer on an H100, its 32 MB of state at 1.7 TB/s) stream two an SM at a time;
+# capped at CAPPED_REGISTERS it spills 4 bytes and three fit (resident.tools.compile_check
+# compiles both). Not yet timed on a GPU: tests/gpu/time_gdn_layer.py times the cap
+MAX_REGISTERS = 0
+CAPPED_REGISTERS = 168
 
 
 @triton.jit
@@ -201,14 +208,19 @@ def gdn_layer_decode(
     pdl: bool = False,
     block_dv: int = BLOCK_DV,
     num_warps: int = NUM_WARPS,
+    max_registers: int = MAX_REGISTERS,
 ) -> torch.Tensor:  # [B, Hv, Dv] in projected's dtype: the input of out_proj
     """One decode token a row through a GDN layer's conv, gates, delta rule and gated norm,
     both pools updated in place. Grid (B, Hv, Dv / block_dv): block_dv, a power of two, is a
-    program's value columns and num_warps its warps (the engine's BLOCK_DV and NUM_WARPS;
-    tests/gpu/time_gdn_layer.py times others)."""
+    program's value columns and num_warps its warps, max_registers a thread's registers at
+    most (the engine's BLOCK_DV, NUM_WARPS and MAX_REGISTERS; tests/gpu/time_gdn_layer.py
+    times others)."""
     for name, value in (("block_dv", block_dv), ("num_warps", num_warps)):
         if value < 1 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two, got {value}")
+    if max_registers and not 24 <= max_registers <= 255:  # ptxas's maxnreg range
+        raise ValueError(f"max_registers must be 0 (ptxas's choice) or 24-255, got "
+                         f"{max_registers}")
     shape = GdnShape.of(projected, weights.conv_weight, state_pool)
     group = shape.num_v_heads // shape.num_k_heads
     for name, dim in (("k", shape.k_dim), ("v", shape.v_dim)):
@@ -237,7 +249,8 @@ def gdn_layer_decode(
         L2NORM_EPS, weights.norm_eps,
         GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=block_dv,
         BLOCK_W=triton.next_power_of_2(width),
-        COMPUTE=triton_compute_dtype(state_pool.dtype), num_warps=num_warps, **launch_options(pdl),
+        COMPUTE=triton_compute_dtype(state_pool.dtype), num_warps=num_warps,
+        **({"maxnreg": max_registers} if max_registers else {}), **launch_options(pdl),
     )
     return out
 

@@ -75,6 +75,7 @@ class Variant:
     # spill bytes that do not fail it: 0 for kernels whose one config we chose; an autotuned
     # kernel's configs are timed on the GPU, so one that spills only loses that race
     allowed_spill: int = 0
+    max_registers: int = 0  # the launch's maxnreg; 0: none
 
     def compile(self, target: GPUTarget):
         signature = {name: self.types.get(name, "constexpr") for name in self.kernel.arg_names}
@@ -82,8 +83,10 @@ class Variant:
         if missing:
             raise ValueError(f"{self.name}: no type or constexpr for {missing}")
         source = ASTSource(fn=self.kernel, signature=signature, constexprs=self.constexprs)
-        return triton.compile(source, target=target, options={"num_warps": self.num_warps,
-                                                               "num_stages": self.num_stages})
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.max_registers:
+            options["maxnreg"] = self.max_registers
+        return triton.compile(source, target=target, options=options)
 
 
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
@@ -306,15 +309,22 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
                       "loc_ptr": "*i64", "query_ptr": "*bf16", "eps": "fp32"}
     prologue_types |= {arg: "i32" for arg in prologue.arg_names if arg.startswith("stride_")
                        or arg in ("num_heads", "num_kv_heads")}
-    variants = []
+    gdn_constexprs = {
+        "GROUP": group, "DK": config.linear_key_head_dim, "DV": config.linear_value_head_dim,
+        "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
+        "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32}
+    # capped (gdn_layer_decode.CAPPED_REGISTERS) it spills 4 bytes at the 0.8B; 16 catches a
+    # change that spills more
+    variants = [Variant(f"fused gdn layer decode (PDL, at most {capped} registers)", gdn,
+                        gdn_types, gdn_constexprs | {"USE_PDL": True},
+                        gdn_layer_decode.NUM_WARPS, allowed_spill=16, max_registers=capped)
+                for capped in {gdn_layer_decode.MAX_REGISTERS,
+                               gdn_layer_decode.CAPPED_REGISTERS} - {0}]
     for pdl in (False, True):
         suffix = " (PDL)" if pdl else ""
-        variants.append(Variant(f"fused gdn layer decode{suffix}", gdn, gdn_types, {
-            "GROUP": group, "DK": config.linear_key_head_dim,
-            "DV": config.linear_value_head_dim,
-            "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
-            "BLOCK_W": triton.next_power_of_2(width),
-            "COMPUTE": triton.language.float32, "USE_PDL": pdl}, gdn_layer_decode.NUM_WARPS))
+        variants.append(Variant(f"fused gdn layer decode{suffix}", gdn, gdn_types,
+                                gdn_constexprs | {"USE_PDL": pdl}, gdn_layer_decode.NUM_WARPS,
+                                max_registers=gdn_layer_decode.MAX_REGISTERS))
         variants.append(Variant(f"attention prologue{suffix}", prologue, prologue_types, {
             "D": config.head_dim, "ROT": config.rotary_dim, "PAGE": 16,
             "COMPUTE": triton.language.float32, "USE_PDL": pdl},

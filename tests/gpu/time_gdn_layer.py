@@ -1,7 +1,8 @@
 """GPU time of the fused GDN layer decode (kernels/gdn_layer_decode.py) at the 0.8B's heads (16
 key and 16 value heads of 128, conv width 4, bf16, fp32 state) by a program's value columns
-(`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8) and warps, captured as
-a CUDA graph as a decode bucket replays it, at 1, 4 and 16 rows: at c=1 the layer took 6.1 µs a
+(`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8), warps and register cap
+(`max_registers`: how many programs an SM holds), captured as a CUDA graph as a decode bucket
+replays it, at 1, 4, 8 and 16 rows: at c=1 the layer took 6.1 µs a
 call with PDL off on an H100, for ~1 MB of state read and written
 (results/2026-12-06-h100-decode-splits), the shape of problem the decode attention's splits
 had; at 16 rows 16.3 µs against ~9.6 to stream its 32 MB. Each other config is also checked
@@ -16,6 +17,8 @@ import torch
 
 from resident.kernels.gdn_layer_decode import (
     BLOCK_DV,
+    CAPPED_REGISTERS,
+    MAX_REGISTERS,
     NUM_WARPS,
     GdnLayerScratch,
     GdnLayerWeights,
@@ -26,9 +29,12 @@ from resident.tools.bench_attention import graph_time_us
 
 SHAPE = GdnShape(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128)
 WIDTH = 4
-ROWS = (1, 4, 16)
-# (block_dv, num_warps): the engine's first
-CONFIGS = ((BLOCK_DV, NUM_WARPS), (8, 4), (16, 4), (32, 2), (32, 8), (64, 4), (64, 8), (128, 8))
+ROWS = (1, 4, 8, 16)
+# (block_dv, num_warps, max_registers): the engine's first, then its tile capped (ptxas's own
+# count is 250 a thread: two programs an SM; CAPPED_REGISTERS 168: three, 4 bytes spilled;
+# 128: four, 164 bytes spilled)
+CONFIGS = ((BLOCK_DV, NUM_WARPS, MAX_REGISTERS), (BLOCK_DV, NUM_WARPS, CAPPED_REGISTERS),
+           (BLOCK_DV, NUM_WARPS, 128), (16, 4, CAPPED_REGISTERS), (64, 4, 0), (64, 8, 0))
 
 
 def layer(rows: int, device: torch.device):
@@ -53,23 +59,23 @@ def layer(rows: int, device: torch.device):
 
 def main() -> None:
     device = torch.device("cuda")
-    print(f"{'rows':>5} " + " ".join(f"{f'{b}x{w}w us':>10}" for b, w in CONFIGS)
+    print(f"{'rows':>5} " + " ".join(f"{f'{b}x{w}w r{r} us':>14}" for b, w, r in CONFIGS)
           + "  max rel err against the engine's")
     for rows in ROWS:
         weights, conv_pool, state_pool, projected, slots = layer(rows, device)
         scratch = GdnLayerScratch(rows)
         times, outs = [], {}
-        for block, warps in CONFIGS:
-            config = {"block_dv": block, "num_warps": warps}
+        for block, warps, registers in CONFIGS:
+            config = {"block_dv": block, "num_warps": warps, "max_registers": registers}
             run = functools.partial(gdn_layer_decode, projected, weights, conv_pool.clone(),
                                     state_pool.clone(), slots, scratch, **config)
             times.append(graph_time_us(run))
-            outs[block, warps] = gdn_layer_decode(projected, weights, conv_pool.clone(),
+            outs[block, warps, registers] = gdn_layer_decode(projected, weights, conv_pool.clone(),
                                                   state_pool.clone(), slots, scratch,
                                                   **config).float()
         want = outs[CONFIGS[0]]
         worst = max(((out - want).norm() / want.norm()).item() for out in outs.values())
-        print(f"{rows:>5} " + " ".join(f"{t:>10.2f}" for t in times) + f"  {worst:.1e}")
+        print(f"{rows:>5} " + " ".join(f"{t:>14.2f}" for t in times) + f"  {worst:.1e}")
 
 
 if __name__ == "__main__":
