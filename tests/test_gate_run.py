@@ -291,6 +291,30 @@ def test_a_server_that_loaded_other_code_than_the_session_ran_fails():
         check_source(arm, entry, {"source_digest": "b" * 64}, "")
 
 
+def test_a_path_arm_names_its_own_commit_never_an_enclosing_repositorys(tmp_path):
+    """A source tree copied inside another repository (as under .gate/worktrees/) has no
+    commit of its own: the manifest says none rather than the outer repository's HEAD; the
+    repository's own root names its HEAD, and whether tracked files changed."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t",
+                               "-c", "user.email=t@t", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    for tree in (tmp_path, tmp_path / "copy"):
+        (tree / "resident").mkdir(parents=True)
+        (tree / "resident" / "__init__.py").write_text("")
+    git("init", "-q")
+    git("add", "resident")
+    git("commit", "-qm", "root")
+    worktrees = tmp_path / ".gate" / "worktrees"
+    copy = resolve_arm("copy", f"path:{tmp_path / 'copy'}", tmp_path, worktrees, {})
+    assert copy.sha is None and not copy.dirty
+    root = resolve_arm("root", ".", tmp_path, worktrees, {})
+    assert root.sha == git("rev-parse", "HEAD") and not root.dirty
+    (tmp_path / "resident" / "__init__.py").write_text("# changed\n")
+    assert resolve_arm("root", ".", tmp_path, worktrees, {}).dirty
+
+
 def test_until_verdict_stops_when_every_cell_has_a_verdict(tmp_path):
     """Tiny servers on the CPU: an arm capped at one sequence serves c=8 at a fraction of the
     baseline's tok/s, so it is `slower` after two or three rounds, well before the sixth."""

@@ -94,11 +94,20 @@ def resolve_arm(name: str, spec: str, repo: Path, worktrees: Path,
                          "cmd:<command>")
     if not (tree / "resident" / "__init__.py").is_file():
         raise ValueError(f"--arm {name}={spec}: {tree} is not a resident source tree")
-    sha = dirty = None
-    try:  # a copied tree may carry .git without its history
-        sha = _git(tree, "rev-parse", "HEAD")
-        dirty = bool(_git(tree, "status", "--porcelain", "--untracked-files=no"))
+    sha, dirty = _tree_commit(tree.resolve())
+    return Arm(name, spec, "resident", tree=tree.resolve(), ref=spec, sha=sha, dirty=dirty,
+               knobs=knobs)
+
+
+def _tree_commit(tree: Path) -> tuple[str | None, bool]:
+    """(HEAD, whether tracked files changed) of the repository whose root `tree` is; (None,
+    False) for a tree that is not one: a copy inside another repository (say under
+    .gate/worktrees/) would otherwise report that repository's commit as its own, and a copied
+    tree may carry .git without its history."""
+    try:
+        if Path(_git(tree, "rev-parse", "--show-toplevel")).resolve() != tree:
+            return None, False
+        return (_git(tree, "rev-parse", "HEAD"),
+                bool(_git(tree, "status", "--porcelain", "--untracked-files=no")))
     except ValueError:
-        pass
-    return Arm(name, spec, "resident", tree=tree.resolve(), ref=spec, sha=sha,
-               dirty=bool(dirty), knobs=knobs)
+        return None, False
