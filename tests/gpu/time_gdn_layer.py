@@ -70,9 +70,9 @@ def main() -> None:
             run = functools.partial(gdn_layer_decode, projected, weights, conv_pool.clone(),
                                     state_pool.clone(), slots, scratch, **config)
             times.append(graph_time_us(run))
-            outs[block, warps, registers] = gdn_layer_decode(projected, weights, conv_pool.clone(),
-                                                  state_pool.clone(), slots, scratch,
-                                                  **config).float()
+            outs[block, warps, registers] = gdn_layer_decode(
+                projected, weights, conv_pool.clone(), state_pool.clone(), slots, scratch,
+                **config).float()
         want = outs[CONFIGS[0]]
         worst = max(((out - want).norm() / want.norm()).item() for out in outs.values())
         print(f"{rows:>5} " + " ".join(f"{t:>14.2f}" for t in times) + f"  {worst:.1e}")
