@@ -313,13 +313,11 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
         "GROUP": group, "DK": config.linear_key_head_dim, "DV": config.linear_value_head_dim,
         "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
         "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32}
-    # capped (gdn_layer_decode.CAPPED_REGISTERS) it spills 4 bytes at the 0.8B; 16 catches a
-    # change that spills more
+    # the cap being tried: it spills 4 bytes at the 0.8B; 16 catches a change that spills more
+    capped = gdn_layer_decode.CAPPED_REGISTERS
     variants = [Variant(f"fused gdn layer decode (PDL, at most {capped} registers)", gdn,
                         gdn_types, gdn_constexprs | {"USE_PDL": True},
-                        gdn_layer_decode.NUM_WARPS, allowed_spill=16, max_registers=capped)
-                for capped in {gdn_layer_decode.MAX_REGISTERS,
-                               gdn_layer_decode.CAPPED_REGISTERS} - {0}]
+                        gdn_layer_decode.NUM_WARPS, allowed_spill=16, max_registers=capped)]
     for pdl in (False, True):
         suffix = " (PDL)" if pdl else ""
         variants.append(Variant(f"fused gdn layer decode{suffix}", gdn, gdn_types,
