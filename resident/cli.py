@@ -238,8 +238,9 @@ KNOB_MEANINGS = {
     "compile": "torch.compile of the dense parts; auto: on for CUDA",
     "decode_gemm": "projections of decode buckets of <= 16 rows: Triton GEMM (narrow: skinny, "
                    "all: wide) or cuBLAS",
-    "gemv_table": "a bench_gemv --json file of this GPU: each decode projection on what it "
-                  "timed fastest (Triton tile or cuBLAS); auto: configs/gemv/<GPU name>.json "
+    "gemv_table": "a bench_gemv --json file of this GPU: each decode projection of <= 64 "
+                  "rows on what it timed fastest (Triton tile or cuBLAS); auto: "
+                  "configs/gemv/<GPU name>.json "
                   "if committed; off",
     "fused_decode": "decode buckets: a GDN layer, an attention prologue, one kernel each, the "
                     "MLP's silu-mul in its gate_up (auto); "

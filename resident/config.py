@@ -107,9 +107,9 @@ class EngineConfig:
     # results/2026-11-29-h200-0.8b-fusions), or all on cuBLAS
     decode_gemm: str = "skinny"
     # a bench_gemv --json file measured on this GPU: under decode_gemm skinny or wide, each
-    # projection of a bucket of <= 16 rows runs on what it timed fastest there, Triton tile or
+    # projection of a bucket of <= 64 rows runs on what it timed fastest there, Triton tile or
     # cuBLAS (backends/gemv_table.py); auto: configs/gemv/<the GPU's name>.json where one was
-    # measured and committed, else decode_gemm's rule; off: the rule alone
+    # measured and committed, else decode_gemm's rule (cuBLAS above 16 rows); off: the rule
     gemv_table: str = "auto"
     # decode buckets under triton and flashinfer: a GDN layer's conv, gates, delta rule and
     # output norm in one kernel, an attention layer's q/k norm, RoPE and KV write in one

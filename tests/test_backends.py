@@ -389,12 +389,14 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
             torch.testing.assert_close(fused, apart, atol=1e-10, rtol=1e-10)
 
 
-def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]]) -> str:
+def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]],
+                     measured_rows: tuple[int, ...] = (1, 4)) -> str:
     """A bench_gemv --json file for the tiny model's projections: for each shape, per measured
-    row count (1 and 4), the tile and (triton_us, cublas_us) given by `picks[shape name]`."""
+    row count, the tile and (triton_us, cublas_us) given by `picks[shape name]`."""
     rows = []
     for name, (n, k) in TINY.decode_projections.items():
-        for num_rows, (tile, triton_us, cublas_us) in zip((1, 4), picks[name], strict=True):
+        for num_rows, (tile, triton_us, cublas_us) in zip(measured_rows, picks[name],
+                                                          strict=True):
             rows.append({"shape": name, "n": n, "k": k, "rows": num_rows, "tile": tile,
                          "triton_us": triton_us, "cublas_us": cublas_us})
     path.write_text(json.dumps(rows))
@@ -471,6 +473,54 @@ def test_gemv_table_gives_the_reference_tokens(tmp_path, fused_decode):
         return run_engine(engine, requests, concurrency=3)
 
     assert greedy("triton", gemv_table=path, fused_decode=fused_decode) == greedy("torch")
+
+
+def test_a_tables_medium_rows_move_those_buckets_projections(tmp_path):
+    """A bucket of 17-64 rows stays on cuBLAS by decode_gemm's rule; a table measured at 32
+    rows moves the shapes where a 64-row Triton tile won (cuBLAS keeps the rest, and a bucket
+    past the measured rows), and the tokens stay the torch reference's (interpreted)."""
+    from resident.backends.gemv_table import GemvTable, table_linear
+    from resident.model.ops import narrow_linear_ref
+
+    generator = torch.Generator().manual_seed(9)
+    requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (3 + i % 5,),
+                                        generator=generator).tolist(), 3) for i in range(20)}
+    mma64 = {**DOT_TILE, "block_m": 64, "target_programs": 8}
+    win, lose = ((mma64, 2.0, 3.0),), ((mma64, 4.0, 3.0),)
+    path = _gemv_table_file(tmp_path / "t.json", {
+        "gdn in_proj": win, "gdn out_proj": win, "attn qkv": lose, "attn o_proj": lose,
+        "mlp gate_up": win, "mlp down": lose}, measured_rows=(32,))  # o_proj, down: one shape
+
+    table = GemvTable.load(path)
+    assert table.choose(64, 64, 17).rows == 32 and table.choose(64, 64, 33) is None
+    assert table.choose(64, 64, 16) is None  # a small bucket never reads a 64-row tile's time
+
+    def greedy(backend: str, **knobs) -> dict[str, list[int]]:
+        config = EngineConfig(attention_backend=backend, decode_buckets=(1, 4, 24, 48),
+                              max_num_seqs=48, resident_planning="off", **knobs)
+        engine = build_engine(TINY, config, "cpu")
+        if backend == "triton":
+            medium, past = (engine.runner.kernels.decode.ops(b) for b in (24, 48))
+            on_table = bool(knobs)
+            assert (getattr(medium.wide_linear, "func", None) is table_linear) == on_table
+            assert medium.narrow_linear_add_norm is None
+            if not on_table:
+                assert medium.narrow_linear is narrow_linear_ref
+            # a narrow projection on the Triton GEMV leaves split-K partials [S, M, N] for the
+            # add + norm; cuBLAS a finished [M, N]
+            (won, k), (lost, _) = (TINY.decode_projections[name]
+                                   for name in ("gdn out_proj", "attn qkv"))
+            for ops, rows, weight, triton_ran in (
+                    (medium, 24, torch.randn(won, k), on_table),
+                    (medium, 24, torch.randn(lost, k), False),
+                    (past, 48, torch.randn(won, k), False)):  # nothing measured at >= 48
+                out = ops.narrow_linear(torch.randn(rows, k), weight)
+                assert out.dim() == (3 if triton_ran else 2)
+        return run_engine(engine, requests, concurrency=20)
+
+    reference = greedy("torch")
+    assert greedy("triton") == reference
+    assert greedy("triton", gemv_table=path) == reference
 
 
 def test_a_gemv_sweep_always_times_the_engines_own_tiles():

@@ -129,13 +129,47 @@ def test_prefetch_pieces_cover_each_row_once_in_16_byte_units(span, block_n, chu
         assert all(start % align == 0 for start, _ in covered)
 
 
+@pytest.mark.parametrize("rows, tile", [
+    (24, GemvTile(block_n=16, block_k=64, target_programs=264)),  # rows padded to 32, K split
+    (40, GemvTile(block_n=32, block_k=64, target_programs=0)),  # padded to 64
+    (5, GemvTile(block_n=16, block_k=64, target_programs=0, block_m=64)),  # a 64-row tile
+    (64, GemvTile(block_n=16, block_k=128, target_programs=264, block_m=64)),
+])
+def test_medium_buckets_match_torch(rows, tile):
+    """The MMA form past 16 rows (a bucket of 17-64 rows), and a tile whose block_m holds
+    more rows than there are: the padding rows read zeros and are never stored."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 300, generator=generator).to(DEVICE)
+    weight = torch.randn(70, 300, generator=generator).to(DEVICE)
+    torch.testing.assert_close(skinny_linear(x, weight, tile), x @ weight.T, atol=1e-4,
+                               rtol=1e-4)
+    partials = skinny_linear_partials(x, weight, tile)
+    torch.testing.assert_close(partials.sum(0), x @ weight.T, atol=1e-4, rtol=1e-4)
+
+
 def test_refuses_wide_batches():
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        skinny_linear(torch.zeros(17, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        skinny_linear(torch.zeros(65, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="at most 32 rows on tile 32x"):
+        skinny_linear(torch.zeros(33, 8), torch.zeros(4, 8), GemvTile(block_m=32))
+    with pytest.raises(ValueError, match="the add \\+ norm epilogue takes at most 16 rows"):
+        skinny_linear_add_norm(torch.zeros(17, 8), torch.zeros(4, 8), torch.zeros(17, 4),
+                               torch.zeros(4), 1e-6, KeptZeros())
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"block_m": 8}, "block_m must be a power of two >= 16, got 8"),
+    ({"block_m": 48}, "block_m must be a power of two >= 16, got 48"),
+    ({"block_m": 128}, "block_m sets the MMA form's rows, at most 64"),
+    ({"block_m": 16, "fma": True}, "block_m sets the MMA form's rows"),
+])
+def test_tile_refuses_a_bad_block_m(fields, message):
+    with pytest.raises(ValueError, match=message):
+        GemvTile(**fields)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("rows", [1, 8, 16, 24, 64])
 @pytest.mark.parametrize("n, k", [(8224, 1024), (1024, 2048), (1024, 3584), (248320, 1024)])
 def test_matches_torch_bf16_gpu(rows, n, k):
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)

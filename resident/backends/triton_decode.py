@@ -23,6 +23,7 @@ from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
     DEFAULT_FMA_TILE,
     FMA_MAX_ROWS,
+    MAX_ROWS,
     MIN_DOT,
     gated_norm_linear_partials,
     sigmoid_gate_linear_partials,
@@ -147,6 +148,12 @@ class DecodeFusion:
         picks."""
         return self._mlp(self._table(self._gemms(ops), table), bucket, table)
 
+    def medium_bucket_ops(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
+        """The projections of a bucket of 17 to MAX_ROWS rows: cuBLAS, but each shape a
+        measured table holds at those rows on its winner (the Triton GEMV's 64-row tiles,
+        launched with PDL under pdl). No epilogue: the add + norm's holds 16 rows at most."""
+        return self._table(ops, table)
+
     def _table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
         """Each projection of a shape the table holds on its measured winner (the ops given
         run the others)."""
@@ -225,9 +232,14 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
     wide projections stay on cuBLAS (as fast there alone) but under `wide`. Under pdl the
     Triton GEMMs launch with PDL. `cublas` and wider buckets keep `ops`. A measured `table`
     (the gemv_table knob, gemv_table.py) picks the kernel of each shape it holds under
-    `skinny` and `wide`."""
-    if bucket > MIN_DOT or decode_gemm == "cublas":
+    `skinny` and `wide`, and in a bucket of 17 to MAX_ROWS rows, which the rule leaves on
+    cuBLAS, it alone moves a projection to the Triton GEMV."""
+    if bucket > MAX_ROWS or decode_gemm not in ("skinny", "wide", "fused"):
         return ops
+    if bucket > MIN_DOT:
+        if decode_gemm == "fused":
+            return ops
+        return (fusion or DecodeFusion()).medium_bucket_ops(ops, table)
     ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
     if decode_gemm == "wide":
         ops = dataclasses.replace(ops, wide_linear=wide_linear)

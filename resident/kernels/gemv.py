@@ -48,6 +48,11 @@ from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
 FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, block_k] spills
+# The MMA form's rows at most: a decode bucket of 17-64 rows (24, 32, 48, 64 by default) pads
+# its rows to a power of two, or to its tile's block_m. At 64 rows a program's tl.dot is one
+# Hopper warpgroup MMA (wgmma) fed from shared memory by cp.async; at 16 rows it is the older
+# mma.sync (python -m resident.tools.compile_check compiles both)
+MAX_ROWS = 64
 # Under PDL a weight of at most this many bytes is sent to the L2 before the kernel's wait. The
 # H200's L2 holds 50 MB; a larger weight (2B's 16-25 MB narrow projections) would evict what the
 # kernel before it is still reading and compete with it for HBM: measured in
@@ -77,20 +82,29 @@ class GemvTile:
     # so only unrolling lets a program have several tiles' loads in flight at once
     unroll: int = 1
     fma: bool = False
+    # the MMA form's rows a program holds whatever the rows there are (at least them); 0: the
+    # rows rounded up to a power of two, at least 16 (block_rows)
+    block_m: int = 0
 
     @property
     def name(self) -> str:
         """As the sweeps and the start-up log print it."""
-        return (f"{'fma ' if self.fma else ''}{self.block_n}x{self.block_k} w{self.num_warps} "
-                f"s{self.num_stages} p{self.target_programs} u{self.unroll}")
+        rows = f"{self.block_m}x" if self.block_m else ""
+        return (f"{'fma ' if self.fma else ''}{rows}{self.block_n}x{self.block_k} "
+                f"w{self.num_warps} s{self.num_stages} p{self.target_programs} u{self.unroll}")
 
     def __post_init__(self) -> None:
         smallest = {"block_n": 1 if self.fma else MIN_DOT, "block_k": MIN_DOT}
+        if self.block_m:
+            smallest["block_m"] = MIN_DOT
         for name, least in smallest.items():
             value = getattr(self, name)
             if value < least or value & (value - 1):
                 raise ValueError(f"GemvTile.{name} must be a power of two >= {least}, "
                                  f"got {value}")
+        if self.block_m and (self.fma or self.block_m > MAX_ROWS):
+            raise ValueError(f"GemvTile.block_m sets the MMA form's rows, at most {MAX_ROWS} "
+                             f"(0 for a CUDA-core tile), got {self.block_m}")
         if self.unroll < 1:
             raise ValueError(f"GemvTile.unroll must be >= 1, got {self.unroll}")
         if self.target_programs < 0:
@@ -338,7 +352,7 @@ def gemv_splits(n: int, k: int, tile: GemvTile) -> int:
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
                   tile: GemvTile = DEFAULT_TILE, *, pdl: bool = False) -> torch.Tensor:
-    """x [M, K] (M <= 16, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
+    """x [M, K] (M <= MAX_ROWS, rows contiguous in K) @ weight[N, K]^T -> [M, N] in x's dtype,
     accumulated in fp32. pdl: launched with programmatic dependent launch (pdl.py)."""
     splits, _ = _split(x, weight, tile)
     num_rows, n = x.shape[0], weight.shape[0]
@@ -358,17 +372,17 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor,
 
 
 def wide_linear(x: torch.Tensor, weight: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
-    """skinny_linear on WIDE_TILE: a wide projection (N several times K) of at most 16 rows in
-    one kernel, no K split."""
+    """skinny_linear on WIDE_TILE: a small bucket's wide projection (N several times K) in one
+    kernel, no K split."""
     return skinny_linear(x, weight, WIDE_TILE, pdl=pdl)
 
 
 def silu_mul_wide_linear(x: torch.Tensor, weight: torch.Tensor,
                          tile: GemvTile = GATED_OUT_TILE, *, pdl: bool = False) -> torch.Tensor:
-    """x [M, K] (M <= 16) @ weight[2I, K]^T -> silu(gate) * up [M, I] in x's dtype: the MLP's
-    gate_up projection with DenseOps.silu_mul in its epilogue, so the activation has no kernel
-    of its own (issue 33). weight is the fused gate_up, gate rows first; tile must not split
-    K (its target_programs 0)."""
+    """x [M, K] (M <= MAX_ROWS) @ weight[2I, K]^T -> silu(gate) * up [M, I] in x's dtype: the
+    MLP's gate_up projection with DenseOps.silu_mul in its epilogue, so the activation has no
+    kernel of its own (issue 33). weight is the fused gate_up, gate rows first; tile must not
+    split K (its target_programs 0)."""
     if weight.shape[0] % 2 or tile.target_programs:
         raise ValueError(f"silu_mul_wide_linear takes a [2I, K] gate_up weight and a tile that "
                          f"never splits K, got {tuple(weight.shape)} and {tile.name}")
@@ -469,6 +483,8 @@ def skinny_linear_add_norm(
     projections of other widths or tiles get their own, and a forward that runs one kernel at
     a time can share one scratch."""
     num_rows, n = x.shape[0], weight.shape[0]
+    if num_rows > MIN_DOT:  # _norm_rows holds a [rows, NORM_BLOCK] tile: 16 rows at most
+        raise ValueError(f"the add + norm epilogue takes at most {MIN_DOT} rows, got {num_rows}")
     if residual.shape != (num_rows, n) or not residual.is_contiguous() \
             or norm_weight.shape != (n,):
         raise ValueError(f"residual {tuple(residual.shape)} must be a contiguous [{num_rows}, "
@@ -504,8 +520,10 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
            gated: bool = False) -> tuple[int, int]:
     """(splits, K per split) after checking the operands."""
     num_rows, k = x.shape[0], weight.shape[1]
-    if num_rows > MIN_DOT:
-        raise ValueError(f"skinny_linear takes at most {MIN_DOT} rows, got {num_rows}")
+    most = tile.block_m or MAX_ROWS
+    if num_rows > most:
+        raise ValueError(f"skinny_linear takes at most {most} rows on tile {tile.name}, got "
+                         f"{num_rows}")
     if tile.fma and num_rows > FMA_MAX_ROWS:
         raise ValueError(f"a CUDA-core tile (fma) takes at most {FMA_MAX_ROWS} rows, got "
                          f"{num_rows}")
@@ -513,6 +531,15 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must share a "
                          f"contiguous K{' (x holding gate and up)' if gated else ''}")
     return split_plan(weight.shape[0], k, tile)
+
+
+def block_rows(num_rows: int, tile: GemvTile) -> int:
+    """The rows a program's tile holds: the tile's block_m, else the rows rounded up to a
+    power of two, at least tl.dot's 16 in the MMA form."""
+    if tile.block_m:
+        return tile.block_m
+    rows = triton.next_power_of_2(num_rows)
+    return rows if tile.fma else max(MIN_DOT, rows)
 
 
 def split_plan(n: int, k: int, tile: GemvTile) -> tuple[int, int]:
@@ -534,7 +561,7 @@ def launch_constexprs(n: int, k: int, num_rows: int, tile: GemvTile,
     weight_bytes = (2 if gated_out else 1) * n * k * element_size
     return {
         "K_TILES": k_per_split // tile.block_k,
-        "BLOCK_M": triton.next_power_of_2(num_rows) if tile.fma else MIN_DOT,
+        "BLOCK_M": block_rows(num_rows, tile),
         "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k, "PROLOGUE": prologue,
         "HEAD_DIM": head_dim, "UNROLL": tile.unroll,
         "PREFETCH": weight_bytes <= PREFETCH_MAX_BYTES,

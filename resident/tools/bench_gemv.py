@@ -7,10 +7,11 @@ The shapes are the model's fused projections. A decode step reads each weight on
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
 (several times the H200's 50 MB L2); the calls are replayed inside a CUDA graph
 (bench_attention.graph_time_us), bf16. Each shape sweeps the tiles (`--tiles`: the MMA form's
-DOT_TILES, the CUDA-core form's FMA_TILES for rows up to FMA_MAX_ROWS, both, or `engine`: only
-the engine's own tiles, ENGINE_TILES, which every sweep times) at each row count and times the
-best against cuBLAS; a tile whose pipeline does not fit in shared memory is
-skipped (named on stderr). TB/s counts the weight bytes only.
+DOT_TILES up to 16 rows and WGMMA_TILES above, the CUDA-core form's FMA_TILES for rows up to
+FMA_MAX_ROWS, both, `wgmma`: WGMMA_TILES at every row count, or `engine`: only the engine's own
+tiles, ENGINE_TILES, which every sweep times) at each row count and times the best against
+cuBLAS; a tile whose pipeline does not fit in shared memory is skipped (named on stderr). TB/s
+counts the weight bytes only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from triton.runtime.errors import OutOfResources
 from resident.kernels.gemv import (
     DEFAULT_TILE,
     FMA_MAX_ROWS,
+    MAX_ROWS,
+    MIN_DOT,
     WIDE_TILE,
     GemvTile,
     skinny_linear,
@@ -43,6 +46,14 @@ DOT_TILES = tuple(
     for block_n, block_k, target, unroll in itertools.product(
         (16, 32, 64), (128, 256, 512), (0, 264), (1, 4))
     if STAGES * (16 + block_n) * block_k * 2 <= SMEM_BYTES)
+# 64-row tiles (block_m): a program's product is one warpgroup MMA (wgmma) whose operands
+# cp.async stages through shared memory, where the 16-row form's mma.sync is fed per warp; the
+# buckets of 17-64 rows sweep these (cuBLAS ran them at ~55% of an H100's copy bandwidth,
+# results/2026-12-06-h100-wide-rows)
+WGMMA_TILES = tuple(
+    GemvTile(block_n, block_k, 4, STAGES, target, block_m=MAX_ROWS)
+    for block_n, block_k, target in itertools.product((32, 64, 128), (64, 128), (0, 264))
+    if STAGES * (MAX_ROWS + block_n) * block_k * 2 <= SMEM_BYTES)
 # each program's whole weight tile loaded at once (8-16 KB): the bytes in flight the MMA form's
 # 8 KB tiles may lack. 8 tiles: each is a compile at every shape and row count (~1-2 s on the
 # H200's host), and a sweep must fit a device call
@@ -72,11 +83,15 @@ def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) 
 
 
 def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
-    """The tiles `--tiles` (dot, fma, all or engine) sweeps at num_rows rows, always with the
-    tiles the engine runs without a table (ENGINE_TILES; `engine`: those alone): a table
-    picks cuBLAS where the best swept tile lost to it, so a sweep of other tiles alone could
-    hand a projection to cuBLAS where the engine's own tile beats both."""
-    dot = DOT_TILES if kinds in ("dot", "all") else ()
+    """The tiles `--tiles` (dot, fma, all, wgmma or engine) sweeps at num_rows rows, always
+    with the tiles the engine runs without a table (ENGINE_TILES; `engine`: those alone): a
+    table picks cuBLAS where the best swept tile lost to it, so a sweep of other tiles alone
+    could hand a projection to cuBLAS where the engine's own tile beats both."""
+    dot = ()
+    if kinds in ("dot", "all"):
+        dot = DOT_TILES if num_rows <= MIN_DOT else WGMMA_TILES
+    if kinds == "wgmma":
+        dot = WGMMA_TILES
     fma = FMA_TILES if kinds in ("fma", "all") and num_rows <= FMA_MAX_ROWS else ()
     return tuple(dict.fromkeys(ENGINE_TILES + dot + fma))
 
@@ -109,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen3.5-0.8b")
     parser.add_argument("--rows", type=counts, default="1,4,16")
-    parser.add_argument("--tiles", choices=("dot", "fma", "all", "engine"), default="all",
+    parser.add_argument("--tiles", choices=("dot", "fma", "all", "wgmma", "engine"), default="all",
                         help="the tiles swept at each row count")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
+    rows = args.rows
+    if max(rows) > MAX_ROWS:
+        parser.error(f"--rows: the GEMV takes at most {MAX_ROWS} rows, got {max(rows)}")
     if not require_cuda("resident.tools.bench_gemv"):
         return 2
-    rows = args.rows
     results = []
     print(f"{'shape':>12} {'M':>3} {'cublas us':>10} {'triton us':>10} {'best tile':>26} "
           f"{'cublas TB/s':>12} {'triton TB/s':>12}")

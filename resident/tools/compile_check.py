@@ -76,26 +76,35 @@ class Variant:
     # kernel's configs are timed on the GPU, so one that spills only loses that race
     allowed_spill: int = 0
     max_registers: int = 0  # the launch's maxnreg; 0: none
+    # arguments compiled as the launch specializes them when 16-divisible (aligned pointers,
+    # ints): its cp.async pipeline, which a kernel compiled without can spill in its place
+    aligned: tuple[str, ...] = ()
 
     def compile(self, target: GPUTarget):
         signature = {name: self.types.get(name, "constexpr") for name in self.kernel.arg_names}
         missing = [n for n, t in signature.items() if t == "constexpr" and n not in self.constexprs]
         if missing:
             raise ValueError(f"{self.name}: no type or constexpr for {missing}")
-        source = ASTSource(fn=self.kernel, signature=signature, constexprs=self.constexprs)
+        attrs = {(at,): [["tt.divisibility", 16]] for at, name in enumerate(self.kernel.arg_names)
+                 if name in self.aligned}
+        source = ASTSource(fn=self.kernel, signature=signature, constexprs=self.constexprs,
+                           attrs=attrs)
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.max_registers:
             options["maxnreg"] = self.max_registers
         return triton.compile(source, target=target, options=options)
 
 
+GEMV_ALIGNED = ("x", "w", "out", "N", "K", "stride_xm", "stride_wn", "stride_om", "stride_os")
+
+
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
           rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16,
-          gated_out: bool = False) -> Variant:
+          gated_out: bool = False, aligned: tuple[str, ...] = ()) -> Variant:
     """The GEMV at a shape ([N, K]; gated_out: [2N, K], the silu-mul's output in `dtype`), its
-    activations and weights in `dtype`; `rows` matter to the CUDA-core form (tile.fma)
-    only."""
+    activations and weights in `dtype`; `rows` set the tile's rows where the tile does not
+    (gemv.block_rows)."""
     element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
                                         "normed_out", "summed_out")}
@@ -107,12 +116,12 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
                                         add_norm=add_norm, dtype=dtype,
                                         element_size=dtype.itemsize, gated_out=gated_out)
     return Variant(name, gemv._gemv_kernel, types, constexprs | {"USE_PDL": pdl},
-                   tile.num_warps, tile.num_stages)
+                   tile.num_warps, tile.num_stages, aligned=aligned)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
-    """The Triton kernels of a decode bucket of at most 16 rows, and the prefill's GDN conv, at
-    the model's shapes."""
+    """The Triton kernels of a decode bucket of at most 16 rows (and the GEMV's 64-row tiles),
+    and the prefill's GDN conv, at the model's shapes."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q_dim = config.num_attention_heads * config.head_dim
     narrow = gemv.DEFAULT_TILE
@@ -146,6 +155,13 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               pdl=True),
         _gemv("wide GEMM: mlp gate_up + silu-mul (PDL)", inter, hidden, gemv.GATED_OUT_TILE,
               gemv.PLAIN, pdl=True, gated_out=True),
+        # a bucket of 17-64 rows on a measured table's 64-row tile (wgmma), as launched on
+        # the model's weights (16-divisible shapes and strides): unaligned, ptxas spills 84-480
+        # bytes the pipeline never holds
+        *(_gemv(f"64-row GEMM {tile.name}, {rows} rows (PDL)", n, k, tile, gemv.PLAIN,
+                pdl=True, rows=rows, aligned=GEMV_ALIGNED) for n, k, rows, tile in (
+            (in_proj, hidden, 64, gemv.GemvTile(64, 128, 4, 4, 0, block_m=gemv.MAX_ROWS)),
+            (hidden, inter, 24, gemv.GemvTile(32, 128, 4, 4, 264, block_m=gemv.MAX_ROWS)))),
     ]
     gdn_types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "out_ptr")}

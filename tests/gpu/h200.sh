@@ -52,7 +52,8 @@
 #             kernels/argmax.py); bf16state: gdn_state_dtype=bfloat16; <arm>@base: that arm's knobs run from the source tree $BASE
 #             (fused@base: its defaults; carried: git archive <ref> resident configs | tar -x
 #             -C .gate/worktrees/base-<ref>); <arm>@<name>: from .gate/worktrees/<name>;
-#             an arm of another name (fused2: a repeat) runs the defaults; ARM_LIMIT: an
+#             a name ending in a digit repeats its arm (fused2, table2); an arm of another
+#             name runs the defaults; ARM_LIMIT: an
 #             arm's seconds (default 170; the first arm's 120 more: it compiles);
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
@@ -76,6 +77,11 @@
 #   gemv-sweep  resident.tools.bench_gemv at the projections of each of $GEMV_MODELS (default
 #             qwen3.5-0.8b), rows $GEMV_ROWS (1,4), tiles $GEMV_TILES (fma: the CUDA-core form;
 #             dot, all) against cuBLAS, cold weights: gemv-<model>.json and .log
+#   gemv-medium  bench_gemv at $MODEL's (default qwen3.5-0.8b) projections at the buckets of
+#             17-64 rows ($GEMV_ROWS, default 32,64; the 64-row wgmma tiles) against cuBLAS:
+#             gemv-medium-<model>.json, then that sweep added to this GPU's committed table
+#             (configs/gemv/<GPU name>.json, if any) as gemv-merged-<model>.json: point
+#             GEMV_TABLE at it for the arms part's `table` arm, same call
 #   gemv-table  a gemv table for this GPU, confirmed in whole steps: bench_gemv at $MODEL's
 #             (default qwen3.5-0.8b) projections, rows $GEMV_ROWS (1,2,4,8,16) ($GEMV_TILES:
 #             fma, the default, or dot or all, beside the engine's own tiles; engine: those
@@ -264,6 +270,15 @@ data, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
 for row in data["comparison"]:
     if "TTFT" in row["what"] or "step" in row["what"]:
         print(row)'
+
+# a bench_gemv sweep (argv 1) added to this GPU's committed gemv table, written to argv 2
+MERGE_TABLE='import json, sys, torch
+from resident.backends.gemv_table import shipped_table_path
+shipped = shipped_table_path(torch.cuda.get_device_name())
+rows = json.loads(shipped.read_text()) if shipped.exists() else []
+sweep = json.load(open(sys.argv[1]))
+json.dump(rows + sweep, open(sys.argv[2], "w"), indent=1)
+print(f"{sys.argv[2]}: {len(rows)} committed entries ({shipped.name}) + {len(sweep)} swept")'
 
 # greedy, then issue 36's sampled load: name, temperature, top_p
 DRAWS=("greedy 0 1" "sampled 0.7 0.9")
@@ -571,6 +586,12 @@ for part in "$@"; do
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
         tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py \
         tests/test_kernel_argmax.py ;;
+    gemv-medium)
+      model=${MODEL:-qwen3.5-0.8b}
+      run "gemv-medium-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv \
+        --model "$model" --rows "${GEMV_ROWS:-32,64}" --tiles dot \
+        --json "$OUT/gemv-medium-$model.json"
+      python3 -c "$MERGE_TABLE" "$OUT/gemv-medium-$model.json" "$OUT/gemv-merged-$model.json" ;;
     gemv-table)
       model=${MODEL:-qwen3.5-0.8b} rows=${GEMV_ROWS:-1,2,4,8,16}
       run "gemv-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv --model "$model" \
@@ -595,7 +616,8 @@ for part in "$@"; do
           *@base) tree=${BASE:?arm $arm runs the tree at BASE} ;;
           *@*) tree=$PWD/.gate/worktrees/${arm#*@} ;;
         esac
-        case ${arm%@*} in
+        name=${arm%@*}
+        case ${name%[0-9]} in
           off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
           rule) knobs=(--set gemv_table=off) ;;
           nopdl) knobs=(--set pdl=off) ;;
