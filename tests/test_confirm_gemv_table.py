@@ -45,6 +45,29 @@ def test_the_kept_row_counts_are_the_confirmed_prefix(tmp_path, capsys):
     assert kept.choose(256, 64, 2) is None and kept.choose(64, 64, 4) is None
 
 
+def test_the_rows_above_16_are_a_prefix_of_their_own(tmp_path, capsys):
+    """A bucket of at most 16 rows never reads an entry measured above 16 (the 64-row tiles
+    are another MMA form), so 16 not confirmed leaves 32 and 64 to their own steps; 32 not
+    confirmed drops 64 (a 33-row bucket would read 64's entry)."""
+    sweep = _sweep(tmp_path / "sweep.json", [16, 32, 64, 96])
+    rule = _bench(tmp_path / "rule.json", {16: 1.4, 32: 1.9, 64: 2.5})
+    table = _bench(tmp_path / "table.json", {16: 1.45, 32: 1.77, 64: 2.36})
+    out = tmp_path / "kept.json"
+    assert main([sweep, "--rule", rule, "--table", table, "--out", str(out),
+                 "--format", "json"]) == 0
+    verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
+    assert [(v["rows"], v["verdict"]) for v in verdicts] == [
+        (16, "gain under 1.0%"), (32, "kept"), (64, "kept"), (96, "no bench at concurrency 96")]
+    kept = GemvTable.load(str(out))
+    assert kept.choose(256, 64, 16) is None and kept.choose(256, 64, 17).rows == 32
+    table = _bench(tmp_path / "table.json", {16: 1.2, 32: 1.9, 64: 2.0})
+    main([sweep, "--rule", rule, "--table", table, "--format", "json"])
+    verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
+    assert [v["verdict"] for v in verdicts] == [
+        "kept", "gain under 1.0%", "a smaller row count was not confirmed",
+        "a smaller row count was not confirmed"]
+
+
 def test_a_row_count_no_bench_ran_ends_the_table(tmp_path, capsys):
     sweep = _sweep(tmp_path / "sweep.json", [1, 4])
     rule = _bench(tmp_path / "rule.json", {1: 1.0, 16: 2.0})
