@@ -169,6 +169,22 @@ def test_tile_refuses_a_bad_block_m(fields, message):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [17, 24, 64])
+@pytest.mark.parametrize("n, k, tile", [
+    (8224, 1024, GemvTile(64, 128, 4, 4, 0, block_m=64)),  # the H100 table's in_proj, gate_up
+    (1024, 3584, GemvTile(32, 128, 4, 4, 264, block_m=64)),  # its down: K split
+])
+def test_64_row_tiles_bf16_gpu(rows, n, k, tile):
+    """The medium buckets' wgmma tiles (configs/gemv) at the rows they run, padding rows
+    included."""
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    want = (x.float() @ weight.float().T)
+    got = skinny_linear(x, weight, tile).float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 8, 16, 24, 64])
 @pytest.mark.parametrize("n, k", [(8224, 1024), (1024, 2048), (1024, 3584), (248320, 1024)])
 def test_matches_torch_bf16_gpu(rows, n, k):
