@@ -46,10 +46,10 @@ DOT_TILES = tuple(
     for block_n, block_k, target, unroll in itertools.product(
         (16, 32, 64), (128, 256, 512), (0, 264), (1, 4))
     if STAGES * (16 + block_n) * block_k * 2 <= SMEM_BYTES)
-# 64-row tiles (block_m): a program's product is one warpgroup MMA (wgmma) whose operands
-# cp.async stages through shared memory, where the 16-row form's mma.sync is fed per warp; the
-# buckets of 17-64 rows sweep these (cuBLAS ran them at ~55% of an H100's copy bandwidth,
-# results/2026-12-06-h100-wide-rows)
+# 64-row tiles (block_m): a program's product is one warpgroup MMA (wgmma) reading both
+# operands from shared memory, where the 16-row form's mma.sync reads them from registers. The
+# buckets of 17-64 rows sweep these: alone they beat cuBLAS only on some shapes, in a step by
+# more (PDL; results/2026-12-07-h100-medium-gemv)
 WGMMA_TILES = tuple(
     GemvTile(block_n, block_k, 4, STAGES, target, block_m=MAX_ROWS)
     for block_n, block_k, target in itertools.product((32, 64, 128), (64, 128), (0, 264))
