@@ -234,11 +234,10 @@ def decode_gemm_ops(ops: ModelOps, bucket: int, decode_gemm: str = "skinny",
     (the gemv_table knob, gemv_table.py) picks the kernel of each shape it holds under
     `skinny` and `wide`, and in a bucket of 17 to MAX_ROWS rows, which the rule leaves on
     cuBLAS, it alone moves a projection to the Triton GEMV."""
-    if bucket > MAX_ROWS or decode_gemm not in ("skinny", "wide", "fused"):
+    if bucket > MAX_ROWS or decode_gemm == "cublas" or (bucket > MIN_DOT
+                                                        and decode_gemm == "fused"):
         return ops
     if bucket > MIN_DOT:
-        if decode_gemm == "fused":
-            return ops
         return (fusion or DecodeFusion()).medium_bucket_ops(ops, table)
     ops = dataclasses.replace(ops, narrow_linear=skinny_linear_partials)
     if decode_gemm == "wide":

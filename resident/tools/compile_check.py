@@ -329,7 +329,8 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
         "GROUP": group, "DK": config.linear_key_head_dim, "DV": config.linear_value_head_dim,
         "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
         "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32}
-    # the cap being tried: it spills 4 bytes at the 0.8B; 16 catches a change that spills more
+    # the cap tests/gpu/time_gdn_layer.py times (not taken: results/2026-12-07-h100-medium-gemv):
+    # it spills 4 bytes at the 0.8B; 16 catches a change that spills more
     capped = gdn_layer_decode.CAPPED_REGISTERS
     variants = [Variant(f"fused gdn layer decode (PDL, at most {capped} registers)", gdn,
                         gdn_types, gdn_constexprs | {"USE_PDL": True},
