@@ -476,31 +476,35 @@ def test_gemv_table_gives_the_reference_tokens(tmp_path, fused_decode):
 
 
 def test_a_tables_medium_rows_move_those_buckets_projections(tmp_path):
-    """A bucket of 17-64 rows stays on cuBLAS by decode_gemm's rule; a table measured at 32
-    rows moves the shapes where a 64-row Triton tile won (cuBLAS keeps the rest, and a bucket
-    past the measured rows), and the tokens stay the torch reference's (interpreted)."""
+    """A bucket of 17-256 rows stays on cuBLAS by decode_gemm's rule; a table measured at 32
+    and 128 rows moves the shapes where a wgmma Triton tile won in the bucket's row class
+    (cuBLAS keeps the rest, and a bucket whose class was not measured), and the tokens stay
+    the torch reference's (interpreted)."""
     from resident.backends.gemv_table import GemvTable, table_linear
     from resident.model.ops import narrow_linear_ref
 
     generator = torch.Generator().manual_seed(9)
     requests = {f"r{i}": (torch.randint(0, TINY.vocab_size, (3 + i % 5,),
                                         generator=generator).tolist(), 3) for i in range(20)}
-    mma64 = {**DOT_TILE, "block_m": 64, "target_programs": 8}
-    win, lose = ((mma64, 2.0, 3.0),), ((mma64, 4.0, 3.0),)
+    mma64, mma128 = ({**DOT_TILE, "block_m": rows, "target_programs": 8} for rows in (64, 128))
+    win = ((mma64, 2.0, 3.0), (mma128, 2.0, 3.0))
+    lose = ((mma64, 4.0, 3.0), (mma128, 4.0, 3.0))
     path = _gemv_table_file(tmp_path / "t.json", {
         "gdn in_proj": win, "gdn out_proj": win, "attn qkv": lose, "attn o_proj": lose,
-        "mlp gate_up": win, "mlp down": lose}, measured_rows=(32,))  # o_proj, down: one shape
+        "mlp gate_up": win, "mlp down": lose}, measured_rows=(32, 128))  # o_proj, down: one
 
     table = GemvTable.load(path)
-    assert table.choose(64, 64, 17).rows == 32 and table.choose(64, 64, 33) is None
+    assert table.choose(64, 64, 17).rows == 32 and table.choose(64, 64, 65).rows == 128
     assert table.choose(64, 64, 16) is None  # a small bucket never reads a 64-row tile's time
+    assert table.choose(64, 64, 33) is None  # nor a bucket of 33-64 rows a 128-row tile's
+    assert table.choose(64, 64, 129) is None
 
     def greedy(backend: str, **knobs) -> dict[str, list[int]]:
-        config = EngineConfig(attention_backend=backend, decode_buckets=(1, 4, 24, 48),
-                              max_num_seqs=48, resident_planning="off", **knobs)
+        config = EngineConfig(attention_backend=backend, decode_buckets=(1, 4, 24, 48, 96),
+                              max_num_seqs=96, resident_planning="off", **knobs)
         engine = build_engine(TINY, config, "cpu")
         if backend == "triton":
-            medium, past = (engine.runner.kernels.decode.ops(b) for b in (24, 48))
+            medium, past, large = (engine.runner.kernels.decode.ops(b) for b in (24, 48, 96))
             on_table = bool(knobs)
             assert (getattr(medium.wide_linear, "func", None) is table_linear) == on_table
             assert medium.narrow_linear_add_norm is None
@@ -513,7 +517,8 @@ def test_a_tables_medium_rows_move_those_buckets_projections(tmp_path):
             for ops, rows, weight, triton_ran in (
                     (medium, 24, torch.randn(won, k), on_table),
                     (medium, 24, torch.randn(lost, k), False),
-                    (past, 48, torch.randn(won, k), False)):  # nothing measured at >= 48
+                    (past, 48, torch.randn(won, k), False),  # its class not measured
+                    (large, 96, torch.randn(won, k), on_table)):
                 out = ops.narrow_linear(torch.randn(rows, k), weight)
                 assert out.dim() == (3 if triton_ran else 2)
         return run_engine(engine, requests, concurrency=20)
@@ -537,6 +542,21 @@ def test_a_gemv_sweep_always_times_the_engines_own_tiles():
     assert any(tile.fma for tile in tiles_for("fma", FMA_MAX_ROWS))
     assert not any(tile.fma for tile in tiles_for("fma", FMA_MAX_ROWS + 1))
     assert tiles_for("engine", 1) == (DEFAULT_TILE, WIDE_TILE)  # the engine's tiles alone
+
+
+def test_a_gemv_sweep_past_16_rows_times_the_wgmma_tiles_of_the_rows_class():
+    from resident.kernels.gemv import MIN_DOT, ROW_CLASSES
+    from resident.tools.bench_gemv import WGMMA_TILES, main, tiles_for
+
+    assert set(WGMMA_TILES) == set(ROW_CLASSES[1:]) and all(WGMMA_TILES.values())
+    for num_rows, block_m in ((17, 64), (64, 64), (65, 128), (200, 256)):
+        swept = {tile.block_m for tile in tiles_for("dot", num_rows)} - {0}
+        assert swept == {block_m}
+    assert {tile.block_m for tile in tiles_for("wgmma", 4)} - {0} == {ROW_CLASSES[1]}
+    assert all(tile.block_m == 0 for tile in tiles_for("all", MIN_DOT))
+    with pytest.raises(SystemExit) as refused:  # before the CUDA check: a usage error
+        main(["--rows", "1,257"])
+    assert refused.value.code == 2
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs" / "gemv")

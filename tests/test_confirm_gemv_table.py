@@ -48,7 +48,7 @@ def test_the_kept_row_counts_are_the_confirmed_prefix(tmp_path, capsys):
 def test_the_rows_above_16_are_a_prefix_of_their_own(tmp_path, capsys):
     """A bucket of at most 16 rows never reads an entry measured above 16 (the 64-row tiles
     are another MMA form), so 16 not confirmed leaves 32 and 64 to their own steps; 32 not
-    confirmed drops 64 (a 33-row bucket would read 64's entry)."""
+    confirmed drops 64 (a 33-row bucket would read 64's entry). 96 is of the next class."""
     sweep = _sweep(tmp_path / "sweep.json", [16, 32, 64, 96])
     rule = _bench(tmp_path / "rule.json", {16: 1.4, 32: 1.9, 64: 2.5})
     table = _bench(tmp_path / "table.json", {16: 1.45, 32: 1.77, 64: 2.36})
@@ -65,7 +65,24 @@ def test_the_rows_above_16_are_a_prefix_of_their_own(tmp_path, capsys):
     verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
     assert [v["verdict"] for v in verdicts] == [
         "kept", "gain under 1.0%", "a smaller row count was not confirmed",
-        "a smaller row count was not confirmed"]
+        "no bench at concurrency 96"]
+
+
+def test_each_row_class_above_64_is_a_prefix_of_its_own(tmp_path, capsys):
+    """64 not confirmed drops nothing of the 65-128 and 129-256 classes (a bucket of 33-64
+    rows never reads a 128-row entry); 128 not confirmed leaves 256 to its own step."""
+    sweep = _sweep(tmp_path / "sweep.json", [32, 64, 128, 256])
+    rule = _bench(tmp_path / "rule.json", {32: 1.9, 64: 2.5, 128: 3.5, 256: 5.5})
+    table = _bench(tmp_path / "table.json", {32: 1.8, 64: 2.6, 128: 3.6, 256: 5.2})
+    out = tmp_path / "kept.json"
+    assert main([sweep, "--rule", rule, "--table", table, "--out", str(out),
+                 "--format", "json"]) == 0
+    verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
+    assert [(v["rows"], v["verdict"]) for v in verdicts] == [
+        (32, "kept"), (64, "gain under 1.0%"), (128, "gain under 1.0%"), (256, "kept")]
+    kept = GemvTable.load(str(out))
+    assert kept.choose(256, 64, 32).rows == 32 and kept.choose(256, 64, 33) is None
+    assert kept.choose(256, 64, 128) is None and kept.choose(256, 64, 129).rows == 256
 
 
 def test_a_row_count_no_bench_ran_ends_the_table(tmp_path, capsys):

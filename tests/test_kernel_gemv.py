@@ -14,6 +14,7 @@ from resident.kernels.gemv import (  # noqa: E402
     GemvTile,
     gated_norm_linear_partials,
     gemv_splits,
+    row_class,
     row_pieces,
     sigmoid_gate_linear_partials,
     silu_mul_wide_linear,
@@ -134,9 +135,12 @@ def test_prefetch_pieces_cover_each_row_once_in_16_byte_units(span, block_n, chu
     (40, GemvTile(block_n=32, block_k=64, target_programs=0)),  # padded to 64
     (5, GemvTile(block_n=16, block_k=64, target_programs=0, block_m=64)),  # a 64-row tile
     (64, GemvTile(block_n=16, block_k=128, target_programs=264, block_m=64)),
+    (100, GemvTile(block_n=16, block_k=64, target_programs=264, block_m=128)),
+    (130, GemvTile(block_n=16, block_k=64, target_programs=0)),  # padded to 256
+    (256, GemvTile(block_n=16, block_k=64, target_programs=264, block_m=256)),
 ])
 def test_medium_buckets_match_torch(rows, tile):
-    """The MMA form past 16 rows (a bucket of 17-64 rows), and a tile whose block_m holds
+    """The MMA form past 16 rows (a bucket of 17-256 rows), and a tile whose block_m holds
     more rows than there are: the padding rows read zeros and are never stored."""
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 300, generator=generator).to(DEVICE)
@@ -148,8 +152,8 @@ def test_medium_buckets_match_torch(rows, tile):
 
 
 def test_refuses_wide_batches():
-    with pytest.raises(ValueError, match="at most 64 rows"):
-        skinny_linear(torch.zeros(65, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="at most 256 rows"):
+        skinny_linear(torch.zeros(257, 8), torch.zeros(4, 8))
     with pytest.raises(ValueError, match="at most 32 rows on tile 32x"):
         skinny_linear(torch.zeros(33, 8), torch.zeros(4, 8), GemvTile(block_m=32))
     with pytest.raises(ValueError, match="the add \\+ norm epilogue takes at most 16 rows"):
@@ -160,7 +164,7 @@ def test_refuses_wide_batches():
 @pytest.mark.parametrize("fields, message", [
     ({"block_m": 8}, "block_m must be a power of two >= 16, got 8"),
     ({"block_m": 48}, "block_m must be a power of two >= 16, got 48"),
-    ({"block_m": 128}, "block_m sets the MMA form's rows, at most 64"),
+    ({"block_m": 512}, "block_m sets the MMA form's rows, at most 256"),
     ({"block_m": 16, "fma": True}, "block_m sets the MMA form's rows"),
 ])
 def test_tile_refuses_a_bad_block_m(fields, message):
@@ -168,11 +172,22 @@ def test_tile_refuses_a_bad_block_m(fields, message):
         GemvTile(**fields)
 
 
+def test_row_classes():
+    """A bucket's row class: the measurements it may read (gemv_table, confirm_gemv_table)."""
+    assert [row_class(rows) for rows in (1, 16, 17, 64, 65, 128, 129, 256)] == [
+        16, 16, 64, 64, 128, 128, 256, 256]
+    for rows in (0, 257):
+        with pytest.raises(ValueError, match=f"1 to 256 rows, got {rows}"):
+            row_class(rows)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [17, 24, 64])
 @pytest.mark.parametrize("n, k, tile", [
     (8224, 1024, GemvTile(64, 128, 4, 4, 0, block_m=64)),  # the H100 table's in_proj, gate_up
     (1024, 3584, GemvTile(32, 128, 4, 4, 264, block_m=64)),  # its down: K split
+    (1024, 2048, GemvTile(32, 64, 4, 4, 264, block_m=64)),  # out_proj's best, K split
+    (5120, 1024, GemvTile(64, 128, 4, 4, 0, block_m=64)),  # qkv's best
 ])
 def test_64_row_tiles_bf16_gpu(rows, n, k, tile):
     """The medium buckets' wgmma tiles (configs/gemv) at the rows they run, padding rows
@@ -182,6 +197,22 @@ def test_64_row_tiles_bf16_gpu(rows, n, k, tile):
     want = (x.float() @ weight.float().T)
     got = skinny_linear(x, weight, tile).float()
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [24, 96, 200])
+def test_every_swept_wgmma_tile_bf16_gpu(rows):
+    """Each wgmma tile bench_gemv sweeps in the rows' class, any of which a table may pick, at
+    the 0.8B's out_proj and in_proj (K split or not by the tile)."""
+    from resident.tools.bench_gemv import WGMMA_TILES
+
+    for n, k in ((1024, 2048), (8224, 1024)):
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        want = (x.float() @ weight.float().T)
+        for tile in WGMMA_TILES[row_class(rows)]:
+            got = skinny_linear(x, weight, tile).float()
+            assert ((got - want).norm() / want.norm()).item() < 1e-2, tile.name
 
 
 @pytest.mark.gpu

@@ -2,10 +2,11 @@
 
 `python -m resident.tools.bench_gemv --json FILE` times, at each (N, K) projection of a model and
 each row count, the skinny Triton GEMV's tiles (both forms) against cuBLAS on the GPU it runs on,
-with cold weights. Given that file, a decode bucket of at most 64 rows (gemv.MAX_ROWS) runs each
-projection on whichever was faster at the nearest measured row count at or above the bucket's,
-so a Triton tile is chosen only where it beat cuBLAS, and the choices are logged at start (a
-bucket of 17-64 rows, which decode_gemm's rule leaves on cuBLAS, moves only by a table). A narrow
+with cold weights. Given that file, a decode bucket of at most 256 rows (gemv.MAX_ROWS) runs each
+projection on whichever was faster at the nearest measured row count at or above the bucket's
+(in the bucket's row class), so a Triton tile is chosen only where it beat cuBLAS, and the
+choices are logged at start (a bucket of 17-256 rows, which decode_gemm's rule leaves on cuBLAS,
+moves only by a table). A narrow
 projection that runs the next add + norm in its kernel (fused_decode=full) keeps its best
 Triton tile even where cuBLAS won alone: cuBLAS would leave the norm a kernel of its own.
 Shapes the table lacks, or measured only at fewer rows than a bucket's, keep decode_gemm's rule.
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from resident.kernels.gdc import KeptZeros
-from resident.kernels.gemv import MAX_ROWS, MIN_DOT, GemvTile, skinny_linear_add_norm
+from resident.kernels.gemv import MAX_ROWS, GemvTile, row_class, skinny_linear_add_norm
 from resident.model.config import configs_dir
 
 log = logging.getLogger("resident.backends")
@@ -73,12 +74,12 @@ class GemvTable:
     def choose(self, n: int, k: int, rows: int) -> GemvChoice | None:
         """The measurement for a bucket of `rows` rows: at the smallest measured row count at
         or above it; None for a shape the table lacks or measured only at fewer rows (a tile
-        timed at 4 rows says nothing of 16, and the CUDA-core form stops at 4), and for a
-        bucket of at most 16 rows measured only above 16 (another MMA form: the 64-row
-        tiles' wgmma, against mma.sync's 16 rows)."""
+        timed at 4 rows says nothing of 16, and the CUDA-core form stops at 4), and where
+        that count is of another row class (gemv.ROW_CLASSES: a bucket of 24 rows never runs
+        a tile timed at 128, nor one of 16 the wgmma tiles timed at 64)."""
         found = self._choices.get((n, k), [])
         at = bisect.bisect_left([choice.rows for choice in found], rows)
-        if at == len(found) or rows <= MIN_DOT < found[at].rows:
+        if at == len(found) or row_class(found[at].rows) != row_class(rows):
             return None
         return found[at]
 

@@ -150,8 +150,9 @@ class DecodeFusion:
 
     def medium_bucket_ops(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:
         """The projections of a bucket of 17 to MAX_ROWS rows: cuBLAS, but each shape a
-        measured table holds at those rows on its winner (the Triton GEMV's 64-row tiles,
-        launched with PDL under pdl). No epilogue: the add + norm's holds 16 rows at most."""
+        measured table holds in the bucket's row class on its winner (the Triton GEMV's wgmma
+        tiles, launched with PDL under pdl). No epilogue: the add + norm's holds 16 rows at
+        most."""
         return self._table(ops, table)
 
     def _table(self, ops: ModelOps, table: GemvTable | None) -> ModelOps:

@@ -48,11 +48,13 @@ from resident.kernels.pdl import launch_options
 
 MIN_DOT = 16
 FMA_MAX_ROWS = 4  # the CUDA-core form's rows at most: above, [rows, block_n, block_k] spills
-# The MMA form's rows at most: a decode bucket of 17-64 rows (24, 32, 48, 64 by default) pads
-# its rows to a power of two, or to its tile's block_m. At 64 rows a program's tl.dot is one
-# Hopper warpgroup MMA (wgmma) fed from shared memory by cp.async; at 16 rows it is the older
-# mma.sync (python -m resident.tools.compile_check compiles both)
-MAX_ROWS = 64
+# The MMA form's row classes: a bucket pads its rows to a power of two (or to its tile's
+# block_m) and runs one form a class. At 16 rows a program's tl.dot is the older mma.sync; from
+# 64 it is Hopper's warpgroup MMA (wgmma) fed from shared memory by cp.async (python -m
+# resident.tools.compile_check compiles both). A measurement at one class says nothing of
+# another's (gemv_table.GemvTable.choose, confirm_gemv_table)
+ROW_CLASSES = (MIN_DOT, 64, 128, 256)
+MAX_ROWS = ROW_CLASSES[-1]
 # Under PDL a weight of at most this many bytes is sent to the L2 before the kernel's wait. The
 # H200's L2 holds 50 MB; a larger weight (2B's 16-25 MB narrow projections) would evict what the
 # kernel before it is still reading and compete with it for HBM: measured in
@@ -531,6 +533,13 @@ def _split(x: torch.Tensor, weight: torch.Tensor, tile: GemvTile,
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} must share a "
                          f"contiguous K{' (x holding gate and up)' if gated else ''}")
     return split_plan(weight.shape[0], k, tile)
+
+
+def row_class(num_rows: int) -> int:
+    """The smallest of ROW_CLASSES that holds num_rows rows."""
+    if not 0 < num_rows <= MAX_ROWS:
+        raise ValueError(f"the GEMV takes 1 to {MAX_ROWS} rows, got {num_rows}")
+    return next(rows for rows in ROW_CLASSES if num_rows <= rows)
 
 
 def block_rows(num_rows: int, tile: GemvTile) -> int:

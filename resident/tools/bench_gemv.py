@@ -7,9 +7,10 @@ The shapes are the model's fused projections. A decode step reads each weight on
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
 (several times the H200's 50 MB L2); the calls are replayed inside a CUDA graph
 (bench_attention.graph_time_us), bf16. Each shape sweeps the tiles (`--tiles`: the MMA form's
-DOT_TILES up to 16 rows and WGMMA_TILES above, the CUDA-core form's FMA_TILES for rows up to
-FMA_MAX_ROWS, both, `wgmma`: WGMMA_TILES at every row count, or `engine`: only the engine's own
-tiles, ENGINE_TILES, which every sweep times) at each row count and times the best against
+DOT_TILES up to 16 rows and above them the WGMMA_TILES of the rows' class, the CUDA-core form's
+FMA_TILES for rows up to FMA_MAX_ROWS, both, `wgmma`: the WGMMA_TILES at every row count, the
+64-row ones at 1-16 rows, or `engine`: only the engine's own tiles, ENGINE_TILES, which every
+sweep times) at each row count and times the best against
 cuBLAS; a tile whose pipeline does not fit in shared memory is skipped (named on stderr). TB/s
 counts the weight bytes only.
 """
@@ -29,8 +30,10 @@ from resident.kernels.gemv import (
     FMA_MAX_ROWS,
     MAX_ROWS,
     MIN_DOT,
+    ROW_CLASSES,
     WIDE_TILE,
     GemvTile,
+    row_class,
     skinny_linear,
 )
 from resident.model.config import load_model_config
@@ -46,14 +49,27 @@ DOT_TILES = tuple(
     for block_n, block_k, target, unroll in itertools.product(
         (16, 32, 64), (128, 256, 512), (0, 264), (1, 4))
     if STAGES * (16 + block_n) * block_k * 2 <= SMEM_BYTES)
-# 64-row tiles (block_m): a program's product is one warpgroup MMA (wgmma) reading both
-# operands from shared memory, where the 16-row form's mma.sync reads them from registers. The
-# buckets of 17-64 rows sweep these: alone they beat cuBLAS only on some shapes, in a step by
-# more (PDL; results/2026-12-07-h100-medium-gemv)
-WGMMA_TILES = tuple(
-    GemvTile(block_n, block_k, 4, STAGES, target, block_m=MAX_ROWS)
-    for block_n, block_k, target in itertools.product((32, 64, 128), (64, 128), (0, 264))
-    if STAGES * (MAX_ROWS + block_n) * block_k * 2 <= SMEM_BYTES)
+# a thread's fp32 accumulators at most in a wgmma tile: block_m x block_n over its threads
+MAX_ACC_PER_THREAD = 64
+
+
+def wgmma_tiles(block_m: int) -> tuple[GemvTile, ...]:
+    """The tiles of a row class above 16 (block_m rows, gemv.ROW_CLASSES): a program's product
+    is warpgroup MMA (wgmma) reading both operands from shared memory, where the 16-row form's
+    mma.sync reads them from registers. 4 warps at 64 rows, 8 above; 4 pipeline stages, or 3
+    where 4 do not fit. At 17-64 rows they beat cuBLAS alone only on some shapes, in a step by
+    more (PDL; results/2026-12-07-h100-medium-gemv)."""
+    warps = 4 if block_m <= 64 else 8
+    tiles = []
+    for block_n, block_k, target in itertools.product((32, 64, 128), (64, 128), (0, 264)):
+        stages = next((stages for stages in (STAGES, STAGES - 1)
+                       if stages * (block_m + block_n) * block_k * 2 <= SMEM_BYTES), None)
+        if stages and block_m * block_n <= MAX_ACC_PER_THREAD * 32 * warps:
+            tiles.append(GemvTile(block_n, block_k, warps, stages, target, block_m=block_m))
+    return tuple(tiles)
+
+
+WGMMA_TILES = {block_m: wgmma_tiles(block_m) for block_m in ROW_CLASSES[1:]}
 # each program's whole weight tile loaded at once (8-16 KB): the bytes in flight the MMA form's
 # 8 KB tiles may lack. 8 tiles: each is a compile at every shape and row count (~1-2 s on the
 # H200's host), and a sweep must fit a device call
@@ -89,9 +105,9 @@ def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
     could hand a projection to cuBLAS where the engine's own tile beats both."""
     dot = ()
     if kinds in ("dot", "all"):
-        dot = DOT_TILES if num_rows <= MIN_DOT else WGMMA_TILES
+        dot = DOT_TILES if num_rows <= MIN_DOT else WGMMA_TILES[row_class(num_rows)]
     if kinds == "wgmma":
-        dot = WGMMA_TILES
+        dot = WGMMA_TILES[max(ROW_CLASSES[1], row_class(num_rows))]
     fma = FMA_TILES if kinds in ("fma", "all") and num_rows <= FMA_MAX_ROWS else ()
     return tuple(dict.fromkeys(ENGINE_TILES + dot + fma))
 

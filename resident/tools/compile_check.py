@@ -120,7 +120,7 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:
-    """The Triton kernels of a decode bucket of at most 16 rows (and the GEMV's 64-row tiles),
+    """The Triton kernels of a decode bucket of at most 16 rows (and the GEMV's wgmma tiles),
     and the prefill's GDN conv, at the model's shapes."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q_dim = config.num_attention_heads * config.head_dim
@@ -155,13 +155,17 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               pdl=True),
         _gemv("wide GEMM: mlp gate_up + silu-mul (PDL)", inter, hidden, gemv.GATED_OUT_TILE,
               gemv.PLAIN, pdl=True, gated_out=True),
-        # a bucket of 17-64 rows on a measured table's 64-row tile (wgmma), as launched on
-        # the model's weights (16-divisible shapes and strides): unaligned, ptxas spills 84-480
+        # a bucket of 17-256 rows on a measured table's wgmma tile, as launched on the
+        # model's weights (16-divisible shapes and strides): unaligned, ptxas spills 84-480
         # bytes the pipeline never holds
-        *(_gemv(f"64-row GEMM {tile.name}, {rows} rows (PDL)", n, k, tile, gemv.PLAIN,
-                pdl=True, rows=rows, aligned=GEMV_ALIGNED) for n, k, rows, tile in (
-            (in_proj, hidden, 64, gemv.GemvTile(64, 128, 4, 4, 0, block_m=gemv.MAX_ROWS)),
-            (hidden, inter, 24, gemv.GemvTile(32, 128, 4, 4, 264, block_m=gemv.MAX_ROWS)))),
+        *(_gemv(f"{tile.block_m}-row GEMM {tile.name}, {rows} rows (PDL)", n, k, tile,
+                gemv.PLAIN, pdl=True, rows=rows, aligned=GEMV_ALIGNED) for n, k, rows, tile in (
+            (in_proj, hidden, 64, gemv.GemvTile(64, 128, 4, 4, 0, block_m=64)),
+            (hidden, inter, 24, gemv.GemvTile(32, 128, 4, 4, 264, block_m=64)),
+            (in_proj, hidden, 128, gemv.GemvTile(64, 64, 8, 4, 0, block_m=128)),
+            (hidden, inter, 96, gemv.GemvTile(32, 128, 8, 4, 264, block_m=128)),
+            (in_proj, hidden, 256, gemv.GemvTile(64, 64, 8, 4, 0, block_m=256)),
+            (hidden, inter, 192, gemv.GemvTile(32, 64, 8, 4, 264, block_m=256)))),
     ]
     gdn_types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "out_ptr")}

@@ -13,9 +13,10 @@ A bucket of r rows reads the sweep's entries at the smallest measured row count 
 (backends/gemv_table.py). The kept row counts are therefore a prefix: from the smallest up,
 each kept while the table's step at that concurrency is at least `--min-gain` shorter than the
 rule's; the first that is not (or that no bench ran) ends it, so every bucket the kept table
-reaches reads entries its own step confirmed, and the rest keep decode_gemm's rule. A bucket of
-at most 16 rows never reads an entry measured above 16, so the row counts above 16 are a prefix
-of their own. The kept entries are written to --out, for `configs/gemv/<GPU name>.json`.
+reaches reads entries its own step confirmed, and the rest keep decode_gemm's rule. A bucket
+never reads an entry of another row class (gemv.ROW_CLASSES: 1-16, 17-64, 65-128, 129-256
+rows), so each class's row counts are a prefix of their own. The kept entries are written to
+--out, for `configs/gemv/<GPU name>.json`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from resident.kernels.gemv import MIN_DOT
+from resident.kernels.gemv import row_class
 from resident.render import OutputFormat, render
 from resident.tool_args import add_format
 
@@ -44,11 +45,11 @@ def confirm(sweep: list[dict], rule: dict[int, float], table: dict[int, float],
     count)."""
     kept_rows: list[int] = []
     verdicts = []
-    broken = {False: False, True: False}  # each class's prefix (above MIN_DOT rows or not)
+    broken: dict[int, bool] = {}  # each row class's prefix
     for rows in sorted({int(entry["rows"]) for entry in sweep}):
         rule_ms, table_ms = rule.get(rows), table.get(rows)
         gain = None if rule_ms is None or table_ms is None else 1 - table_ms / rule_ms
-        if broken[rows > MIN_DOT]:
+        if broken.get(row_class(rows)):
             why = "a smaller row count was not confirmed"
         elif gain is None:
             why = f"no bench at concurrency {rows}"
@@ -57,7 +58,7 @@ def confirm(sweep: list[dict], rule: dict[int, float], table: dict[int, float],
         else:
             why = "kept"
             kept_rows.append(rows)
-        broken[rows > MIN_DOT] = why != "kept"
+        broken[row_class(rows)] = why != "kept"
         verdicts.append({"rows": rows, "rule_ms": rule_ms, "table_ms": table_ms,
                          "gain": None if gain is None else round(gain, 4), "verdict": why})
     return [entry for entry in sweep if int(entry["rows"]) in kept_rows], verdicts

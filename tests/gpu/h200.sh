@@ -78,8 +78,8 @@
 #             qwen3.5-0.8b), rows $GEMV_ROWS (1,4), tiles $GEMV_TILES (fma: the CUDA-core form;
 #             dot, all) against cuBLAS, cold weights: gemv-<model>.json and .log
 #   gemv-medium  bench_gemv at $MODEL's (default qwen3.5-0.8b) projections at the buckets of
-#             17-64 rows ($GEMV_ROWS, default 32,64; $GEMV_TILES, default dot: there the
-#             64-row wgmma tiles; wgmma: those at 16 rows too) against cuBLAS:
+#             17-256 rows ($GEMV_ROWS, default 32,64; $GEMV_TILES, default dot: there the
+#             wgmma tiles of each row class; wgmma: the 64-row ones at 16 rows too) against cuBLAS:
 #             gemv-medium-<model>.json, then that sweep added to this GPU's committed table
 #             (configs/gemv/<GPU name>.json, if any) as gemv-merged-<model>.json: point
 #             GEMV_TABLE at it for the arms part's `table` arm, same call
