@@ -107,7 +107,10 @@ def summarize(timeline: Timeline) -> ProfileSummary:
 
 def _kind_summary(kind: str, indices: list[int], ops_by_step: dict[int, list[DeviceOp]],
                   periods: dict[int, float]) -> KindSummary:
-    per_step = [_step_numbers(ops_by_step.get(i, [])) for i in indices]
+    steps = [ops_by_step.get(i, []) for i in indices]
+    shares = [frontier_shares([(op.start_us, op.end_us) for op in ops]) for ops in steps]
+    per_step = [_step_numbers(ops, step_shares)
+                for ops, step_shares in zip(steps, shares, strict=True)]
     own_periods = [periods[i] for i in indices if i in periods]
     graphs = [n["graph"] for n in per_step]
     has_graph = any(g > 0 for g in graphs)
@@ -120,14 +123,15 @@ def _kind_summary(kind: str, indices: list[int], ops_by_step: dict[int, list[Dev
         gaps_us=_mean([n["gaps"] for n in per_step]) or 0.0,
         graph_us_median=_median(graphs) if has_graph else None,
         idle_outside_graph_us=_mean(idle_outside) if has_graph else None,
-        ops_per_step=sum(len(ops_by_step.get(i, [])) for i in indices) / len(indices),
-        kernels=_kernel_table([ops_by_step.get(i, []) for i in indices]))
+        ops_per_step=sum(len(ops) for ops in steps) / len(indices),
+        kernels=_kernel_table(steps, shares))
 
 
-def _step_numbers(ops: list[DeviceOp]) -> dict[str, float]:
+def _step_numbers(ops: list[DeviceOp], shares: list[float]) -> dict[str, float]:
+    """shares: the ops' frontier_shares, which add up to the step's busy time."""
     if not ops:
         return {"busy": 0.0, "gaps": 0.0, "graph": 0.0}
-    busy = union_us((op.start_us, op.end_us) for op in ops)
+    busy = sum(shares)
     span = max(op.end_us for op in ops) - min(op.start_us for op in ops)
     replays: dict[int, list[DeviceOp]] = defaultdict(list)
     for op in ops:
@@ -160,13 +164,14 @@ def frontier_shares(intervals: list[tuple[float, float]]) -> list[float]:
     return shares
 
 
-def _kernel_table(steps: list[list[DeviceOp]]) -> tuple[KernelStat, ...]:
+def _kernel_table(steps: list[list[DeviceOp]],
+                  shares: list[list[float]]) -> tuple[KernelStat, ...]:
+    """Each kernel's µs a step, its calls and its exposed µs (its ops' frontier shares)."""
     us: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(steps))
     exposed: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    for index, ops in enumerate(steps):
-        shares = frontier_shares([(op.start_us, op.end_us) for op in ops])
-        for op, share in zip(ops, shares, strict=True):
+    for index, (ops, step_shares) in enumerate(zip(steps, shares, strict=True)):
+        for op, share in zip(ops, step_shares, strict=True):
             us[op.name][index] += op.dur_us
             exposed[op.name] += share
             calls[op.name] += 1
