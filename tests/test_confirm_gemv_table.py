@@ -27,20 +27,28 @@ def _bench(path, step_ms: dict[int, float]) -> str:
     return str(path)
 
 
-def test_the_kept_row_counts_are_the_confirmed_prefix(tmp_path, capsys):
-    sweep = _sweep(tmp_path / "sweep.json", [1, 2, 4, 8])
-    rule = _bench(tmp_path / "rule.json", {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.3})
-    # 2 saves 0.5%, under the 1% asked; 4 saves 10% but a bucket of 3-4 rows is only
-    # reached through 2's entries once 2 is dropped, so it goes too
-    table = _bench(tmp_path / "table.json", {1: 0.9, 2: 1.0945, 4: 1.08, 8: 1.2})
+def _confirm(tmp_path, capsys, rows: list[int], rule_ms: dict[int, float],
+             table_ms: dict[int, float]) -> tuple[list[tuple[int, str]], GemvTable]:
+    """main on a sweep at `rows` and the two benches: ((rows, verdict) a row count, the kept
+    table)."""
+    sweep = _sweep(tmp_path / "sweep.json", rows)
+    rule = _bench(tmp_path / "rule.json", rule_ms)
+    table = _bench(tmp_path / "table.json", table_ms)
     out = tmp_path / "kept.json"
     assert main([sweep, "--rule", rule, "--table", table, "--out", str(out),
                  "--format", "json"]) == 0
     verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
-    assert [(v["rows"], v["verdict"]) for v in verdicts] == [
+    return [(v["rows"], v["verdict"]) for v in verdicts], GemvTable.load(str(out))
+
+
+def test_the_kept_row_counts_are_the_confirmed_prefix(tmp_path, capsys):
+    # 2 saves 0.5%, under the 1% asked; 4 saves 10% but a bucket of 3-4 rows is only
+    # reached through 2's entries once 2 is dropped, so it goes too
+    verdicts, kept = _confirm(tmp_path, capsys, [1, 2, 4, 8], {1: 1.0, 2: 1.1, 4: 1.2, 8: 1.3},
+                              {1: 0.9, 2: 1.0945, 4: 1.08, 8: 1.2})
+    assert verdicts == [
         (1, "kept"), (2, "gain under 1.0%"), (4, "a smaller row count was not confirmed"),
         (8, "a smaller row count was not confirmed")]
-    kept = GemvTable.load(str(out))
     assert kept.choose(256, 64, 1).rows == 1
     assert kept.choose(256, 64, 2) is None and kept.choose(64, 64, 4) is None
 
@@ -49,21 +57,13 @@ def test_the_rows_above_16_are_a_prefix_of_their_own(tmp_path, capsys):
     """A bucket of at most 16 rows never reads an entry measured above 16 (the 64-row tiles
     are another MMA form), so 16 not confirmed leaves 32 and 64 to their own steps; 32 not
     confirmed drops 64 (a 33-row bucket would read 64's entry). 96 is of the next class."""
-    sweep = _sweep(tmp_path / "sweep.json", [16, 32, 64, 96])
-    rule = _bench(tmp_path / "rule.json", {16: 1.4, 32: 1.9, 64: 2.5})
-    table = _bench(tmp_path / "table.json", {16: 1.45, 32: 1.77, 64: 2.36})
-    out = tmp_path / "kept.json"
-    assert main([sweep, "--rule", rule, "--table", table, "--out", str(out),
-                 "--format", "json"]) == 0
-    verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
-    assert [(v["rows"], v["verdict"]) for v in verdicts] == [
+    rows, rule = [16, 32, 64, 96], {16: 1.4, 32: 1.9, 64: 2.5}
+    verdicts, kept = _confirm(tmp_path, capsys, rows, rule, {16: 1.45, 32: 1.77, 64: 2.36})
+    assert verdicts == [
         (16, "gain under 1.0%"), (32, "kept"), (64, "kept"), (96, "no bench at concurrency 96")]
-    kept = GemvTable.load(str(out))
     assert kept.choose(256, 64, 16) is None and kept.choose(256, 64, 17).rows == 32
-    table = _bench(tmp_path / "table.json", {16: 1.2, 32: 1.9, 64: 2.0})
-    main([sweep, "--rule", rule, "--table", table, "--format", "json"])
-    verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
-    assert [v["verdict"] for v in verdicts] == [
+    verdicts, _ = _confirm(tmp_path, capsys, rows, rule, {16: 1.2, 32: 1.9, 64: 2.0})
+    assert [verdict for _, verdict in verdicts] == [
         "kept", "gain under 1.0%", "a smaller row count was not confirmed",
         "no bench at concurrency 96"]
 
@@ -71,16 +71,11 @@ def test_the_rows_above_16_are_a_prefix_of_their_own(tmp_path, capsys):
 def test_each_row_class_above_64_is_a_prefix_of_its_own(tmp_path, capsys):
     """64 not confirmed drops nothing of the 65-128 and 129-256 classes (a bucket of 33-64
     rows never reads a 128-row entry); 128 not confirmed leaves 256 to its own step."""
-    sweep = _sweep(tmp_path / "sweep.json", [32, 64, 128, 256])
-    rule = _bench(tmp_path / "rule.json", {32: 1.9, 64: 2.5, 128: 3.5, 256: 5.5})
-    table = _bench(tmp_path / "table.json", {32: 1.8, 64: 2.6, 128: 3.6, 256: 5.2})
-    out = tmp_path / "kept.json"
-    assert main([sweep, "--rule", rule, "--table", table, "--out", str(out),
-                 "--format", "json"]) == 0
-    verdicts = json.loads(capsys.readouterr().out)["gemv table by row count"]
-    assert [(v["rows"], v["verdict"]) for v in verdicts] == [
+    verdicts, kept = _confirm(tmp_path, capsys, [32, 64, 128, 256],
+                              {32: 1.9, 64: 2.5, 128: 3.5, 256: 5.5},
+                              {32: 1.8, 64: 2.6, 128: 3.6, 256: 5.2})
+    assert verdicts == [
         (32, "kept"), (64, "gain under 1.0%"), (128, "gain under 1.0%"), (256, "kept")]
-    kept = GemvTable.load(str(out))
     assert kept.choose(256, 64, 32).rows == 32 and kept.choose(256, 64, 33) is None
     assert kept.choose(256, 64, 128) is None and kept.choose(256, 64, 129).rows == 256
 
