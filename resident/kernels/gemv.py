@@ -71,8 +71,10 @@ class GemvTile:
     programs until the grid has about target_programs of them (0: never split). fma: the
     product as CUDA-core multiply-adds over the rows there are (rounded up to a power of two)
     instead of tl.dot's 16-row MMA, for 1-4 rows: a program's block_n x block_k weight tile
-    (8-16 KB in the sweep) is loaded at once, where the MMA form keeps one 8 KB tile of plain
-    loads in flight (neither gets cp.async on sm_90). Not yet measured on the H200:
+    (8-16 KB in the sweep) is loaded at once. At a launch's 16-divisible shapes the MMA form
+    pipelines its tiles through shared memory by cp.async over num_stages (the bench's
+    compiled-kernel rows on an H100: DEFAULT_TILE 36,864 bytes of shared memory and 38-72
+    registers; tools/compile_check compiles it so). Not yet measured on the H200:
     python -m resident.tools.bench_gemv --tiles fma."""
 
     block_n: int = 32
@@ -80,8 +82,8 @@ class GemvTile:
     num_warps: int = 4
     num_stages: int = 3
     target_programs: int = 264  # two waves of the H200's 132 SMs
-    # K tiles unrolled: with M=16 the kernel is register MMA fed by plain loads (no cp.async),
-    # so only unrolling lets a program have several tiles' loads in flight at once
+    # K tiles unrolled (tl.range's loop_unroll_factor): more of a program's loads issued
+    # back to back than its pipeline's stages hold
     unroll: int = 1
     fma: bool = False
     # the MMA form's rows a program holds whatever the rows there are (at least them); 0: the

@@ -18,7 +18,11 @@ divisibility hint), so addresses are computed in full and loads are not vectoriz
 registers read high (decode attention's split pass at the 0.8B: 241 here, 92 with its launch's
 hints) and shared memory can read low (25,600 bytes here, 41,984 with them, the K/V tiles then
 staged through cp.async). bench.py records the launched kernels' own figures
-(compiled_kernels.py).
+(compiled_kernels.py). The GEMV's variants are the exception: they get the hints their launches
+get on the model's weights (GEMV_ALIGNED: the pointers, N, K and the strides are 16-divisible
+there), as do their pipelines; without them the 16-row tiles read 168-250 registers and no
+cp.async pipeline, where launched on an H100 they hold 38-72 and 36,864 bytes of shared memory
+(results/2026-12-07-h100-medium-gemv, bench logs).
 """
 
 from __future__ import annotations
@@ -101,10 +105,10 @@ GEMV_ALIGNED = ("x", "w", "out", "N", "K", "stride_xm", "stride_wn", "stride_om"
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
           rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16,
-          gated_out: bool = False, aligned: tuple[str, ...] = ()) -> Variant:
+          gated_out: bool = False, aligned: tuple[str, ...] = GEMV_ALIGNED) -> Variant:
     """The GEMV at a shape ([N, K]; gated_out: [2N, K], the silu-mul's output in `dtype`), its
-    activations and weights in `dtype`; `rows` set the tile's rows where the tile does not
-    (gemv.block_rows)."""
+    activations and weights in `dtype`, compiled with the launch's divisibility hints on
+    `aligned`; `rows` set the tile's rows where the tile does not (gemv.block_rows)."""
     element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
                                         "normed_out", "summed_out")}
@@ -155,11 +159,10 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
               pdl=True),
         _gemv("wide GEMM: mlp gate_up + silu-mul (PDL)", inter, hidden, gemv.GATED_OUT_TILE,
               gemv.PLAIN, pdl=True, gated_out=True),
-        # a bucket of 17-256 rows on a measured table's wgmma tile, as launched on the
-        # model's weights (16-divisible shapes and strides): unaligned, ptxas spills 84-480
-        # bytes the pipeline never holds
+        # a bucket of 17-256 rows on a measured table's wgmma tile: without the launch's
+        # hints ptxas spills 84-480 bytes the pipeline never holds
         *(_gemv(f"{tile.block_m}-row GEMM {tile.name}, {rows} rows (PDL)", n, k, tile,
-                gemv.PLAIN, pdl=True, rows=rows, aligned=GEMV_ALIGNED) for n, k, rows, tile in (
+                gemv.PLAIN, pdl=True, rows=rows) for n, k, rows, tile in (
             (in_proj, hidden, 64, gemv.GemvTile(64, 128, 4, 4, 0, block_m=64)),
             (hidden, inter, 24, gemv.GemvTile(32, 128, 4, 4, 264, block_m=64)),
             (in_proj, hidden, 128, gemv.GemvTile(64, 64, 8, 4, 0, block_m=128)),
