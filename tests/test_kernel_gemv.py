@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -181,22 +184,25 @@ def test_row_classes():
             row_class(rows)
 
 
+COMMITTED_TABLE_ENTRIES = [
+    entry for path in sorted((Path(__file__).parent.parent / "configs" / "gemv").glob("*.json"))
+    for entry in json.loads(path.read_text())]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [17, 24, 64])
-@pytest.mark.parametrize("n, k, tile", [
-    (8224, 1024, GemvTile(64, 128, 4, 4, 0, block_m=64)),  # the H100 table's in_proj, gate_up
-    (1024, 3584, GemvTile(32, 128, 4, 4, 264, block_m=64)),  # its down: K split
-    (1024, 2048, GemvTile(32, 64, 4, 4, 264, block_m=64)),  # out_proj's best, K split
-    (5120, 1024, GemvTile(64, 128, 4, 4, 0, block_m=64)),  # qkv's best
-])
-def test_64_row_tiles_bf16_gpu(rows, n, k, tile):
-    """The medium buckets' wgmma tiles (configs/gemv) at the rows they run, padding rows
-    included."""
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("entry", COMMITTED_TABLE_ENTRIES,
+                         ids=lambda e: f"{e['shape']}-{e['rows']}-{e['best_tile']}")
+def test_committed_table_tiles_bf16_gpu(entry):
+    """Each committed gemv table entry's tile at its shape, at its rows and at a bucket below
+    them that reads it (padding rows included): what gemv_table=auto runs on that GPU."""
+    tile = GemvTile(**entry["tile"])
+    n, k = entry["n"], entry["k"]
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-    want = (x.float() @ weight.float().T)
-    got = skinny_linear(x, weight, tile).float()
-    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    for rows in {entry["rows"], entry["rows"] - entry["rows"] // 4}:
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        want = (x.float() @ weight.float().T)
+        got = skinny_linear(x, weight, tile).float()
+        assert ((got - want).norm() / want.norm()).item() < 1e-2, rows
 
 
 @pytest.mark.gpu

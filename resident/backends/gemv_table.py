@@ -4,12 +4,13 @@
 each row count, the skinny Triton GEMV's tiles (both forms) against cuBLAS on the GPU it runs on,
 with cold weights. Given that file, a decode bucket of at most 256 rows (gemv.MAX_ROWS) runs each
 projection on whichever was faster at the nearest measured row count at or above the bucket's
-(in the bucket's row class), so a Triton tile is chosen only where it beat cuBLAS, and the
-choices are logged at start (a bucket of 17-256 rows, which decode_gemm's rule leaves on cuBLAS,
-moves only by a table). A narrow
-projection that runs the next add + norm in its kernel (fused_decode=full) keeps its best
-Triton tile even where cuBLAS won alone: cuBLAS would leave the norm a kernel of its own.
-Shapes the table lacks, or measured only at fewer rows than a bucket's, keep decode_gemm's rule.
+(in the bucket's row class), so a Triton tile is chosen only where it beat cuBLAS, or where an
+entry's "pick" (written by tools/pick_gemv_table for a whole-step A/B) says so; the choices are
+logged at start (a bucket of 17-256 rows, which decode_gemm's rule leaves on cuBLAS, moves only
+by a table). A narrow projection that runs the next add + norm in its kernel
+(fused_decode=full) keeps its best Triton tile even where cuBLAS won alone: cuBLAS would leave
+the norm a kernel of its own. Shapes the table lacks, or measured only at fewer rows than a
+bucket's, keep decode_gemm's rule.
 """
 
 from __future__ import annotations
@@ -31,17 +32,29 @@ from resident.model.config import configs_dir
 log = logging.getLogger("resident.backends")
 
 
+# what an entry's "pick" may say (tools/pick_gemv_table): run this kernel whatever the times
+PICKS = ("triton", "cublas")
+
+
 @dataclass(frozen=True)
 class GemvChoice:
-    """What bench_gemv measured at one (N, K, rows): its best Triton tile and both times."""
+    """What bench_gemv measured at one (N, K, rows): its best Triton tile and both times, and
+    the kernel a whole-step A/B picked over those times, if one did (`pick`)."""
 
     rows: int
     tile: GemvTile
     triton_us: float
     cublas_us: float
+    pick: str = ""
 
     @property
     def triton(self) -> bool:
+        """Whether the Triton tile runs: the pick, else the faster alone. Alone is not in a
+        step: there the Triton GEMV launches under PDL, its weight read overlapping the
+        kernel before it, and on an H100 the 24-128-row steps were 2-4% shorter with every
+        projection on it, cuBLAS's alone-wins included (results/2026-12-07-h100-pdl-chain)."""
+        if self.pick:
+            return self.pick == "triton"
         return self.triton_us < self.cublas_us
 
 
@@ -62,8 +75,12 @@ class GemvTable:
             tile_fields = {f.name for f in fields(GemvTile)}
             for row in rows:
                 tile = GemvTile(**{k: v for k, v in row["tile"].items() if k in tile_fields})
+                pick = row.get("pick", "")
+                if pick and pick not in PICKS:
+                    raise ValueError(f"pick must be one of {', '.join(PICKS)}, got {pick!r}")
                 choices.setdefault((int(row["n"]), int(row["k"])), []).append(GemvChoice(
-                    int(row["rows"]), tile, float(row["triton_us"]), float(row["cublas_us"])))
+                    int(row["rows"]), tile, float(row["triton_us"]), float(row["cublas_us"]),
+                    pick))
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise ValueError(f"knob gemv_table: {path!r} is not a bench_gemv --json file "
                              f"({type(error).__name__}: {error})") from None
@@ -94,8 +111,9 @@ class GemvTable:
                     picks.append(f"{bucket}: decode_gemm's rule (not measured)")
                     continue
                 kernel = choice.tile.name if choice.triton else "cuBLAS"
+                picked = ", picked in a step" if choice.pick else ""
                 picks.append(f"{bucket}: {kernel} ({choice.triton_us:.2f} us, cuBLAS "
-                             f"{choice.cublas_us:.2f} at {choice.rows} rows)")
+                             f"{choice.cublas_us:.2f} at {choice.rows} rows{picked})")
             lines.append(f"{n}x{k}: " + "; ".join(picks))
         return lines
 
