@@ -57,8 +57,9 @@ def wgmma_tiles(block_m: int) -> tuple[GemvTile, ...]:
     """The tiles of a row class above 16 (block_m rows, gemv.ROW_CLASSES): a program's product
     is warpgroup MMA (wgmma) reading both operands from shared memory, where the 16-row form's
     mma.sync reads them from registers. 4 warps at 64 rows, 8 above; 4 pipeline stages, or 3
-    where 4 do not fit. At 17-64 rows they beat cuBLAS alone only on some shapes, in a step by
-    more (PDL; results/2026-12-07-h100-medium-gemv)."""
+    where 4 do not fit. Alone on an H100 they beat cuBLAS on some shapes at 17-64 rows and on
+    none at 128 or 256, yet every projection on them shortens a step of 24-128 rows (PDL;
+    results/2026-12-07-h100-medium-gemv, results/2026-12-07-h100-pdl-chain)."""
     warps = 4 if block_m <= 64 else 8
     tiles = []
     for block_n, block_k, target in itertools.product((32, 64, 128), (64, 128), (0, 264)):
