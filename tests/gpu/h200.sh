@@ -83,6 +83,11 @@
 #             gemv-medium-<model>.json, then that sweep added to this GPU's committed table
 #             (configs/gemv/<GPU name>.json, if any) as gemv-merged-<model>.json: point
 #             GEMV_TABLE at it for the arms part's `table` arm, same call
+#   gemv-pick  gemv-medium at $GEMV_ROWS (default 32,64,128), every entry at those rows picked
+#             to the Triton GEMV (resident.tools.pick_gemv_table: in a step its PDL launch can
+#             beat cuBLAS where cuBLAS won alone), the arms fused / table(picked) twice at
+#             those concurrencies, then confirm_gemv_table of the picks against the committed
+#             table: gemv-pick-confirmed-<model>.json, to merge into configs/gemv/<GPU>.json
 #   gemv-table  a gemv table for this GPU, confirmed in whole steps: bench_gemv at $MODEL's
 #             (default qwen3.5-0.8b) projections, rows $GEMV_ROWS (1,2,4,8,16) ($GEMV_TILES:
 #             fma, the default, or dot or all, beside the engine's own tiles; engine: those
@@ -593,6 +598,21 @@ for part in "$@"; do
         --model "$model" --rows "${GEMV_ROWS:-32,64}" --tiles "${GEMV_TILES:-dot}" \
         --json "$OUT/gemv-medium-$model.json"
       python3 -c "$MERGE_TABLE" "$OUT/gemv-medium-$model.json" "$OUT/gemv-merged-$model.json" ;;
+    gemv-pick)
+      # the medium sweep with its row counts picked to the Triton GEMV, stepped against the
+      # committed table (results/2026-12-07-h100-pdl-chain), then the confirmed row counts
+      model=${MODEL:-qwen3.5-0.8b} rows=${GEMV_ROWS:-32,64,128}
+      GEMV_ROWS=$rows bash "$0" gemv-medium
+      run pick-gemv-table 60 python3 -m resident.tools.pick_gemv_table \
+        "$OUT/gemv-merged-$model.json" --rows "$rows" --out "$OUT/gemv-picked-$model.json"
+      GEMV_TABLE=$OUT/gemv-picked-$model.json ARMS="fused table fused2 table2" CONC=$rows \
+        bash "$0" arms
+      # the arms part names its files by $MODEL as given (0.8b unset)
+      run confirm-gemv-pick 60 python3 -m resident.tools.confirm_gemv_table \
+        "$OUT/gemv-picked-$model.json" --rule "$OUT/bench-${MODEL:-0.8b}-fused.json" \
+        --table "$OUT/bench-${MODEL:-0.8b}-table.json" \
+        --out "$OUT/gemv-pick-confirmed-$model.json"
+      cat "$OUT/confirm-gemv-pick.log" ;;
     gemv-table)
       model=${MODEL:-qwen3.5-0.8b} rows=${GEMV_ROWS:-1,2,4,8,16}
       run "gemv-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv --model "$model" \
