@@ -184,6 +184,18 @@ def test_row_classes():
             row_class(rows)
 
 
+def _bf16_error(rows: int, weight: torch.Tensor, tile: GemvTile = DEFAULT_TILE) -> float:
+    """skinny_linear's relative error on `rows` random bf16 rows against the fp32 product."""
+    x = torch.randn(rows, weight.shape[1], device="cuda", dtype=torch.bfloat16)
+    want = (x.float() @ weight.float().T)
+    got = skinny_linear(x, weight, tile).float()
+    return ((got - want).norm() / want.norm()).item()
+
+
+def _bf16_weight(n: int, k: int) -> torch.Tensor:
+    return torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+
+
 COMMITTED_TABLE_ENTRIES = [
     entry for path in sorted((Path(__file__).parent.parent / "configs" / "gemv").glob("*.json"))
     for entry in json.loads(path.read_text())]
@@ -196,13 +208,9 @@ def test_committed_table_tiles_bf16_gpu(entry):
     """Each committed gemv table entry's tile at its shape, at its rows and at a bucket below
     them that reads it (padding rows included): what gemv_table=auto runs on that GPU."""
     tile = GemvTile(**entry["tile"])
-    n, k = entry["n"], entry["k"]
-    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+    weight = _bf16_weight(entry["n"], entry["k"])
     for rows in {entry["rows"], entry["rows"] - entry["rows"] // 4}:
-        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-        want = (x.float() @ weight.float().T)
-        got = skinny_linear(x, weight, tile).float()
-        assert ((got - want).norm() / want.norm()).item() < 1e-2, rows
+        assert _bf16_error(rows, weight, tile) < 1e-2, rows
 
 
 @pytest.mark.gpu
@@ -213,23 +221,16 @@ def test_every_swept_wgmma_tile_bf16_gpu(rows):
     from resident.tools.bench_gemv import WGMMA_TILES
 
     for n, k in ((1024, 2048), (8224, 1024)):
-        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-        weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-        want = (x.float() @ weight.float().T)
+        weight = _bf16_weight(n, k)
         for tile in WGMMA_TILES[row_class(rows)]:
-            got = skinny_linear(x, weight, tile).float()
-            assert ((got - want).norm() / want.norm()).item() < 1e-2, tile.name
+            assert _bf16_error(rows, weight, tile) < 1e-2, tile.name
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 8, 16, 24, 64])
 @pytest.mark.parametrize("n, k", [(8224, 1024), (1024, 2048), (1024, 3584), (248320, 1024)])
 def test_matches_torch_bf16_gpu(rows, n, k):
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-    want = (x.float() @ weight.float().T)
-    got = skinny_linear(x, weight).float()
-    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    assert _bf16_error(rows, _bf16_weight(n, k)) < 1e-2
 
 
 @pytest.mark.gpu

@@ -20,9 +20,9 @@ hints) and shared memory can read low (25,600 bytes here, 41,984 with them, the 
 staged through cp.async). bench.py records the launched kernels' own figures
 (compiled_kernels.py). The GEMV's variants are the exception: they get the hints their launches
 get on the model's weights (GEMV_ALIGNED: the pointers, N, K and the strides are 16-divisible
-there), as do their pipelines; without them the 16-row tiles read 168-250 registers and no
-cp.async pipeline, where launched on an H100 they hold 38-72 and 36,864 bytes of shared memory
-(results/2026-12-07-h100-medium-gemv, bench logs).
+there), and with them the cp.async pipeline the launched kernels have; without them the 16-row
+tiles read 168-250 registers and no pipeline, where launched on an H100 they hold 38-72 and
+36,864 bytes of shared memory (results/2026-12-07-h100-medium-gemv, bench logs).
 """
 
 from __future__ import annotations
@@ -105,10 +105,10 @@ GEMV_ALIGNED = ("x", "w", "out", "N", "K", "stride_xm", "stride_wn", "stride_om"
 def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
           head_dim: int = 1, pdl: bool = False, add_norm: bool = False,
           rows: int = gemv.MIN_DOT, dtype: torch.dtype = torch.bfloat16,
-          gated_out: bool = False, aligned: tuple[str, ...] = GEMV_ALIGNED) -> Variant:
+          gated_out: bool = False) -> Variant:
     """The GEMV at a shape ([N, K]; gated_out: [2N, K], the silu-mul's output in `dtype`), its
-    activations and weights in `dtype`, compiled with the launch's divisibility hints on
-    `aligned`; `rows` set the tile's rows where the tile does not (gemv.block_rows)."""
+    activations and weights in `dtype`, compiled with the launch's divisibility hints
+    (GEMV_ALIGNED); `rows` set the tile's rows where the tile does not (gemv.block_rows)."""
     element = {torch.bfloat16: "*bf16", torch.float32: "*fp32"}[dtype]
     types = {name: element for name in ("x", "w", "z", "norm_w", "residual", "out_norm_w",
                                         "normed_out", "summed_out")}
@@ -120,7 +120,7 @@ def _gemv(name: str, n: int, k: int, tile: gemv.GemvTile, prologue, *,
                                         add_norm=add_norm, dtype=dtype,
                                         element_size=dtype.itemsize, gated_out=gated_out)
     return Variant(name, gemv._gemv_kernel, types, constexprs | {"USE_PDL": pdl},
-                   tile.num_warps, tile.num_stages, aligned=aligned)
+                   tile.num_warps, tile.num_stages, aligned=GEMV_ALIGNED)
 
 
 def decode_variants(config: ModelConfig) -> list[Variant]:

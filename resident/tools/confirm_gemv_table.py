@@ -47,9 +47,10 @@ def confirm(sweep: list[dict], rule: dict[int, float], table: dict[int, float],
     verdicts = []
     broken: dict[int, bool] = {}  # each row class's prefix
     for rows in sorted({int(entry["rows"]) for entry in sweep}):
+        row_cls = row_class(rows)
         rule_ms, table_ms = rule.get(rows), table.get(rows)
         gain = None if rule_ms is None or table_ms is None else 1 - table_ms / rule_ms
-        if broken.get(row_class(rows)):
+        if broken.get(row_cls):
             why = "a smaller row count was not confirmed"
         elif gain is None:
             why = f"no bench at concurrency {rows}"
@@ -58,7 +59,7 @@ def confirm(sweep: list[dict], rule: dict[int, float], table: dict[int, float],
         else:
             why = "kept"
             kept_rows.append(rows)
-        broken[row_class(rows)] = why != "kept"
+        broken[row_cls] = why != "kept"
         verdicts.append({"rows": rows, "rule_ms": rule_ms, "table_ms": table_ms,
                          "gain": None if gain is None else round(gain, 4), "verdict": why})
     return [entry for entry in sweep if int(entry["rows"]) in kept_rows], verdicts

@@ -28,10 +28,8 @@ from resident.tool_args import add_format, counts
 
 def pick(entries: list[dict], rows: list[int], kernel: str,
          shapes: list[str] | None = None) -> list[dict]:
-    """The entries with `pick` set to `kernel` at `rows` (and `shapes`, if given); a shape
-    named that no entry has fails naming it."""
-    if kernel not in PICKS:
-        raise ValueError(f"kernel must be one of {', '.join(PICKS)}, got {kernel!r}")
+    """The entries with `pick` set to `kernel` (one of PICKS) at `rows` (and `shapes`, if
+    given); a shape named that no entry has fails naming it."""
     missing = sorted(set(shapes or ()) - {entry["shape"] for entry in entries})
     if missing:
         raise ValueError(f"no entry of shape {', '.join(map(repr, missing))}")
