@@ -227,6 +227,25 @@ def test_every_swept_wgmma_tile_bf16_gpu(rows):
 
 
 @pytest.mark.gpu
+def test_bench_gemv_times_a_pdl_chain_gpu():
+    """bench_gemv --pdl: the tiles timed as a step launches them (PDL, partials unsummed) at
+    a row count of each form, every row marked, each time a finite positive; the product it
+    times is the product (the chain's partials summed against torch)."""
+    from resident.tools.bench_gemv import bench_shape
+
+    rows = bench_shape("out_proj", 1024, 2048, [1, 32], "engine", pdl=True)
+    assert [row["rows"] for row in rows] == [1, 32]
+    for row in rows:
+        assert row["pdl"] is True
+        assert all(0 < us < 1e4 for us in [row["cublas_us"], *row["sweep_us"].values()])
+    weight = _bf16_weight(1024, 2048)
+    x = torch.randn(32, 2048, device="cuda", dtype=torch.bfloat16)
+    partials = skinny_linear_partials(x, weight, DEFAULT_TILE, pdl=True)
+    want = x.float() @ weight.float().T
+    assert ((partials.sum(0) - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 8, 16, 24, 64])
 @pytest.mark.parametrize("n, k", [(8224, 1024), (1024, 2048), (1024, 3584), (248320, 1024)])
 def test_matches_torch_bf16_gpu(rows, n, k):

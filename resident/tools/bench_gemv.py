@@ -1,7 +1,7 @@
 """Skinny decode GEMMs: the Triton kernel (resident/kernels/gemv.py) against cuBLAS (F.linear).
 
     python -m resident.tools.bench_gemv [--model qwen3.5-0.8b] [--rows 1,4,16] [--tiles all]
-        [--json FILE]
+        [--pdl] [--json FILE]
 
 The shapes are the model's fused projections. A decode step reads each weight once from HBM, so
 every timed call cycles through copies of the weight that together hold more than COLD_BYTES
@@ -13,6 +13,14 @@ FMA_TILES for rows up to FMA_MAX_ROWS, both, `wgmma`: the WGMMA_TILES at every r
 sweep times) at each row count and times the best against
 cuBLAS; a tile whose pipeline does not fit in shared memory is skipped (named on stderr). TB/s
 counts the weight bytes only.
+
+`--pdl` times the Triton tiles as a decode step launches them: each call under programmatic
+dependent launch (its weight's L2 prefetch and its programs' start overlapping the call before),
+its K splits' partial sums left for the consumer (the step's add + norm adds them up) instead of
+summed by a kernel of their own. cuBLAS launches as before: it takes no PDL, and in a step its
+kernel waits for the one before to finish. Alone the Triton GEMV lost to cuBLAS at 128 and 256
+rows yet shortened the steps of 24-128 rows (results/2026-12-07-h100-pdl-chain); the chain asks
+whether back-to-back calls alone show what a step shows. Each row records `"pdl"`.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ from resident.kernels.gemv import (
     GemvTile,
     row_class,
     skinny_linear,
+    skinny_linear_partials,
 )
+from resident.kernels.pdl import pdl_available
 from resident.model.config import load_model_config
 from resident.tool_args import counts
 from resident.tools.bench_attention import graph_time_us
@@ -90,10 +100,16 @@ def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
     return graph_time_us(run) / len(weights)
 
 
-def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor]) -> float | None:
-    """cold_time_us of one tile, or None where its pipeline does not fit in shared memory."""
+def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor],
+                  pdl: bool = False) -> float | None:
+    """cold_time_us of one tile (pdl: as a step launches it, see --pdl), or None where its
+    pipeline does not fit in shared memory."""
+    def linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if pdl:
+            return skinny_linear_partials(a, w, tile, pdl=True)
+        return skinny_linear(a, w, tile)
     try:
-        return cold_time_us(lambda a, w: skinny_linear(a, w, tile), x, weights)
+        return cold_time_us(linear, x, weights)
     except OutOfResources as err:
         print(f"skip {tile.name}: {err}", file=sys.stderr)
         return None
@@ -113,7 +129,8 @@ def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
     return tuple(dict.fromkeys(ENGINE_TILES + dot + fma))
 
 
-def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str) -> list[dict]:
+def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str,
+                pdl: bool = False) -> list[dict]:
     copies = max(1, -(-COLD_BYTES // (2 * n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
                for _ in range(copies)]
@@ -121,14 +138,14 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str) -> list[
     results = []
     for num_rows in rows:
         x = torch.randn(num_rows, k, device="cuda", dtype=torch.bfloat16)
-        sweep = {tile: sweep_time_us(tile, x, weights) for tile in tiles_for(kinds, num_rows)}
+        sweep = {tile: sweep_time_us(tile, x, weights, pdl) for tile in tiles_for(kinds, num_rows)}
         sweep = {tile: us for tile, us in sweep.items() if us is not None}
         if not sweep:
             continue
         best = min(sweep, key=sweep.get)
         cublas = cold_time_us(F.linear, x, weights)
         results.append({
-            "shape": name, "n": n, "k": k, "rows": num_rows, "best_tile": best.name,
+            "shape": name, "n": n, "k": k, "rows": num_rows, "pdl": pdl, "best_tile": best.name,
             "tile": best.__dict__, "cublas_us": round(cublas, 2),
             "triton_us": round(sweep[best], 2), "cublas_tb_s": round(gbytes * 1e3 / cublas, 2),
             "triton_tb_s": round(gbytes * 1e3 / sweep[best], 2),
@@ -143,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=counts, default="1,4,16")
     parser.add_argument("--tiles", choices=("dot", "fma", "all", "wgmma", "engine"), default="all",
                         help="the tiles swept at each row count")
+    parser.add_argument("--pdl", action="store_true",
+                        help="the Triton tiles launched as in a decode step: under PDL, K "
+                             "splits' partial sums left unsummed (cuBLAS as without)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     rows = args.rows
@@ -150,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rows: the GEMV takes at most {MAX_ROWS} rows, got {max(rows)}")
     if not require_cuda("resident.tools.bench_gemv"):
         return 2
+    if args.pdl and not pdl_available(torch.device("cuda")):
+        parser.error("--pdl: this GPU has no programmatic dependent launch (compute capability "
+                     "9.0 or later)")
     results = []
     print(f"{'shape':>12} {'M':>3} {'cublas us':>10} {'triton us':>10} {'best tile':>26} "
           f"{'cublas TB/s':>12} {'triton TB/s':>12}")
@@ -159,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:>12}     as {benched[n, k]}", flush=True)
             continue
         benched[n, k] = name
-        for row in bench_shape(name, n, k, rows, args.tiles):
+        for row in bench_shape(name, n, k, rows, args.tiles, args.pdl):
             results.append(row)
             print(f"{name:>12} {row['rows']:>3} {row['cublas_us']:>10} {row['triton_us']:>10} "
                   f"{row['best_tile']:>26} {row['cublas_tb_s']:>12} {row['triton_tb_s']:>12}",

@@ -88,6 +88,11 @@
 #             beat cuBLAS where cuBLAS won alone), the arms fused / table(picked) twice at
 #             those concurrencies, then confirm_gemv_table of the picks against the committed
 #             table: gemv-pick-confirmed-<model>.json, to merge into configs/gemv/<GPU>.json
+#   gemv-chain  bench_gemv --pdl (the Triton tiles launched as a step launches them: under PDL,
+#             K splits left unsummed) at $MODEL's (default qwen3.5-0.8b) projections: rows
+#             $GEMV_FMA_ROWS (default 1) over the CUDA-core tiles, then $GEMV_ROWS (default
+#             32,128,256) over each row class's wgmma tiles: gemv-chain-fma-<model>.json and
+#             gemv-chain-<model>.json, and their .log
 #   gemv-table  a gemv table for this GPU, confirmed in whole steps: bench_gemv at $MODEL's
 #             (default qwen3.5-0.8b) projections, rows $GEMV_ROWS (1,2,4,8,16) ($GEMV_TILES:
 #             fma, the default, or dot or all, beside the engine's own tiles; engine: those
@@ -613,6 +618,14 @@ for part in "$@"; do
         --table "$OUT/bench-${MODEL:-0.8b}-table.json" \
         --out "$OUT/gemv-pick-confirmed-$model.json"
       cat "$OUT/confirm-gemv-pick.log" ;;
+    gemv-chain)
+      model=${MODEL:-qwen3.5-0.8b}
+      run "gemv-chain-fma-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv \
+        --model "$model" --rows "${GEMV_FMA_ROWS:-1}" --tiles fma --pdl \
+        --json "$OUT/gemv-chain-fma-$model.json"
+      run "gemv-chain-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv \
+        --model "$model" --rows "${GEMV_ROWS:-32,128,256}" --tiles dot --pdl \
+        --json "$OUT/gemv-chain-$model.json" ;;
     gemv-table)
       model=${MODEL:-qwen3.5-0.8b} rows=${GEMV_ROWS:-1,2,4,8,16}
       run "gemv-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv --model "$model" \
