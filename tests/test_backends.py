@@ -390,15 +390,17 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
 
 
 def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]],
-                     measured_rows: tuple[int, ...] = (1, 4)) -> str:
+                     measured_rows: tuple[int, ...] = (1, 4), pdl: bool = False) -> str:
     """A bench_gemv --json file for the tiny model's projections: for each shape, per measured
-    row count, the tile and (triton_us, cublas_us) given by `picks[shape name]`."""
+    row count, the tile and (triton_us, cublas_us) given by `picks[shape name]`; pdl: as
+    --pdl writes it."""
     rows = []
     for name, (n, k) in TINY.decode_projections.items():
         for num_rows, (tile, triton_us, cublas_us) in zip(measured_rows, picks[name],
                                                           strict=True):
             rows.append({"shape": name, "n": n, "k": k, "rows": num_rows, "tile": tile,
-                         "triton_us": triton_us, "cublas_us": cublas_us})
+                         "triton_us": triton_us, "cublas_us": cublas_us,
+                         **({"pdl": True} if pdl else {})})
     path.write_text(json.dumps(rows))
     return str(path)
 
@@ -426,6 +428,12 @@ def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
     assert table.choose(7, 64, 1) is None
     assert any("200x64: 1: fma 8x64 w4 s3 p8 u1" in line and "16: decode_gemm's rule" in line
                for line in table.describe((1, 2, 16)))
+    assert not any("PDL chain" in line for line in table.describe((1, 4)))
+    chained = GemvTable.load(_gemv_table_file(tmp_path / "c.json", {
+        name: (win, lose) for name in TINY.decode_projections}, pdl=True))
+    assert chained.choose(200, 64, 1).pdl and not table.choose(200, 64, 1).pdl
+    assert all("(2.00 us in a PDL chain, cuBLAS 3.00 at 1 rows)" in line
+               for line in chained.describe((1,)))
     (tmp_path / "bad.json").write_text('[{"n": 1}]')
     with pytest.raises(ValueError, match="knob gemv_table: .* is not a bench_gemv --json"):
         GemvTable.load(str(tmp_path / "bad.json"))

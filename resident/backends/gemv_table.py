@@ -10,7 +10,8 @@ logged at start (a bucket of 17-256 rows, which decode_gemm's rule leaves on cuB
 by a table). A narrow projection that runs the next add + norm in its kernel
 (fused_decode=full) keeps its best Triton tile even where cuBLAS won alone: cuBLAS would leave
 the norm a kernel of its own. Shapes the table lacks, or measured only at fewer rows than a
-bucket's, keep decode_gemm's rule.
+bucket's, keep decode_gemm's rule. A sweep taken with --pdl timed the Triton tiles as a step
+launches them: its entries say so, and so does the start-up log.
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ PICKS = ("triton", "cublas")
 @dataclass(frozen=True)
 class GemvChoice:
     """What bench_gemv measured at one (N, K, rows): its best Triton tile and both times, and
-    the kernel a whole-step A/B picked over those times, if one did (`pick`)."""
+    the kernel a whole-step A/B picked over those times, if one did (`pick`). pdl: the Triton
+    time was taken in a PDL chain (bench_gemv --pdl), as a step launches the tile."""
 
     rows: int
     tile: GemvTile
     triton_us: float
     cublas_us: float
     pick: str = ""
+    pdl: bool = False
 
     @property
     def triton(self) -> bool:
@@ -80,7 +83,7 @@ class GemvTable:
                     raise ValueError(f"pick must be one of {', '.join(PICKS)}, got {pick!r}")
                 choices.setdefault((int(row["n"]), int(row["k"])), []).append(GemvChoice(
                     int(row["rows"]), tile, float(row["triton_us"]), float(row["cublas_us"]),
-                    pick))
+                    pick, bool(row.get("pdl", False))))
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise ValueError(f"knob gemv_table: {path!r} is not a bench_gemv --json file "
                              f"({type(error).__name__}: {error})") from None
@@ -111,8 +114,9 @@ class GemvTable:
                     picks.append(f"{bucket}: decode_gemm's rule (not measured)")
                     continue
                 kernel = choice.tile.name if choice.triton else "cuBLAS"
+                chain = " in a PDL chain" if choice.pdl else ""
                 picked = ", picked in a step" if choice.pick else ""
-                picks.append(f"{bucket}: {kernel} ({choice.triton_us:.2f} us, cuBLAS "
+                picks.append(f"{bucket}: {kernel} ({choice.triton_us:.2f} us{chain}, cuBLAS "
                              f"{choice.cublas_us:.2f} at {choice.rows} rows{picked})")
             lines.append(f"{n}x{k}: " + "; ".join(picks))
         return lines

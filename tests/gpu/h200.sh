@@ -96,7 +96,9 @@
 #   gemv-table  a gemv table for this GPU, confirmed in whole steps: bench_gemv at $MODEL's
 #             (default qwen3.5-0.8b) projections, rows $GEMV_ROWS (1,2,4,8,16) ($GEMV_TILES:
 #             fma, the default, or dot or all, beside the engine's own tiles; engine: those
-#             alone), then the bench at c=$GEMV_ROWS with
+#             alone; the Triton tiles timed as a PDL chain, --pdl, unless GEMV_PDL=0: alone
+#             they lost where the step wanted them, results/2026-12-07-h100-gemv-chain), then
+#             the bench at c=$GEMV_ROWS with
 #             gemv_table=off (rule) and =the sweep (table), then resident.tools.confirm_gemv_table:
 #             gemv-table-<model>.json holds the row counts the steps confirmed (commit it as
 #             configs/gemv/<GPU name>.json, merged with other models' entries)
@@ -628,8 +630,10 @@ for part in "$@"; do
         --json "$OUT/gemv-chain-$model.json" ;;
     gemv-table)
       model=${MODEL:-qwen3.5-0.8b} rows=${GEMV_ROWS:-1,2,4,8,16}
+      chain=(--pdl)
+      [ "${GEMV_PDL:-1}" = 0 ] && chain=()
       run "gemv-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv --model "$model" \
-        --rows "$rows" --tiles "${GEMV_TILES:-fma}" --json "$OUT/gemv-$model.json"
+        --rows "$rows" --tiles "${GEMV_TILES:-fma}" "${chain[@]}" --json "$OUT/gemv-$model.json"
       cache=$(mktemp -d)
       for arm in rule table; do
         knobs=(--set gemv_table=off)
