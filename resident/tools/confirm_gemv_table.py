@@ -6,8 +6,8 @@
 SWEEP.json is `bench_gemv --json`: each projection's fastest kernel, timed alone with cold
 weights (or the Triton tiles in a PDL chain, --pdl). Neither is a step: on an H100 a table of
 the CUDA-core tiles alone made the 4-row step slower (1.246 -> 1.351 ms,
-results/2026-12-05-h100-core-spy) while its sweep said faster, and the chain and the step
-disagree at 128 rows (results/2026-12-07-h100-gemv-chain).
+results/2026-12-05-h100-core-spy) while its sweep said faster, and at 128 rows the chain gives
+cuBLAS three projections that a step A/B gave the Triton GEMV (results/2026-12-07-h100-gemv-chain).
 So the two BENCH files are `resident.tools.bench --json` runs of one tree at concurrencies equal
 to the sweep's row counts: `--rule` with `gemv_table=off`, `--table` with `gemv_table=SWEEP.json`.
 
