@@ -19,8 +19,10 @@ dependent launch (its weight's L2 prefetch and its programs' start overlapping t
 its K splits' partial sums left for the consumer (the step's add + norm adds them up) instead of
 summed by a kernel of their own. cuBLAS launches as before: it takes no PDL, and in a step its
 kernel waits for the one before to finish. Alone the Triton GEMV lost to cuBLAS at 128 and 256
-rows yet shortened the steps of 24-128 rows (results/2026-12-07-h100-pdl-chain); the chain asks
-whether back-to-back calls alone show what a step shows. Each row records `"pdl"`.
+rows yet shortened the steps of 24-128 rows (results/2026-12-07-h100-pdl-chain). On an H100 the
+chain agreed with the steps at 1, 32 and 256 rows; at 128 it gives cuBLAS three projections a
+step A/B gave the Triton GEMV, not yet stepped (results/2026-12-07-h100-gemv-chain). Each row
+records `"pdl"`.
 """
 
 from __future__ import annotations
