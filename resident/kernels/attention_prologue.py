@@ -64,6 +64,10 @@ def _attention_prologue_kernel(
     freq_dtype = inv_freq_ptr.dtype.element_ty
     freq = (tl.load(pos_ptr + token).to(tl.float32).to(freq_dtype)
             * tl.load(inv_freq_ptr + offs % half, mask=offs < ROT, other=0.0))
+    # precise sin / cos, as the reference's: their reduction of a large argument (libdevice's
+    # Payne-Hanek path, |freq| above ~1e5) keeps a 28-byte local array, the 10 spill bytes the
+    # launched kernel reports (compiled with its launch's hints on sm_90); below ~1e5 positions
+    # the path is never taken
     cos = tl.cos(freq).to(dtype).to(COMPUTE)
     sin = tl.sin(freq).to(dtype).to(COMPUTE)
     sign = tl.where(offs < half, -1.0, 1.0).to(COMPUTE)
