@@ -184,11 +184,16 @@ def test_row_classes():
             row_class(rows)
 
 
-def _bf16_error(rows: int, weight: torch.Tensor, tile: GemvTile = DEFAULT_TILE) -> float:
-    """skinny_linear's relative error on `rows` random bf16 rows against the fp32 product."""
+def _bf16_error(rows: int, weight: torch.Tensor, tile: GemvTile = DEFAULT_TILE, *,
+                pdl: bool = False) -> float:
+    """skinny_linear's relative error on `rows` random bf16 rows against the fp32 product;
+    pdl: the partial sums a PDL launch leaves (skinny_linear_partials), added up here."""
     x = torch.randn(rows, weight.shape[1], device="cuda", dtype=torch.bfloat16)
     want = (x.float() @ weight.float().T)
-    got = skinny_linear(x, weight, tile).float()
+    if pdl:
+        got = skinny_linear_partials(x, weight, tile, pdl=True).sum(0)
+    else:
+        got = skinny_linear(x, weight, tile).float()
     return ((got - want).norm() / want.norm()).item()
 
 
@@ -238,11 +243,7 @@ def test_bench_gemv_times_a_pdl_chain_gpu():
     for row in rows:
         assert row["pdl"] is True
         assert all(0 < us < 1e4 for us in [row["cublas_us"], *row["sweep_us"].values()])
-    weight = _bf16_weight(1024, 2048)
-    x = torch.randn(32, 2048, device="cuda", dtype=torch.bfloat16)
-    partials = skinny_linear_partials(x, weight, DEFAULT_TILE, pdl=True)
-    want = x.float() @ weight.float().T
-    assert ((partials.sum(0) - want).norm() / want.norm()).item() < 1e-2
+    assert _bf16_error(32, _bf16_weight(1024, 2048), pdl=True) < 1e-2
 
 
 @pytest.mark.gpu
@@ -289,11 +290,7 @@ def test_gated_add_norm_fma_bf16_gpu(rows, n, k):
 @pytest.mark.parametrize("tile", [GemvTile(16, 512, 4, 3, 264, fma=True),
                                   GemvTile(8, 1024, 4, 3, 0, fma=True)])
 def test_fma_tiles_bf16_gpu(rows, n, k, tile):
-    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
-    want = x.float() @ weight.float().T
-    got = skinny_linear(x, weight, tile).float()
-    assert ((got - want).norm() / want.norm()).item() < 1e-2
+    assert _bf16_error(rows, _bf16_weight(n, k), tile) < 1e-2
 
 
 @pytest.mark.parametrize("splits", [1, 3])
