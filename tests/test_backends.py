@@ -567,6 +567,38 @@ def test_a_gemv_sweep_past_16_rows_times_the_wgmma_tiles_of_the_rows_class():
     assert refused.value.code == 2
 
 
+def test_bench_gemv_leaves_unsummed_only_what_a_step_sums_in_its_add_norm():
+    """bench_gemv --pdl times CLOSING_PROJECTIONS' K splits unsummed, the others with their
+    sum: in a step of the tiny model the closing ones are exactly what narrow_linear (whose
+    partials the add + norm adds up) runs, the others wide_linear (a finished product)."""
+    import torch.nn.functional as F
+
+    from resident.model.cache import ModelCache
+    from resident.model.ops import ModelOps
+    from resident.model.step import build_step_meta
+    from resident.model.weights import load_model
+    from resident.tools.bench_gemv import CLOSING_PROJECTIONS
+
+    seen: dict[str, set] = {"narrow": set(), "wide": set()}
+
+    def spy(kind):
+        def linear(x, weight):
+            seen[kind].add(tuple(weight.shape))
+            return F.linear(x, weight)
+        return linear
+
+    model = load_model(TINY, "cpu", torch.float64)
+    cache = ModelCache.allocate(TINY, 8, 16, 2, torch.float64, "cpu")
+    meta = build_step_meta([(0, 4, [1], 1)], 16, "cpu")
+    with torch.inference_mode():
+        model(torch.arange(4), meta, cache, ModelOps(narrow_linear=spy("narrow"),
+                                                     wide_linear=spy("wide")))
+    shapes = TINY.decode_projections
+    assert set(shapes) >= CLOSING_PROJECTIONS
+    assert seen["narrow"] == {shapes[name] for name in CLOSING_PROJECTIONS}
+    assert seen["wide"] == {shapes[name] for name in set(shapes) - CLOSING_PROJECTIONS}
+
+
 @pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs" / "gemv")
                                         .glob("*.json")), ids=lambda path: path.name)
 def test_every_committed_gemv_table_loads_and_names_real_projections(path):

@@ -233,14 +233,17 @@ def test_every_swept_wgmma_tile_bf16_gpu(rows):
 
 @pytest.mark.gpu
 def test_bench_gemv_times_a_pdl_chain_gpu():
-    """bench_gemv --pdl: the tiles timed as a step launches them (PDL, partials unsummed) at
-    a row count of each form, every row marked, each time a finite positive; the product it
-    times is the product (the chain's partials summed against torch)."""
+    """bench_gemv --pdl: the tiles timed as a step launches them (PDL; a closing projection's
+    partials unsummed, an opening one's summed) at a row count of each form, every row marked,
+    each time a finite positive; the product it times is the product (the chain's partials
+    summed against torch)."""
     from resident.tools.bench_gemv import bench_shape
 
-    rows = bench_shape("out_proj", 1024, 2048, [1, 32], "engine", pdl=True)
-    assert [row["rows"] for row in rows] == [1, 32]
-    for row in rows:
+    closing = bench_shape("gdn out_proj", 1024, 2048, [1, 32], "engine", pdl=True)
+    opening = bench_shape("attn qkv", 5120, 1024, [1], "engine", pdl=True)
+    assert [row["rows"] for row in closing + opening] == [1, 32, 1]
+    assert [row["partials"] for row in closing + opening] == [True, True, False]
+    for row in closing + opening:
         assert row["pdl"] is True
         assert all(0 < us < 1e4 for us in [row["cublas_us"], *row["sweep_us"].values()])
     assert _bf16_error(32, _bf16_weight(1024, 2048), pdl=True) < 1e-2

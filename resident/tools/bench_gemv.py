@@ -15,14 +15,17 @@ cuBLAS; a tile whose pipeline does not fit in shared memory is skipped (named on
 counts the weight bytes only.
 
 `--pdl` times the Triton tiles as a decode step launches them: each call under programmatic
-dependent launch (its weight's L2 prefetch and its programs' start overlapping the call before),
-its K splits' partial sums left for the consumer (the step's add + norm adds them up) instead of
-summed by a kernel of their own. cuBLAS launches as before: it takes no PDL, and in a step its
-kernel waits for the one before to finish. Alone the Triton GEMV lost to cuBLAS at 128 and 256
-rows yet shortened the steps of 24-128 rows (results/2026-12-07-h100-pdl-chain). On an H100 the
-chain agreed with the steps at 1, 32 and 256 rows; at 128 it gives cuBLAS three projections a
-step A/B gave the Triton GEMV, not yet stepped (results/2026-12-07-h100-gemv-chain). Each row
-records `"pdl"`.
+dependent launch (its weight's L2 prefetch and its programs' start overlapping the call before). A
+block's closing projection (CLOSING_PROJECTIONS) leaves its K splits' partial sums for the add +
+norm after it, which adds them up; an opening one (in_proj, qkv, gate_up) feeds a kernel that reads
+the finished product, so a tile that splits K is timed with its splits' sum, a kernel of its own,
+as the step runs it (each row's `"partials"` says which; the chained sweeps of
+results/2026-12-07-h200-table timed every shape without the sum). cuBLAS launches as before: it
+takes no PDL, and in a step its kernel waits for the one before to finish. Alone the Triton GEMV
+lost to cuBLAS at 128 and 256 rows yet shortened the steps of 24-128 rows
+(results/2026-12-07-h100-pdl-chain). On an H100 the chain agreed with the steps at 1, 32 and 256
+rows; at 128 it gives cuBLAS three projections a step A/B gave the Triton GEMV, not yet stepped
+(results/2026-12-07-h100-gemv-chain). Each row records `"pdl"`.
 """
 
 from __future__ import annotations
@@ -92,6 +95,10 @@ FMA_TILES = tuple(GemvTile(block_n, block_k, 4, 3, target, fma=True)
 
 # the narrow projections' tile and the wide ones' under decode_gemm=skinny / wide
 ENGINE_TILES = (DEFAULT_TILE, WIDE_TILE)
+# a block's closing projections (ModelConfig.decode_projections' names): in a decode step their
+# K splits' partials go to the add + norm after them (qwen3_5.block_output), which sums them;
+# the others open a block, and what reads them takes the finished product
+CLOSING_PROJECTIONS = frozenset({"gdn out_proj", "attn o_proj", "mlp down"})
 
 
 def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
@@ -103,13 +110,14 @@ def cold_time_us(linear, x: torch.Tensor, weights: list[torch.Tensor]) -> float:
 
 
 def sweep_time_us(tile: GemvTile, x: torch.Tensor, weights: list[torch.Tensor],
-                  pdl: bool = False) -> float | None:
-    """cold_time_us of one tile (pdl: as a step launches it, see --pdl), or None where its
-    pipeline does not fit in shared memory."""
+                  pdl: bool = False, partials: bool = False) -> float | None:
+    """cold_time_us of one tile (pdl: launched as a step launches it, see --pdl; partials:
+    its K splits left unsummed, as a closing projection's are), or None where its pipeline
+    does not fit in shared memory."""
     def linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if pdl:
-            return skinny_linear_partials(a, w, tile, pdl=True)
-        return skinny_linear(a, w, tile)
+        if partials:
+            return skinny_linear_partials(a, w, tile, pdl=pdl)
+        return skinny_linear(a, w, tile, pdl=pdl)
     try:
         return cold_time_us(linear, x, weights)
     except OutOfResources as err:
@@ -133,21 +141,27 @@ def tiles_for(kinds: str, num_rows: int) -> tuple[GemvTile, ...]:
 
 def bench_shape(name: str, n: int, k: int, rows: list[int], kinds: str,
                 pdl: bool = False) -> list[dict]:
+    """One projection (`name`, ModelConfig.decode_projections') at each row count: the swept
+    tiles' cold µs (pdl: as a step launches them, a closing projection's K splits unsummed),
+    the best of them and cuBLAS, one row a count."""
     copies = max(1, -(-COLD_BYTES // (2 * n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
                for _ in range(copies)]
     gbytes = 2 * n * k / 1e9
+    partials = pdl and name in CLOSING_PROJECTIONS
     results = []
     for num_rows in rows:
         x = torch.randn(num_rows, k, device="cuda", dtype=torch.bfloat16)
-        sweep = {tile: sweep_time_us(tile, x, weights, pdl) for tile in tiles_for(kinds, num_rows)}
+        sweep = {tile: sweep_time_us(tile, x, weights, pdl, partials)
+                 for tile in tiles_for(kinds, num_rows)}
         sweep = {tile: us for tile, us in sweep.items() if us is not None}
         if not sweep:
             continue
         best = min(sweep, key=sweep.get)
         cublas = cold_time_us(F.linear, x, weights)
         results.append({
-            "shape": name, "n": n, "k": k, "rows": num_rows, "pdl": pdl, "best_tile": best.name,
+            "shape": name, "n": n, "k": k, "rows": num_rows, "pdl": pdl, "partials": partials,
+            "best_tile": best.name,
             "tile": best.__dict__, "cublas_us": round(cublas, 2),
             "triton_us": round(sweep[best], 2), "cublas_tb_s": round(gbytes * 1e3 / cublas, 2),
             "triton_tb_s": round(gbytes * 1e3 / sweep[best], 2),
@@ -163,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiles", choices=("dot", "fma", "all", "wgmma", "engine"), default="all",
                         help="the tiles swept at each row count")
     parser.add_argument("--pdl", action="store_true",
-                        help="the Triton tiles launched as in a decode step: under PDL, K "
-                             "splits' partial sums left unsummed (cuBLAS as without)")
+                        help="the Triton tiles launched as in a decode step: under PDL, a "
+                             "closing projection's K splits left unsummed (cuBLAS as without)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     rows = args.rows
