@@ -442,6 +442,34 @@ def test_gemv_table_picks_each_shapes_winner_by_rows(tmp_path):
     assert EngineConfig(decode_gemm="cublas").gemv_table == "auto"  # auto: only where it can
 
 
+def test_gemv_table_log_names_the_gate_up_epilogue_where_it_runs_instead(tmp_path, monkeypatch,
+                                                                         caplog):
+    """Under fused_decode a small bucket runs gate_up with the silu-mul in its epilogue, in
+    place of the table's entry: the start-up log says so for those buckets (FMA_MAX_ROWS and
+    below under `full` run the table's), and the buckets' ops agree with it."""
+    from resident.backends import build_kernels
+    from resident.kernels.gemv import GATED_OUT_TILE
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    path = _gemv_table_file(tmp_path / "t.json", {
+        name: ((DOT_TILE, 2.0, 3.0),) * 3 for name in TINY.decode_projections},
+        measured_rows=(1, 4, 16))
+    n, k = TINY.decode_projections["mlp gate_up"]
+    for fused_decode, in_epilogue in (("auto", {1, 4, 16}), ("full", {16}), ("off", set())):
+        config = EngineConfig(attention_backend="triton", decode_buckets=(1, 4, 16),
+                              gemv_table=path, fused_decode=fused_decode).resolve(TINY, "cpu")
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            kernels = build_kernels(config, TINY, torch.float32, torch.device("cpu"))
+        line = next(r.getMessage() for r in caplog.records if f"{n}x{k}: " in r.getMessage())
+        picks = dict(pick.split(": ", 1) for pick in line.split(f"{n}x{k}: ")[1].split("; "))
+        said = {int(bucket) for bucket, pick in picks.items()
+                if pick.startswith(f"{GATED_OUT_TILE.name} with the silu-mul epilogue")}
+        runs = {bucket for bucket in (1, 4, 16)
+                if kernels.decode.ops(bucket).silu_mul_wide_linear is not None}
+        assert said == runs == in_epilogue, fused_decode
+
+
 def test_gemv_table_auto_is_the_gpus_committed_file_and_nothing_on_cpu():
     """auto looks for configs/gemv/<the GPU's name>.json (one file a GPU, every model's shapes);
     on CPU there is no GPU table, so the projections keep decode_gemm's rule."""

@@ -43,7 +43,8 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
-    gate_up = math.prod(model.decode_projections["mlp gate_up"]) * dtype.itemsize
+    gate_up_shape = model.decode_projections["mlp gate_up"]
+    gate_up = math.prod(gate_up_shape) * dtype.itemsize
     padded = (padded_ops(device, name == "triton", gates, config.varlen_splits == "auto")
               if config.padded_prefill == "on" else None)
     kernels = partial(StepKernels, padded=padded, argmax=_argmax(config, device))
@@ -56,9 +57,9 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         prefill = RefPrefill(ModelOps(conv=conv_varlen_op, gated_delta_rule=partial(
             gated_delta_rule_ref_op, l2norm_qk=False)))
         fusion = DecodeFusion.of(config.fused_decode, config.pdl, device, gate_up)
+        table = _gemv_table(config, device, fusion.table_note(gate_up_shape))
         return kernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
-                                             _gemv_table(config, device),
-                                             _attention_sms(config, device)))
+                                             table, _attention_sms(config, device)))
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -69,16 +70,18 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     from resident.backends.triton_decode import GDN_DECODE_OPS, DecodeFusion, TritonDecode
 
     fusion = DecodeFusion.of(config.fused_decode, config.pdl, device, gate_up)
+    table = (_gemv_table(config, device, fusion.table_note(gate_up_shape))
+             if name in ("flashinfer", "triton") else None)
     heads = HeadShape.of(model, config.page_size, dtype)
     workspace = flashinfer_workspace(device)
     prefill = FlashInferPrefill(heads, workspace, gates, lazy=padded is not None)
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,
-                                  config.decode_gemm, fusion, _gemv_table(config, device))
+                                  config.decode_gemm, fusion, table)
     elif name == "triton":
-        decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
-                              _gemv_table(config, device), _attention_sms(config, device))
+        decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion, table,
+                              _attention_sms(config, device))
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return kernels(prefill, decode)
@@ -103,9 +106,11 @@ def _attention_sms(config: EngineConfig, device: torch.device) -> int:
     return device_sms(device) if config.decode_splits == "auto" else 0
 
 
-def _gemv_table(config: EngineConfig, device: torch.device):
-    """The gemv_table knob's measured table (logged), or None: `auto` reads the one committed
-    for this GPU (gemv_table.shipped_table_path), on CUDA under decode_gemm skinny or wide."""
+def _gemv_table(config: EngineConfig, device: torch.device, runs_instead=None):
+    """The gemv_table knob's measured table (logged, with runs_instead's kernels where the
+    engine runs one in place of the table's: GemvTable.describe), or None: `auto` reads the
+    one committed for this GPU (gemv_table.shipped_table_path), on CUDA under decode_gemm
+    skinny or wide."""
     from resident.backends.gemv_table import GemvTable, log_table, shipped_table_path
 
     path = config.gemv_table
@@ -120,5 +125,5 @@ def _gemv_table(config: EngineConfig, device: torch.device):
     if path == "off":
         return None
     table = GemvTable.load(path)
-    log_table(table, config.decode_buckets)
+    log_table(table, config.decode_buckets, runs_instead)
     return table

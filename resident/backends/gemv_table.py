@@ -103,13 +103,19 @@ class GemvTable:
             return None
         return found[at]
 
-    def describe(self, buckets: tuple[int, ...]) -> list[str]:
-        """One line a shape: the kernel each bucket runs and what it measured."""
+    def describe(self, buckets: tuple[int, ...], runs_instead=None) -> list[str]:
+        """One line a shape: the kernel each bucket runs and what it measured. runs_instead
+        (n, k, bucket) -> str or None: a kernel the engine runs there in place of the table's
+        (DecodeFusion.table_note: the gate_up epilogue)."""
         lines = []
         for n, k in self._choices:
             picks = []
             for bucket in buckets:
                 choice = self.choose(n, k, bucket)
+                instead = runs_instead and runs_instead(n, k, bucket)
+                if instead:
+                    picks.append(f"{bucket}: {instead} (not the table's entry)")
+                    continue
                 if choice is None:
                     picks.append(f"{bucket}: decode_gemm's rule (not measured)")
                     continue
@@ -155,8 +161,8 @@ def shipped_table_path(device_name: str) -> Path:
     return configs_dir() / "gemv" / (re.sub(r"[^\w.-]+", "_", device_name.strip()) + ".json")
 
 
-def log_table(table: GemvTable, buckets: tuple[int, ...]) -> None:
+def log_table(table: GemvTable, buckets: tuple[int, ...], runs_instead=None) -> None:
     read = tuple(bucket for bucket in buckets if bucket <= MAX_ROWS)
     log.info("gemv_table %s: the decode projections' kernels by bucket", table.source)
-    for line in table.describe(read):
+    for line in table.describe(read, runs_instead):
         log.info("  %s", line)

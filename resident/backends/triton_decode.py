@@ -23,6 +23,7 @@ from resident.kernels.gdn_layer_decode import GdnLayerScratch, gdn_layer_decode
 from resident.kernels.gemv import (
     DEFAULT_FMA_TILE,
     FMA_MAX_ROWS,
+    GATED_OUT_TILE,
     MAX_ROWS,
     MIN_DOT,
     gated_norm_linear_partials,
@@ -177,16 +178,31 @@ class DecodeFusion:
         the activation there costs the rows there are (in the MMA form's 16-row tiles it
         measured slower than its own kernel, results/2026-11-29-h200-0.8b-fusions). Else,
         when fused and the weight is at most GATE_UP_EPILOGUE_MAX_BYTES, in the gate_up
-        GEMV's epilogue (gemv.silu_mul_wide_linear), which takes gate_up from the table's
-        pick or cuBLAS: the activation then has no kernel of its own, and its two [T, I]
-        halves never go through memory."""
+        GEMV's epilogue (gemv.silu_mul_wide_linear on GATED_OUT_TILE), which runs gate_up in
+        place of the table's entry or cuBLAS: the activation then has no kernel of its own,
+        and its two [T, I] halves never go through memory."""
         if self.epilogues and bucket <= FMA_MAX_ROWS:
             return dataclasses.replace(ops, silu_mul_linear_add_norm=partial(
                 silu_mul_linear_add_norm_op, table=table, scratch=self.meeting, pdl=self.pdl))
-        if self.fused and self.gate_up_epilogue:
+        if self.gate_up_in_epilogue(bucket):
             return dataclasses.replace(ops, silu_mul_wide_linear=partial(
                 silu_mul_wide_linear, pdl=self.pdl))
         return ops
+
+    def gate_up_in_epilogue(self, bucket: int) -> bool:
+        """Whether a bucket of at most MIN_DOT rows runs the MLP's gate_up with the silu-mul
+        in its epilogue (_mlp), whatever a gemv table holds for gate_up."""
+        return (bucket <= MIN_DOT and self.fused and self.gate_up_epilogue
+                and not (self.epilogues and bucket <= FMA_MAX_ROWS))
+
+    def table_note(self, gate_up_shape: tuple[int, int]):
+        """For the gemv table's start-up log (GemvTable.describe's `runs_instead`): the
+        kernel a bucket runs for a shape in place of the table's entry, or None."""
+        def runs_instead(n: int, k: int, bucket: int) -> str | None:
+            if (n, k) == gate_up_shape and self.gate_up_in_epilogue(bucket):
+                return f"{GATED_OUT_TILE.name} with the silu-mul epilogue"
+            return None
+        return runs_instead
 
     def _gemms(self, ops: ModelOps) -> ModelOps:
         """A small bucket's projections on the Triton GEMV: under epilogues the narrow ones
