@@ -69,6 +69,12 @@ def test_what_openai_clients_send_is_accepted():
             "stream_options": None, "seed": None, "top_p": None}
     params = parse(body).params
     assert params == SamplingParams(max_tokens=4, temperature=1.0)
+    # vLLM's extensions at their defaults, as its own clients send them
+    vllm = {"min_tokens": 0, "prompt_logprobs": None, "use_beam_search": False,
+            "length_penalty": 1.0, "include_stop_str_in_output": False,
+            "skip_special_tokens": True, "spaces_between_special_tokens": True,
+            "allowed_token_ids": None, "bad_words": [], "guided_json": None}
+    assert parse({**body, **vllm}).params == params
 
 
 @pytest.mark.parametrize("top_k", [-1, VOCAB, VOCAB + 5])
@@ -155,6 +161,11 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "stop": ["\ud800"]}, ["'stop[0]'", "lone surrogate"]),
         ({"prompt": "x", "best_of": 2}, ["'best_of'", "2"]),
         ({"prompt": "x", "presence_penalty": 0.5}, ["'presence_penalty'", "0.5"]),
+        ({"prompt": "x", "min_tokens": 8}, ["'min_tokens'", "8"]),
+        ({"prompt": "x", "prompt_logprobs": 1}, ["'prompt_logprobs'", "1"]),
+        ({"prompt": "x", "use_beam_search": True}, ["'use_beam_search'", "true"]),
+        ({"prompt": "x", "guided_json": {}}, ["'guided_json'"]),
+        ({"prompt": "x", "skip_special_tokens": False}, ["'skip_special_tokens'", "false"]),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(body, names):

@@ -205,6 +205,7 @@ def test_chat_logprobs_match_the_completions_logprobs(client, server):
         ({"messages": MESSAGES, "top_logprobs": 2}, ["'top_logprobs'", "'logprobs': true"]),
         ({"messages": MESSAGES, "max_completion_tokens": 0}, ["'max_tokens'", "0"]),
         ({"messages": MESSAGES, "tools": [{"type": "function"}]}, ["'tools'"]),
+        ({"messages": MESSAGES, "min_tokens": 4}, ["'min_tokens'", "4"]),
         ({"messages": MESSAGES, "chat_template_kwargs": [1]}, ["'chat_template_kwargs'"]),
         ({"messages": MESSAGES, "max_tokens": 5000}, ["max_model_len"]),
     ],

@@ -17,6 +17,7 @@ from resident.server.chat_template import ChatTemplate, ChatTemplateError
 from resident.server.tokenizer import Tokenizer
 from resident.server.validation import (
     PENALTIES,
+    VLLM_EXTENSIONS,
     CompletionRequest,
     bad_request,
     bool_field,
@@ -38,6 +39,7 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
     **PENALTIES,
+    **VLLM_EXTENSIONS,
 }
 
 

@@ -65,11 +65,33 @@ PENALTIES: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1),
 }
+# vLLM's sampling extensions this engine does not implement (it does min_p, top_k, ignore_eos,
+# stop_token_ids and return_tokens_as_token_ids): a client written for vLLM that sends one
+# gets a 400 naming it, not an answer that silently ignored it.
+VLLM_EXTENSIONS: dict[str, tuple[Any, ...]] = {
+    "min_tokens": (None, 0),
+    "prompt_logprobs": (None,),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "logits_processors": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+}
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
     **PENALTIES,
+    **VLLM_EXTENSIONS,
 }
 
 
