@@ -426,6 +426,10 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     (["run", "--arm", "main=.", "--concurrency", "1,4,16", "--request-rate", "2,8"],
      "--request-rate 2.0,8.0: give one rate, or one per cell of --concurrency 1,4,16"),
     (["report", "/no/such/session"], "/no/such/session"),
+    (["run", "--arm", "main=.", "--out", "/proc/no/session"],
+     "--out /proc/no/session: cannot create it"),
+    (["check", "--arm", "main=.", "--arm", "head=.", "--out", "/proc/no/check"],
+     "--out /proc/no/check: cannot create it"),
 ])
 def test_bad_options_are_named(args, message):
     result = invoke(*args)

@@ -29,7 +29,7 @@ from gate.check.report import CHECK_JSON, write_check
 from gate.manifest import Manifest
 from gate.run.arms import Arm
 from gate.run.server import Server, ServerFailed, clean_environment
-from gate.run.session import INDUCTOR, Session
+from gate.run.session import INDUCTOR, Session, make_out
 
 
 @dataclass
@@ -57,7 +57,7 @@ class CheckSession(Session):
         """Runs every launch, judges and writes the outputs; returns 0 for pass, 1 for fail."""
         if (self.out / CHECK_JSON).exists():
             raise ValueError(f"--out {self.out} already holds a check; choose another --out")
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_out(self.out)
         self.manifest = self._check_manifest(clean_environment()[1])
         self.manifest.write(self.out)
         cache = (self.repo / INDUCTOR / self.out.name / "check").resolve()

@@ -50,6 +50,15 @@ TRITON = Path(".gate/triton")
 PYCACHE = Path(".gate/pycache")
 
 
+def make_out(out: Path) -> None:
+    """--out and its parents; one that cannot be made is a ValueError naming it (a usage
+    error, not a traceback)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot create it ({err.strerror or err})") from None
+
+
 def triton_cache(repo: Path) -> Path:
     """The gate's Triton cache under `repo` (TRITON above), made if missing."""
     path = (repo / TRITON).resolve()
@@ -195,7 +204,7 @@ class Session:
         if (self.out / RUNS_FILE).exists():
             raise ValueError(f"--out {self.out} already holds a session: pass --resume to "
                              f"continue it, or choose another --out")
-        self.out.mkdir(parents=True, exist_ok=True)
+        make_out(self.out)
         self.console.open(self.out)
         self.manifest = self._base_manifest(removed_env)
         self._save_manifest()
