@@ -6,6 +6,7 @@ import logging
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,9 @@ from resident.config import EngineConfig
 from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps, gated_delta_rule_ref_op
+
+if TYPE_CHECKING:  # gemv_table imports Triton: loaded where used, as the Triton backends are
+    from resident.backends.gemv_table import RunsInstead
 
 log = logging.getLogger("resident.backends")
 
@@ -106,7 +110,8 @@ def _attention_sms(config: EngineConfig, device: torch.device) -> int:
     return device_sms(device) if config.decode_splits == "auto" else 0
 
 
-def _gemv_table(config: EngineConfig, device: torch.device, runs_instead=None):
+def _gemv_table(config: EngineConfig, device: torch.device,
+                runs_instead: RunsInstead | None = None):
     """The gemv_table knob's measured table (logged, with runs_instead's kernels where the
     engine runs one in place of the table's: GemvTable.describe), or None: `auto` reads the
     one committed for this GPU (gemv_table.shipped_table_path), on CUDA under decode_gemm

@@ -20,6 +20,7 @@ import bisect
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -29,6 +30,9 @@ import torch.nn.functional as F
 from resident.kernels.gdc import KeptZeros
 from resident.kernels.gemv import MAX_ROWS, GemvTile, row_class, skinny_linear_add_norm
 from resident.model.config import configs_dir
+
+# (n, k, bucket) -> the kernel the engine runs there in place of the table's entry, or None
+RunsInstead = Callable[[int, int, int], str | None]
 
 log = logging.getLogger("resident.backends")
 
@@ -103,10 +107,10 @@ class GemvTable:
             return None
         return found[at]
 
-    def describe(self, buckets: tuple[int, ...], runs_instead=None) -> list[str]:
-        """One line a shape: the kernel each bucket runs and what it measured. runs_instead
-        (n, k, bucket) -> str or None: a kernel the engine runs there in place of the table's
-        (DecodeFusion.table_note: the gate_up epilogue)."""
+    def describe(self, buckets: tuple[int, ...],
+                 runs_instead: RunsInstead | None = None) -> list[str]:
+        """One line a shape: the kernel each bucket runs and what it measured, or what
+        runs_instead names there (DecodeFusion.table_note: the gate_up epilogue)."""
         lines = []
         for n, k in self._choices:
             picks = []
@@ -161,7 +165,8 @@ def shipped_table_path(device_name: str) -> Path:
     return configs_dir() / "gemv" / (re.sub(r"[^\w.-]+", "_", device_name.strip()) + ".json")
 
 
-def log_table(table: GemvTable, buckets: tuple[int, ...], runs_instead=None) -> None:
+def log_table(table: GemvTable, buckets: tuple[int, ...],
+              runs_instead: RunsInstead | None = None) -> None:
     read = tuple(bucket for bucket in buckets if bucket <= MAX_ROWS)
     log.info("gemv_table %s: the decode projections' kernels by bucket", table.source)
     for line in table.describe(read, runs_instead):

@@ -9,7 +9,12 @@ from functools import partial
 import torch
 
 from resident.backends.base import DecodeKernels
-from resident.backends.gemv_table import GemvTable, table_linear, table_linear_add_norm
+from resident.backends.gemv_table import (
+    GemvTable,
+    RunsInstead,
+    table_linear,
+    table_linear_add_norm,
+)
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import (
     DEFAULT_DECODE_SPLITS,
@@ -195,7 +200,7 @@ class DecodeFusion:
         return (bucket <= MIN_DOT and self.fused and self.gate_up_epilogue
                 and not (self.epilogues and bucket <= FMA_MAX_ROWS))
 
-    def table_note(self, gate_up_shape: tuple[int, int]):
+    def table_note(self, gate_up_shape: tuple[int, int]) -> RunsInstead:
         """For the gemv table's start-up log (GemvTable.describe's `runs_instead`): the
         kernel a bucket runs for a shape in place of the table's entry, or None."""
         def runs_instead(n: int, k: int, bucket: int) -> str | None:
