@@ -16,9 +16,10 @@ all c rows, greedy, or drawn at --temperature and --top-p (each request seeded b
 index). It reports the wall time of a decode step (scheduling, host staging, the host
 attention plan if any, the graph replay, sampling and its one sync), the GPU busy time inside
 it (torch.profiler over PROFILED steps: the union of its kernels' intervals, and their count),
-and the roofline of `resident info` at the same context. Step wall minus GPU busy (`host gap`)
-is the device's idle in a step: launch gaps between kernels, inside a graph too, and host time
-the GPU waits for.
+and the roofline of `resident info` at the same context (at the H200's copy bandwidth,
+4.28 TB/s, on whatever GPU runs it: each row's `roofline_tb_s`). Step wall minus GPU busy
+(`host gap`) is the device's idle in a step: launch gaps between kernels, inside a graph too,
+and host time the GPU waits for.
 It also times the prefill of the c prompts (`prefill_ms`, first-use compiles included), and,
 warm, one fresh prompt alone to its first token: wall (`fresh_prefill_ms`, the TTFT at c=1
 without the server) and its GPU kernel time (`fresh_prefill_gpu_ms`); the difference is host
@@ -209,15 +210,17 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     fresh_gpu_ms, fresh_kernels, _ = _kernel_profile(
         lambda: _fresh_prefill_s(engine, prompt_len, f"fresh-c{concurrency}-profiled"), 1)
     context = prompt_len + 8 + TIMED
-    roofline = model_facts(engine.model_config, context=context, batches=(concurrency,),
-                           state_bytes=engine.cache.recurrent.element_size()).roofline[0]
+    facts = model_facts(engine.model_config, context=context, batches=(concurrency,),
+                        state_bytes=engine.cache.recurrent.element_size())
+    roofline = facts.roofline[0]
     return {
         "concurrency": concurrency, "decode_steps_timed": decode_steps,
         "step_ms": round(step_s * 1e3, 3), "tok_s": round(concurrency / step_s, 1),
         "gpu_busy_ms": round(gpu_ms, 3), "kernels_per_step": round(kernels, 1),
         "host_gap_ms": round(step_s * 1e3 - gpu_ms, 3),
         "gc_ms_per_step": round(pauses.seconds * 1e3 / TIMED, 3),
-        "roofline_ms": round(roofline.ms_per_step, 3), "context": context,
+        "roofline_ms": round(roofline.ms_per_step, 3), "roofline_tb_s": facts.bandwidth_tb_s,
+        "context": context,
         "prefill_ms": round(prefill_s * 1e3, 2), "prefill_steps": prefill_steps,
         "fresh_prefill_ms": round(fresh_s * 1e3, 2),
         "fresh_prefill_gpu_ms": round(fresh_gpu_ms, 2), "fresh_prefill_kernels": fresh_kernels,
