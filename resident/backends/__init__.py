@@ -23,8 +23,9 @@ from resident.model.config import ModelConfig
 from resident.model.dense import gdn_gates
 from resident.model.ops import ModelOps, gated_delta_rule_ref_op
 
-if TYPE_CHECKING:  # gemv_table imports Triton: loaded where used, as the Triton backends are
-    from resident.backends.gemv_table import RunsInstead
+if TYPE_CHECKING:  # these import Triton: loaded where used, as the Triton backends are
+    from resident.backends.gemv_table import GemvTable, RunsInstead
+    from resident.backends.triton_decode import DecodeFusion
 
 log = logging.getLogger("resident.backends")
 
@@ -47,8 +48,6 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     from resident.backends.torch_ref import RefDecode, RefPrefill
 
     name = config.attention_backend
-    gate_up_shape = model.decode_projections["mlp gate_up"]
-    gate_up = math.prod(gate_up_shape) * dtype.itemsize
     padded = (padded_ops(device, name == "triton", gates, config.varlen_splits == "auto")
               if config.padded_prefill == "on" else None)
     kernels = partial(StepKernels, padded=padded, argmax=_argmax(config, device))
@@ -56,12 +55,11 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         if name != "triton":
             return kernels(RefPrefill(), RefDecode())
         from resident.backends.gdn_prefill import conv_varlen_op
-        from resident.backends.triton_decode import DecodeFusion, TritonDecode
+        from resident.backends.triton_decode import TritonDecode
         # the varlen conv l2-normalises query and key: the reference delta rule takes them so
         prefill = RefPrefill(ModelOps(conv=conv_varlen_op, gated_delta_rule=partial(
             gated_delta_rule_ref_op, l2norm_qk=False)))
-        fusion = DecodeFusion.of(config.fused_decode, config.pdl, device, gate_up)
-        table = _gemv_table(config, device, fusion.table_note(gate_up_shape))
+        fusion, table = _fusion_and_table(config, model, dtype, device)
         return kernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
                                              table, _attention_sms(config, device)))
 
@@ -71,19 +69,18 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
         HeadShape,
         flashinfer_workspace,
     )
-    from resident.backends.triton_decode import GDN_DECODE_OPS, DecodeFusion, TritonDecode
+    from resident.backends.triton_decode import GDN_DECODE_OPS, TritonDecode
 
-    fusion = DecodeFusion.of(config.fused_decode, config.pdl, device, gate_up)
-    table = (_gemv_table(config, device, fusion.table_note(gate_up_shape))
-             if name in ("flashinfer", "triton") else None)
     heads = HeadShape.of(model, config.page_size, dtype)
     workspace = flashinfer_workspace(device)
     prefill = FlashInferPrefill(heads, workspace, gates, lazy=padded is not None)
     if name == "flashinfer":
         max_pages = -(-config.max_model_len // config.page_size)
+        fusion, table = _fusion_and_table(config, model, dtype, device)
         decode = FlashInferDecode(heads, workspace, config.decode_buckets, max_pages,
                                   config.decode_gemm, fusion, table)
     elif name == "triton":
+        fusion, table = _fusion_and_table(config, model, dtype, device)
         decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion, table,
                               _attention_sms(config, device))
     else:
@@ -110,8 +107,20 @@ def _attention_sms(config: EngineConfig, device: torch.device) -> int:
     return device_sms(device) if config.decode_splits == "auto" else 0
 
 
-def _gemv_table(config: EngineConfig, device: torch.device,
-                runs_instead: RunsInstead | None = None):
+def _fusion_and_table(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
+                      device: torch.device) -> tuple[DecodeFusion, GemvTable | None]:
+    """What the Triton and FlashInfer decode backends share: the fused_decode and pdl knobs'
+    DecodeFusion on this device, and the gemv_table knob's table, logged with the kernel the
+    fusion runs in a table entry's place."""
+    from resident.backends.triton_decode import DecodeFusion
+
+    gate_up_shape = model.decode_projections["mlp gate_up"]
+    fusion = DecodeFusion.of(config.fused_decode, config.pdl, device,
+                             math.prod(gate_up_shape) * dtype.itemsize)
+    return fusion, _gemv_table(config, device, fusion.table_note(gate_up_shape))
+
+
+def _gemv_table(config: EngineConfig, device: torch.device, runs_instead: RunsInstead):
     """The gemv_table knob's measured table (logged, with runs_instead's kernels where the
     engine runs one in place of the table's: GemvTable.describe), or None: `auto` reads the
     one committed for this GPU (gemv_table.shipped_table_path), on CUDA under decode_gemm
