@@ -115,11 +115,11 @@ class GemvTable:
         for n, k in self._choices:
             picks = []
             for bucket in buckets:
-                choice = self.choose(n, k, bucket)
                 instead = runs_instead and runs_instead(n, k, bucket)
                 if instead:
                     picks.append(f"{bucket}: {instead} (not the table's entry)")
                     continue
+                choice = self.choose(n, k, bucket)
                 if choice is None:
                     picks.append(f"{bucket}: decode_gemm's rule (not measured)")
                     continue

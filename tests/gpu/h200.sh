@@ -89,7 +89,7 @@
 #             those concurrencies, then confirm_gemv_table of the picks against the committed
 #             table: gemv-pick-confirmed-<model>.json, to merge into configs/gemv/<GPU>.json
 #   gemv-chain  bench_gemv --pdl (the Triton tiles launched as a step launches them: under PDL,
-#             K splits left unsummed) at $MODEL's (default qwen3.5-0.8b) projections: rows
+#             a closing projection's K splits left unsummed) at $MODEL's (default qwen3.5-0.8b) projections: rows
 #             $GEMV_FMA_ROWS (default 1) over the CUDA-core tiles, then $GEMV_ROWS (default
 #             32,128,256) over each row class's wgmma tiles: gemv-chain-fma-<model>.json and
 #             gemv-chain-<model>.json, and their .log
