@@ -357,6 +357,36 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     rounding (a norm weight off by 1% moves them by 1e-3 here, a gate by 1% 3e-4, where
     greedy tokens may not move at all)."""
     from resident.backends.triton_decode import DecodeFusion, TritonDecode
+
+    apart, full = (TritonDecode((2,), fusion=DecodeFusion(True, False, full)).ops(2)
+                   for full in (False, True))
+    epilogues = ("narrow_linear_add_norm", "silu_mul_linear_add_norm")
+    assert all(getattr(full, name) is not None for name in epilogues)
+    assert all(getattr(apart, name) is None for name in epilogues)
+    # the output gate in the split pass's merged combine, against the combine kernel's
+    assert apart.gated_attention.keywords["meeting"] is None
+    assert full.gated_attention.keywords["meeting"] is not None
+    _assert_same_decode_logits(apart, full)
+
+
+def test_the_add_norm_kernel_gives_the_decode_steps_logits_in_float64():
+    """norm_kernel (the 9B's hidden size): each block's opening add + norm on
+    kernels/add_norm.py, teacher-forced through decode steps against DenseOps.add_rms_norm,
+    to float64 rounding; and only where the model is that wide and fused_decode is on."""
+    from resident.backends.triton_decode import NORM_KERNEL_MIN_HIDDEN, DecodeFusion, TritonDecode
+
+    apart, kernel = (TritonDecode((2,), fusion=DecodeFusion(True, False, norm_kernel=on)).ops(2)
+                     for on in (False, True))
+    assert apart.add_norm is None and kernel.add_norm.keywords == {"pdl": False}
+    _assert_same_decode_logits(apart, kernel)
+    cpu = torch.device("cpu")
+    assert [DecodeFusion.of(fused, "off", cpu, 0, NORM_KERNEL_MIN_HIDDEN + extra).norm_kernel
+            for fused, extra in (("auto", -1), ("auto", 0), ("off", 0))] == [False, True, False]
+
+
+def _assert_same_decode_logits(apart, fused) -> None:
+    """Two decode ops of a 2-row bucket teacher-forced through 3 steps of the tiny model in
+    float64 after the same prompts: their logits to float64 rounding."""
     from resident.model.cache import ModelCache
     from resident.model.ops import ModelOps
     from resident.model.step import build_step_meta
@@ -365,28 +395,21 @@ def test_full_fused_decode_gives_the_decode_steps_logits_in_float64():
     model = load_model(TINY, "cpu", torch.float64)
     rows, prompt_len, page = 2, 20, 16
     pages = [[1, 2, 3], [4, 5, 6]]
-    runs = {full: (TritonDecode((rows,), fusion=DecodeFusion(True, False, full)).ops(rows),
-                   ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu"))
-            for full in (False, True)}
-    epilogues = ("narrow_linear_add_norm", "silu_mul_linear_add_norm")
-    assert all(getattr(runs[True][0], name) is not None for name in epilogues)
-    assert all(getattr(runs[False][0], name) is None for name in epilogues)
-    # the output gate in the split pass's merged combine, against the combine kernel's
-    meetings = [runs[full][0].gated_attention.keywords["meeting"] for full in (False, True)]
-    assert meetings[0] is None and meetings[1] is not None
+    runs = [(ops, ModelCache.allocate(TINY, 8, page, rows + 1, torch.float64, "cpu"))
+            for ops in (apart, fused)]
     generator = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, TINY.vocab_size, (rows * prompt_len,), generator=generator)
     meta = build_step_meta([(0, prompt_len, pages[r], r + 1) for r in range(rows)], page, "cpu")
     with torch.inference_mode():
-        for _, cache in runs.values():
+        for _, cache in runs:
             model(prompt, meta, cache, ModelOps())
         for step in range(3):
             meta = build_step_meta([(prompt_len + step, 1, pages[r], r + 1)
                                     for r in range(rows)], page, "cpu")
             token = torch.randint(0, TINY.vocab_size, (rows,), generator=generator)
-            apart, fused = (model.compute_logits(model(token, meta, cache, ops))
-                            for ops, cache in (runs[False], runs[True]))
-            torch.testing.assert_close(fused, apart, atol=1e-10, rtol=1e-10)
+            want, got = (model.compute_logits(model(token, meta, cache, ops))
+                         for ops, cache in runs)
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
 def _gemv_table_file(path, picks: dict[str, tuple[dict, float, float]],

@@ -116,7 +116,7 @@ def _fusion_and_table(config: EngineConfig, model: ModelConfig, dtype: torch.dty
 
     gate_up_shape = model.decode_projections["mlp gate_up"]
     fusion = DecodeFusion.of(config.fused_decode, config.pdl, device,
-                             math.prod(gate_up_shape) * dtype.itemsize)
+                             math.prod(gate_up_shape) * dtype.itemsize, model.hidden_size)
     return fusion, _gemv_table(config, device, fusion.table_note(gate_up_shape))
 
 

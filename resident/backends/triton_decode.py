@@ -15,6 +15,7 @@ from resident.backends.gemv_table import (
     table_linear,
     table_linear_add_norm,
 )
+from resident.kernels.add_norm import add_rms_norm
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import (
     DEFAULT_DECODE_SPLITS,
@@ -101,6 +102,12 @@ FUSED_GDN_MAX_ROWS = 16
 # measured (-11% at c=1 against fused_decode=off, the epilogue's share not measured apart);
 # the 4B's 94 MB, measured neither way, goes with the 9B.
 GATE_UP_EPILOGUE_MAX_BYTES = 64 << 20
+# The narrowest hidden size whose decode add + norm runs on kernels/add_norm.py. Inductor's
+# loops over a row of more than 1,024 columns; alone, in a graph, the kernel took 1.2-2.4 us a
+# call at 2,048-4,096 columns against Inductor's 1.7-5.6 (H100). In whole steps (H100, bench,
+# against the same tree without it): the 9B -1.0 / -0.5% at c=1 / c=16 (twice), the 4B -0.5 /
+# +0.4%, the 2B +1.0 / -1.9% (results/2026-12-07-h100-add-norm), so only the 9B's width
+NORM_KERNEL_MIN_HIDDEN = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,31 +121,38 @@ class DecodeFusion:
     (kernels/gemv.py skinny_linear_add_norm), with the MLP's silu-mul in its down projection's
     at 1-4 rows; and in every bucket the Triton decode attention's combine, with the gated
     attention's output gate, in its split pass's last programs. Their programs meet in
-    `meeting` (one kernel runs at a time, and each leaves its counters at zero)."""
+    `meeting` (one kernel runs at a time, and each leaves its counters at zero). norm_kernel
+    (fused, a hidden size of at least NORM_KERNEL_MIN_HIDDEN): each block's add + norm that no
+    projection runs on kernels/add_norm.py, in every bucket."""
 
     fused: bool = False
     pdl: bool = False
     epilogues: bool = False
     # fused: whether the model's gate_up is small enough for the silu-mul epilogue
     gate_up_epilogue: bool = True
+    norm_kernel: bool = False
     meeting: KeptZeros = dataclasses.field(default_factory=KeptZeros, compare=False)
 
     @classmethod
     def of(cls, fused_decode: str, pdl: str, device: torch.device,
-           gate_up_bytes: int = 0) -> DecodeFusion:
-        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES)."""
-        return cls(fused_decode in ("auto", "full"), pdl_on(pdl, device),
-                   fused_decode == "full", gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES)
+           gate_up_bytes: int = 0, hidden_size: int = 0) -> DecodeFusion:
+        """gate_up_bytes: the model's gate_up weight (GATE_UP_EPILOGUE_MAX_BYTES);
+        hidden_size: its rows' width (NORM_KERNEL_MIN_HIDDEN)."""
+        fused = fused_decode in ("auto", "full")
+        return cls(fused, pdl_on(pdl, device), fused_decode == "full",
+                   gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES,
+                   fused and hidden_size >= NORM_KERNEL_MIN_HIDDEN)
 
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
-        """Each bucket's ops under fused_decode: the token embedding's one-kernel gather and
-        the attention prologue in every bucket, the GDN layer kernel in buckets of up to
-        FUSED_GDN_MAX_ROWS rows."""
+        """Each bucket's ops under fused_decode: the token embedding's one-kernel gather, the
+        attention prologue and (norm_kernel) the add + norm kernel in every bucket, the GDN
+        layer kernel in buckets of up to FUSED_GDN_MAX_ROWS rows."""
         if not self.fused:
             return dict.fromkeys(buckets, ops)
         prologue = dataclasses.replace(
             ops, attention_prologue=partial(attention_prologue_op, pdl=self.pdl),
-            embed=embedding)
+            embed=embedding,
+            add_norm=partial(add_rms_norm, pdl=self.pdl) if self.norm_kernel else None)
         small = [bucket for bucket in buckets if bucket <= FUSED_GDN_MAX_ROWS]
         if not small:
             return dict.fromkeys(buckets, prologue)

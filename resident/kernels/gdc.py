@@ -17,8 +17,23 @@ import triton.language as tl
 def pdl_wait_then_release(USE_PDL: tl.constexpr):
     """Wait for the kernel before (its writes visible), then let the next kernel's programs be
     placed: from here on they can only wait for this one to finish."""
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """Wait for the kernel before (its writes visible), the next kernel not yet released: a
+    short kernel that calls pdl_release only at its end keeps the next one's early start (its
+    weights' prefetch, its programs waiting on the SMs) off its own run (kernels/add_norm.py)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_release(USE_PDL: tl.constexpr):
+    """Let the next kernel's programs be placed; only after this program's pdl_wait."""
+    if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 

@@ -89,6 +89,11 @@ class ModelOps:
     # skinny_linear_add_norm). None: narrow_linear, then DenseOps.add_rms_norm. Where a
     # *_linear prologue op below is set, that op runs and the norm stays apart.
     narrow_linear_add_norm: Callable | None = None
+    # (x [T, H] or partials [S, T, H], residual [T, H], norm weight [H], eps) -> (normed,
+    # summed): a block's opening add + norm as its own kernel, as DenseOps.add_rms_norm
+    # computes it (kernels/add_norm.py: a row in registers where Inductor's loops over it).
+    # None: DenseOps.add_rms_norm.
+    add_norm: Callable | None = None
     # (gate_up [T, 2I], down weight [H, I], residual [T, H], norm weight [H], eps) -> (normed,
     # summed): the MLP's silu-mul, down projection and the next block's add + norm in one
     # kernel (gemv.skinny_linear_add_norm, gated). None: DenseOps.silu_mul, then the down

@@ -71,20 +71,23 @@ class BlockInput:
     norm: RMSNorm
     normed: bool = False
 
-    def normed_input(self, dense: DenseOps) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the normed input, the residual stream after the add)."""
+    def normed_input(self, dense: DenseOps,
+                     ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the normed input, the residual stream after the add): the add + norm as
+        ops.add_norm where the step's ops set it, else DenseOps'."""
         norm = self.norm
         if self.normed:
             return self.x, self.residual
         if self.residual is None:
             return dense.rms_norm(self.x, norm.weight, norm.eps), self.x
-        return dense.add_rms_norm(self.x, self.residual, norm.weight, norm.eps)
+        add_norm = ops.add_norm or dense.add_rms_norm
+        return add_norm(self.x, self.residual, norm.weight, norm.eps)
 
     def project(self, weight: torch.Tensor, dense: DenseOps,
                 ops: ModelOps) -> tuple[torch.Tensor, torch.Tensor]:
         """(the block's opening projection of its normed input, the residual stream after the
         add)."""
-        h, residual = self.normed_input(dense)
+        h, residual = self.normed_input(dense, ops)
         return ops.wide_linear(h, weight), residual
 
 
@@ -122,7 +125,7 @@ class MLP(nn.Module):
 
     def forward(self, block: BlockInput, ops: ModelOps, next_norm: RMSNorm) -> BlockInput:
         if ops.silu_mul_wide_linear is not None:
-            h, residual = block.normed_input(self.dense)
+            h, residual = block.normed_input(self.dense, ops)
             return block_output(ops.silu_mul_wide_linear(h, self.gate_up_weight),
                                 self.down_proj.weight, residual, next_norm, ops)
         gate_up, residual = block.project(self.gate_up_weight, self.dense, ops)
@@ -361,7 +364,7 @@ class Qwen3_5ForCausalLM(nn.Module):
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         for layer, next_norm in zip(layers, next_norms, strict=True):
             block = layer(block, rope, meta, cache, ops, next_norm)
-        return block.normed_input(self.dense)[0]
+        return block.normed_input(self.dense, ops)[0]
 
     def compute_logits(self, hidden: torch.Tensor,
                        out: torch.Tensor | None = None) -> torch.Tensor:  # [N, hidden] -> [N, V]

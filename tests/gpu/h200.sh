@@ -36,7 +36,8 @@
 #   tuned     the chunked delta rule against fla, the split GDN, and the start-up tuning
 #   fused-kernels  the fused decode kernels (GDN layer, attention prologue) and the PDL
 #             launches (GEMV, decode attention), the rows' argmax, against their references
-#             at the real shapes (the GEMV's float32 at full precision among them)
+#             at the real shapes (the GEMV's float32 at full precision among them), the
+#             add + norm kernel at the 2B-9B widths
 #   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off:
@@ -68,6 +69,8 @@
 #             steps beside the fp32 state's (issue 33)
 #   time-gdn-decode  tests/gpu/time_gdn_decode.py: the GDN decode delta rule's µs at 64 and 256
 #             rows by state dtype, value columns a program and warps
+#   time-add-norm  tests/gpu/time_add_norm.py: a decode add + norm's µs a call, Inductor's
+#             against kernels/add_norm.py, at 1,024-4,096 columns, 1 and 16 rows
 #   check-state-bf16  configs/gate/check-h200-0.8b-state-bf16-fp32.yaml (bf16 state against fp32
 #             in a float32 model, greedy and concurrency), tarred
 #   gate-state-bf16  configs/gate/h200-0.8b-state-bf16.yaml (bf16 against fp32 state served at
@@ -437,6 +440,8 @@ for part in "$@"; do
         -k "gpu_0_8b or real_shapes or chunk or bf16_state" ;;
     time-gdn-decode)
       run time-gdn-decode 120 python3 tests/gpu/time_gdn_decode.py ;;
+    time-add-norm)
+      run time-add-norm 120 python3 tests/gpu/time_add_norm.py ;;
     check-state-bf16)
       run check-state-bf16 "${CHECK_LIMIT:-400}" python3 -m gate check \
         --config configs/gate/check-h200-0.8b-state-bf16-fp32.yaml --out "$OUT/check-state-bf16"
@@ -601,7 +606,7 @@ for part in "$@"; do
       run fused-kernels "${KERNELS_LIMIT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/test_kernel_gdn_layer_decode.py tests/test_kernel_attention_prologue.py \
         tests/test_kernel_decode_attention.py tests/test_kernel_gemv.py \
-        tests/test_kernel_argmax.py ;;
+        tests/test_kernel_argmax.py tests/test_kernel_add_norm.py ;;
     gemv-medium)
       model=${MODEL:-qwen3.5-0.8b}
       run "gemv-medium-$model" "${GEMV_LIMIT:-240}" python3 -m resident.tools.bench_gemv \
