@@ -313,6 +313,7 @@ def test_the_prompt_set_is_text_in_the_repository():
     (["--prompts", "0"], ["prompts"]),
     (["--arm", "vllm=cmd:python -m x --port {port}"], ["vllm", "resident arms"]),
     (["--arm", "main"], ["--arm", "NAME=SPEC"]),
+    (["--arm", "head=.", "--set", "head.page_size=7"], ["arm head", "knob page_size"]),
 ])
 def test_bad_options_are_refused_naming_the_value(args, names):
     result = invoke("check", "--arm", "main=.", *args, "--out", "/nonexistent/never")

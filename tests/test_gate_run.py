@@ -385,12 +385,13 @@ def test_interleaved_rounds_alternate_the_arms_run_by_run(tmp_path):
 
 @pytest.mark.parametrize("start", [[], ["--parallel-start"]], ids=["in-turn", "parallel"])
 def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, start):
-    """An arm whose server cannot start (a bad knob) has its runs recorded failed; the other
-    arm's runs of the round go on, and the session ends after that round; whether the round's
-    servers start one after another or together."""
+    """An arm whose server cannot start (a KV pool no host holds: the knobs resolve, the
+    engine's allocation fails) has its runs recorded failed; the other arm's runs of the round
+    go on, and the session ends after that round; whether the round's servers start one after
+    another or together."""
     out = tmp_path / "broken"
     result = invoke("run", "--arm", "main=.", "--arm", "broken=.", "--set",
-                    "broken.page_size=7", "--interleave", *start, "--concurrency", "1",
+                    f"broken.num_kv_pages={10**12}", "--interleave", *start, "--concurrency", "1",
                     "--rounds", "2", "--runs", "2", "--out", str(out), *SHORT)
     assert result.exit_code == 1
     runs = read_runs(out)
@@ -398,9 +399,9 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
         ("main", 1, True), ("main", 2, True)]
     broken = [r for r in runs if r.arm == "broken"]
     assert len(broken) == 2 and not any(r.ok for r in broken)
-    assert all("page_size" in (r.log_tail or "") for r in broken)
-    # the one line names the cause, the CLI's message of the bad knob
-    assert all("before it was ready: Invalid value for --set: knob page_size: must be a power"
+    assert all("can't allocate memory" in (r.log_tail or "") for r in broken)
+    # the one line names the cause, the engine core's failure
+    assert all("before it was ready: the engine core failed: RuntimeError:"
                in " ".join(r.error.split()) for r in broken)
     assert Manifest.read(out).to_dict()["stopped"]["after_rounds"] == 1
     assert not servers_left(result)
@@ -410,6 +411,8 @@ def test_an_interleaved_server_that_fails_leaves_the_others_running(tmp_path, st
     (["run", "--arm", "main"], "expected NAME=SPEC"),
     (["run", "--arm", "main=somewhere"], "SPEC must be git:<ref>, path:<dir>"),
     (["run", "--arm", "main=.", "--set", "head.page_size=8"], "no arm named 'head'"),
+    (["run", "--arm", "main=.", "--arm", "head=.", "--set", "head.fused_decode=bogus"],
+     "--set: arm head (.) cannot start with its knobs: knob fused_decode: 'bogus' is not one of"),
     (["run", "--arm", "main=.", "--concurrency", "1,x"], "expected integers"),
     (["run", "--arm", "main=.", "--server-cpus", "999"], "999"),
     (["run", "--arm", "main=.", "--sessions", "3"], "No such option: --sessions"),

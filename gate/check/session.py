@@ -57,6 +57,7 @@ class CheckSession(Session):
         """Runs every launch, judges and writes the outputs; returns 0 for pass, 1 for fail."""
         if (self.out / CHECK_JSON).exists():
             raise ValueError(f"--out {self.out} already holds a check; choose another --out")
+        self.check_knobs()
         make_out(self.out)
         self.manifest = self._check_manifest(clean_environment()[1])
         self.manifest.write(self.out)
@@ -82,6 +83,16 @@ class CheckSession(Session):
             yardstick=self.roles.yardstick, check=self.check.to_dict(),
             prompts=self.prompts.to_dict(), timing=None)
 
+    def arm_knob_sets(self, arm: Arm) -> list[dict[str, str]]:
+        """The `--set` mappings of `arm`'s servers: one a launch it serves."""
+        return [self._launch_knobs(arm, launch) for launch in self.launches
+                if arm in self._arms_of(launch)]
+
+    def _launch_knobs(self, arm: Arm, launch: Launch) -> dict[str, str]:
+        """A server's knobs: the arm's (server_knobs), then the launch's, then its heads'."""
+        return {**self.server_knobs(arm), **launch.knobs,
+                **(launch.head_knobs if arm.name in self.roles.heads else {})}
+
     def _arms_of(self, launch: Launch) -> list[Arm]:
         return [arm for arm in self.arms
                 if launch.yardstick or arm.name != self.roles.yardstick]
@@ -90,8 +101,7 @@ class CheckSession(Session):
         """One server: the arm's knobs, then the launch's; the identity checks; the launch's
         loads; its row-check counts. A server that fails fails its loads' requests."""
         spec = self.launch_spec(cache)
-        knobs = {**self.placement.server_knobs(), **arm.knobs, **launch.knobs,
-                 **(launch.head_knobs if arm.name in self.roles.heads else {})}
+        knobs = self._launch_knobs(arm, launch)
         record: dict[str, Any] = {"knobs": knobs, "error": None}
         self.launched.setdefault(launch.name, {})[arm.name] = record
         self.console.log(f"{launch.name}: starting {arm.name} ({arm.spec})")

@@ -168,8 +168,7 @@ class Round:
         return failed
 
     def _launch(self, arm: Arm, position: int) -> LiveServer:
-        knobs = {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" \
-            else {}
+        knobs = self.session.server_knobs(arm)
         log_path = self.out / "logs" / f"{arm.name}-round{self.index + 1}.log"
         self.console.log(f"round {self.index + 1}: starting {arm.name} ({arm.spec})")
         server = Server(arm, self.session.launch_spec(self.cache), knobs, log_path)

@@ -29,6 +29,7 @@ from gate.records import RUNS_FILE, read_runs
 from gate.run.arms import Arm, resolve_arm, split_arm, split_knobs
 from gate.run.bytecode import server_pycache
 from gate.run.host import gather_versions, host_info
+from gate.run.knob_check import check_arm_knobs
 from gate.run.measure import check_package, check_source
 from gate.run.placement import Placement, host_placement
 from gate.run.profiling import profile_tool
@@ -139,6 +140,7 @@ class Session:
         """Runs every round (with resume, those runs.jsonl does not hold whole); returns the
         number of failed runs."""
         removed_env = clean_environment()[1]
+        self.check_knobs()
         first = self._resume(removed_env) if resume else self._start(removed_env)
         try:
             return self._run_rounds(first)
@@ -221,6 +223,20 @@ class Session:
         self.console.log(f"resuming {self.out} at round {first + 1} of "
                          f"{self.config.planned_rounds}")
         return first
+
+    def check_knobs(self) -> None:
+        """Fails (ValueError) before any server starts where an arm's own tree refuses the
+        knobs its servers would start with (knob_check.py)."""
+        check_arm_knobs([(arm, self.arm_knob_sets(arm)) for arm in self.arms],
+                        self.config.model, self.config.device)
+
+    def arm_knob_sets(self, arm: Arm) -> list[dict[str, str]]:
+        """The `--set` mappings `arm`'s servers start with: one, in a `run` session."""
+        return [self.server_knobs(arm)]
+
+    def server_knobs(self, arm: Arm) -> dict[str, str]:
+        """A resident arm's server knobs: the placement's pinning, then the arm's own."""
+        return {**self.placement.server_knobs(), **arm.knobs} if arm.kind == "resident" else {}
 
     @property
     def runs_a_round(self) -> int:
