@@ -6,6 +6,9 @@ caught; eviction under pressure; a prompt nobody shared is not cut; everything r
 
 from __future__ import annotations
 
+import array
+import hashlib
+
 import pytest
 import torch
 
@@ -258,6 +261,15 @@ def test_page_keys_chain_their_parents():
     other = page_keys([1] + list(range(1, 40)), PAGE)
     assert first[0] != other[0] and first[1] != other[1]  # page 1 differs through its parent
     assert page_keys(list(range(32)) + [7] * 8, PAGE) == first
+
+
+def test_page_keys_are_sha256_over_the_parent_and_the_ids():
+    """A collision-resistant key (Python's tuple hash let a crafted prompt take another's
+    cached prefix): page j's key is SHA-256 of page j-1's key and its ids as int64."""
+    ids = list(range(1000, 1040))
+    first = hashlib.sha256(array.array("q", ids[:PAGE]).tobytes()).digest()
+    second = hashlib.sha256(first + array.array("q", ids[PAGE:2 * PAGE]).tobytes()).digest()
+    assert page_keys(ids, PAGE) == [first, second]
 
 
 @pytest.mark.parametrize("knobs", [{"prefix_cache": "yes"}, {"prefix_snapshots": -1},

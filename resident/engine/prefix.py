@@ -46,7 +46,7 @@ from resident.config import EngineConfig
 from resident.engine.request import Request
 from resident.model.cache import ModelCache
 from resident.resources.kv import KVPool
-from resident.resources.page_cache import page_keys
+from resident.resources.page_cache import PageKey, page_keys
 from resident.resources.recurrent import StatePool
 from resident.resources.snapshots import SnapshotIndex
 
@@ -100,7 +100,7 @@ class PrefixCache(NoPrefixCache):
         self.recurrent = torch.zeros((cache.recurrent.shape[0], num,
                                       *cache.recurrent.shape[2:]),
                                      dtype=cache.recurrent.dtype, device=cache.recurrent.device)
-        self._keys: dict[str, list[int]] = {}  # a prefilling request's prompt page keys
+        self._keys: dict[str, list[PageKey]] = {}  # a prefilling request's prompt page keys
         self._num_cached: dict[str, int] = {}  # and how many of its pages are cached so far
         self._cuts: dict[str, int] = {}  # where `chunk` last ended its chunk (0: not cut)
         self.counters: Counter[str] = Counter()
@@ -140,7 +140,7 @@ class PrefixCache(NoPrefixCache):
         self._cuts[rid] = cut
         return cut - start if cut > start else num_new
 
-    def _branch_point(self, keys: list[int], start: int, end: int, last: int) -> int:
+    def _branch_point(self, keys: list[PageKey], start: int, end: int, last: int) -> int:
         """The page boundary in (start, end] where the run of cached pages from `start`'s page
         ends, if it ends there: another request computed the prompt up to it, and a later one
         sharing as much restores from it. 0 where the run reaches past the chunk (the cut
@@ -191,7 +191,7 @@ class PrefixCache(NoPrefixCache):
         if computed >= prompt_len:
             self.drop(rid)
 
-    def _snapshot(self, key: int, slot: int) -> None:
+    def _snapshot(self, key: PageKey, slot: int) -> None:
         if key in self.index:
             self.index.find(key)
             return

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from resident.resources.base import Resource
-from resident.resources.page_cache import PageCache
+from resident.resources.page_cache import PageCache, PageKey
 
 SINK_PAGE = 0
 
@@ -81,7 +81,7 @@ class KVPool(Resource):
         self.streams[request_id] = KVStream(pages=list(pages),
                                             length=len(pages) * self.page_size)
 
-    def cache_pages(self, request_id: str, keys: list[int], first: int) -> None:
+    def cache_pages(self, request_id: str, keys: list[PageKey], first: int) -> None:
         """Caches the stream's full pages `first`.. under their block keys (`keys[j]` is page
         j's): their KV is written (the step that wrote them is launched, stream order)."""
         pages = self.streams[request_id].pages

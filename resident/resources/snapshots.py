@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from resident.resources.page_cache import PageKey
+
 
 class SnapshotIndex:
     def __init__(self, num_snapshots: int) -> None:
@@ -18,24 +20,24 @@ class SnapshotIndex:
             raise ValueError(f"a snapshot pool needs at least 1 snapshot, got {num_snapshots}")
         self.num_snapshots = num_snapshots
         self._free = list(range(num_snapshots - 1, -1, -1))
-        self._by_key: OrderedDict[int, int] = OrderedDict()  # key -> index, LRU first
+        self._by_key: OrderedDict[PageKey, int] = OrderedDict()  # key -> index, LRU first
         self.num_evicted = 0
 
     @property
     def num_used(self) -> int:
         return len(self._by_key)
 
-    def find(self, key: int) -> int | None:
+    def find(self, key: PageKey) -> int | None:
         """The snapshot after the prefix `key` ends, marked recently used; None if none."""
         index = self._by_key.get(key)
         if index is not None:
             self._by_key.move_to_end(key)
         return index
 
-    def __contains__(self, key: int) -> bool:
+    def __contains__(self, key: PageKey) -> bool:
         return key in self._by_key
 
-    def take(self, key: int) -> int:
+    def take(self, key: PageKey) -> int:
         """An index for a new snapshot under `key` (not held yet): a free one, else the least
         recently used one's, which is forgotten."""
         if self._free:
