@@ -40,8 +40,9 @@ def parse(body):
 
 
 def test_defaults_are_greedy_sixteen_tokens():
-    prompt_ids, params, stream, include_usage, tokens_as_ids, stop, n = parse({"prompt": "hi"})
-    assert prompt_ids == [104, 105] and stop == () and n == 1
+    prompt_ids, params, stream, include_usage, tokens_as_ids, stop, n, salt = parse(
+        {"prompt": "hi"})
+    assert prompt_ids == [104, 105] and stop == () and n == 1 and salt is None
     assert params == SamplingParams(max_tokens=16)
     assert params.temperature == 0.0 and params.top_k == 0 and params.top_p == 1.0
     assert params.logprobs is None
@@ -53,9 +54,9 @@ def test_every_field_reaches_the_sampling_params():
             "top_p": 0.9, "top_k": 40, "seed": 7, "ignore_eos": True,
             "stop_token_ids": [4, 5], "stream": True, "stream_options": {"include_usage": True},
             "logprobs": 3, "return_tokens_as_token_ids": True, "stop": ["\n", "ab", "\n"],
-            "n": 3}
-    prompt_ids, params, stream, include_usage, tokens_as_ids, stop, n = parse(body)
-    assert prompt_ids == [1, 2, 3] and stop == ("\n", "ab") and n == 3
+            "n": 3, "cache_salt": "tenant-a"}
+    prompt_ids, params, stream, include_usage, tokens_as_ids, stop, n, salt = parse(body)
+    assert prompt_ids == [1, 2, 3] and stop == ("\n", "ab") and n == 3 and salt == "tenant-a"
     assert parse({"prompt": "x", "stop": "end"}).stop == ("end",)
     assert params == SamplingParams(max_tokens=5, temperature=0.7, top_p=0.9, top_k=40, seed=7,
                                     ignore_eos=True, stop_token_ids=(4, 5), logprobs=3)
@@ -166,6 +167,10 @@ def test_another_models_name_is_not_found():
         ({"prompt": "x", "use_beam_search": True}, ["'use_beam_search'", "true"]),
         ({"prompt": "x", "guided_json": {}}, ["'guided_json'"]),
         ({"prompt": "x", "skip_special_tokens": False}, ["'skip_special_tokens'", "false"]),
+        ({"prompt": "x", "cache_salt": ""}, ["'cache_salt'", "1..256"]),
+        ({"prompt": "x", "cache_salt": 7}, ["'cache_salt'", "7"]),
+        ({"prompt": "x", "cache_salt": "s" * 257}, ["'cache_salt'", "1..256"]),
+        ({"prompt": "x", "cache_salt": "\ud800"}, ["'cache_salt'", "lone surrogate"]),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(body, names):
@@ -174,6 +179,10 @@ def test_bad_input_is_a_400_naming_the_field(body, names):
     assert (info.value.status, info.value.type) == (400, "invalid_request_error")
     for name in names:
         assert name in info.value.message, (name, info.value.message)
+
+
+def test_a_null_cache_salt_is_none():
+    assert parse({"prompt": "x", "cache_salt": None}).cache_salt is None
 
 
 def test_the_fast_id_check_takes_only_ints_in_the_vocabulary():

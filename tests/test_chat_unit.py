@@ -150,12 +150,13 @@ def parse(body, template=None, tokenizer=BYTES):
 def test_a_chat_body_becomes_the_rendered_prompt_and_its_sampling():
     parsed = parse({"messages": USER, "max_completion_tokens": 5, "max_tokens": 9,
                     "temperature": 0.5, "seed": 3, "logprobs": True, "top_logprobs": 2,
-                    "stop": "x", "n": 2, "stream": True})
+                    "stop": "x", "n": 2, "stream": True, "cache_salt": "tenant-a"})
     assert bytes(parsed.prompt_ids).decode() == (
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert (parsed.params.max_tokens, parsed.params.temperature, parsed.params.seed,
             parsed.params.logprobs) == (5, 0.5, 3, 2)
     assert parsed.stop == ("x",) and parsed.n == 2 and parsed.stream
+    assert parsed.cache_salt == "tenant-a"
     # without a limit a chat may fill max_model_len; logprobs alone bring no alternatives
     parsed = parse({"messages": USER, "logprobs": True})
     assert parsed.params.max_tokens == 64 - len(parsed.prompt_ids)

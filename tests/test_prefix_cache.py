@@ -16,7 +16,7 @@ from resident.config import EngineConfig
 from resident.engine.engine import Engine, build_engine
 from resident.engine.prefix import PrefixHit
 from resident.model.config import load_model_config
-from resident.resources.page_cache import page_keys
+from resident.resources.page_cache import page_keys, salted_root
 
 from model_driver import ModelDriver, run_engine
 
@@ -270,6 +270,10 @@ def test_page_keys_are_sha256_over_the_parent_and_the_ids():
     first = hashlib.sha256(array.array("q", ids[:PAGE]).tobytes()).digest()
     second = hashlib.sha256(first + array.array("q", ids[PAGE:2 * PAGE]).tobytes()).digest()
     assert page_keys(ids, PAGE) == [first, second]
+    # a cache_salt's keys chain from a root of its own: no page of another salt, or of none
+    salted = {salt: page_keys(ids, PAGE, salted_root(salt)) for salt in (None, "a", "b")}
+    assert salted[None] == [first, second]
+    assert not set(salted["a"]) & (set(salted["b"]) | set(salted[None]))
 
 
 @pytest.mark.parametrize("knobs", [{"prefix_cache": "yes"}, {"prefix_snapshots": -1},

@@ -363,3 +363,18 @@ def test_a_repeated_prompt_hits_the_prefix_cache(pressured, model64):
     assert (after["resident_prefix_cache_saved_tokens_total"]
             == before["resident_prefix_cache_saved_tokens_total"] + 64)
     assert after["resident_kv_pages_free"] == before["resident_kv_pages_free"]
+
+
+def test_a_cache_salt_shares_cached_prefixes_only_within_its_salt(pressured, model64):
+    """vLLM's `cache_salt`: the prompt just cached unsalted is not a hit under a salt; the
+    salt's second request is (its own pages), and another salt's is not; the tokens are the
+    same every time."""
+    prompt = torch.randint(0, TINY.vocab_size, (70,),
+                           generator=torch.Generator().manual_seed(10)).tolist()
+    expected = greedy_alone(model64, prompt, 5)
+    cached = []
+    for salt in (None, None, "tenant-a", "tenant-a", "tenant-b"):
+        answer = complete(pressured.url, prompt, 5, AUTH, cache_salt=salt)
+        assert answer["choices"][0]["token_ids"] == expected, salt
+        cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached == [0, 64, 0, 64, 0]

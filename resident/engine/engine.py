@@ -210,6 +210,7 @@ class Engine:
         """Queues a request; returns its failed output at once if it can never run."""
         request = Request(new.request_id, list(new.prompt_token_ids), new.params,
                           self._arrivals, self.model_config.eos_token_ids,
+                          cache_salt=new.cache_salt,
                           arrived_s=time.monotonic() if new.arrived_s is None else new.arrived_s)
         self._arrivals += 1
         error = self._reject_reason(request)

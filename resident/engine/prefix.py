@@ -46,7 +46,7 @@ from resident.config import EngineConfig
 from resident.engine.request import Request
 from resident.model.cache import ModelCache
 from resident.resources.kv import KVPool
-from resident.resources.page_cache import PageKey, page_keys
+from resident.resources.page_cache import PageKey, page_keys, salted_root
 from resident.resources.recurrent import StatePool
 from resident.resources.snapshots import SnapshotIndex
 
@@ -110,7 +110,8 @@ class PrefixCache(NoPrefixCache):
 
     def add(self, request: Request) -> None:
         """A new request's prompt page keys, for its lookup and for caching its pages."""
-        self._keys[request.request_id] = page_keys(request.prompt_ids, self.page_size)
+        self._keys[request.request_id] = page_keys(request.prompt_ids, self.page_size,
+                                                   salted_root(request.cache_salt))
         self._num_cached[request.request_id] = 0
 
     def match(self, request: Request) -> PrefixHit | None:

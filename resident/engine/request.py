@@ -27,6 +27,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV and state are in the caches
     num_cached_tokens: int = 0  # prompt tokens a prefix cache hit restored (engine/prefix.py)
+    cache_salt: str | None = None  # cached prefixes are shared only under the same salt
     status: Status = Status.WAITING
     last_run_step: int = -1
     finish_reason: str | None = None

@@ -56,6 +56,9 @@ class EngineRequest:
     # when the API process took the request in, on the host's monotonic clock (time.monotonic,
     # which the API processes and the engine core share); None: the engine stamps its intake
     arrived_s: float | None = None
+    # vLLM's `cache_salt`: the prompt shares cached prefixes only with requests of the same
+    # salt (one tenant's prompts never hit another's pages); None: with every unsalted request
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

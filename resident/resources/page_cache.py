@@ -20,16 +20,27 @@ ROOT_KEY: PageKey = b""  # the parent key of a prompt's first page
 ID_BYTES = 8  # a token id in a key's input: int64, native byte order
 
 
-def page_keys(token_ids: Sequence[int], page_size: int) -> list[PageKey]:
+def salted_root(cache_salt: str | None) -> PageKey:
+    """A prompt's first parent key: ROOT_KEY, or for a request with a `cache_salt` a key of
+    its own (32 bytes, so no unsalted first page's input equals a salted one's), so prompts
+    share cached pages only with requests of the same salt."""
+    if cache_salt is None:
+        return ROOT_KEY
+    return hashlib.sha256(b"cache_salt:" + cache_salt.encode()).digest()
+
+
+def page_keys(token_ids: Sequence[int], page_size: int,
+              root: PageKey = ROOT_KEY) -> list[PageKey]:
     """The chained key of each full page of `token_ids` (a partial last page has none):
-    SHA-256 over the parent page's key and the page's ids, as vLLM keys its blocks by default.
+    SHA-256 over the parent page's key (the first page's: `root`) and the page's ids, as vLLM
+    keys its blocks by default.
     A hash that is not collision resistant (Python's tuple hash, these keys before) lets a
     prompt crafted to collide with another's prefix be served that prefix's KV pages and GDN
     state, or poison them for the next request (vLLM's GHSA-rm76-4mrf-v9r8). ~40 ns a token
     on the 2-vCPU VM (a 1,280-token prompt 49 µs, the tuple hash 18)."""
     data = array.array("q", token_ids).tobytes()
     width = page_size * ID_BYTES
-    keys, parent = [], ROOT_KEY
+    keys, parent = [], root
     for start in range(0, len(data) - width + 1, width):
         parent = hashlib.sha256(parent + data[start:start + width]).digest()
         keys.append(parent)

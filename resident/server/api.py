@@ -263,7 +263,7 @@ class _Completion:
         self.choices = [
             Choice(i, EngineRequest(self.id if parsed.n == 1 else f"{self.id}-{i}",
                                     parsed.prompt_ids, _choice_params(parsed.params, i),
-                                    received_s),
+                                    received_s, parsed.cache_salt),
                    state.tokenizer, parsed.stop, incremental=parsed.stream)
             for i in range(parsed.n)]
         # every stream event is this envelope around one chunk: its bytes made once

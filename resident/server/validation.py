@@ -26,6 +26,7 @@ GREEDY_BELOW = 1e-5
 MAX_STOP_TOKEN_IDS = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # a stop string's length: a stream holds back up to this many
+MAX_CACHE_SALT_CHARS = 256
 MAX_N = 16  # choices a request (each one engine request)
 
 
@@ -56,6 +57,7 @@ class CompletionRequest(NamedTuple):
     return_tokens_as_token_ids: bool  # logprobs name tokens `token_id:<id>`, not their text
     stop: tuple[str, ...] = ()  # a choice's text ends before the first it produces
     n: int = 1  # choices, each its own engine request
+    cache_salt: str | None = None  # EngineRequest.cache_salt
 
 
 # Fields OpenAI clients send that we cannot honour: accepted only with one of these values.
@@ -286,6 +288,18 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return bool_field(options, "include_usage", False)
 
 
+def _cache_salt(body: dict[str, Any]) -> str | None:
+    """`cache_salt` (vLLM's): null, or a string of 1..MAX_CACHE_SALT_CHARS characters."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        raise bad_request(f"'cache_salt' must be a string of 1..{MAX_CACHE_SALT_CHARS} "
+                          f"characters, got {show(salt)}")
+    check_unicode(salt, "cache_salt")
+    return salt
+
+
 def _stop_strings(body: dict[str, Any]) -> tuple[str, ...]:
     """`stop`: null, a string or a list of strings ("" and [] mean none)."""
     stop = body.get("stop")
@@ -340,7 +354,7 @@ def generation_request(body: dict[str, Any], prompt_ids: list[int], max_tokens: 
     return CompletionRequest(prompt_ids, params, bool_field(body, "stream", False),
                              _include_usage(body),
                              bool_field(body, "return_tokens_as_token_ids", False),
-                             _stop_strings(body), _num_choices(body))
+                             _stop_strings(body), _num_choices(body), _cache_salt(body))
 
 
 def parse_completion_request(
