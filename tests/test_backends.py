@@ -384,6 +384,24 @@ def test_the_add_norm_kernel_gives_the_decode_steps_logits_in_float64():
             for fused, extra in (("auto", -1), ("auto", 0), ("off", 0))] == [False, True, False]
 
 
+def test_the_start_up_log_names_the_models_add_norm_and_silu_mul_kernels():
+    from resident.backends.triton_decode import (
+        GATE_UP_EPILOGUE_MAX_BYTES,
+        NORM_KERNEL_MIN_HIDDEN,
+        DecodeFusion,
+    )
+
+    cpu = torch.device("cpu")
+    small = DecodeFusion.of("auto", "off", cpu, GATE_UP_EPILOGUE_MAX_BYTES, 1024).describe()
+    wide = DecodeFusion.of("full", "off", cpu, GATE_UP_EPILOGUE_MAX_BYTES + 1,
+                           NORM_KERNEL_MIN_HIDDEN).describe()
+    assert "silu-mul in gate_up's epilogue" in small and "add + norm Inductor's" in small
+    assert "silu-mul in the down GEMV up to 4 rows, else its own kernel" in wide
+    assert "add + norm in the narrow GEMVs' epilogues up to 16 rows, else kernels/add_norm" \
+        in wide
+    assert DecodeFusion.of("off", "off", cpu).describe().startswith("fused_decode off")
+
+
 def _assert_same_decode_logits(apart, fused) -> None:
     """Two decode ops of a 2-row bucket teacher-forced through 3 steps of the tiny model in
     float64 after the same prompts: their logits to float64 rounding."""

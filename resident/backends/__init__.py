@@ -117,6 +117,7 @@ def _fusion_and_table(config: EngineConfig, model: ModelConfig, dtype: torch.dty
     gate_up_shape = model.decode_projections["mlp gate_up"]
     fusion = DecodeFusion.of(config.fused_decode, config.pdl, device,
                              math.prod(gate_up_shape) * dtype.itemsize, model.hidden_size)
+    log.info("decode: %s", fusion.describe())
     return fusion, _gemv_table(config, device, fusion.table_note(gate_up_shape))
 
 

@@ -143,6 +143,22 @@ class DecodeFusion:
                    gate_up_bytes <= GATE_UP_EPILOGUE_MAX_BYTES,
                    fused and hidden_size >= NORM_KERNEL_MIN_HIDDEN)
 
+    def describe(self) -> str:
+        """What the decode buckets fuse, for the start-up log: the kernels that differ by
+        model (the silu-mul's, the add + norm's) named."""
+        if not self.fused:
+            return f"fused_decode off: separate kernels, pdl {'on' if self.pdl else 'off'}"
+        silu_mul = (f"in gate_up's epilogue up to {MIN_DOT} rows" if self.gate_up_epilogue
+                    else "its own kernel (gate_up over 64 MB)")
+        add_norm = ("kernels/add_norm.py (hidden >= 4,096)" if self.norm_kernel
+                    else "Inductor's")
+        if self.epilogues:
+            silu_mul = f"in the down GEMV up to {FMA_MAX_ROWS} rows, else {silu_mul}"
+            add_norm = f"in the narrow GEMVs' epilogues up to {MIN_DOT} rows, else {add_norm}"
+        return (f"fused_decode: GDN layer one kernel up to {FUSED_GDN_MAX_ROWS} rows, attention "
+                f"prologue, silu-mul {silu_mul}, add + norm {add_norm}; "
+                f"pdl {'on' if self.pdl else 'off'}")
+
     def bucket_ops(self, ops: ModelOps, buckets: tuple[int, ...]) -> dict[int, ModelOps]:
         """Each bucket's ops under fused_decode: the token embedding's one-kernel gather, the
         attention prologue and (norm_kernel) the add + norm kernel in every bucket, the GDN
