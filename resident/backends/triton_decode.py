@@ -103,10 +103,10 @@ FUSED_GDN_MAX_ROWS = 16
 # the 4B's 94 MB, measured neither way, goes with the 9B.
 GATE_UP_EPILOGUE_MAX_BYTES = 64 << 20
 # The narrowest hidden size whose decode add + norm runs on kernels/add_norm.py. Inductor's
-# loops over a row of more than 1,024 columns; alone, in a graph, the kernel took 1.2-2.4 us a
-# call at 2,048-4,096 columns against Inductor's 1.7-5.6 (H100). In whole steps (H100, bench,
-# against the same tree without it): the 9B -1.0 / -0.5% at c=1 / c=16 (twice), the 4B -0.5 /
-# +0.4%, the 2B +1.0 / -1.9% (results/2026-12-07-h100-add-norm), so only the 9B's width
+# loops over a row of more than 1,024 columns; alone, in a graph, the kernel took 1.4-2.7 us a
+# one-row call at 2,048-4,096 columns against Inductor's 1.9-5.8 (H100). In whole steps (H100,
+# bench, against the same tree without it): the 9B -1.0 / -0.5% at c=1 / c=16 (twice), the 4B
+# -0.5 / +0.4%, the 2B +1.0 / -1.9% (results/2026-12-07-h100-add-norm), so only the 9B's width
 NORM_KERNEL_MIN_HIDDEN = 4096
 
 

@@ -6,14 +6,14 @@ read once) only up to 1,024 columns (its `should_use_persistent_reduction` thres
 runs a single program that walks the row twice, the second pass re-reading what the first
 stored. On the H200 that took 2.6 µs exposed a call at the 9B (64 a step, 169 µs of a c=1
 step), where the 0.8B's persistent kernel takes 1.2 (results/2026-12-07-h200-table). This
-kernel holds a row whole at any of those widths and reads each input once: alone, in a graph,
-1.2-2.4 µs a call at 2,048-4,096 columns against Inductor's 1.7-5.6 (H100). The norm weight is
-loaded before the PDL wait (no kernel writes it); the next kernel is released only once the
-rows are stored: released at the wait, the 2B's step was 4.8% slower, released at the end 1.0%
-(results/2026-12-07-h100-add-norm, where the engine's use of it, NORM_KERNEL_MIN_HIDDEN, was
-measured). Same contract and numerics as DenseOps.add_rms_norm: x [T, H] or a narrow
-projection's fp32 split-K partials [S, T, H], added up in split order and rounded as the
-finished projection would be.
+kernel holds a row whole at any of those widths and reads each input once: alone, in a
+graph, 1.4-2.7 µs a one-row call at 2,048-4,096 columns against Inductor's 1.9-5.8 (H100).
+The norm weight is loaded before the PDL wait (no kernel writes it); the next kernel is
+released only once the rows are stored: released at the wait, the 2B's step was 4.8%
+slower, released at the end 1.0% (results/2026-12-07-h100-add-norm, where the engine's use of
+it, NORM_KERNEL_MIN_HIDDEN, was measured). Same contract and numerics as
+DenseOps.add_rms_norm: x [T, H] or a narrow projection's fp32 split-K partials [S, T, H],
+added up in split order and rounded as the finished projection would be.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 the engine compiles it, PDL on) against kernels/add_norm.py with and without PDL, on a finished
 bf16 [T, H] or fp32 split-K partials [S, T, H] at the 0.8B-9B hidden sizes; each op captured
 20 times in one graph (back to back: what a call costs alone, not what it leaves exposed in a
-step), the median of 15 replays. On an H100 the kernel took 1.2-2.4 µs a call at 2,048-4,096
-columns against Inductor's 1.7-5.6, and lost at the 0.8B's 1,024, where Inductor's is a
-persistent reduction (results/2026-12-07-h100-add-norm):
+step), the median of 15 replays. On an H100 the kernel took 1.4-2.7 µs a one-row call at
+2,048-4,096 columns against Inductor's 1.9-5.8, and lost at the 0.8B's 1,024, where
+Inductor's is a persistent reduction (results/2026-12-07-h100-add-norm):
     python3 tests/gpu/time_add_norm.py"""
 
 from __future__ import annotations
