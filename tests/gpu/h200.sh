@@ -665,6 +665,10 @@ for part in "$@"; do
           *@base) tree=${BASE:?arm $arm runs the tree at BASE} ;;
           *@*) tree=$PWD/.gate/worktrees/${arm#*@} ;;
         esac
+        if [ ! -d "$tree/resident" ]; then
+          echo "== bench-${arm//@/_}: not run: no source tree at $tree (a repeat is fused2@base)"
+          continue
+        fi
         name=${arm%@*}
         case ${name%[0-9]} in
           off) knobs=(--set fused_decode=off --set pdl=off --set gemv_table=off) ;;
