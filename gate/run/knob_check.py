@@ -12,12 +12,11 @@ that fails any other way, is left to its server's start, as before.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 from gate.run.arms import Arm
-from gate.run.server import clean_environment
+from gate.run.server import clean_environment, put_tree_first
 
 # the child's exit status for a refusal: any other failure is not the knobs' to judge
 REFUSED = 3
@@ -54,7 +53,7 @@ def check_arm_knobs(knob_sets: list[tuple[Arm, list[dict[str, str]]]], model: st
 def _start(arm: Arm, knob_sets: list[dict[str, str]], model: str,
            device: str) -> subprocess.Popen:
     env = clean_environment()[0]
-    env["PYTHONPATH"] = os.pathsep.join([str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
+    put_tree_first(env, arm)
     return subprocess.Popen([sys.executable, "-c", _CHECK, model, device, json.dumps(knob_sets)],
                             cwd=arm.tree, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

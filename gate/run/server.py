@@ -222,9 +222,14 @@ def launch_environment(arm: Arm, launch: LaunchSpec) -> tuple[dict[str, str], li
     if launch.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_gpus(launch.gpu, tensor_parallel_ranks(arm))
     if arm.kind == "resident":
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
+        put_tree_first(env, arm)
     return env, removed
+
+
+def put_tree_first(env: dict[str, str], arm: Arm) -> None:
+    """A resident arm's tree first on `env`'s PYTHONPATH: its process imports that tree's
+    `resident`, whatever the gate's own is."""
+    env["PYTHONPATH"] = os.pathsep.join([str(arm.tree), *filter(None, [env.get("PYTHONPATH")])])
 
 
 def pinned_child(cpus: set[int], gate_pid: int):

@@ -149,9 +149,9 @@ class DecodeFusion:
         if not self.fused:
             return f"fused_decode off: separate kernels, pdl {'on' if self.pdl else 'off'}"
         silu_mul = (f"in gate_up's epilogue up to {MIN_DOT} rows" if self.gate_up_epilogue
-                    else "its own kernel (gate_up over 64 MB)")
-        add_norm = ("kernels/add_norm.py (hidden >= 4,096)" if self.norm_kernel
-                    else "Inductor's")
+                    else f"its own kernel (gate_up over {GATE_UP_EPILOGUE_MAX_BYTES >> 20} MB)")
+        add_norm = (f"kernels/add_norm.py (hidden >= {NORM_KERNEL_MIN_HIDDEN:,})"
+                    if self.norm_kernel else "Inductor's")
         if self.epilogues:
             silu_mul = f"in the down GEMV up to {FMA_MAX_ROWS} rows, else {silu_mul}"
             add_norm = f"in the narrow GEMVs' epilogues up to {MIN_DOT} rows, else {add_norm}"

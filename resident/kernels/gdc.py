@@ -17,9 +17,8 @@ import triton.language as tl
 def pdl_wait_then_release(USE_PDL: tl.constexpr):
     """Wait for the kernel before (its writes visible), then let the next kernel's programs be
     placed: from here on they can only wait for this one to finish."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
+    pdl_release(USE_PDL)
 
 
 @triton.jit
