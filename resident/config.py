@@ -41,6 +41,7 @@ _CHOICES = {
     "row_check": ("off", "on"),
     "phase_timing": ("off", "on"),
     "plan_ahead": ("off", "on", "launch"),
+    "late_launch": ("off", "on"),
     "attention_backend": ("auto", "flashinfer", "triton", "torch"),
     "cuda_graphs": ("auto", "on", "off"),
     "padded_prefill": ("auto", "on", "off"),
@@ -89,6 +90,11 @@ class EngineConfig:
     # from N's sampled tokens on the device (engine.py); the H200's decode step is then the
     # GPU's (results/2026-11-30-h200-0.8b-ahead)
     plan_ahead: str = "launch"
+    # on (plan_ahead=launch, one rank): the step after a decode step is launched late in that
+    # step's GPU time, the engine core polling its request pipe until then, so a request that
+    # arrives meanwhile runs its prompt in that step, not the one after (a decode step less of
+    # TTFT; engine/launch_window.py). The API's other messages keep to the step's boundary
+    late_launch: str = "off"
     attention_backend: str = "auto"  # decode attention; auto: triton on CUDA, torch on CPU
     cuda_graphs: str = "auto"  # one graph per decode bucket; auto: on for CUDA
     # every prefill and mixed step runs padded to the smallest prefill bucket (tokens) that
@@ -236,6 +242,11 @@ class EngineConfig:
             raise ValueError("knob num_state_slots: needs at least 2 (slot 0 is the sink)")
         if self.kv_cache_gib <= 0:
             raise ValueError(f"knob kv_cache_gib: must be > 0, got {self.kv_cache_gib}")
+        if self.late_launch == "on" and (self.plan_ahead != "launch" or self.tensor_parallel > 1):
+            raise ValueError("knob late_launch: on needs plan_ahead=launch and one rank "
+                             f"(plan_ahead={self.plan_ahead}, tensor_parallel="
+                             f"{self.tensor_parallel}): a follower rank replays intake only at "
+                             "a step's boundary")
         if self.gemv_table not in ("auto", "off") and self.decode_gemm not in ("skinny", "wide"):
             raise ValueError(f"knob gemv_table: picks kernels under decode_gemm skinny or wide, "
                              f"not {self.decode_gemm}")

@@ -14,8 +14,9 @@ from gate.report.markdown import TableSpec, header_line, page_title
 
 PHASES_MD = "phases.md"
 # GET /debug/phases keys, in the tables' column order
-COLUMNS = ("step", "event_sync", "main", "gpu", "plan", "kv_plan", "kv_stage", "attention",
-           "gdn_linear", "positions", "resident", "sampler", "declare_admit_pad", "rest")
+COLUMNS = ("step", "event_sync", "window", "main", "gpu", "plan", "kv_plan", "kv_stage",
+           "attention", "gdn_linear", "positions", "resident", "sampler", "declare_admit_pad",
+           "rest")
 
 
 def _decode(results: dict[str, dict[str, Any]], cell: str, arm: str) -> dict[str, float] | None:
@@ -37,7 +38,9 @@ def phase_rows(results: dict[str, dict[str, Any]], arms: list[str]) -> list[list
     for cell in results:
         for arm in arms:
             decode = _decode(results, cell, arm)
-            numbers = [f"{decode[k]:.3f}" for k in COLUMNS] if decode else ["-"] * len(COLUMNS)
+            # a server before late_launch reports no window
+            numbers = [f"{decode[k]:.3f}" if k in decode else "-" for k in COLUMNS] \
+                if decode else ["-"] * len(COLUMNS)
             rows.append([cell, arm, *numbers, str(decode["steps"]) if decode else "0"])
     return rows
 
@@ -81,7 +84,8 @@ def phases_md(results: dict[str, dict[str, Any]], manifest: Manifest) -> str:
         "ms per decode step, phase timing on, one server per arm at a time, a steady load per "
         "cell after a warm-up and a reset; over several rounds (arms in alternated order) each "
         "number is the rounds' mean weighted by their steps, and the plan thread's rounds' "
-        "range follows it in brackets. `step` and `event_sync` are wall time; the rest is "
+        "range follows it in brackets. `step`, `event_sync` and `window` (late_launch's poll "
+        "for arrivals) are wall time; the rest is "
         "thread CPU time. `plan` is the sum of the parts right of it (resident/engine/phases.py "
         "says what each part holds). Every step kind, and each round's, is in phases.json.",
         *(table.md() for table in tables)]) + "\n"

@@ -12,7 +12,10 @@ emits. `plan_ahead` overlaps the next step with this one:
 - `launch`: the next step also launches before the wait, decode or varlen (a varlen step is
   staged then), the token ids of rows this step sampled gathered on the device from its sampled
   tokens (buffers.SampledTokens), so the GPU goes from one step to the next without waiting for
-  the host: a burst of prompts no longer idles the GPU while each step is staged.
+  the host: a burst of prompts no longer idles the GPU while each step is staged. With
+  `late_launch` the step after a decode step is scheduled and launched late in that step's GPU
+  time instead, the engine core's intake (`Engine.intake`) polled until then, so a request
+  arriving meanwhile joins it (launch_window.py).
 
 Host staging is reused safely because every launch moves the read-back's event past its uploads
 (TokenReadback.mark): the wait that returns a step's tokens also frees the host sources of every
@@ -28,6 +31,7 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +41,7 @@ from resident.config import EngineConfig
 from resident.engine.buffers import SampledTokens
 from resident.engine.inputs import StepInputs
 from resident.engine.latency import RequestLatency
+from resident.engine.launch_window import LaunchWindow, poll_until
 from resident.engine.phases import NO_PHASES, PhaseTiming
 from resident.engine.planning import HostPlanning, PreparedStep, StepPlanning, planner_refusal
 from resident.engine.prefix import NoPrefixCache, PrefixCache
@@ -139,6 +144,10 @@ class Engine:
         self._prepared: PreparedStep | None = None
         self._zombies: list[Request] = []
         self._arrivals = 0
+        # late_launch: the engine core's intake, polled before a step is launched ahead (it
+        # returns whether it took a request); None: the step launches at once
+        self.intake: Callable[[], bool] | None = None
+        self.window = LaunchWindow()
         self.latency = RequestLatency()
         self.counters: Counter[str] = Counter()
         self.step_seconds: Counter[str] = Counter()
@@ -278,6 +287,8 @@ class Engine:
             tokens_gpu, positions = self._sample(prepared, step, sampling, kept)
         self.phases.lap("sampler")
         self._commit(prepared, live)
+        windowed = self._await_arrivals(prepared)
+        lead_s = time.perf_counter()
         if self.config.plan_ahead != "off":
             self._plan_next()
         if self._prepared and self.config.plan_ahead == "launch" \
@@ -285,15 +296,21 @@ class Engine:
             sampled = SampledTokens(tokens_gpu, _index_of(live, positions)) if live else None
             self._launch_ahead(sampled)
             self.counters[f"launched_ahead_{self._prepared.plan.kind}"] += 1
+            if windowed and self._prepared.is_decode:  # what a window without arrivals leads
+                self.window.led(time.perf_counter() - lead_s)
         # a step that samples no row (prompt chunks only) reads nothing back but still waits:
         # without it two such steps in a row turn the host ring over copies the GPU has not
         # run yet (buffers.py), and a step reads another step's rows (an illegal address)
         tokens: list[int] = []
+        wait_s = time.perf_counter()
         if live:
             tokens = self.phases.event_sync(self.readback.wait)
         else:
             self.phases.event_sync(self.readback.sync)
+        read_s = time.perf_counter()
         self.phases.lap("sample_sync")
+        if self.intake is not None:
+            self.window.read(prepared.bucket, prepared.launched_s, read_s, read_s - wait_s)
         logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
         failed = {live[row].request_id: FAILED_DRAW for row in self.readback.failed()} \
             if live else {}
@@ -338,6 +355,19 @@ class Engine:
         self.readback.start(tokens, logprobs, failed, packed)
         return tokens, None
 
+    def _await_arrivals(self, running: PreparedStep) -> bool:
+        """late_launch: before the step after a running decode step is scheduled, the engine
+        core's intake is polled until a request arrives or the step must launch
+        (launch_window.py); whether it polled. Only where an arrival could join that step: no
+        request already waits and a sequence is free."""
+        if self.intake is None or self.config.plan_ahead != "launch" or not running.is_decode \
+                or not self.scheduler.could_admit():
+            return False
+        deadline = self.window.deadline(running.bucket, running.launched_s)
+        if self.phases.window(lambda: poll_until(deadline, self.intake)):
+            self.counters["window_arrivals"] += 1
+        return True
+
     def _launch_ahead(self, sampled: SampledTokens | None) -> None:
         """Launches the prepared next step inside this one (its phases are its own)."""
         with self.phases.ahead(self._prepared.plan.kind):
@@ -359,11 +389,14 @@ class Engine:
             staged = self.inputs.varlen.stage(prepared.plan, sampled)
             launch = self.runner.plan_varlen(prepared.plan, staged)
             self.readback.mark()
-            return launch()
-        self.planning.upload_decode(prepared, sampled)
-        draws = self._stage_draw(prepared)
-        self.readback.mark()
-        return self.runner.launch_decode(prepared.bucket, prepared.width, draws)
+            logits = launch()
+        else:
+            self.planning.upload_decode(prepared, sampled)
+            draws = self._stage_draw(prepared)
+            self.readback.mark()
+            logits = self.runner.launch_decode(prepared.bucket, prepared.width, draws)
+        prepared.launched_s = time.perf_counter()
+        return logits
 
     def _stage_draw(self, prepared: PreparedStep) -> bool:
         """A decode step's sampling parameters, staged before its forward (its graph draws

@@ -2,8 +2,10 @@
 RESIDENT_PHASE_TIMING).
 
 A step is timed from the engine core's intake to its outputs sent (or from schedule to emit when
-the engine is stepped in process). Two keys are wall time: `step`, and `event_sync`, the wait
-for the GPU when sampling reads the tokens back. The rest is thread CPU time
+the engine is stepped in process). Three keys are wall time: `step`; `event_sync`, the wait
+for the GPU when sampling reads the tokens back; `window`, the wait before the next step is
+launched ahead under `late_launch` (launch_window.py), the request pipe polled (its CPU, a spin,
+is charged to no part). The rest is thread CPU time
 (`time.thread_time`), lapped at the seams between phases and charged to the thread role that
 owns each phase:
 
@@ -40,7 +42,7 @@ PLAN_PARTS = ("kv_plan", "kv_stage", "attention", "gdn_linear", "positions", "re
 MAIN_PARTS = ("intake", "schedule", "outputs")
 GPU_PARTS = ("launch", "sample_sync", "commit")
 ROLES = {"main": MAIN_PARTS, "gpu": GPU_PARTS, "plan": PLAN_PARTS}
-WALL_KEYS = ("step", "event_sync")
+WALL_KEYS = ("step", "event_sync", "window")
 REPORT_KEYS = (*WALL_KEYS, *ROLES, *PLAN_PARTS, "steps")
 
 
@@ -100,6 +102,15 @@ class PhaseTiming:
         self._parts["event_sync"] = self._parts.get("event_sync", 0.0) + waited
         return result
 
+    def window(self, wait: Callable[[], T]) -> T:
+        """wait(), the host polling for arrivals before the next launch, timed as window
+        (wall); the thread CPU it spins is dropped."""
+        start = time.perf_counter()
+        result = wait()
+        self._parts["window"] = self._parts.get("window", 0.0) + time.perf_counter() - start
+        self._cpu = time.thread_time()
+        return result
+
     def close(self) -> None:
         self._depth -= 1
         if self._depth or self._kind is None:
@@ -150,6 +161,9 @@ class NoPhases:
         return contextlib.nullcontext()
 
     def event_sync(self, wait: Callable[[], T]) -> T:
+        return wait()
+
+    def window(self, wait: Callable[[], T]) -> T:
         return wait()
 
     def close(self) -> None:

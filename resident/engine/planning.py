@@ -41,6 +41,7 @@ class PreparedStep:
     resident: ResidentPlan | None = None  # a resident step's plan
     staged: StagedStep | None = None  # and what its flush sent
     logits: StepLogits | None = None  # once launched
+    launched_s: float = 0.0  # perf_counter when its launch returned (launch_window.py)
 
     @property
     def is_decode(self) -> bool:

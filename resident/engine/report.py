@@ -71,6 +71,7 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "aborts": engine.counters["aborts"],
         "failed_requests": engine.counters["failed_requests"],
         "rows_after_finish": engine.counters["rows_after_finish"],
+        "window_arrivals": engine.counters["window_arrivals"],
         "rowcheck": rowcheck_counts(engine),
         "latency": engine.latency.snapshot(),
         **prefix_stats(engine),

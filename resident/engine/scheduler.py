@@ -110,6 +110,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.offloaded)
 
+    def could_admit(self) -> bool:
+        """Whether a request arriving now could start in the next step: none waits before it,
+        none is offloaded and a sequence is free (its pages are not checked)."""
+        return not self.waiting and not self.offloaded \
+            and len(self.running) < self.config.max_num_seqs
+
     def release(self, request: Request) -> None:
         """Takes a finished or aborted request out, giving back what it holds."""
         if request.status is Status.RUNNING:

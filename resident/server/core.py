@@ -7,7 +7,9 @@ process at least every HEARTBEAT_S a message of some kind, so it can tell a stuc
 from a quiet one. It exits on Shutdown or when its parent process is gone. Under `phase_timing` each
 loop that runs a step is timed from its intake to its outputs sent (engine/phases.py); the idle
 wait is outside it. A profile window (POST /debug/profile, profile_window.py) marks the same
-loops.
+loops. Under `late_launch` a step also takes the requests that arrive before it launches the
+next step ahead (engine/launch_window.py); the API's other messages wait for the loop's
+intake.
 
 Failures: a request that cannot be added fails alone (its output carries why). An error the
 engine's step raises is not tied to one request (the engine fails a request's own step work
@@ -17,10 +19,11 @@ alone, engine.py `_emit`): the core logs its traceback, sends Fatal with its one
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +186,8 @@ def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int,
     phases = engine.phases
     profiling = ProfileWindows(profile_dir(engine.config.profile_dir), engine.device.type)
     spin_s = IDLE_SPIN_S if engine.config.core_idle_spin == "on" else 0.0
+    late_launch = engine.config.late_launch == "on"
+    deferred: list[Any] = []  # what a step's window left to its boundary, in arrival order
     worked_s = time.monotonic()
     while os.getppid() == parent:
         pending: list[RequestOutput] = []
@@ -193,19 +198,26 @@ def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int,
         if closed is not None:
             query, answer = closed
             outputs.send(query.api_index, StatsReply(query.nonce, answer))
-        if not engine.has_work() and not input_arrived(requests, worked_s + spin_s):
+        if not engine.has_work() and not deferred \
+                and not input_arrived(requests, worked_s + spin_s):
             continue  # idle: waited outside any timed step
         phases.open()  # a step is timed from this intake to its outputs sent
         profiling.open_step()
         boundary = _Boundary()
+
+        def handle(one, pending=pending, boundary=boundary) -> bool:
+            return _handle(engine, one, pending, outputs, profiling, boundary,
+                           followers is not None)
+
+        taken, deferred = deferred, []
         while requests.poll(0):
-            message = requests.recv_pyobj()
-            # an API process sends what one turn of its event loop queued as one list
-            for one in message if isinstance(message, list) else (message,):
-                if not _handle(engine, one, pending, outputs, profiling, boundary,
-                               followers is not None):
-                    return
+            taken.append(requests.recv_pyobj())
+        # an API process sends what one turn of its event loop queued as one list
+        if not all(handle(one) for one in _each_message(taken)):
+            return
         phases.lap("intake")
+        if late_launch:
+            engine.intake = functools.partial(_window_intake, requests, handle, deferred)
         kind = _step(engine, followers, boundary, pending)
         if boundary.stats_queries:
             _answer_with_ranks(engine, followers, boundary.stats_queries, outputs)
@@ -216,6 +228,29 @@ def _serve(engine, requests: zmq.Socket, outputs: OutputRouter, parent: int,
         phases.close()
         worked_s = time.monotonic()
     log.warning("the API process is gone; engine core exits")
+
+
+def _each_message(received: list[Any]) -> Iterator[Any]:
+    """The messages of what was received, in order: an API process sends what one turn of its
+    event loop queued as one list."""
+    for message in received:
+        yield from message if isinstance(message, list) else (message,)
+
+
+def _window_intake(requests: zmq.Socket, handle: Callable[[Any], bool],
+                   deferred: list[Any]) -> bool:
+    """late_launch's poll inside a step (Engine.intake): the new requests of what arrived are
+    taken now; any other message, and all that arrives after it, waits in `deferred` for the
+    step's boundary, so messages still act in the order they came. Whether it took one."""
+    if deferred or not requests.poll(0):
+        return False
+    took = False
+    for one in _each_message([requests.recv_pyobj()]):
+        if deferred or not isinstance(one, AddRequest):
+            deferred.append(one)
+        else:
+            took = handle(one)
+    return took
 
 
 def input_arrived(requests: zmq.Socket, spin_until_s: float) -> bool:

@@ -58,6 +58,9 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     "rows_after_finish": ("resident_rows_after_finish", "counter",
                           "Rows a step planned ahead ran for a request that finished or was "
                           "aborted meanwhile (released after that step)."),
+    "window_arrivals": ("resident_window_arrivals", "counter",
+                        "Steps launched ahead whose late launch took a request that arrived "
+                        "while the step before ran (late_launch=on)."),
 }
 # the core's request latency histograms (engine/latency.py), stats["latency"][key]
 LATENCY_METRICS: dict[str, tuple[str, str]] = {

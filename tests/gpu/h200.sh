@@ -197,6 +197,10 @@
 #   gate-targets  configs/gate/h200-0.8b-targets.yaml (issue 33's served cells c=1/16/64/256:
 #             the defaults against fused_decode=off pdl=off gemv_table=off and against the bf16
 #             GDN state, three servers up together, until a verdict or 3 rounds), tarred
+#   gate-late-launch  configs/gate/h200-0.8b-late-launch.yaml (late_launch on against off,
+#             closed loop c=16/64: tok/s and TTFT), tarred
+#   gate-late-launch-prefix  configs/gate/h200-0.8b-late-launch-prefix.yaml (issue 37's open-loop
+#             prefix cells: the cache off and on under late_launch, and on with it off), tarred
 #   gate-idle-spin  configs/gate/h200-0.8b-idle-spin.yaml (core_idle_spin on against off, c=1,
 #             one prefix hit at a time: read TTFT and the queue split), tarred
 #   profile-varlen  configs/gate/h200-0.8b-varlen-profile.yaml (a prefix hit's prefill step
@@ -530,7 +534,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-targets)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-targets | gate-late-launch | gate-late-launch-prefix)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
