@@ -230,6 +230,8 @@ KNOB_MEANINGS = {
     "row_check": "debug: after each resident step, compare the device's rows with the streams",
     "phase_timing": "time each step's phases, read at GET /debug/phases",
     "plan_ahead": "stage step N+1 while N runs (on); also launch the next decode (launch)",
+    "late_launch": "launch the step after a decode step late in its GPU time, taking the "
+                   "requests that arrive until then into it (auto: on CUDA under launch)",
     "attention_backend": "the decode attention kernel; auto: triton on CUDA, torch on CPU",
     "cuda_graphs": "capture steps as CUDA graphs; auto: on for CUDA",
     "padded_prefill": "pad prefill and mixed steps to token buckets; auto: on for CUDA",

@@ -89,7 +89,11 @@ def test_poll_until_stops_at_the_first_arrival_or_the_deadline():
 
 
 def test_late_launch_needs_plan_ahead_launch_and_one_rank():
-    assert EngineConfig(late_launch="on").late_launch == "on"
+    assert EngineConfig().resolve(TINY, "cuda").late_launch == "on"
+    assert EngineConfig().resolve(TINY, "cpu").late_launch == "off"
+    assert EngineConfig(plan_ahead="on").resolve(TINY, "cuda").late_launch == "off"
+    assert EngineConfig(late_launch="on").resolve(TINY, "cpu").late_launch == "on"
+    assert not EngineConfig().is_resolved  # auto is filled by resolve
     with pytest.raises(ValueError, match="knob late_launch: on needs plan_ahead=launch"):
         EngineConfig(late_launch="on", plan_ahead="on")
     with pytest.raises(ValueError, match="tensor_parallel=2"):

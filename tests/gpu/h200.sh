@@ -197,6 +197,8 @@
 #   gate-targets  configs/gate/h200-0.8b-targets.yaml (issue 33's served cells c=1/16/64/256:
 #             the defaults against fused_decode=off pdl=off gemv_table=off and against the bf16
 #             GDN state, three servers up together, until a verdict or 3 rounds), tarred
+#   check-late-launch-fp32  configs/gate/check-h200-0.8b-late-launch-fp32.yaml (late_launch on
+#             against off, greedy and concurrency sweeps in float32), tarred
 #   gate-late-launch  configs/gate/h200-0.8b-late-launch.yaml (late_launch on against off,
 #             closed loop c=16/64: tok/s and TTFT), tarred
 #   gate-late-launch-prefix  configs/gate/h200-0.8b-late-launch-prefix.yaml (issue 37's open-loop
@@ -450,6 +452,10 @@ for part in "$@"; do
       run check-state-bf16 "${CHECK_LIMIT:-400}" python3 -m gate check \
         --config configs/gate/check-h200-0.8b-state-bf16-fp32.yaml --out "$OUT/check-state-bf16"
       tar czf "$OUT/check-state-bf16.tgz" -C "$OUT" check-state-bf16 && rm -rf "$OUT/check-state-bf16" ;;
+    check-late-launch-fp32)
+      run check-late-launch-fp32 "${CHECK_LIMIT:-400}" python3 -m gate check \
+        --config configs/gate/check-h200-0.8b-late-launch-fp32.yaml --out "$OUT/$part"
+      tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
     check-fused-fp32)
       model=${MODEL:-qwen3.5-0.8b}
       dir=check-fused-fp32-$model
