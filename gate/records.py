@@ -60,6 +60,9 @@ class RunRecord:
     # /metrics; empty for other servers): TTFT at the client less `ttft` here is the request's
     # way in and its first token's way out
     core_ms: dict[str, float] = field(default_factory=dict)
+    # requests late launch's windows took into the step after the running one over the run
+    # (resident's /metrics, late_launch); None: a server without the counter
+    window_arrivals: int | None = None
     sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
     # CPU seconds over the run of the launched server process (a resident arm's API process)
     # and of its descendants (the engine core); None: n/a (no /proc)

@@ -135,6 +135,8 @@ def test_a_session_writes_everything(session):
     assert all(r.prefix == {"hits": r.metrics.completed, "saved_tokens": 32 * r.metrics.completed}
                for r in runs if r.arm == "head")
     assert all(r.prefix == {"hits": 0, "saved_tokens": 0} for r in runs if r.arm == "main")
+    # late launch is off on CPU (auto): its counter is there and took nothing
+    assert all(r.window_arrivals == 0 for r in runs)
     assert ("- c=1: prefix cache hits over the runs: main 0 of 16 requests; head 16 of 16 "
             "requests (32 prompt tokens restored a hit).") in (out / "summary.md").read_text()
     manifest = Manifest.read(out).to_dict()

@@ -359,6 +359,17 @@ def test_an_open_loop_says_its_rates_and_the_requests_that_waited_for_a_slot():
         "concurrency let through."]
 
 
+def test_the_summary_says_what_late_launch_took():
+    rows = [{"cell": "c=16", "arm": "early", "window_arrivals": 0, "completed": 384, "failed": 0},
+            {"cell": "c=16", "arm": "late", "window_arrivals": 118, "completed": 383,
+             "failed": 1},
+            {"cell": "c=64", "arm": "late", "window_arrivals": None, "completed": 9,
+             "failed": None}]
+    assert notes.window_lines(rows) == [
+        "- c=16: late launch took requests into the step after the one running when they came: "
+        "late 118 of 384 requests."]
+
+
 def test_start_up_counts_servers_that_started_together_once():
     """The summary's start-up is the wall time with a server starting: overlapping spans count
     once (--parallel-start), spans one after another add up, and a server from a manifest

@@ -76,6 +76,21 @@ def prefix_cache_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def window_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell where some arm's late launch took requests into the step after the one
+    running when they came (each a decode step sooner to its first token), against the
+    requests it served."""
+    lines = []
+    for cell in dict.fromkeys(row["cell"] for row in rows):
+        mine = [r for r in rows if r["cell"] == cell and r.get("window_arrivals")]
+        if mine:
+            parts = [f"{r['arm']} {r['window_arrivals']:,} of "
+                     f"{(r['completed'] or 0) + (r['failed'] or 0):,} requests" for r in mine]
+            lines.append(f"- {cell}: late launch took requests into the step after the one "
+                         f"running when they came: {'; '.join(parts)}.")
+    return lines
+
+
 def core_ttft_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A line per cell where the servers timed their TTFT to the engine core's output: each
     arm's mean TTFT at the client against the server's (API arrival to the first token out of

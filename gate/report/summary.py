@@ -120,6 +120,13 @@ def _prefix_cache(runs: pd.DataFrame) -> dict[str, int | None]:
                                     + known["failed"].fillna(0)).sum())}
 
 
+def _window_arrivals(runs: pd.DataFrame) -> int | None:
+    """The requests late launch's windows took over the runs that recorded the counter (None
+    when none did)."""
+    known = runs["window_arrivals"].dropna()
+    return int(known.sum()) if len(known) else None
+
+
 def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
     return {
         "runs_ok": int(runs["ok"].sum()),
@@ -152,6 +159,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     api_cpu_us_per_token, core_cpu_share, client_cpu_share); the prefix cache's hits and
     restored prompt tokens over the runs that recorded them, and those runs' requests
     (`prefix_hits`, `prefix_saved_tokens`, `prefix_requests`; None for a server without them);
+    the requests late launch's windows took over the runs (`window_arrivals`; None likewise);
     the server's mean TTFT parts (`_core_latency`: core_queue_ms, core_prefill_ms,
     core_ttft_ms, each run's mean over its requests, the median over runs);
     open loop, the requests that arrived with every slot busy and waited for one
@@ -172,7 +180,8 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
             rows.append({
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
                 **_core_latency(runs),
-                **_prefix_cache(runs), "requests_waited": int(runs["num_waited"].sum()),
+                **_prefix_cache(runs), "window_arrivals": _window_arrivals(runs),
+                "requests_waited": int(runs["num_waited"].sum()),
                 "judged": measure,
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
                 "verdict": None if is_base else stats.verdict_of(verdicts, cell, arm)["verdict"],
@@ -312,6 +321,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
         parts.append("No runs.")
     parts.append("\n".join(_health_lines(rows, arms, flagged) + notes.short_run_lines(rows)
                            + notes.cpu_bound_lines(rows) + notes.prefix_cache_lines(rows)
+                           + notes.window_lines(rows)
                            + notes.core_ttft_lines(rows)
                            + notes.waited_lines(rows)
                            + notes.host_load_lines(manifest)

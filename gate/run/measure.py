@@ -14,7 +14,15 @@ from gate.records import RunRecord
 from gate.run.arms import Arm
 from gate.run.load import LoadSpec, RunResult, num_warmup_for, run_load, warm_up
 from gate.run.placement import Placement
-from gate.run.server import EngineSteps, Server, ServerFailed, core_latency_ms, prefix_counts
+from gate.run.server import (
+    WINDOW_ARRIVALS,
+    EngineSteps,
+    Server,
+    ServerFailed,
+    core_latency_ms,
+    counter_delta,
+    prefix_counts,
+)
 from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
 
 
@@ -70,6 +78,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         error="; ".join(result.errors) or (None if ok else "server died"),
         metrics=metrics, steps=steps, step_ms=step_ms,
         prefix=prefix_counts(metrics_before, metrics_after),
+        window_arrivals=counter_delta(metrics_before, metrics_after, WINDOW_ARRIVALS),
         core_ms=core_latency_ms(metrics_before, metrics_after), sibling_busy_cpus=busy,
         api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=result.client_cpu_s,
         num_clients=spec.num_clients, num_waited=result.num_waited,

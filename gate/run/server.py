@@ -293,6 +293,15 @@ def prefix_counts(before: dict[str, float], after: dict[str, float],
             for key, name in names.items() if name in after}
 
 
+# late launch's windows that took a request (resident's /metrics, late_launch)
+WINDOW_ARRIVALS = "resident_window_arrivals_total"
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float], name: str) -> int | None:
+    """A /metrics counter's growth between two readings; None for a server without it."""
+    return int(after[name] - before.get(name, 0.0)) if name in after else None
+
+
 # the server's TTFT parts in resident's /metrics (its latency histograms), by the key a
 # run record keeps their means under: names of the metrics protocol, read over HTTP from any
 # tree's server (the gate imports no server code; a test holds them among
