@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 HISTORY = 16
 # what the deadline keeps in hand past the host's slowest recent schedule and launch: a Python
@@ -81,7 +82,7 @@ class LaunchWindow:
         self._lead_s.append(seconds)
 
 
-def poll_until(deadline: float | None, intake) -> bool:
+def poll_until(deadline: float | None, intake: Callable[[], bool]) -> bool:
     """Calls intake() (True: it took a request) once, then again until it takes one or the
     deadline passes; whether one was taken."""
     took = intake()
