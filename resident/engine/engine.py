@@ -283,34 +283,12 @@ class Engine:
         kept = [i for i, r in enumerate(sampling) if not r.finish_reason] \
             if self._zombies else None
         live = sampling if kept is None else [sampling[i] for i in kept]
-        if live:
-            tokens_gpu, positions = self._sample(prepared, step, sampling, kept)
+        drawn = self._sample(prepared, step, sampling, kept) if live else None
         self.phases.lap("sampler")
         self._commit(prepared, live)
-        windowed = self._await_arrivals(prepared)
-        lead_s = time.perf_counter()
         if self.config.plan_ahead != "off":
-            self._plan_next()
-        if self._prepared and self.config.plan_ahead == "launch" \
-                and (live or not self._prepared.is_decode):
-            sampled = SampledTokens(tokens_gpu, _index_of(live, positions)) if live else None
-            self._launch_ahead(sampled)
-            self.counters[f"launched_ahead_{self._prepared.plan.kind}"] += 1
-            if windowed and self._prepared.is_decode:  # what a window without arrivals leads
-                self.window.led(time.perf_counter() - lead_s)
-        # a step that samples no row (prompt chunks only) reads nothing back but still waits:
-        # without it two such steps in a row turn the host ring over copies the GPU has not
-        # run yet (buffers.py), and a step reads another step's rows (an illegal address)
-        tokens: list[int] = []
-        wait_s = time.perf_counter()
-        if live:
-            tokens = self.phases.event_sync(self.readback.wait)
-        else:
-            self.phases.event_sync(self.readback.sync)
-        read_s = time.perf_counter()
-        self.phases.lap("sample_sync")
-        if self.intake is not None:
-            self.window.read(prepared.bucket, prepared.launched_s, read_s, read_s - wait_s)
+            self._ahead(prepared, live, drawn)
+        tokens = self._read_tokens(prepared, bool(live))
         logprobs = (self.readback.logprobs() if live else None) or [None] * len(tokens)
         failed = {live[row].request_id: FAILED_DRAW for row in self.readback.failed()} \
             if live else {}
@@ -323,6 +301,44 @@ class Engine:
         if self._prepared and self._prepared.logits is None:  # before these outputs leave
             self._launch_ahead(None)
         return outputs
+
+    def _ahead(self, running: PreparedStep, live: list[Request],
+               drawn: tuple[torch.Tensor, list[int] | None] | None) -> None:
+        """plan_ahead: the next step scheduled and prepared while this one runs; under
+        `launch` also launched (a decode step only where this one sampled: its ids come from
+        the `live` rows' `drawn` tokens on the device, _sample's), after late_launch's window
+        for arrivals."""
+        windowed = self._await_arrivals(running)
+        lead_s = time.perf_counter()
+        self._plan_next()
+        if self._prepared and self.config.plan_ahead == "launch" \
+                and (live or not self._prepared.is_decode):
+            sampled = None
+            if drawn is not None:
+                tokens_gpu, positions = drawn
+                sampled = SampledTokens(tokens_gpu, _index_of(live, positions))
+            self._launch_ahead(sampled)
+            self.counters[f"launched_ahead_{self._prepared.plan.kind}"] += 1
+            if windowed and self._prepared.is_decode:  # what a window without arrivals leads
+                self.window.led(time.perf_counter() - lead_s)
+
+    def _read_tokens(self, prepared: PreparedStep, sampled: bool) -> list[int]:
+        """Waits for the step's tokens (the step's one wait for the GPU) and reads them (none
+        where it sampled no row); late_launch's window learns the step's GPU time from it. A
+        step that samples no row (prompt chunks only) still waits: without it two such steps
+        in a row turn the host ring over copies the GPU has not run yet (buffers.py), and a
+        step reads another step's rows (an illegal address)."""
+        tokens: list[int] = []
+        wait_s = time.perf_counter()
+        if sampled:
+            tokens = self.phases.event_sync(self.readback.wait)
+        else:
+            self.phases.event_sync(self.readback.sync)
+        read_s = time.perf_counter()
+        self.phases.lap("sample_sync")
+        if self.intake is not None:
+            self.window.read(prepared.bucket, prepared.launched_s, read_s, read_s - wait_s)
+        return tokens
 
     def _sample(self, prepared: PreparedStep, step: StepLogits, sampling: list[Request],
                 kept: list[int] | None) -> tuple[torch.Tensor, list[int] | None]:
