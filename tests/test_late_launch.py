@@ -112,11 +112,11 @@ def first_token_steps(engine: Engine, arrivals: dict[int, EngineRequest],
     engine.add_request(request("a", 0, max_tokens=12))
     calls, first, tokens = 0, {}, {}
 
-    def intake() -> bool:
+    def intake() -> int:
         new = arrivals.pop(calls, None)
         if new is not None:
             assert engine.add_request(new) is None
-        return new is not None
+        return int(new is not None)
 
     engine.intake = intake if through_window else None
     while engine.has_work():
@@ -179,17 +179,21 @@ def test_the_core_takes_new_requests_and_keeps_the_rest_in_order():
             handled.append(message)
             return True
 
-        assert not _window_intake(pull, handle, deferred)  # nothing there
+        assert _window_intake(pull, handle, deferred) == 0  # nothing there
         add_a, add_b = AddRequest(request("a", 0), 0), AddRequest(request("b", 1), 0)
         abort_x = AbortRequest("x")
         push.send_pyobj([add_a, abort_x, add_b])  # one turn of an API's loop
-        assert _window_intake(pull, handle, deferred)
+        assert _window_intake(pull, handle, deferred) == 1
         # a is taken; the abort waits for the boundary, and b after it, so they keep order
         assert [m.request.request_id for m in handled] == ["a"]
         assert [type(m) for m in deferred] == [AbortRequest, AddRequest]
         push.send_pyobj(AddRequest(request("c", 2), 0))
-        assert not _window_intake(pull, handle, deferred)  # nothing more while one waits
+        assert _window_intake(pull, handle, deferred) == 0  # nothing more while one waits
         assert len(handled) == 1 and pull.poll(0)
+        pull.recv_pyobj()
+        deferred.clear()
+        push.send_pyobj([AddRequest(request("d", 3), 0), AddRequest(request("e", 4), 0)])
+        assert _window_intake(pull, handle, deferred) == 2  # the requests, not the message
 
 
 def test_a_late_launching_server_serves_the_same_tokens():

@@ -279,6 +279,15 @@ def parse_metrics(text: str) -> dict[str, float]:
     return samples
 
 
+# the requests late launch's windows took (resident's /metrics, late_launch)
+WINDOW_ARRIVALS = "resident_window_arrivals_total"
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float], name: str) -> int | None:
+    """A /metrics counter's growth between two readings; None for a server without it."""
+    return int(after[name] - before.get(name, 0.0)) if name in after else None
+
+
 # the prefix cache's counters in resident's /metrics, by the key a run record keeps them under
 PREFIX_COUNTERS = {"hits": "resident_prefix_cache_hits_total",
                    "saved_tokens": "resident_prefix_cache_saved_tokens_total"}
@@ -289,17 +298,8 @@ def prefix_counts(before: dict[str, float], after: dict[str, float],
     """The prefix cache's hits and restored prompt tokens between two readings of its
     counters, /metrics by default (`names`: each key's counter; empty for a server that has no
     such counters)."""
-    return {key: int(after[name] - before.get(name, 0.0))
-            for key, name in names.items() if name in after}
-
-
-# late launch's windows that took a request (resident's /metrics, late_launch)
-WINDOW_ARRIVALS = "resident_window_arrivals_total"
-
-
-def counter_delta(before: dict[str, float], after: dict[str, float], name: str) -> int | None:
-    """A /metrics counter's growth between two readings; None for a server without it."""
-    return int(after[name] - before.get(name, 0.0)) if name in after else None
+    deltas = {key: counter_delta(before, after, name) for key, name in names.items()}
+    return {key: delta for key, delta in deltas.items() if delta is not None}
 
 
 # the server's TTFT parts in resident's /metrics (its latency histograms), by the key a

@@ -145,8 +145,8 @@ class Engine:
         self._zombies: list[Request] = []
         self._arrivals = 0
         # late_launch: the engine core's intake, polled before a step is launched ahead (it
-        # returns whether it took a request); None: the step launches at once
-        self.intake: Callable[[], bool] | None = None
+        # returns the requests it took); None: the step launches at once
+        self.intake: Callable[[], int] | None = None
         self.window = LaunchWindow()
         self.latency = RequestLatency()
         self.counters: Counter[str] = Counter()
@@ -380,8 +380,8 @@ class Engine:
                 or not self.scheduler.could_admit():
             return False
         deadline = self.window.deadline(running.bucket, running.launched_s)
-        if self.phases.window(lambda: poll_until(deadline, self.intake)):
-            self.counters["window_arrivals"] += 1
+        self.counters["window_arrivals"] += self.phases.window(
+            lambda: poll_until(deadline, self.intake))
         return True
 
     def _launch_ahead(self, sampled: SampledTokens | None) -> None:

@@ -82,9 +82,9 @@ class LaunchWindow:
         self._lead_s.append(seconds)
 
 
-def poll_until(deadline: float | None, intake: Callable[[], bool]) -> bool:
-    """Calls intake() (True: it took a request) once, then again until it takes one or the
-    deadline passes; whether one was taken."""
+def poll_until(deadline: float | None, intake: Callable[[], int]) -> int:
+    """Calls intake() (the requests it took) once, then again until it takes one or the
+    deadline passes; the requests taken."""
     took = intake()
     while not took and deadline is not None and time.perf_counter() < deadline:
         took = intake()

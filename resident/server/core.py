@@ -238,18 +238,19 @@ def _each_message(received: list[Any]) -> Iterator[Any]:
 
 
 def _window_intake(requests: zmq.Socket, handle: Callable[[Any], bool],
-                   deferred: list[Any]) -> bool:
+                   deferred: list[Any]) -> int:
     """late_launch's poll inside a step (Engine.intake): the new requests of what arrived are
     taken now; any other message, and all that arrives after it, waits in `deferred` for the
-    step's boundary, so messages still act in the order they came. Whether it took one."""
+    step's boundary, so messages still act in the order they came. The requests it took."""
     if deferred or not requests.poll(0):
-        return False
-    took = False
+        return 0
+    took = 0
     for one in _each_message([requests.recv_pyobj()]):
         if deferred or not isinstance(one, AddRequest):
             deferred.append(one)
         else:
-            took = handle(one)
+            handle(one)
+            took += 1
     return took
 
 

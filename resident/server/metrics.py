@@ -59,8 +59,8 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
                           "Rows a step planned ahead ran for a request that finished or was "
                           "aborted meanwhile (released after that step)."),
     "window_arrivals": ("resident_window_arrivals", "counter",
-                        "Steps launched ahead whose late launch took a request that arrived "
-                        "while the step before ran (late_launch=on)."),
+                        "Requests late launch took into the step after the one running when "
+                        "they arrived (late_launch=on)."),
 }
 # the core's request latency histograms (engine/latency.py), stats["latency"][key]
 LATENCY_METRICS: dict[str, tuple[str, str]] = {
