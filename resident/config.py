@@ -169,10 +169,12 @@ class EngineConfig:
     # (results/2026-12-06-h200-sampled-varlen)
     varlen_splits: str = "auto"
     # the Triton decode attention's keys split over as many programs a (row, kv head) as give
-    # a small bucket's grid twice as many programs as SMs (auto:
-    # kernels/decode_attention.decode_splits, 8 to 64); off: 8 in every bucket. On an H100 at
-    # c=1 a layer took 8.4 -> 6.4 µs over 560 keys and 29.1 -> 8.6 over 4,096
-    # (results/2026-12-06-h100-decode-splits)
+    # a small bucket's grid twice as many programs as SMs, 8 to 64, and a wide bucket half the
+    # tile and four times the SMs' programs, 1 to 8 splits (auto:
+    # kernels/decode_attention.decode_tile); off: 8 splits of the kernel's own tile in every
+    # bucket. On an H100 at c=1 a layer took 8.4 -> 6.4 µs over 560 keys and 29.1 -> 8.6 over
+    # 4,096 (results/2026-12-06-h100-decode-splits); at 256 rows 150.8 -> 120.8 over 640
+    # (results/2026-12-07-h100-decode-tiles)
     decode_splits: str = "auto"
     api_core: str = ""  # CPU list for the API process, e.g. "3" or "0-1"; empty: not pinned
     # CPU list for the engine core's step thread; auto: two of the process's allowed CPUs

@@ -684,15 +684,19 @@ def test_every_committed_gemv_table_loads_and_names_real_projections(path):
     assert all(table.choose(n, k, 1) is not None for n, k in measured)
 
 
-def test_decode_splits_give_a_small_buckets_grid_twice_the_sms():
+def test_decode_tiles_fill_a_small_buckets_grid_twice_and_a_wide_ones_four_times():
     """decode_splits=auto: the Triton decode attention's key splits a (row, kv head) fill a
-    bucket's grid to twice the SMs' count (the 0.8B's 2 kv heads on an H100's 132 SMs: 64 at c=1,
-    33 at c=4, 16 at c=8), never fewer than the 8 every bucket had before nor more than 64."""
-    from resident.kernels.decode_attention import decode_splits
+    small bucket's grid to twice the SMs' count (the 0.8B's 2 kv heads on an H100's 132 SMs:
+    64 at c=1, 33 at c=4, 16 at c=8), 8 to 64, at the kernel's own tile; a bucket whose rows
+    alone fill the GPU takes half the tile and four times the SMs' programs, 1 to 8 splits."""
+    from resident.kernels.decode_attention import decode_tile
 
-    assert [decode_splits(batch, 2, 132) for batch in (1, 2, 4, 8, 16, 64, 256)] == \
-        [64, 64, 33, 16, 8, 8, 8]
-    assert decode_splits(1, 2, 8) == 8
+    tiles = [decode_tile(batch, 2, 132, 256) for batch in (1, 2, 4, 8, 16, 24, 32, 64, 128, 256)]
+    assert [tile.num_splits for tile in tiles] == [64, 64, 33, 16, 8, 8, 8, 4, 2, 1]
+    assert [tile.block_n for tile in tiles] == [32] * 5 + [16] * 5
+    assert decode_tile(1, 2, 8, 256) == (8, 32)  # an 8-SM GPU: 2 rows are a wide bucket
+    assert decode_tile(2, 2, 8, 256) == (8, 16)
+    assert decode_tile(512, 4, 132, 128) == (1, 32)  # half of D = 128's 64 keys
 
 
 @pytest.mark.parametrize(("decode_splits", "num_sms"), [("auto", 64), ("off", 0)])

@@ -193,11 +193,13 @@ def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 16, 64])
+@pytest.mark.parametrize("batch", [1, 16, 64, 256])
 @pytest.mark.parametrize("num_splits", [1, 8, 32, 64])
-def test_real_shape_bf16_gpu(batch, num_splits):
+@pytest.mark.parametrize("block_n", [None, 16])
+def test_real_shape_bf16_gpu(batch, num_splits, block_n):
     """Qwen3.5 attention shapes: head_dim 256, 8 query heads over 2 kv heads, page 16, ~640
-    keys a row; the last row pads on the sink when the batch has more than one row."""
+    keys a row; the last row pads on the sink when the batch has more than one row. At the
+    kernel's own tile and at a wide bucket's (16 keys, 4 warps: decode_tile)."""
     generator = torch.Generator().manual_seed(batch)
     lengths = torch.randint(600, 680, (batch,), generator=generator).tolist()
     if batch > 1:
@@ -205,17 +207,18 @@ def test_real_shape_bf16_gpu(batch, num_splits):
     query, kv, tables, token_seq, positions = make_step(
         lengths, page_size=16, num_kv_heads=2, head_dim=256, num_heads=8, dtype=torch.bfloat16,
         width=48, extra_cols=5, seed=batch)
-    out = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits)
+    out = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
+                       block_n=block_n)
     ref = paged_attention_ref(query.float(), kv.float(), tables, token_seq, positions,
                               256**-0.5)
     assert _relative_error(out, ref) < 1e-2
     gate = torch.randn(batch, 8, 2 * 256, device=DEVICE, dtype=torch.bfloat16)[:, :, 256:]
     gated = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
-                         gate=gate)
+                         gate=gate, block_n=block_n)
     torch.testing.assert_close(gated.float(), (out.float() * gate.float().sigmoid()),
                                atol=1e-2, rtol=1e-2)
     merged = run_poisoned(query, kv, tables, token_seq, positions, 256**-0.5, num_splits,
-                          gate=gate, meeting=KeptZeros(), pdl=True)
+                          gate=gate, meeting=KeptZeros(), pdl=True, block_n=block_n)
     # the meeting's combine sums in the split kernel's layout (8 warps), which may round apart
     # from the combine kernel's by an ulp in a few elements (H200: 5-10 of 131,072, at most
     # 6e-5, the same error against the fp32 reference): equal to within that

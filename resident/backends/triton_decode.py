@@ -19,7 +19,7 @@ from resident.kernels.add_norm import add_rms_norm
 from resident.kernels.attention_prologue import attention_prologue
 from resident.kernels.decode_attention import (
     DEFAULT_DECODE_SPLITS,
-    decode_splits,
+    decode_tile,
     paged_decode_attention,
 )
 from resident.kernels.embedding import embedding
@@ -65,12 +65,14 @@ def gated_delta_rule_decode_op(query, key, value, a, b, a_log, dt_bias, state_po
 
 def attention_decode_op(query, kv_layer, meta: StepMeta, scale: float, *, pdl: bool = False,
                         gate=None, meeting: KeptZeros | None = None, num_sms: int = 0):
-    """The split-KV decode attention; its keys split as decode_splits gives the bucket (its
-    rows, query's first dimension) on num_sms SMs (decode_splits=auto), 8 splits given 0."""
-    num_splits = DEFAULT_DECODE_SPLITS if not num_sms else decode_splits(
-        query.shape[0], kv_layer.shape[3], num_sms)
+    """The split-KV decode attention; its keys split and tiled as decode_tile gives the
+    bucket (its rows, query's first dimension) on num_sms SMs (decode_splits=auto); given 0,
+    8 splits of the kernel's own tile."""
+    num_splits, block_n = (DEFAULT_DECODE_SPLITS, None) if not num_sms else decode_tile(
+        query.shape[0], kv_layer.shape[3], num_sms, query.shape[2])
     return paged_decode_attention(query, kv_layer, meta.block_tables, None, meta.positions,
-                                  scale, num_splits, pdl=pdl, gate=gate, meeting=meeting)
+                                  scale, num_splits, pdl=pdl, gate=gate, meeting=meeting,
+                                  block_n=block_n)
 
 
 def gated_attention_decode_op(query, gate, kv_layer, meta: StepMeta, scale: float, **kwargs):
@@ -307,8 +309,8 @@ class TritonDecode(DecodeKernels):
     def __init__(self, buckets: tuple[int, ...], decode_gemm: str = "skinny",
                  fusion: DecodeFusion | None = None, table: GemvTable | None = None,
                  num_sms: int = 0) -> None:
-        """num_sms: the device's SMs, which size each bucket's attention splits
-        (decode_splits=auto); 0: 8 splits in every bucket."""
+        """num_sms: the device's SMs, which size each bucket's attention splits and tile
+        (decode_splits=auto); 0: 8 splits of the kernel's own tile in every bucket."""
         fusion = fusion or DecodeFusion()
         # under epilogues the attention is one kernel (its combine in the split pass); fused,
         # the combine writes the output gated, so the gate has no kernel of its own

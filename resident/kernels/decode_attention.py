@@ -44,7 +44,8 @@ from resident.kernels.pdl import launch_options as pdl_options
 # the elementwise form materialises a [group, BLOCK_N, BLOCK_D] product in registers (spills at
 # D = 256) and leaves the tensor cores idle. The same code is then correct for any group size.
 _MIN_DOT = 16
-# key splits a (row, kv head): decode_splits=off's in every bucket, and the fewest auto gives
+# key splits a (row, kv head): decode_splits=off's in every bucket, the fewest auto gives a
+# small bucket and the most a wide one (decode_tile)
 DEFAULT_DECODE_SPLITS = 8
 MAX_DECODE_SPLITS = 64
 
@@ -247,21 +248,48 @@ def _combine_head(partial_out, partial_lse, out, gate, row, head,
              mask=d_mask)
 
 
-def decode_splits(batch: int, num_kv_heads: int, num_sms: int) -> int:
-    """Key splits a (row, kv head) for a decode bucket of `batch` rows (decode_splits=auto):
-    as many as give the grid (batch x kv heads x splits) twice as many programs as SMs, rounded
-    down, at least DEFAULT_DECODE_SPLITS and at most MAX_DECODE_SPLITS (the split pass holds
-    one program an SM at a time: 236 registers a thread at 8 warps, tools/compile_check).
-    Small buckets then spread each row's keys over more programs, where 8 splits left most SMs
-    idle (at c=1 on the 0.8B: 16 programs on 132 SMs) and each program walked its tiles one
-    after another. On an H100 (results/2026-12-06-h100-decode-splits, µs a call at 8 / 16 /
-    32 / 64 splits): c=1 over 560 keys 8.4 / 7.5 / 7.1 / 6.4, over 4,096 keys 29.1 / 17.3 /
-    12.5 / 8.6; c=8 over 4,096 41.1 / 33.0 / 36.3 / 36.4; c=16 and wider are fastest at 8. A
-    bucket's grid is fixed at capture and splits are balanced on the device by each row's
+class DecodeTile(NamedTuple):
+    """How a decode bucket's attention is cut: key splits a (row, kv head), keys a tile."""
+
+    num_splits: int
+    block_n: int
+
+
+def decode_tile(batch: int, num_kv_heads: int, num_sms: int, head_dim: int) -> DecodeTile:
+    """The key splits and tile of a decode bucket of `batch` rows (decode_splits=auto).
+
+    A small bucket (its grid under 2 x 8 programs an SM, the split pass holding one program an
+    SM at a time: 236 registers a thread at 8 warps, tools/compile_check) keeps the kernel's
+    own tile and takes as many splits as give the grid (batch x kv heads x splits) twice as
+    many programs as SMs, rounded down, 8 to MAX_DECODE_SPLITS: 8 splits left most SMs idle
+    (at c=1 on the 0.8B: 16 programs on 132 SMs) while each program walked its tiles one after
+    another. On an H100 (results/2026-12-06-h100-decode-splits, µs a call at 8 / 16 / 32 / 64
+    splits): c=1 over 560 keys 8.4 / 7.5 / 7.1 / 6.4, over 4,096 keys 29.1 / 17.3 / 12.5 / 8.6;
+    c=8 over 4,096 41.1 / 33.0 / 36.3 / 36.4.
+
+    A wider bucket, whose rows alone fill the GPU, halves the tile (at D = 256: 16 keys, 4
+    warps, 245 registers a thread as compile_check types it: two programs an SM) and takes as
+    many splits as give four times the SMs' programs (two waves of two), 1 to 8: 8 splits cut
+    each row's keys into so few tiles that a program's launch, q load and partials outweighed
+    its K/V. On an H100 over 640 keys (results/2026-12-07-h100-decode-tiles, µs a call), 8
+    splits of 32 keys against this rule: 32 rows 24.1 -> 20.3 (8 x 16), 64 rows 42.8 -> 37.4
+    (4 x 16), 128 rows 78.1 -> 65.8 (2 x 16), 256 rows 150.8 -> 120.8 (1 x 16: 336 MB of K/V
+    at 2.8 TB/s), each the best of 1-8 splits at 16 or 32 keys.
+
+    A bucket's grid is fixed at capture and splits are balanced on the device by each row's
     length, so a short row leaves the splits past its keys empty: they write only their lse
     (-inf), which is all the combine reads of them."""
-    return max(DEFAULT_DECODE_SPLITS,
-               min(MAX_DECODE_SPLITS, 2 * num_sms // (batch * num_kv_heads)))
+    block_n = _own_block_n(head_dim)
+    pairs = batch * num_kv_heads
+    if 2 * num_sms // pairs >= DEFAULT_DECODE_SPLITS:
+        return DecodeTile(min(MAX_DECODE_SPLITS, 2 * num_sms // pairs), block_n)
+    return DecodeTile(max(1, min(DEFAULT_DECODE_SPLITS, 4 * num_sms // pairs)),
+                      max(_MIN_DOT, block_n // 2))
+
+
+def _own_block_n(head_dim: int) -> int:
+    """The kernel's own keys a tile: 32 at D = 256, 64 below."""
+    return 32 if max(triton.next_power_of_2(head_dim), _MIN_DOT) >= 256 else 64
 
 
 def _tile_config(block_d: int, block_n: int | None) -> tuple[int, dict]:
@@ -269,7 +297,7 @@ def _tile_config(block_d: int, block_n: int | None) -> tuple[int, dict]:
     D = 256 (32 tokens a tile, 8 warps) and D = 128 (64 tokens, 8 warps) no spills, about 100
     registers a thread, K/V loads pipelined through cp.async by num_stages = 2."""
     if block_n is None:
-        block_n = 32 if block_d >= 256 else 64
+        block_n = _own_block_n(block_d)
     if block_n < _MIN_DOT or block_n & (block_n - 1):
         raise ValueError(f"block_n {block_n} must be a power of two >= {_MIN_DOT}")
     num_warps = 8 if block_d * block_n >= 8192 else 4

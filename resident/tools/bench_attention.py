@@ -1,15 +1,16 @@
 """Decode attention kernel time: the Triton split-KV kernel against FlashInfer's fa2 decode.
 
     python -m resident.tools.bench_attention [--buckets 1,16,64,256] [--context 640]
-        [--splits 8,16,32,64] [--json FILE]
+        [--splits 8,16,32,64] [--block-n 16,32] [--json FILE]
 
 Each kernel runs inside a CUDA graph of REPEAT back-to-back calls (the way a decode bucket runs
 it), timed with CUDA events, so the time is the kernels' own plus the ~1 us a graph spends per
 launch, and no Python. FlashInfer's host `plan` is timed separately (wall clock, median). Shapes
 are the 0.8B model's (8 query heads over 2 kv heads of 256, bf16, pages of 16); each row has
 `context` keys on distinct random pages. The Triton kernel runs at the key splits the engine
-gives the bucket (`decode_splits`, decode_splits=auto), or with `--splits` at each count given,
-the first against fa2.
+and tile the engine gives the bucket (`decode_tile`, decode_splits=auto), or with `--splits` at
+each count given, and with `--block-n` at each tile of keys given (the kernel's warps follow
+it), the first pair against fa2.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from resident.backends.layout import paged_layout
 from resident.kernels import device_sms
 from resident.kernels.decode_attention import (
     decode_scratch,
-    decode_splits,
+    decode_tile,
     paged_decode_attention,
 )
 from resident.tool_args import count, counts
@@ -67,12 +68,12 @@ def graph_time_us(run) -> float:
 
 
 def bench_bucket(batch: int, context: int, device: torch.device,
-                 splits: tuple[int, ...] = ()) -> dict:
-    """One bucket's row: the Triton kernel at each of `splits` (none: the engine's count)
-    against fa2, and fa2's host plan."""
-    num_sms = device_sms(device)
-    rule = decode_splits(batch, KV_HEADS, num_sms)
-    splits = splits or (rule,)
+                 splits: tuple[int, ...] = (), block_ns: tuple[int, ...] = ()) -> dict:
+    """One bucket's row: the Triton kernel at each of `splits` and each of `block_ns` (keys a
+    tile; either not given: the engine's, decode_tile) against fa2, and fa2's host plan. Its
+    times are keyed <splits>x<keys a tile>."""
+    rule = decode_tile(batch, KV_HEADS, device_sms(device), HEAD_DIM)
+    splits, block_ns = splits or (rule.num_splits,), block_ns or (rule.block_n,)
     pages_per_row = -(-context // PAGE)
     num_pages = batch * pages_per_row + 1
     kv = torch.randn(num_pages, 2, PAGE, KV_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
@@ -84,12 +85,13 @@ def bench_bucket(batch: int, context: int, device: torch.device,
 
     out = torch.empty_like(query)
     by_splits = {}
-    for num_splits in splits:
-        run = partial(paged_decode_attention, query, kv, tables, None, positions, scale,
-                      num_splits, out=out,
-                      scratch=decode_scratch(batch, HEADS, HEAD_DIM, num_splits, device))
-        by_splits[num_splits] = round(graph_time_us(run), 2)
-    triton_us = by_splits[splits[0]]
+    for block_n in block_ns:
+        for num_splits in splits:
+            run = partial(paged_decode_attention, query, kv, tables, None, positions, scale,
+                          num_splits, out=out, block_n=block_n,
+                          scratch=decode_scratch(batch, HEADS, HEAD_DIM, num_splits, device))
+            by_splits[f"{num_splits}x{block_n}"] = round(graph_time_us(run), 2)
+    triton_us = next(iter(by_splits.values()))
 
     heads = HeadShape(HEADS, KV_HEADS, HEAD_DIM, PAGE, torch.bfloat16)
     decode = FlashInferDecode(heads, flashinfer_workspace(device), (batch,), pages_per_row)
@@ -102,10 +104,11 @@ def bench_bucket(batch: int, context: int, device: torch.device,
     attention = decode.ops(batch).attention
     fa2_us = graph_time_us(lambda: attention(query, kv, None, scale))
     want = attention(query, kv, None, scale)
-    got = paged_decode_attention(query, kv, tables, None, positions, scale, splits[0])
+    got = paged_decode_attention(query, kv, tables, None, positions, scale, splits[0],
+                                 block_n=block_ns[0])
     rel_err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     return {"batch": batch, "context": context, "triton_us": triton_us,
-            "triton_us_by_splits": by_splits, "rule_splits": rule,
+            "triton_us_by_splits": by_splits, "rule": f"{rule.num_splits}x{rule.block_n}",
             "fa2_us": round(fa2_us, 2), "triton_over_fa2": round(triton_us / fa2_us, 3),
             "fa2_plan_host_us": round(statistics.median(plan_times), 1),
             "rel_err_vs_fa2": float(f"{rel_err:.2e}")}
@@ -117,21 +120,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=count, default=640)
     parser.add_argument("--splits", type=counts,
                         help="the Triton kernel's key splits to time, the first against fa2 "
-                             "(default: the engine's count for each bucket, decode_splits)")
+                             "(default: the engine's count for each bucket, decode_tile)")
+    parser.add_argument("--block-n", type=counts,
+                        help="the Triton kernel's keys a tile to time, each a power of two >= "
+                             "16, every split count at each (default: the engine's for each "
+                             "bucket, decode_tile)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if not require_cuda("resident.tools.bench_attention"):
         return 2
     device = torch.device("cuda")
-    rows = [bench_bucket(b, args.context, device, tuple(args.splits or ()))
-            for b in args.buckets]
+    rows = [bench_bucket(b, args.context, device, tuple(args.splits or ()),
+                         tuple(args.block_n or ())) for b in args.buckets]
     print(f"{'batch':>6} {'triton us':>10} {'fa2 us':>8} {'ratio':>6} {'fa2 plan us':>12} "
-          f"{'rule':>5}  triton us by splits")
+          f"{'rule':>5}  triton us by splits (x keys a tile)")
     for row in rows:
         by_splits = " ".join(f"{s}:{us}" for s, us in row["triton_us_by_splits"].items())
         print(f"{row['batch']:>6} {row['triton_us']:>10} {row['fa2_us']:>8} "
               f"{row['triton_over_fa2']:>6} {row['fa2_plan_host_us']:>12} "
-              f"{row['rule_splits']:>5}  {by_splits}")
+              f"{row['rule']:>5}  {by_splits}")
     write_json(args.json, rows)
     return 0
 

@@ -219,7 +219,8 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
 def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
     """Decode attention (8 splits, PDL) as the decode step launches it: the split pass and the
     combine, with and without the output gate, and the split pass that combines itself (a
-    meeting: fused_decode=full); the combines again at the most splits decode_splits gives."""
+    meeting: fused_decode=full); the combines again at the most splits decode_tile gives, and
+    the split pass at a wide bucket's tile."""
     block_d = triton.next_power_of_2(config.head_dim)
     block_n, launch = decode_attention._tile_config(block_d, None)
     group = config.num_attention_heads // config.num_key_value_heads
@@ -239,7 +240,15 @@ def _decode_attention_variants(config: ModelConfig) -> list[Variant]:
     combine_types |= {arg: "i32" for arg in combine.arg_names if arg.startswith("stride_")}
     most = {"NUM_SPLITS": decode_attention.MAX_DECODE_SPLITS,
             "BLOCK_S": decode_attention.MAX_DECODE_SPLITS}
+    # a wide bucket's tile: 256 rows on an H100's or H200's 132 SMs
+    wide = decode_attention.decode_tile(256, config.num_key_value_heads, 132, config.head_dim)
+    wide_n, wide_launch = decode_attention._tile_config(block_d, wide.block_n)
     return [
+        Variant(f"decode attention split, a wide bucket's {wide.num_splits} x {wide_n} keys "
+                "(PDL, decode_splits=auto at c=256)", split, split_types,
+                split_shape | {"BLOCK_N": wide_n, "NUM_SPLITS": wide.num_splits,
+                               "BLOCK_S": triton.next_power_of_2(wide.num_splits),
+                               "MERGED": False, "GATED": False}, **wide_launch),
         Variant("decode attention split (PDL)", split, split_types,
                 split_shape | {"MERGED": False, "GATED": False}, **launch),
         Variant("decode attention split + combine + output gate (PDL, a meeting)", split,

@@ -194,6 +194,9 @@
 #   gate-decode-splits  configs/gate/h200-0.8b-decode-splits.yaml (the decode attention's keys
 #             split by bucket, decode_splits=auto, against 8 splits, served c=1/4 with
 #             4,096-token prompts, until a verdict), tarred
+#   gate-decode-tiles  configs/gate/h200-0.8b-decode-tiles.yaml (the decode attention's
+#             wide-bucket tile against the tree before it, carried as
+#             .gate/worktrees/base-6e15366; c=64/256), tarred
 #   gate-targets  configs/gate/h200-0.8b-targets.yaml (issue 33's served cells c=1/16/64/256:
 #             the defaults against fused_decode=off pdl=off gemv_table=off and against the bf16
 #             GDN state, three servers up together, until a verdict or 3 rounds), tarred
@@ -540,7 +543,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-targets | gate-late-launch | gate-late-launch-prefix)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-targets | gate-late-launch | gate-late-launch-prefix | gate-decode-tiles)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
