@@ -5,6 +5,7 @@ planted planner bug failing by name."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -436,9 +437,13 @@ def test_a_planted_planner_bug_fails_the_greedy_and_rows_sweeps(tmp_path):
         assert rows["readings"][pressure]["head"]["mismatches"] > 0
         assert any(r.startswith(f"head under {pressure}: ") for r in rows["reasons"])
     assert "| greedy | fail | head gives main's tokens on " in result.stdout
-    # the kv-pressure sweep is not run, so the rows sweep judges those tokens too
-    assert rows["reasons"][0].startswith("kv-pressure tokens: head gives main's tokens on ")
-    assert "| rows | fail | kv-pressure tokens: head gives main's tokens on " in result.stdout
+    # the kv-pressure sweep is not run, so the rows sweep judges those tokens too (the slot
+    # pressure's tokens differ in some runs as well, by when its rows take turns: in a suite
+    # on a busy 2-core machine they came first)
+    assert any(r.startswith("kv-pressure tokens: head gives main's tokens on ")
+               for r in rows["reasons"])
+    assert re.search(r"\| rows \| fail \| (kv|slot)-pressure tokens: head gives main's tokens on ",
+                     result.stdout)
     for pressure in ("slot-pressure", "kv-pressure"):
         assert rows["tokens"][pressure]["agreement"]["main-aa"] == {"same": 6, "total": 6}
     assert not servers_left(result)
