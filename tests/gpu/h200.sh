@@ -194,6 +194,9 @@
 #   gate-decode-splits  configs/gate/h200-0.8b-decode-splits.yaml (the decode attention's keys
 #             split by bucket, decode_splits=auto, against 8 splits, served c=1/4 with
 #             4,096-token prompts, until a verdict), tarred
+#   decode-tiles  the wide buckets' decode attention tile: its GPU test, the kernel by bucket
+#             (bench_attention, 640 and 4,096 keys), the step against the tree before it
+#             (arms; carry .gate/worktrees/base-6e15366), issue 33
 #   gate-decode-tiles  configs/gate/h200-0.8b-decode-tiles.yaml (the decode attention's
 #             wide-bucket tile against the tree before it, carried as
 #             .gate/worktrees/base-6e15366; c=64/256), tarred
@@ -333,6 +336,19 @@ for part in "$@"; do
       run varlen 300 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_padded_gpu.py -k "varlen_attention or (padded_steps and auto)"
       run varlen-time 150 python3 tests/gpu/time_varlen.py ;;
+    decode-tiles)
+      # the wide buckets' attention tile (decode_attention.decode_tile): its GPU test at the
+      # real shapes, the kernel at the rule's tile by bucket over 640 and 4,096 keys (1-8
+      # splits of 16 and 32 keys at 64 and 256 rows there), then arms (default: the tree
+      # before it at .gate/worktrees/base-6e15366 against this one, twice, c=32-256)
+      run decode-tiles-test 120 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
+        tests/test_kernel_decode_attention.py
+      run decode-tiles-640 90 python3 -m resident.tools.bench_attention \
+        --buckets 1,16,24,32,64,128,256 --context 640 --json "$OUT/decode-tiles-640.json"
+      run decode-tiles-4096 120 python3 -m resident.tools.bench_attention --buckets 64,256 \
+        --context 4096 --splits 1,2,4,8 --block-n 16,32 --json "$OUT/decode-tiles-4096.json"
+      BASE=${BASE:-$PWD/.gate/worktrees/base-6e15366} ARMS=${ARMS:-fused@base fused fused2@base fused2} \
+        CONC=${CONC:-32,64,128,256} ARM_LIMIT=${ARM_LIMIT:-80} bash "$0" arms ;;
     rowcheck)
       run rowcheck 120 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging \
         tests/gpu/test_backends_gpu.py -k row_check_finds_nothing ;;
