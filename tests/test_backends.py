@@ -699,6 +699,18 @@ def test_decode_tiles_fill_a_small_buckets_grid_twice_and_a_wide_ones_four_times
     assert decode_tile(512, 4, 132, 128) == (1, 32)  # half of D = 128's 64 keys
 
 
+def test_a_wide_buckets_tile_gives_the_decode_steps_logits_in_float64():
+    """A bucket whose rows fill the device (2 rows on a 4-SM device) reads its keys in half
+    tiles over 4 splits; teacher-forced through decode steps against 8 splits of the kernel's
+    own tile (decode_splits=off): the logits to float64 rounding."""
+    from resident.backends.triton_decode import TritonDecode
+    from resident.kernels.decode_attention import decode_tile
+
+    assert decode_tile(2, TINY.num_key_value_heads, 4, TINY.head_dim) == (4, 32)
+    eight, wide = (TritonDecode((2,), num_sms=num_sms).ops(2) for num_sms in (0, 4))
+    _assert_same_decode_logits(eight, wide)
+
+
 @pytest.mark.parametrize(("decode_splits", "num_sms"), [("auto", 64), ("off", 0)])
 def test_decode_splits_size_the_triton_attention_by_the_devices_sms(decode_splits, num_sms):
     """auto hands each bucket's attention the device's SMs (the interpreter counts as a
