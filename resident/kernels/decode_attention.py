@@ -258,23 +258,23 @@ class DecodeTile(NamedTuple):
 def decode_tile(batch: int, num_kv_heads: int, num_sms: int, head_dim: int) -> DecodeTile:
     """The key splits and tile of a decode bucket of `batch` rows (decode_splits=auto).
 
-    A small bucket (its grid under 2 x 8 programs an SM, the split pass holding one program an
-    SM at a time: 236 registers a thread at 8 warps, tools/compile_check) keeps the kernel's
-    own tile and takes as many splits as give the grid (batch x kv heads x splits) twice as
-    many programs as SMs, rounded down, 8 to MAX_DECODE_SPLITS: 8 splits left most SMs idle
-    (at c=1 on the 0.8B: 16 programs on 132 SMs) while each program walked its tiles one after
-    another. On an H100 (results/2026-12-06-h100-decode-splits, µs a call at 8 / 16 / 32 / 64
-    splits): c=1 over 560 keys 8.4 / 7.5 / 7.1 / 6.4, over 4,096 keys 29.1 / 17.3 / 12.5 / 8.6;
-    c=8 over 4,096 41.1 / 33.0 / 36.3 / 36.4.
+    A small bucket (8 splits would give its grid at most twice the SMs' programs; the split pass
+    holds one program an SM at a time: 236 registers a thread at 8 warps as tools/compile_check
+    types it) keeps the kernel's own tile and takes as many splits as give the grid (batch x kv
+    heads x splits) twice as many programs as SMs, rounded down, 8 to MAX_DECODE_SPLITS: 8
+    splits left most SMs idle (at c=1 on the 0.8B: 16 programs on 132 SMs) while each program
+    walked its tiles one after another. On an H100 (results/2026-12-06-h100-decode-splits, µs a
+    call at 8 / 16 / 32 / 64 splits): c=1 over 560 keys 8.4 / 7.5 / 7.1 / 6.4, over 4,096 keys
+    29.1 / 17.3 / 12.5 / 8.6; c=8 over 4,096 41.1 / 33.0 / 36.3 / 36.4.
 
-    A wider bucket, whose rows alone fill the GPU, halves the tile (at D = 256: 16 keys, 4
-    warps, 245 registers a thread as compile_check types it: two programs an SM) and takes as
-    many splits as give four times the SMs' programs (two waves of two), 1 to 8: 8 splits cut
-    each row's keys into so few tiles that a program's launch, q load and partials outweighed
-    its K/V. On an H100 over 640 keys (results/2026-12-07-h100-decode-tiles, µs a call), 8
-    splits of 32 keys against this rule: 32 rows 24.1 -> 20.3 (8 x 16), 64 rows 42.8 -> 37.4
-    (4 x 16), 128 rows 78.1 -> 65.8 (2 x 16), 256 rows 150.8 -> 120.8 (1 x 16: 336 MB of K/V
-    at 2.8 TB/s), each the best of 1-8 splits at 16 or 32 keys.
+    A wider bucket, whose rows alone come near filling the GPU, halves the tile (at D = 256: 16
+    keys, 4 warps, 245 registers a thread as compile_check types it: two programs an SM) and
+    takes as many splits as give four times the SMs' programs (two waves of two), 1 to 8: 8
+    splits cut each row's keys into so few tiles that a program's launch, q load and partials
+    outweighed its K/V. On an H100 over 640 keys (results/2026-12-07-h100-decode-tiles, µs a
+    call), 8 splits of 32 keys against this rule: 32 rows 24.1 -> 20.3 (8 x 16), 64 rows 42.8 ->
+    37.4 (4 x 16), 128 rows 78.1 -> 65.8 (2 x 16), 256 rows 150.8 -> 120.8 (1 x 16: 336 MB of
+    K/V at 2.8 TB/s), each the best of 1-8 splits at 16 or 32 keys.
 
     A bucket's grid is fixed at capture and splits are balanced on the device by each row's
     length, so a short row leaves the splits past its keys empty: they write only their lse
