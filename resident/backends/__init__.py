@@ -61,7 +61,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
             gated_delta_rule_ref_op, l2norm_qk=False)))
         fusion, table = _fusion_and_table(config, model, dtype, device)
         return kernels(prefill, TritonDecode(config.decode_buckets, config.decode_gemm, fusion,
-                                             table, _attention_sms(config, device)))
+                                             table, _attention_sms(config, model, device)))
 
     from resident.backends.flashinfer import (
         FlashInferDecode,
@@ -82,7 +82,7 @@ def build_kernels(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
     elif name == "triton":
         fusion, table = _fusion_and_table(config, model, dtype, device)
         decode = TritonDecode(config.decode_buckets, config.decode_gemm, fusion, table,
-                              _attention_sms(config, device))
+                              _attention_sms(config, model, device))
     else:
         decode = RefDecode(GDN_DECODE_OPS)  # the torch reference, for checks: cuBLAS GEMMs
     return kernels(prefill, decode)
@@ -99,12 +99,25 @@ def _argmax(config: EngineConfig, device: torch.device) -> Callable:
     return RowsArgmax(pdl=pdl_on(config.pdl, device))
 
 
-def _attention_sms(config: EngineConfig, device: torch.device) -> int:
-    """The SMs the Triton decode attention sizes its key splits by (decode_splits=auto), 0
-    under off (8 splits in every bucket)."""
+def _attention_sms(config: EngineConfig, model: ModelConfig, device: torch.device) -> int:
+    """The SMs the Triton decode attention sizes its key splits and tile by
+    (decode_splits=auto), 0 under off (8 splits of the kernel's own tile in every bucket);
+    each bucket's splits x keys a tile logged."""
     from resident.kernels import device_sms
+    from resident.kernels.decode_attention import DEFAULT_DECODE_SPLITS, decode_tile
 
-    return device_sms(device) if config.decode_splits == "auto" else 0
+    if config.decode_splits != "auto":
+        log.info("decode attention (triton): %d key splits of the kernel's own tile in every "
+                 "bucket (decode_splits=off)", DEFAULT_DECODE_SPLITS)
+        return 0
+    num_sms = device_sms(device)
+    tiles = ", ".join(
+        "{}: {}x{}".format(bucket, *decode_tile(bucket, model.num_key_value_heads, num_sms,
+                                                model.head_dim))
+        for bucket in config.decode_buckets)
+    log.info("decode attention (triton), bucket: key splits x keys a tile: %s "
+             "(decode_splits=auto, %d SMs)", tiles, num_sms)
+    return num_sms
 
 
 def _fusion_and_table(config: EngineConfig, model: ModelConfig, dtype: torch.dtype,
