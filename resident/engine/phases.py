@@ -96,19 +96,19 @@ class PhaseTiming:
 
     def event_sync(self, wait: Callable[[], T]) -> T:
         """wait(), the host's wait on the GPU, timed as event_sync (wall)."""
-        start = time.perf_counter()
-        result = wait()
-        waited = time.perf_counter() - start
-        self._parts["event_sync"] = self._parts.get("event_sync", 0.0) + waited
-        return result
+        return self._time_wall("event_sync", wait)
 
     def window(self, wait: Callable[[], T]) -> T:
         """wait(), the host polling for arrivals before the next launch, timed as window
         (wall); the thread CPU it spins is dropped."""
+        result = self._time_wall("window", wait)
+        self._cpu = time.thread_time()
+        return result
+
+    def _time_wall(self, key: str, wait: Callable[[], T]) -> T:
         start = time.perf_counter()
         result = wait()
-        self._parts["window"] = self._parts.get("window", 0.0) + time.perf_counter() - start
-        self._cpu = time.thread_time()
+        self._parts[key] = self._parts.get(key, 0.0) + time.perf_counter() - start
         return result
 
     def close(self) -> None:

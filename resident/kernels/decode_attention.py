@@ -279,7 +279,7 @@ def decode_tile(batch: int, num_kv_heads: int, num_sms: int, head_dim: int) -> D
     A bucket's grid is fixed at capture and splits are balanced on the device by each row's
     length, so a short row leaves the splits past its keys empty: they write only their lse
     (-inf), which is all the combine reads of them."""
-    block_n = _own_block_n(head_dim)
+    block_n = _own_block_n(_block_d(head_dim))
     pairs = batch * num_kv_heads
     if 2 * num_sms // pairs >= DEFAULT_DECODE_SPLITS:
         return DecodeTile(min(MAX_DECODE_SPLITS, 2 * num_sms // pairs), block_n)
@@ -287,9 +287,14 @@ def decode_tile(batch: int, num_kv_heads: int, num_sms: int, head_dim: int) -> D
                       max(_MIN_DOT, block_n // 2))
 
 
-def _own_block_n(head_dim: int) -> int:
-    """The kernel's own keys a tile: 32 at D = 256, 64 below."""
-    return 32 if max(triton.next_power_of_2(head_dim), _MIN_DOT) >= 256 else 64
+def _block_d(head_dim: int) -> int:
+    """A head's columns as the kernels hold them: a power of two, at least tl.dot's 16."""
+    return max(triton.next_power_of_2(head_dim), _MIN_DOT)
+
+
+def _own_block_n(block_d: int) -> int:
+    """The kernel's own keys a tile at a head of block_d columns: 32 at 256, 64 below."""
+    return 32 if block_d >= 256 else 64
 
 
 def _tile_config(block_d: int, block_n: int | None) -> tuple[int, dict]:
@@ -344,7 +349,7 @@ def paged_decode_attention(
     batch, num_heads, head_dim = query.shape
     page_size, num_kv_heads = kv_layer.shape[2:4]
     group = num_heads // num_kv_heads
-    block_d = max(triton.next_power_of_2(head_dim), _MIN_DOT)
+    block_d = _block_d(head_dim)
     block_n, launch_options = _tile_config(block_d, block_n)
 
     if out is None:
