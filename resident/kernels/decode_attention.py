@@ -274,7 +274,9 @@ def decode_tile(batch: int, num_kv_heads: int, num_sms: int, head_dim: int) -> D
     outweighed its K/V. On an H100 over 640 keys (results/2026-12-07-h100-decode-tiles, µs a
     call), 8 splits of 32 keys against this rule: 32 rows 24.1 -> 20.3 (8 x 16), 64 rows 42.8 ->
     37.4 (4 x 16), 128 rows 78.1 -> 65.8 (2 x 16), 256 rows 150.8 -> 120.8 (1 x 16: 336 MB of
-    K/V at 2.8 TB/s), each the best of 1-8 splits at 16 or 32 keys.
+    K/V at 2.8 TB/s), each the best of 1-8 splits at 16 or 32 keys, and over 4,096 keys too; in
+    whole steps -0.7 / -1.5% at c=64 / 128, -2.4% of c=256's GPU time
+    (results/2026-12-07-h100-conv-programs).
 
     A bucket's grid is fixed at capture and splits are balanced on the device by each row's
     length, so a short row leaves the splits past its keys empty: they write only their lse

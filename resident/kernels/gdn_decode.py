@@ -21,7 +21,10 @@ import triton.language as tl
 from resident.kernels import triton_compute_dtype
 
 # Channels per conv program: 128 channels x W taps is one small contiguous pool tile, and enough
-# programs per row (48 at C=6144) to spread a batch-1 step over the SMs.
+# programs per row (48 at C=6144) to spread a batch-1 step over the SMs. Wider programs in the
+# wide buckets (fewer of them) were slower on an H100, the conv's µs a 0.8B step at 512 / 1,024
+# channels a program from 32 rows up: c=64 97 -> 127 / 170, c=256 265 -> 294 / 414
+# (results/2026-12-07-h100-conv-programs)
 CONV_BLOCK_C = 128
 CONV_NUM_WARPS = 4
 # Value columns per delta-rule program. The program holds a [Dk, BLOCK_DV] fp32 state tile in

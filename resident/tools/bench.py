@@ -19,7 +19,9 @@ it (torch.profiler over PROFILED steps: the union of its kernels' intervals, and
 and the roofline of `resident info` at the same context (at the H200's copy bandwidth,
 4.28 TB/s, on whatever GPU runs it: each row's `roofline_tb_s`). Step wall minus GPU busy
 (`host gap`) is the device's idle in a step: launch gaps between kernels, inside a graph too,
-and host time the GPU waits for.
+and host time the GPU waits for. The bench's own garbage (the last concurrency's profiles and
+requests) is collected before the timed steps; what the garbage collector runs inside them is
+the engine's, in `gc ms` (its pauses a step, also in the host gap).
 It also times the prefill of the c prompts (`prefill_ms`, first-use compiles included), and,
 warm, one fresh prompt alone to its first token: wall (`fresh_prefill_ms`, the TTFT at c=1
 without the server) and its GPU kernel time (`fresh_prefill_gpu_ms`); the difference is host
@@ -198,6 +200,10 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
     _add_prompts(engine, f"c{concurrency}", concurrency, prompt_len, steps, draw)
     prefill_s, prefill_steps = _prefill(engine)
     _decode_steps(engine, 8)  # warm
+    # what the earlier concurrencies left (their profiles, their requests): in one H100 call a
+    # full collection fell inside c=256's timed steps, the last of six, in 8 of 9 runs (~40 ms,
+    # ~1 ms a step), never inside c=128's (results/2026-12-07-h100-conv-programs)
+    gc.collect()
     before = dict(engine.counters)
     with GcPauses() as pauses:
         step_s = _decode_steps(engine, TIMED)

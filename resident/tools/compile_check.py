@@ -192,6 +192,7 @@ def decode_variants(config: ModelConfig) -> list[Variant]:
             ("gdn decode + gates, wide", True, gdn_decode.WIDE_BLOCK_DV, "*fp32"),
             ("gdn decode, q/k normed, wide", False, gdn_decode.WIDE_BLOCK_DV, "*fp32"),
             ("gdn decode + gates, wide, bf16 state", True, gdn_decode.WIDE_BLOCK_DV, "*bf16"))]
+    variants += _conv_decode_variants(config)
     variants += _fused_decode_variants(config)
     variants += _decode_attention_variants(config)
     variants.append(_argmax_variant(config))
@@ -380,6 +381,20 @@ def _varlen_attention_variants(config: ModelConfig) -> list[Variant]:
     return [Variant("prefill attention" + (f", {splits} key splits" if splits > 1 else ""),
                     kernel, types, constexprs | {"NUM_SPLITS": splits}, tile.num_warps, 2)
             for splits in (1, 2, varlen_attention.MAX_SPLITS)]
+
+
+def _conv_decode_variants(config: ModelConfig) -> list[Variant]:
+    """The unfused decode conv (fused_decode=off, and the buckets the fused GDN layer does not
+    take)."""
+    kernel = gdn_decode._conv_decode_kernel
+    types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "pool_ptr": "*bf16", "slots_ptr": "*i64",
+             "y_ptr": "*bf16"}
+    types |= {arg: "i32" for arg in kernel.arg_names
+              if arg.startswith("stride_") or arg in ("channels", "width")}
+    width = triton.next_power_of_2(config.linear_conv_kernel_dim)
+    return [Variant("gdn decode conv", kernel, types,
+                    {"BLOCK_C": gdn_decode.CONV_BLOCK_C, "BLOCK_W": width,
+                     "COMPUTE": triton.language.float32}, gdn_decode.CONV_NUM_WARPS)]
 
 
 def _conv_varlen_variants(config: ModelConfig) -> list[Variant]:
