@@ -63,6 +63,9 @@ class RunRecord:
     # requests late launch's windows took into the step after the running one over the run
     # (resident's /metrics, late_launch); None: a server without the counter
     window_arrivals: int | None = None
+    # seconds the engine core's garbage collector paused it over the run, every generation
+    # (resident's /metrics); None: a server without the counters
+    core_gc_s: float | None = None
     sibling_busy_cpus: float | None = None  # None: n/a (masks overlap or no /proc/stat)
     # CPU seconds over the run of the launched server process (a resident arm's API process)
     # and of its descendants (the engine core); None: n/a (no /proc)

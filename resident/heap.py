@@ -1,8 +1,11 @@
-"""Python's heap in a serving process: what its garbage collector walks."""
+"""Python's heap in a serving process: what its garbage collector walks, and its pauses."""
 
 from __future__ import annotations
 
 import gc
+import time
+
+GENERATIONS = (0, 1, 2)
 
 
 def freeze_heap() -> None:
@@ -15,3 +18,39 @@ def freeze_heap() -> None:
     results/2026-12-04-cpu-api-synthetic). Not for tests that build many engines."""
     gc.collect()
     gc.freeze()
+
+
+class GcPauses:
+    """The garbage collector's collections and wall seconds by generation while this is
+    entered (gc.callbacks): the bench's timed steps, or an engine core's life, where a pause
+    stops every row of the step it falls in (/metrics: resident_gc_pause_seconds)."""
+
+    def __init__(self) -> None:
+        self.collections = dict.fromkeys(GENERATIONS, 0)
+        self.seconds_by_generation = dict.fromkeys(GENERATIONS, 0.0)
+        self._started = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.seconds_by_generation.values())
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.collections[generation] += 1
+        self.seconds_by_generation[generation] += time.perf_counter() - self._started
+
+    def start(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def __enter__(self) -> GcPauses:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

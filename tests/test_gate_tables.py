@@ -22,6 +22,7 @@ from gate.records import GpuSample, RunRecord, append_run, read_runs
 from gate.report import markdown, notes, rounds, summary, write
 from gate.report.timing import startup_wall, time_line, time_summary
 from gate.run.load import LoadSpec, RequestResult, summarize
+from gate.run.server import gc_pause_s
 
 GOLDEN = Path(__file__).parent / "golden" / "gate"
 REPORTS = (rounds.ROUNDS_FILE, summary.SUMMARY_FILE, summary.SUMMARY_JSON, write.PAIRED_FILE)
@@ -369,6 +370,26 @@ def test_the_summary_says_what_late_launch_took():
         "- c=16: late launch took requests into the step after the one running when they came: "
         "late 118 of 384 requests."]
 
+
+
+def test_the_summary_names_the_engine_cores_garbage_collection_from_half_a_percent():
+    rows = [{"cell": "c=64", "arm": "main", "core_gc_share": 0.001},
+            {"cell": "c=64", "arm": "head", "core_gc_share": 0.0049},
+            {"cell": "c=256", "arm": "main", "core_gc_share": 0.012},
+            {"cell": "c=256", "arm": "head", "core_gc_share": None}]
+    assert notes.gc_lines(rows) == [
+        "- c=256: the engine core's garbage collector paused it for this share of a run's wall "
+        "(median): main 1.2%."]
+
+
+def test_a_runs_gc_pauses_sum_the_generations_and_are_none_without_the_counters():
+    before = {'resident_gc_pause_seconds_total{kind="0"}': 0.5,
+              'resident_gc_pause_seconds_total{kind="2"}': 1.0}
+    after = {'resident_gc_pause_seconds_total{kind="0"}': 0.75,
+             'resident_gc_pause_seconds_total{kind="1"}': 0.125,
+             'resident_gc_pause_seconds_total{kind="2"}': 1.5}
+    assert gc_pause_s(before, after) == pytest.approx(0.875)
+    assert gc_pause_s({}, {"resident_steps_total": 3.0}) is None
 
 def test_start_up_counts_servers_that_started_together_once():
     """The summary's start-up is the wall time with a server starting: overlapping spans count

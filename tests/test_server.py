@@ -176,6 +176,19 @@ def test_a_requests_queue_time_counts_from_its_arrival_at_the_api(server):
     assert after[f"{queue}_sum"] - before[f"{queue}_sum"] >= 0.3
 
 
+
+def test_the_engine_cores_garbage_collections_are_in_metrics(server):
+    """The core records its collector's collections and pauses by generation for its life
+    (heap.GcPauses; without the record the stats hold no samples): each generation labelled,
+    none negative, a pause only where a collection ran (test_heap.py counts them in process)."""
+    for prompt in prompts(4, seed=21):
+        complete(server.url, prompt, 8)
+    samples = run(idle_metrics(server.url))
+    collections = [samples[f'resident_gc_collections_total{{kind="{g}"}}'] for g in "012"]
+    pauses = [samples[f'resident_gc_pause_seconds_total{{kind="{g}"}}'] for g in "012"]
+    assert all(n >= 0 and n == int(n) for n in collections), collections
+    assert all(p >= 0 and (p > 0) <= (n > 0) for p, n in zip(pauses, collections, strict=True))
+
 BAD_BODIES = [
     ("{not json", "JSON"),
     ("[1, 2]", "object"),

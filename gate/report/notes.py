@@ -91,6 +91,23 @@ def window_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+# a cell's note names the engine core's garbage collection from this share of a run's wall
+GC_NOTE_SHARE = 0.005
+
+
+def gc_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per cell where some arm's engine core spent at least GC_NOTE_SHARE of a run's
+    wall in garbage collection (a pause stops every row of the step it falls in)."""
+    lines = []
+    for cell in dict.fromkeys(row["cell"] for row in rows):
+        mine = [r for r in rows if r["cell"] == cell and r.get("core_gc_share") is not None]
+        if any(r["core_gc_share"] >= GC_NOTE_SHARE for r in mine):
+            parts = [f"{r['arm']} {r['core_gc_share']:.1%}" for r in mine]
+            lines.append(f"- {cell}: the engine core's garbage collector paused it for this share "
+                         f"of a run's wall (median): {'; '.join(parts)}.")
+    return lines
+
+
 def core_ttft_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A line per cell where the servers timed their TTFT to the engine core's output: each
     arm's mean TTFT at the client against the server's (API arrival to the first token out of

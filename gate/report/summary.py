@@ -127,6 +127,13 @@ def _window_arrivals(runs: pd.DataFrame) -> int | None:
     return int(known.sum()) if len(known) else None
 
 
+def _core_gc_share(runs: pd.DataFrame) -> float | None:
+    """The median over the ok runs that recorded it of the share of the run's wall the
+    engine core's garbage collector paused it (None when none did)."""
+    ok = runs[runs["ok"] & runs["core_gc_s"].notna() & (runs["duration"] > 0)]
+    return num(median(ok["core_gc_s"] / ok["duration"]), 5) if len(ok) else None
+
+
 def _arm_cell_health(runs: pd.DataFrame, planner_off: bool) -> dict[str, Any]:
     return {
         "runs_ok": int(runs["ok"].sum()),
@@ -160,6 +167,8 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
     restored prompt tokens over the runs that recorded them, and those runs' requests
     (`prefix_hits`, `prefix_saved_tokens`, `prefix_requests`; None for a server without them);
     the requests late launch's windows took over the runs (`window_arrivals`; None likewise);
+    the share of a run's wall the engine core's garbage collector paused it (`core_gc_share`,
+    the median over runs; None likewise);
     the server's mean TTFT parts (`_core_latency`: core_queue_ms, core_prefill_ms,
     core_ttft_ms, each run's mean over its requests, the median over runs);
     open loop, the requests that arrived with every slot busy and waited for one
@@ -181,6 +190,7 @@ def summary_rows(frame: pd.DataFrame, manifest: Manifest,
                 "cell": cell, "arm": arm, **_arm_cell_numbers(runs), **_server_cpu(runs),
                 **_core_latency(runs),
                 **_prefix_cache(runs), "window_arrivals": _window_arrivals(runs),
+                "core_gc_share": _core_gc_share(runs),
                 "requests_waited": int(runs["num_waited"].sum()),
                 "judged": measure,
                 "vs_baseline": None if is_base else _vs(arm_median, base_median),
@@ -322,6 +332,7 @@ def summary_md(rows: list[dict[str, Any]], manifest: Manifest) -> str:
     parts.append("\n".join(_health_lines(rows, arms, flagged) + notes.short_run_lines(rows)
                            + notes.cpu_bound_lines(rows) + notes.prefix_cache_lines(rows)
                            + notes.window_lines(rows)
+                           + notes.gc_lines(rows)
                            + notes.core_ttft_lines(rows)
                            + notes.waited_lines(rows)
                            + notes.host_load_lines(manifest)

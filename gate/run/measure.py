@@ -21,6 +21,7 @@ from gate.run.server import (
     ServerFailed,
     core_latency_ms,
     counter_delta,
+    gc_pause_s,
     prefix_counts,
 )
 from gate.run.telemetry import GpuSampler, ProcessCpu, SiblingBusy, scan_log
@@ -79,6 +80,7 @@ async def measure_run(server: Server, placement: Placement, spec: LoadSpec, plac
         metrics=metrics, steps=steps, step_ms=step_ms,
         prefix=prefix_counts(metrics_before, metrics_after),
         window_arrivals=counter_delta(metrics_before, metrics_after, WINDOW_ARRIVALS),
+        core_gc_s=gc_pause_s(metrics_before, metrics_after),
         core_ms=core_latency_ms(metrics_before, metrics_after), sibling_busy_cpus=busy,
         api_cpu_s=api_cpu_s, core_cpu_s=core_cpu_s, client_cpu_s=result.client_cpu_s,
         num_clients=spec.num_clients, num_waited=result.num_waited,

@@ -288,6 +288,19 @@ def counter_delta(before: dict[str, float], after: dict[str, float], name: str) 
     return int(after[name] - before.get(name, 0.0)) if name in after else None
 
 
+# the engine core's garbage collector pauses in resident's /metrics, a sample a generation
+GC_PAUSE_SECONDS = "resident_gc_pause_seconds_total"
+
+
+def gc_pause_s(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """The engine core's garbage collector pauses between two readings, every generation
+    summed; None for a server without the counters."""
+    names = [name for name in after if name.startswith(GC_PAUSE_SECONDS + "{")]
+    if not names:
+        return None
+    return round(sum(after[name] - before.get(name, 0.0) for name in names), 6)
+
+
 # the prefix cache's counters in resident's /metrics, by the key a run record keeps them under
 PREFIX_COUNTERS = {"hits": "resident_prefix_cache_hits_total",
                    "saved_tokens": "resident_prefix_cache_saved_tokens_total"}

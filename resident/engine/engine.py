@@ -65,6 +65,7 @@ from resident.engine.types import (
     RequestOutput,
     TokenLogprobs,
 )
+from resident.heap import GcPauses
 from resident.kernels.pdl import pdl_on
 from resident.model.cache import ModelCache
 from resident.model.config import ModelConfig
@@ -147,6 +148,8 @@ class Engine:
         # late_launch: the engine core's intake, polled before a step is launched ahead (it
         # returns the requests it took); None: the step launches at once
         self.intake: Callable[[], int] | None = None
+        # the engine core's garbage collector pauses over its life (set by the core; stats)
+        self.gc_pauses: GcPauses | None = None
         self.window = LaunchWindow()
         self.latency = RequestLatency()
         self.counters: Counter[str] = Counter()

@@ -19,6 +19,7 @@ from resident.engine.prefix import NoPrefixCache
 from resident.engine.runner import StepRunner
 from resident.engine.scheduler import Scheduler
 from resident.engine.startup import StartupTimes
+from resident.heap import GcPauses
 from resident.model.config import ModelConfig
 from resident.provenance import describe
 from resident.resources.kv import KVPool
@@ -75,7 +76,17 @@ def engine_stats(engine: Engine) -> dict[str, Any]:
         "rowcheck": rowcheck_counts(engine),
         "latency": engine.latency.snapshot(),
         **prefix_stats(engine),
+        **gc_stats(engine.gc_pauses),
     }
+
+
+def gc_stats(pauses: GcPauses | None) -> dict[str, dict[str, float]]:
+    """The collector's collections and pause seconds by generation (empty without a record)."""
+    if pauses is None:
+        return {"gc_collections": {}, "gc_pause_seconds": {}}
+    return {"gc_collections": {str(g): n for g, n in pauses.collections.items()},
+            "gc_pause_seconds": {str(g): round(s, 6)
+                                 for g, s in pauses.seconds_by_generation.items()}}
 
 
 PREFIX_STATS = ("hits", "cached_tokens", "snapshots_taken", "snapshots_evicted",

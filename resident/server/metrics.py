@@ -61,6 +61,11 @@ _ENGINE_METRICS: dict[str, tuple[str, str, str]] = {
     "window_arrivals": ("resident_window_arrivals", "counter",
                         "Requests late launch took into the step after the one running when "
                         "they arrived (late_launch=on)."),
+    "gc_collections": ("resident_gc_collections", "counter",
+                       "The engine core's garbage collections, by generation (kind)."),
+    "gc_pause_seconds": ("resident_gc_pause_seconds", "counter",
+                         "Seconds the engine core's garbage collector paused it (every row "
+                         "of the step a pause falls in waits), by generation (kind)."),
 }
 # the core's request latency histograms (engine/latency.py), stats["latency"][key]
 LATENCY_METRICS: dict[str, tuple[str, str]] = {

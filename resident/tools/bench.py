@@ -56,7 +56,7 @@ from torch.profiler import ProfilerActivity, profile
 from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
 from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
-from resident.heap import freeze_heap
+from resident.heap import GcPauses, freeze_heap
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.profiling.summary import frontier_shares
@@ -87,26 +87,6 @@ def _decode_steps(engine: Engine, count: int) -> float:
     for _ in range(count):
         engine.step()
     return (time.perf_counter() - start) / count
-
-
-class GcPauses:
-    """Wall seconds the garbage collector ran while this is entered (gc.callbacks)."""
-
-    def __init__(self) -> None:
-        self.seconds, self._started = 0.0, 0.0
-
-    def _callback(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._started
-
-    def __enter__(self) -> GcPauses:
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self._callback)
 
 
 def _kernel_profile(run, count: int | Callable[[], int]) -> tuple[float, float, list[dict]]:
