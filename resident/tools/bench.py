@@ -21,7 +21,8 @@ and the roofline of `resident info` at the same context (at the H200's copy band
 (`host gap`) is the device's idle in a step: launch gaps between kernels, inside a graph too,
 and host time the GPU waits for. The bench's own garbage (the last concurrency's profiles and
 requests) is collected before the timed steps; what the garbage collector runs inside them is
-the engine's, in `gc ms` (its pauses a step, also in the host gap).
+the engine's, in `gc ms` (its pauses a step, also in the host gap; the JSON's
+`gc_collections` counts them by generation).
 It also times the prefill of the c prompts (`prefill_ms`, first-use compiles included), and,
 warm, one fresh prompt alone to its first token: wall (`fresh_prefill_ms`, the TTFT at c=1
 without the server) and its GPU kernel time (`fresh_prefill_gpu_ms`); the difference is host
@@ -205,6 +206,7 @@ def profile_concurrency(engine: Engine, concurrency: int, prompt_len: int,
         "gpu_busy_ms": round(gpu_ms, 3), "kernels_per_step": round(kernels, 1),
         "host_gap_ms": round(step_s * 1e3 - gpu_ms, 3),
         "gc_ms_per_step": round(pauses.seconds * 1e3 / TIMED, 3),
+        "gc_collections": {str(g): n for g, n in pauses.collections.items()},
         "roofline_ms": round(roofline.ms_per_step, 3), "roofline_tb_s": facts.bandwidth_tb_s,
         "context": context,
         "prefill_ms": round(prefill_s * 1e3, 2), "prefill_steps": prefill_steps,
