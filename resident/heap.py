@@ -21,9 +21,10 @@ def freeze_heap() -> None:
 
 
 class GcPauses:
-    """The garbage collector's collections and wall seconds by generation while this is
-    entered (gc.callbacks): the bench's timed steps, or an engine core's life, where a pause
-    stops every row of the step it falls in (/metrics: resident_gc_pause_seconds)."""
+    """The garbage collector's collections and wall seconds by generation from start() to
+    stop(), or inside a with block (gc.callbacks): the bench's timed steps, or an engine core's
+    life, where a pause stops every row of the step it falls in (/metrics:
+    resident_gc_pause_seconds)."""
 
     def __init__(self) -> None:
         self.collections = dict.fromkeys(GENERATIONS, 0)

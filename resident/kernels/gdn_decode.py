@@ -23,7 +23,7 @@ from resident.kernels import triton_compute_dtype
 # Channels per conv program: 128 channels x W taps is one small contiguous pool tile, and enough
 # programs per row (48 at C=6144) to spread a batch-1 step over the SMs. Wider programs in the
 # wide buckets (fewer of them) were slower on an H100, the conv's µs a 0.8B step at 512 / 1,024
-# channels a program from 32 rows up: c=64 97 -> 127 / 170, c=256 265 -> 294 / 414
+# channels a program from 32 rows up: c=64 97 -> 127 / 171, c=256 266 -> 294 / 413
 # (results/2026-12-07-h100-conv-programs)
 CONV_BLOCK_C = 128
 CONV_NUM_WARPS = 4
