@@ -43,6 +43,12 @@ class GcPauses:
         self.collections[generation] += 1
         self.seconds_by_generation[generation] += time.perf_counter() - self._started
 
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Collections and pause seconds by generation, keyed by its digit (stats, /metrics)."""
+        return {"gc_collections": {str(g): n for g, n in self.collections.items()},
+                "gc_pause_seconds": {str(g): round(s, 6)
+                                     for g, s in self.seconds_by_generation.items()}}
+
     def start(self) -> GcPauses:
         gc.callbacks.append(self._callback)
         return self

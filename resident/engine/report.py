@@ -84,9 +84,7 @@ def gc_stats(pauses: GcPauses | None) -> dict[str, dict[str, float]]:
     """The collector's collections and pause seconds by generation (empty without a record)."""
     if pauses is None:
         return {"gc_collections": {}, "gc_pause_seconds": {}}
-    return {"gc_collections": {str(g): n for g, n in pauses.collections.items()},
-            "gc_pause_seconds": {str(g): round(s, 6)
-                                 for g, s in pauses.seconds_by_generation.items()}}
+    return pauses.stats()
 
 
 PREFIX_STATS = ("hits", "cached_tokens", "snapshots_taken", "snapshots_evicted",
