@@ -83,15 +83,19 @@ class Variant:
     # arguments compiled as the launch specializes them when 16-divisible (aligned pointers,
     # ints): its cp.async pipeline, which a kernel compiled without can spill in its place
     aligned: tuple[str, ...] = ()
+    # int arguments the launch passes as 1 (a unit stride), which it specializes to a constant
+    ones: tuple[str, ...] = ()
 
     def compile(self, target: GPUTarget):
-        signature = {name: self.types.get(name, "constexpr") for name in self.kernel.arg_names}
-        missing = [n for n, t in signature.items() if t == "constexpr" and n not in self.constexprs]
+        types = {name: t for name, t in self.types.items() if name not in self.ones}
+        constexprs = self.constexprs | dict.fromkeys(self.ones, 1)
+        signature = {name: types.get(name, "constexpr") for name in self.kernel.arg_names}
+        missing = [n for n, t in signature.items() if t == "constexpr" and n not in constexprs]
         if missing:
             raise ValueError(f"{self.name}: no type or constexpr for {missing}")
         attrs = {(at,): [["tt.divisibility", 16]] for at, name in enumerate(self.kernel.arg_names)
                  if name in self.aligned}
-        source = ASTSource(fn=self.kernel, signature=signature, constexprs=self.constexprs,
+        source = ASTSource(fn=self.kernel, signature=signature, constexprs=constexprs,
                            attrs=attrs)
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.max_registers:
@@ -323,9 +327,19 @@ def _nucleus_race_variants(config: ModelConfig) -> list[Variant]:
                                              ("last round", nucleus_race._round_kernel, last))]
 
 
+# the fused GDN layer's arguments its launch at the 0.8B-9B shapes specializes: the pointers and
+# the 16-divisible ints (aligned), the unit strides (ones). Without them ptxas gave it 250
+# registers a thread, where launched it holds 121 (bench.py's compiled_kernels): 4 programs an
+# SM, not 2
+GDN_LAYER_ALIGNED = ("stride_pt", "stride_cn", "stride_sn", "stride_sh", "stride_sk",
+                     "stride_ot", "stride_oh", "key_dim", "value_dim", "num_v_heads")
+GDN_LAYER_ONES = ("stride_ww", "stride_cw", "stride_sv")
+
+
 def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
     """fused_decode's kernels (a GDN layer, an attention prologue), with and without PDL."""
     gdn = gdn_layer_decode._gdn_layer_decode_kernel
+    gdn_aligned = GDN_LAYER_ALIGNED + tuple(arg for arg in gdn.arg_names if arg.endswith("_ptr"))
     gdn_types = {name: "*bf16" for name in ("proj_ptr", "conv_w_ptr", "conv_pool_ptr",
                                              "a_log_ptr", "dt_bias_ptr", "norm_w_ptr",
                                              "out_ptr")}
@@ -333,7 +347,7 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
                   "count_ptr": "*i32", "scale": "fp32", "l2_eps": "fp32",
                   "norm_eps": "fp32"}
     gdn_types |= {arg: "i32" for arg in gdn.arg_names if arg.startswith("stride_")
-                  or arg in ("key_dim", "value_dim", "num_v_heads", "width")}
+                  or arg in ("num_rows", "key_dim", "value_dim", "num_v_heads", "width")}
     group = config.linear_num_value_heads // config.linear_num_key_heads
     width = config.linear_conv_kernel_dim
     prologue = attention_prologue._attention_prologue_kernel
@@ -345,18 +359,20 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
     gdn_constexprs = {
         "GROUP": group, "DK": config.linear_key_head_dim, "DV": config.linear_value_head_dim,
         "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
-        "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32}
+        "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32, "ROWS": 1}
     # the cap tests/gpu/time_gdn_layer.py times (not taken: results/2026-12-07-h100-medium-gemv):
     # it spills 4 bytes at the 0.8B; 16 catches a change that spills more
     capped = gdn_layer_decode.CAPPED_REGISTERS
     variants = [Variant(f"fused gdn layer decode (PDL, at most {capped} registers)", gdn,
                         gdn_types, gdn_constexprs | {"USE_PDL": True},
-                        gdn_layer_decode.NUM_WARPS, allowed_spill=16, max_registers=capped)]
+                        gdn_layer_decode.NUM_WARPS, allowed_spill=16, max_registers=capped,
+                        aligned=gdn_aligned, ones=GDN_LAYER_ONES)]
     for pdl in (False, True):
         suffix = " (PDL)" if pdl else ""
         variants.append(Variant(f"fused gdn layer decode{suffix}", gdn, gdn_types,
                                 gdn_constexprs | {"USE_PDL": pdl}, gdn_layer_decode.NUM_WARPS,
-                                max_registers=gdn_layer_decode.MAX_REGISTERS))
+                                max_registers=gdn_layer_decode.MAX_REGISTERS,
+                                aligned=gdn_aligned, ones=GDN_LAYER_ONES))
         variants.append(Variant(f"attention prologue{suffix}", prologue, prologue_types, {
             "D": config.head_dim, "ROT": config.rotary_dim, "PAGE": 16,
             "COMPUTE": triton.language.float32, "USE_PDL": pdl},
