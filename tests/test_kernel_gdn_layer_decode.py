@@ -144,37 +144,6 @@ def test_narrower_column_blocks_give_the_same_layer():
                          max_registers=300)
 
 
-@pytest.mark.parametrize("rows_per_program", [2, 3])
-def test_rows_taken_in_turn_give_the_same_layer(rows_per_program):
-    """A program taking 2 or 3 rows in turn (3: the last program's third row is past the
-    batch and writes nothing) against one row a program in float64: the same outputs, states
-    and conv windows to fp64 rounding, the padding row's output zero, the sink untouched;
-    rows_per_program 0 is refused."""
-    gen = torch.Generator().manual_seed(13)
-    shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=64)
-    weights, conv_pool, state_pool = _case(gen, shape, torch.float64, "cpu")
-    pools = {1: (conv_pool.clone(), state_pool.clone()), rows_per_program: (conv_pool,
-                                                                             state_pool)}
-    start_sink = conv_pool[0].clone(), state_pool[0].clone()
-    scratch = GdnLayerScratch(len(SLOTS))
-    for step in range(STEPS):
-        slots = SLOTS if step % 2 == 0 else SLOTS[::-1]
-        state_slots = torch.tensor(slots)
-        projected = torch.randn(len(slots), sum(shape.split), generator=gen).double()
-        outs = {n: gdn_layer_decode(projected, weights, *pools[n], state_slots, scratch,
-                                    rows_per_program=n) for n in pools}
-        assert _rel_err(outs[rows_per_program], outs[1]) < 1e-13, f"step {step}: outputs"
-        assert not outs[rows_per_program][slots.index(0)].any(), "a padding row's output"
-        assert torch.equal(pools[1][0], conv_pool), f"step {step}: conv windows"
-        assert _rel_err(state_pool, pools[1][1]) < 1e-13, f"step {step}: states"
-    assert torch.equal(conv_pool[0], start_sink[0]) and torch.equal(state_pool[0], start_sink[1])
-    _, counts = scratch.get(len(SLOTS), shape, 2, torch.float64, torch.device("cpu"))
-    assert not counts.any(), "every (row, key head) counter left at zero"
-    with pytest.raises(ValueError, match="rows_per_program must be at least 1, got 0"):
-        gdn_layer_decode(projected, weights, conv_pool, state_pool, state_slots, scratch,
-                         rows_per_program=0)
-
-
 def test_a_mismatched_layer_is_refused():
     gen = torch.Generator().manual_seed(1)
     shape = GdnShape(num_k_heads=2, num_v_heads=4, k_dim=16, v_dim=16)

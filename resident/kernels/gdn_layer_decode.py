@@ -48,56 +48,38 @@ BLOCK_DV = 32
 NUM_WARPS = 4
 # A program's registers at most (ptxas's maxnreg; 0: its own choice). Launched at the 0.8B-9B
 # shapes (aligned pointers and strides, unit strides as constants) ptxas gives the kernel 121
-# registers a thread (124 since rows a program became a loop), so four 4-warp programs fit an
-# SM; compiled without those hints, as resident.tools.compile_check did before, it read 250,
-# which this comment took for the launched count. Capped at CAPPED_REGISTERS ptxas allocates
-# 136-139 and three fit: that cap made the layer 7.7% slower at c=16 on an H100, and 128 (124
-# allocated, four fit) 2.4% faster, -0.8% of the step from one sample
-# (results/2026-12-07-h100-medium-gemv); so ptxas keeps its choice
+# registers a thread, so four 4-warp programs fit an SM and a 16-row step's 1,024 programs run
+# in about two rounds; resident.tools.compile_check once compiled it without those hints and
+# read 250, which this comment took for the launched count. Capped at CAPPED_REGISTERS ptxas
+# allocates 136 and three fit: that cap made the layer 7.7% slower at c=16 on an H100, 128
+# (124 allocated, four fit) 2.4% faster, -0.8% of the step from one sample
+# (results/2026-12-07-h100-medium-gemv). A program taking 2-4 rows in turn, the next row's
+# state read while the row before runs, needs 157-255 registers and lost at 4-32 rows
+# (results/2026-12-07-h100-gdn-rows); so ptxas keeps its choice, one row a program
 MAX_REGISTERS = 0
 CAPPED_REGISTERS = 168
-# Rows a program takes in turn, the next row's reads issued before the row before it runs
-ROWS_PER_PROGRAM = 1
-# (block_dv, num_warps, rows_per_program) of a bucket of at least WIDE_MIN_ROWS rows; None:
-# every bucket runs (BLOCK_DV, NUM_WARPS, ROWS_PER_PROGRAM)
-WIDE_TILE: tuple[int, int, int] | None = None
-WIDE_MIN_ROWS = 9
-
-
-def layer_tile(rows: int) -> tuple[int, int, int]:
-    """(block_dv, num_warps, rows_per_program) the engine launches for `rows` rows."""
-    if WIDE_TILE is not None and rows >= WIDE_MIN_ROWS:
-        return WIDE_TILE
-    return BLOCK_DV, NUM_WARPS, ROWS_PER_PROGRAM
 
 
 @triton.jit
-def _conv_weights(w_ptr, c0, stride_wc, stride_ww, width, D: tl.constexpr,
-                  BLOCK_W: tl.constexpr):
-    """The conv weights of channels [c0, c0 + D) ([D, BLOCK_W])."""
+def _conv_window(pool_slot, w_ptr, c0, stride_wc, stride_ww, stride_cc, stride_cw, width,
+                 D: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Channels [c0, c0 + D) of a slot's conv pool, shifted one tap left (the last tap 0), and
+    their conv weights: ([D, BLOCK_W] each), what a row's conv reads besides its input."""
     offs_c = c0 + tl.arange(0, D)
     offs_w = tl.arange(0, BLOCK_W)
-    return tl.load(w_ptr + offs_c[:, None] * stride_wc + offs_w[None, :] * stride_ww,
-                   mask=(offs_w < width)[None, :], other=0.0)
-
-
-@triton.jit
-def _conv_older(pool_slot, c0, stride_cc, stride_cw, width, D: tl.constexpr,
-                BLOCK_W: tl.constexpr):
-    """Channels [c0, c0 + D) of a slot's conv pool shifted one tap left, the last tap 0
-    ([D, BLOCK_W]): what a row's conv reads besides its input and the weights."""
-    offs_c = c0 + tl.arange(0, D)
-    offs_w = tl.arange(0, BLOCK_W)
-    return tl.load(pool_slot + offs_c[:, None] * stride_cc + (offs_w + 1)[None, :] * stride_cw,
-                   mask=(offs_w + 1 < width)[None, :], other=0.0)
+    older = tl.load(pool_slot + offs_c[:, None] * stride_cc + (offs_w + 1)[None, :] * stride_cw,
+                    mask=(offs_w + 1 < width)[None, :], other=0.0)
+    w = tl.load(w_ptr + offs_c[:, None] * stride_wc + offs_w[None, :] * stride_ww,
+                mask=(offs_w < width)[None, :], other=0.0)
+    return older, w
 
 
 @triton.jit
 def _conv_apply(x_row, older, w, pool_slot, c0, stride_cc, stride_cw, width, D: tl.constexpr,
                 BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr, SHIFT: tl.constexpr):
-    """silu of the conv of channels [c0, c0 + D) of one row over _conv_older's window and
-    _conv_weights', the row's input its last tap, rounded to the input's dtype, in COMPUTE
-    ([D]). SHIFT: also write the shifted window back to the pool."""
+    """silu of the conv of channels [c0, c0 + D) of one row over _conv_window's window and
+    weights, the row's input its last tap, rounded to the input's dtype, in COMPUTE ([D]).
+    SHIFT: also write the shifted window back to the pool."""
     offs_c = c0 + tl.arange(0, D)
     offs_w = tl.arange(0, BLOCK_W)
     x = tl.load(x_row + offs_c)
@@ -110,148 +92,95 @@ def _conv_apply(x_row, older, w, pool_slot, c0, stride_cc, stride_cw, width, D: 
 
 
 @triton.jit
-def _row_reads(row, num_rows, slots_ptr, state_ptr, conv_pool_ptr, head, block, k_head,
-               key_dim, stride_sn, stride_sh, stride_sk, stride_sv, stride_cn, stride_cc,
-               stride_cw, width, DK: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr):
-    """What a row's program reads that no kernel of this step writes: the row's slot (0, the
-    sink, past the last row), its [DK, BLOCK_DV] state block and its query, key and value
-    conv windows (_conv_older's)."""
-    slot = tl.load(slots_ptr + row, mask=row < num_rows, other=0).to(tl.int64)
-    offs_k = tl.arange(0, DK)
-    offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    s = tl.load(state_ptr + slot * stride_sn + head * stride_sh + offs_k[:, None] * stride_sk
-                + offs_v[None, :] * stride_sv, mask=slot != 0, other=0.0).to(COMPUTE)
-    pool_slot = conv_pool_ptr + slot * stride_cn
-    q_older = _conv_older(pool_slot, k_head * DK, stride_cc, stride_cw, width, DK, BLOCK_W)
-    k_older = _conv_older(pool_slot, key_dim + k_head * DK, stride_cc, stride_cw, width, DK,
-                          BLOCK_W)
-    v_older = _conv_older(pool_slot, 2 * key_dim + head * DV + block * BLOCK_DV, stride_cc,
-                          stride_cw, width, BLOCK_DV, BLOCK_W)
-    return slot, s, q_older, k_older, v_older
-
-
-@triton.jit
-def _row_layer(row, num_rows, slot, s, q_older, k_older, v_older, q_w, k_w, v_w, decay_rate,
-               dt_bias, proj_ptr, conv_pool_ptr, state_ptr, norm_w_ptr, out_ptr, sum_sq_ptr,
-               count_ptr, head, block, k_head, stride_pt, stride_cn, stride_cc, stride_cw,
-               stride_sn, stride_sh, stride_sk, stride_sv, stride_ot, stride_oh, key_dim,
-               value_dim, num_v_heads, width, scale, l2_eps, norm_eps, GROUP: tl.constexpr,
-               DK: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-               BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr):
-    """One row's layer over its block from _row_reads' reads: a padding row (slot 0) writes
-    zeros and touches no pool, a row past the last writes nothing."""
-    NUM_BLOCKS: tl.constexpr = DV // BLOCK_DV
-    offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
-    out_row = out_ptr + row * stride_ot
-    dtype = out_ptr.dtype.element_ty
-    if row < num_rows:
-        if slot == 0:
-            tl.store(out_row + head * stride_oh + offs_v, tl.zeros((BLOCK_DV,), dtype=dtype))
-        else:
-            x_row = proj_ptr + row * stride_pt
-            pool_slot = conv_pool_ptr + slot * stride_cn
-            q_c0, k_c0 = k_head * DK, key_dim + k_head * DK
-            v_c0 = 2 * key_dim + head * DV + block * BLOCK_DV
-            q = _conv_apply(x_row, q_older, q_w, pool_slot, q_c0, stride_cc, stride_cw, width,
-                            DK, BLOCK_W, COMPUTE, False)
-            k = _conv_apply(x_row, k_older, k_w, pool_slot, k_c0, stride_cc, stride_cw, width,
-                            DK, BLOCK_W, COMPUTE, False)
-            v = _conv_apply(x_row, v_older, v_w, pool_slot, v_c0, stride_cc, stride_cw, width,
-                            BLOCK_DV, BLOCK_W, COMPUTE, True)
-            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * scale
-            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
-            z_row = x_row + 2 * key_dim + value_dim  # then z [Hv * Dv], b [Hv], a [Hv]
-            a = tl.load(z_row + value_dim + num_v_heads + head).to(COMPUTE)
-            b = tl.load(z_row + value_dim + head)
-            x = a + dt_bias
-            softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
-            s = s * tl.exp(decay_rate * softplus)
-            beta = tl.sigmoid(b.to(COMPUTE)).to(b.dtype).to(COMPUTE)
-            delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-            s = s + k[:, None] * delta[None, :]
-            o = tl.sum(s * q[:, None], axis=0).to(dtype)
-            offs_k = tl.arange(0, DK)
-            tl.store(state_ptr + slot * stride_sn + head * stride_sh
-                     + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv,
-                     s.to(state_ptr.dtype.element_ty))
-            tl.store(out_row + head * stride_oh + offs_v, o)
-            o = o.to(COMPUTE)
-            tl.store(sum_sq_ptr + (row * num_v_heads + head) * NUM_BLOCKS + block,
-                     tl.sum(o * o, axis=0))
-            count = count_ptr + row * (num_v_heads // GROUP) + k_head
-            if last_to_arrive(count, GROUP * NUM_BLOCKS):
-                # the last of its (row, key head): every other program has read the query and
-                # key windows and written its output block and sum
-                _conv_apply(x_row, q_older, q_w, pool_slot, q_c0, stride_cc, stride_cw, width,
-                            DK, BLOCK_W, COMPUTE, True)
-                _conv_apply(x_row, k_older, k_w, pool_slot, k_c0, stride_cc, stride_cw, width,
-                            DK, BLOCK_W, COMPUTE, True)
-                offs_d = tl.arange(0, DV)
-                norm_w = tl.load(norm_w_ptr + offs_d).to(COMPUTE)
-                for j in tl.static_range(GROUP):
-                    h = k_head * GROUP + j
-                    sums = tl.load(sum_sq_ptr + (row * num_v_heads + h) * NUM_BLOCKS
-                                   + tl.arange(0, NUM_BLOCKS), cache_modifier=".cg")
-                    head_out = out_row + h * stride_oh + offs_d
-                    raw = tl.load(head_out, cache_modifier=".cg").to(COMPUTE)
-                    # the gated norm, as dense.gated_rms_norm under Inductor: the normed value
-                    # rounded to the activations' dtype, the scaled and gated product rounded
-                    # once
-                    rstd = tl.rsqrt(tl.sum(sums, axis=0) / DV + norm_eps)
-                    normed = (raw * rstd).to(dtype).to(COMPUTE)
-                    z = tl.load(z_row + h * DV + offs_d).to(COMPUTE)
-                    tl.store(head_out, (norm_w * normed * (z * tl.sigmoid(z))).to(dtype))
-                tl.store(count, 0)
-
-
-@triton.jit
 def _gdn_layer_decode_kernel(
     proj_ptr, conv_w_ptr, conv_pool_ptr, state_ptr, slots_ptr, a_log_ptr, dt_bias_ptr,
     norm_w_ptr, out_ptr, sum_sq_ptr, count_ptr,
     stride_pt, stride_wc, stride_ww, stride_cn, stride_cc, stride_cw,
     stride_sn, stride_sh, stride_sk, stride_sv, stride_ot, stride_oh,
-    num_rows, key_dim, value_dim, num_v_heads, width, scale, l2_eps, norm_eps,
+    key_dim, value_dim, num_v_heads, width, scale, l2_eps, norm_eps,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_W: tl.constexpr, ROWS: tl.constexpr, COMPUTE: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_W: tl.constexpr, COMPUTE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """One program: rows [pid0 * ROWS, +ROWS), value head pid1, value columns
-    [pid2 * BLOCK_DV, +BLOCK_DV). sum_sq [B, Hv, DV / BLOCK_DV] fp32 and count [B, Hk] int32
-    (zero between launches) are the programs' meeting place. A row's reads (_row_reads) are
-    issued before the row before it runs, so its state streams while that row computes."""
-    head, block = tl.program_id(1), tl.program_id(2)
+    """One program: row pid0, value head pid1, value columns [pid2 * BLOCK_DV, +BLOCK_DV). A
+    padding row (sink slot 0) writes zeros and touches no pool. sum_sq [B, Hv, DV / BLOCK_DV]
+    fp32 and count [B, Hk] int32 (zero between launches) are the programs' meeting place."""
+    row, head, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    NUM_BLOCKS: tl.constexpr = DV // BLOCK_DV
     k_head = head // GROUP
-    first = tl.program_id(0) * ROWS
-    # Before the wait, what no kernel of this step writes (pdl.py): the first row's slot,
-    # state block and conv windows, the weights. The state block is most of the layer's bytes,
-    # so its read overlaps the in_proj GEMV before; only that projection's output is read
-    # after.
-    slot, s, q_older, k_older, v_older = _row_reads(
-        first, num_rows, slots_ptr, state_ptr, conv_pool_ptr, head, block, k_head, key_dim,
-        stride_sn, stride_sh, stride_sk, stride_sv, stride_cn, stride_cc, stride_cw, width, DK,
-        DV, BLOCK_DV, BLOCK_W, COMPUTE)
-    q_w = _conv_weights(conv_w_ptr, k_head * DK, stride_wc, stride_ww, width, DK, BLOCK_W)
-    k_w = _conv_weights(conv_w_ptr, key_dim + k_head * DK, stride_wc, stride_ww, width, DK,
-                        BLOCK_W)
-    v_w = _conv_weights(conv_w_ptr, 2 * key_dim + head * DV + block * BLOCK_DV, stride_wc,
-                        stride_ww, width, BLOCK_DV, BLOCK_W)
+    offs_k = tl.arange(0, DK)
+    offs_v = block * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    # Before the wait, what no kernel of this step writes (pdl.py): the slot, its state block
+    # and conv windows, the weights. The state block is most of the layer's bytes, so its read
+    # overlaps the in_proj GEMV before; only that projection's output is read after.
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    state_ptrs = (state_ptr + slot * stride_sn + head * stride_sh
+                  + offs_k[:, None] * stride_sk + offs_v[None, :] * stride_sv)
+    s = tl.load(state_ptrs, mask=slot != 0, other=0.0).to(COMPUTE)
+    pool_slot = conv_pool_ptr + slot * stride_cn
+    q_c0, k_c0 = k_head * DK, key_dim + k_head * DK
+    v_c0 = 2 * key_dim + head * DV + block * BLOCK_DV
+    q_older, q_w = _conv_window(pool_slot, conv_w_ptr, q_c0, stride_wc, stride_ww, stride_cc,
+                                stride_cw, width, DK, BLOCK_W)
+    k_older, k_w = _conv_window(pool_slot, conv_w_ptr, k_c0, stride_wc, stride_ww, stride_cc,
+                                stride_cw, width, DK, BLOCK_W)
+    v_older, v_w = _conv_window(pool_slot, conv_w_ptr, v_c0, stride_wc, stride_ww, stride_cc,
+                                stride_cw, width, BLOCK_DV, BLOCK_W)
     decay_rate = -tl.exp(tl.load(a_log_ptr + head).to(COMPUTE))
     dt_bias = tl.load(dt_bias_ptr + head).to(COMPUTE)
     pdl_wait_then_release(USE_PDL)
-    for i in tl.static_range(ROWS):
-        if i + 1 < ROWS:
-            next_reads = _row_reads(
-                first + i + 1, num_rows, slots_ptr, state_ptr, conv_pool_ptr, head, block,
-                k_head, key_dim, stride_sn, stride_sh, stride_sk, stride_sv, stride_cn,
-                stride_cc, stride_cw, width, DK, DV, BLOCK_DV, BLOCK_W, COMPUTE)
-        _row_layer(first + i, num_rows, slot, s, q_older, k_older, v_older, q_w, k_w, v_w,
-                   decay_rate, dt_bias, proj_ptr, conv_pool_ptr, state_ptr, norm_w_ptr,
-                   out_ptr, sum_sq_ptr, count_ptr, head, block, k_head, stride_pt, stride_cn,
-                   stride_cc, stride_cw, stride_sn, stride_sh, stride_sk, stride_sv, stride_ot,
-                   stride_oh, key_dim, value_dim, num_v_heads, width, scale, l2_eps, norm_eps,
-                   GROUP, DK, DV, BLOCK_DV, BLOCK_W, COMPUTE)
-        if i + 1 < ROWS:
-            slot, s, q_older, k_older, v_older = next_reads
+    out_row = out_ptr + row * stride_ot
+    if slot == 0:
+        tl.store(out_row + head * stride_oh + offs_v,
+                 tl.zeros((BLOCK_DV,), dtype=out_ptr.dtype.element_ty))
+        return
+    x_row = proj_ptr + row * stride_pt
+    q = _conv_apply(x_row, q_older, q_w, pool_slot, q_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, False)
+    k = _conv_apply(x_row, k_older, k_w, pool_slot, k_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, False)
+    v = _conv_apply(x_row, v_older, v_w, pool_slot, v_c0, stride_cc, stride_cw, width,
+                    BLOCK_DV, BLOCK_W, COMPUTE, True)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + l2_eps) * scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + l2_eps)
+    z_row = x_row + 2 * key_dim + value_dim  # then z [Hv * Dv], b [Hv], a [Hv]
+    a = tl.load(z_row + value_dim + num_v_heads + head).to(COMPUTE)
+    b = tl.load(z_row + value_dim + head)
+    x = a + dt_bias
+    softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
+    s = s * tl.exp(decay_rate * softplus)
+    beta = tl.sigmoid(b.to(COMPUTE)).to(b.dtype).to(COMPUTE)
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
+    dtype = out_ptr.dtype.element_ty
+    o = tl.sum(s * q[:, None], axis=0).to(dtype)
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty))
+    tl.store(out_row + head * stride_oh + offs_v, o)
+    o = o.to(COMPUTE)
+    tl.store(sum_sq_ptr + (row * num_v_heads + head) * NUM_BLOCKS + block, tl.sum(o * o, axis=0))
+
+    count = count_ptr + row * (num_v_heads // GROUP) + k_head
+    if last_to_arrive(count, GROUP * NUM_BLOCKS):
+        # the last of its (row, key head): every other program has read the query and key
+        # windows and written its output block and sum
+        _conv_apply(x_row, q_older, q_w, pool_slot, q_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, True)
+        _conv_apply(x_row, k_older, k_w, pool_slot, k_c0, stride_cc, stride_cw, width, DK,
+                    BLOCK_W, COMPUTE, True)
+        offs_d = tl.arange(0, DV)
+        norm_w = tl.load(norm_w_ptr + offs_d).to(COMPUTE)
+        for j in tl.static_range(GROUP):
+            h = k_head * GROUP + j
+            sums = tl.load(sum_sq_ptr + (row * num_v_heads + h) * NUM_BLOCKS
+                           + tl.arange(0, NUM_BLOCKS), cache_modifier=".cg")
+            head_out = out_row + h * stride_oh + offs_d
+            raw = tl.load(head_out, cache_modifier=".cg").to(COMPUTE)
+            # the gated norm, as dense.gated_rms_norm under Inductor: the normed value
+            # rounded to the activations' dtype, the scaled and gated product rounded once
+            rstd = tl.rsqrt(tl.sum(sums, axis=0) / DV + norm_eps)
+            normed = (raw * rstd).to(dtype).to(COMPUTE)
+            z = tl.load(z_row + h * DV + offs_d).to(COMPUTE)
+            tl.store(head_out, (norm_w * normed * (z * tl.sigmoid(z))).to(dtype))
+        tl.store(count, 0)
 
 
 class GdnLayerScratch:
@@ -282,9 +211,8 @@ def gdn_layer_decode(
     scratch: GdnLayerScratch,
     *,
     pdl: bool = False,
-    block_dv: int | None = None,
-    num_warps: int | None = None,
-    rows_per_program: int | None = None,
+    block_dv: int = BLOCK_DV,
+    num_warps: int = NUM_WARPS,
     max_registers: int = MAX_REGISTERS,
 ) -> torch.Tensor:  # [B, Hv, Dv] in projected's dtype: the input of out_proj
     """One decode token a row through a GDN layer's conv, gates, delta rule and gated norm,
@@ -292,15 +220,9 @@ def gdn_layer_decode(
     program's value columns and num_warps its warps, max_registers a thread's registers at
     most (the engine's BLOCK_DV, NUM_WARPS and MAX_REGISTERS; tests/gpu/time_gdn_layer.py
     times others)."""
-    tile = layer_tile(projected.shape[0])
-    block_dv = tile[0] if block_dv is None else block_dv
-    num_warps = tile[1] if num_warps is None else num_warps
-    rows_per_program = tile[2] if rows_per_program is None else rows_per_program
     for name, value in (("block_dv", block_dv), ("num_warps", num_warps)):
         if value < 1 or value & (value - 1):
             raise ValueError(f"{name} must be a power of two, got {value}")
-    if rows_per_program < 1:
-        raise ValueError(f"rows_per_program must be at least 1, got {rows_per_program}")
     if max_registers and not 24 <= max_registers <= 255:  # ptxas's maxnreg range
         raise ValueError(f"max_registers must be 0 (ptxas's choice) or 24-255, got "
                          f"{max_registers}")
@@ -323,16 +245,15 @@ def gdn_layer_decode(
     compute = compute_dtype(state_pool.dtype)
     sum_sq, counts = scratch.get(rows, shape, shape.v_dim // block_dv, compute,
                                  projected.device)
-    grid = (triton.cdiv(rows, rows_per_program), shape.num_v_heads, shape.v_dim // block_dv)
-    _gdn_layer_decode_kernel[grid](
+    _gdn_layer_decode_kernel[(rows, shape.num_v_heads, shape.v_dim // block_dv)](
         projected, conv_weight, conv_pool, state_pool, state_slots, weights.a_log,
         weights.dt_bias, weights.norm_weight, out, sum_sq, counts,
         projected.stride(0), *conv_weight.stride(), *conv_pool.stride(), *state_pool.stride(),
         out.stride(0), out.stride(1),
-        rows, shape.key_dim, shape.value_dim, shape.num_v_heads, width, shape.k_dim**-0.5,
+        shape.key_dim, shape.value_dim, shape.num_v_heads, width, shape.k_dim**-0.5,
         L2NORM_EPS, weights.norm_eps,
         GROUP=group, DK=shape.k_dim, DV=shape.v_dim, BLOCK_DV=block_dv,
-        BLOCK_W=triton.next_power_of_2(width), ROWS=rows_per_program,
+        BLOCK_W=triton.next_power_of_2(width),
         COMPUTE=triton_compute_dtype(state_pool.dtype), num_warps=num_warps,
         **({"maxnreg": max_registers} if max_registers else {}), **launch_options(pdl),
     )

@@ -347,7 +347,7 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
                   "count_ptr": "*i32", "scale": "fp32", "l2_eps": "fp32",
                   "norm_eps": "fp32"}
     gdn_types |= {arg: "i32" for arg in gdn.arg_names if arg.startswith("stride_")
-                  or arg in ("num_rows", "key_dim", "value_dim", "num_v_heads", "width")}
+                  or arg in ("key_dim", "value_dim", "num_v_heads", "width")}
     group = config.linear_num_value_heads // config.linear_num_key_heads
     width = config.linear_conv_kernel_dim
     prologue = attention_prologue._attention_prologue_kernel
@@ -359,9 +359,10 @@ def _fused_decode_variants(config: ModelConfig) -> list[Variant]:
     gdn_constexprs = {
         "GROUP": group, "DK": config.linear_key_head_dim, "DV": config.linear_value_head_dim,
         "BLOCK_DV": min(gdn_layer_decode.BLOCK_DV, config.linear_value_head_dim),
-        "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32, "ROWS": 1}
+        "BLOCK_W": triton.next_power_of_2(width), "COMPUTE": triton.language.float32}
     # the cap tests/gpu/time_gdn_layer.py times (not taken: results/2026-12-07-h100-medium-gemv):
-    # it spills 4 bytes at the 0.8B; 16 catches a change that spills more
+    # 136 registers and no spill at the 0.8B with the hints (4 bytes without); 16 catches a
+    # change that spills more
     capped = gdn_layer_decode.CAPPED_REGISTERS
     variants = [Variant(f"fused gdn layer decode (PDL, at most {capped} registers)", gdn,
                         gdn_types, gdn_constexprs | {"USE_PDL": True},
