@@ -277,6 +277,8 @@ KNOB_MEANINGS = {
     "step_thread_cores": "CPU list for the engine core's step thread; auto: two outside api_core",
     "core_idle_spin": "an engine core out of work polls for requests without waiting for 5 ms "
                       "before it sleeps (auto: on CUDA)",
+    "gc_young_threshold": "the engine core's young-generation garbage collection threshold "
+                          "(Python's: 700)",
     "seed": "the sampling seed of requests that bring none",
     "max_waiting": "requests in flight past max_num_seqs before new ones get a 429",
     "max_body_mib": "a request body's cap in MiB (413), checked before it is read",

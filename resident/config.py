@@ -187,6 +187,12 @@ class EngineConfig:
     # 5.48 -> 5.33 ms (results/2026-12-06-h100-hit-path). auto: on on CUDA; off on CPU, where
     # the core's spin would take a CPU the forward, the API and the clients share
     core_idle_spin: str = "auto"
+    # the engine core's young-generation GC threshold (gc.set_threshold's first; Python's
+    # own is 700): a c=256 step leaves a few hundred short-lived containers alive at once, so
+    # at 700 the core collected about every other step, 0.9-1.1% of its wall at c=256 on an
+    # H100; at 20,000 it ran none there, and served tok/s did not move within two rounds (the
+    # pauses sat under the GPU's step; results/2026-12-07-h100-gc-young)
+    gc_young_threshold: int = 20_000
     seed: int = 0  # seeds sampling for requests that bring no seed
     # the HTTP API's limits (server/api.py, server/serve.py; docs/engine.md "Limits and failures")
     max_waiting: int = 1024  # requests in flight past max_num_seqs before new ones get a 429
@@ -229,7 +235,7 @@ class EngineConfig:
                                  f"{', '.join(choices)}")
         for knob in ("page_size", "max_num_seqs", "prefill_token_budget", "max_prefill_rows",
                      "send_buffer_kib", "prefix_snapshot_interval", "tensor_parallel",
-                     "stream_interval"):
+                     "stream_interval", "gc_young_threshold"):
             if getattr(self, knob) < 1:
                 raise ValueError(f"knob {knob}: must be >= 1, got {getattr(self, knob)}")
         for knob in ("num_kv_pages", "max_model_len", "num_state_slots", "max_waiting",

@@ -20,6 +20,15 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def set_young_threshold(threshold: int) -> None:
+    """How many tracked containers may be born (less those freed) before a young collection:
+    a serving loop whose steps hold many short-lived ones crosses Python's 700 every step or
+    two, though reference counting frees them; above a step's churn only lasting growth (new
+    requests' state) triggers one. The older generations keep Python's thresholds."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, older, oldest)
+
+
 class GcPauses:
     """The garbage collector's collections and wall seconds by generation from start() to
     stop(), or inside a with block (gc.callbacks): the bench's timed steps, or an engine core's

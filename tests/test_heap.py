@@ -1,10 +1,14 @@
-"""GcPauses: the garbage collector's collections and pauses by generation, while entered."""
+"""GcPauses: the garbage collector's collections and pauses by generation, while entered; the
+young generation's threshold an engine core sets."""
 
 from __future__ import annotations
 
 import gc
 
-from resident.heap import GENERATIONS, GcPauses
+import pytest
+
+from resident.config import EngineConfig
+from resident.heap import GENERATIONS, GcPauses, set_young_threshold
 
 
 def test_gc_pauses_count_each_collection_by_generation_and_only_while_entered():
@@ -50,3 +54,30 @@ def test_an_engines_stats_and_metrics_carry_the_cores_collections():
     samples = {s.labels["kind"]: s.value for s in families["resident_gc_collections"].samples}
     assert set(samples) == {"0", "1", "2"} and samples["2"] == stats["gc_collections"]["2"]
     assert families["resident_gc_pause_seconds"].type == "counter"
+
+
+def test_a_raised_young_threshold_leaves_a_steps_churn_uncollected():
+    """At gc_young_threshold's default a loop that holds 1,500 short-lived containers at a
+    time (about two c=256 steps' worth) runs no young collection, where Python's 700 runs one
+    every pass; the older generations keep their thresholds; 0 (no collection at all) is
+    refused."""
+    saved = gc.get_threshold()
+
+    def young_collections_over_churn() -> int:
+        gc.collect()
+        with GcPauses() as pauses:
+            for _ in range(50):
+                held = [[i] for i in range(1500)]
+                del held
+        return pauses.collections[0]
+
+    try:
+        set_young_threshold(700)
+        assert young_collections_over_churn() >= 40
+        set_young_threshold(EngineConfig().gc_young_threshold)
+        assert gc.get_threshold() == (20_000, *saved[1:])
+        assert young_collections_over_churn() == 0
+    finally:
+        gc.set_threshold(*saved)
+    with pytest.raises(ValueError, match="gc_young_threshold: must be >= 1, got 0"):
+        EngineConfig(gc_young_threshold=0)

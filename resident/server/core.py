@@ -108,7 +108,7 @@ def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_na
         import torch._dynamo  # noqa: F401
 
     from resident.engine.engine import Engine
-    from resident.heap import GcPauses, freeze_heap
+    from resident.heap import GcPauses, freeze_heap, set_young_threshold
 
     startup.lap("imports")
     if device_name == "cuda" and not torch.cuda.is_available():
@@ -125,6 +125,7 @@ def build_core_engine(model_config: ModelConfig, config: EngineConfig, device_na
     device = torch.device(device_name) if group is None else group.device
     engine = Engine(model_config, config, device, startup, group)
     freeze_heap()
+    set_young_threshold(config.gc_young_threshold)
     engine.gc_pauses = GcPauses().start()  # for the core's life: /metrics
     log.info("model %s on %s (%s), weights %s, %d torch threads on CPUs %s",
              model_config.name, device_name, engine.dtype, engine.fingerprint,

@@ -57,7 +57,7 @@ from torch.profiler import ProfilerActivity, profile
 from resident.config import build_engine_config, model_yaml_knobs, parse_set_options
 from resident.engine.engine import Engine, build_engine
 from resident.engine.types import EngineRequest, SamplingParams
-from resident.heap import GcPauses, freeze_heap
+from resident.heap import GcPauses, freeze_heap, set_young_threshold
 from resident.info import model_facts
 from resident.model.config import load_model_config
 from resident.profiling.summary import frontier_shares
@@ -270,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     config = build_engine_config(model_yaml_knobs(args.model), None,
                                  parse_set_options(args.knobs))
     engine = build_engine(model, config, "cuda")
-    if not args.no_gc_freeze:
-        freeze_heap()  # as the engine core does
+    if not args.no_gc_freeze:  # as the engine core does
+        freeze_heap()
+        set_young_threshold(config.gc_young_threshold)
     if args.cprofile:
         args.cprofile.mkdir(parents=True, exist_ok=True)
     burst = burst_rows(engine, args.burst, args.prompt_len) if args.burst else None

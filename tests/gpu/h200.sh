@@ -203,6 +203,9 @@
 #   gate-targets  configs/gate/h200-0.8b-targets.yaml (issue 33's served cells c=1/16/64/256:
 #             the defaults against fused_decode=off pdl=off gemv_table=off and against the bf16
 #             GDN state, three servers up together, until a verdict or 3 rounds), tarred
+#   gate-gc-young  configs/gate/h200-0.8b-gc-young.yaml (the engine core's young GC threshold at
+#             Python's 700 against gc_young_threshold's default, c=64/256, until a verdict or
+#             4 rounds), tarred
 #   check-late-launch-fp32  configs/gate/check-h200-0.8b-late-launch-fp32.yaml (late_launch on
 #             against off, greedy and concurrency sweeps in float32), tarred
 #   gate-late-launch  configs/gate/h200-0.8b-late-launch.yaml (late_launch on against off,
@@ -559,7 +562,7 @@ for part in "$@"; do
         --config configs/gate/h200-0.8b-frontend.yaml --interleave --parallel-start \
         --out "$OUT/gate-frontend"
       tar czf "$OUT/gate-frontend.tgz" -C "$OUT" gate-frontend && rm -rf "$OUT/gate-frontend" ;;
-    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-targets | gate-late-launch | gate-late-launch-prefix | gate-decode-tiles)
+    gate-prefix | gate-prefix-none | gate-prefix-tail | gate-prefix-long | gate-prefix-open | gate-prefill-buckets | gate-gemv-table | gate-varlen-splits | gate-idle-spin | gate-decode-splits | gate-state-bf16 | gate-targets | gate-gc-young | gate-late-launch | gate-late-launch-prefix | gate-decode-tiles)
       run "$part" "${GATE_LIMIT:-570}" python3 -m gate run \
         --config "configs/gate/h200-0.8b-${part#gate-}.yaml" --out "$OUT/$part"
       tar czf "$OUT/$part.tgz" -C "$OUT" "$part" && rm -rf "$OUT/$part" ;;
