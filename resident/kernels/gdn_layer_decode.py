@@ -54,9 +54,9 @@ NUM_WARPS = 4
 # allocates 136 and three fit: that cap made the layer 7.7% slower at c=16 on an H100, 128
 # (124 allocated, four fit) 2.4% faster, -0.8% of the step from one sample
 # (results/2026-12-07-h100-medium-gemv). A program taking 2-4 rows in turn, the next row's
-# state read while the row before runs, needs 128-255 registers (two or three programs an
-# SM) and lost at 4-32 rows
-# (results/2026-12-07-h100-gdn-rows); so ptxas keeps its choice, one row a program
+# state read while the row before runs, needs 128-255 registers (two or three programs an SM)
+# and lost at 4-32 rows (results/2026-12-07-h100-gdn-rows); so ptxas keeps its choice, one row
+# a program
 MAX_REGISTERS = 0
 CAPPED_REGISTERS = 168
 

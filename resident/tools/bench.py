@@ -257,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cprofile", type=Path, help="write Python profiles of steps here")
     add_draw(parser)
     parser.add_argument("--no-gc-freeze", action="store_true",
-                        help="leave the startup heap to the garbage collector (the engine core "
-                             "freezes it), to measure what the freeze saves")
+                        help="leave the startup heap to the garbage collector and its young "
+                             "generation at Python's threshold (the engine core freezes the "
+                             "one and raises the other), to measure what they save")
     args = parser.parse_args(argv)
     try:
         draw = Draw(args.temperature, args.top_p)
