@@ -31,7 +31,6 @@ def test_an_engines_stats_and_metrics_carry_the_cores_collections():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from resident.config import EngineConfig
     from resident.engine.engine import build_engine
     from resident.model.config import load_model_config
     from resident.server.metrics import EngineCollector
