@@ -713,8 +713,8 @@ def test_a_wide_buckets_tile_gives_the_decode_steps_logits_in_float64():
 
 def test_the_start_up_log_names_each_buckets_attention_tile(caplog):
     """decode_splits=auto logs each decode bucket's key splits x keys a tile (the interpreter
-    counts as 64 SMs: 64 rows of the tiny model's 2 kv heads are a wide bucket), off says 8
-    splits everywhere."""
+    counts as 16 SMs: 16 and 64 rows of the tiny model's 2 kv heads are wide buckets), off
+    says 8 splits everywhere."""
     lines = {}
     for decode_splits in ("auto", "off"):
         caplog.clear()
@@ -724,19 +724,19 @@ def test_the_start_up_log_names_each_buckets_attention_tile(caplog):
             build_engine(TINY, config, "cpu")
         lines[decode_splits] = next(r.getMessage() for r in caplog.records
                                     if r.getMessage().startswith("decode attention"))
-    assert "1: 64x64, 16: 8x32, 64: 2x32 (decode_splits=auto, 64 SMs)" in lines["auto"]
+    assert "1: 16x64, 16: 2x32, 64: 1x32 (decode_splits=auto, 16 SMs)" in lines["auto"]
     assert "8 key splits of the kernel's own tile in every bucket" in lines["off"]
 
 
-@pytest.mark.parametrize(("decode_splits", "num_sms"), [("auto", 64), ("off", 0)])
+@pytest.mark.parametrize(("decode_splits", "num_sms"), [("auto", 16), ("off", 0)])
 def test_decode_splits_size_the_triton_attention_by_the_devices_sms(decode_splits, num_sms):
     """auto hands each bucket's attention the device's SMs (the interpreter counts as a
-    64-SM device, so CPU tests take the split counts a GPU's small buckets take); off, none:
+    16-SM device, so CPU tests take the kinds of split a GPU's buckets take); off, none:
     8 splits everywhere."""
     from resident.kernels import INTERPRETER_SMS
 
     config = EngineConfig(attention_backend="triton", decode_buckets=(1, 2), max_num_seqs=2,
                           decode_splits=decode_splits)
     decode = build_engine(TINY, config, "cpu").runner.kernels.decode
-    assert INTERPRETER_SMS == 64
+    assert INTERPRETER_SMS == 16
     assert {decode.ops(bucket).attention.keywords["num_sms"] for bucket in (1, 2)} == {num_sms}

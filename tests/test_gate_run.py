@@ -465,12 +465,14 @@ def test_a_killed_gate_leaves_no_server_behind(tmp_path):
 
 def test_a_killed_gate_mid_run_leaves_no_client_process_behind(tmp_path):
     """Killed while two client processes stream: nothing of the run is left (the server dies
-    with the gate, the clients with it: end_with_parent, tested below)."""
+    with the gate, the clients with it: end_with_parent, tested below). 1,000 tokens a request
+    keep the clients streaming for seconds; the warm-up before them runs as long (one request
+    a slot at the output length), so more only waits."""
     run = SimpleNamespace(run_id=uuid.uuid4().hex)
     env = {**os.environ, RUN_ID: run.run_id, "PYTHONPATH": str(ROOT)}
     gate = subprocess.Popen([sys.executable, "-m", "gate", "run", "--arm", "main=.",
                              "--concurrency", "2", "--clients", "2", "--runs", "1",
-                             "--out", str(tmp_path / "s"), *SHORT, "--output-len", "3000"],
+                             "--out", str(tmp_path / "s"), *SHORT, "--output-len", "1000"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -9,7 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from resident.kernels.conv_varlen import causal_conv_varlen
+from resident.kernels.conv_varlen import (
+    CONV_BLOCK_T,
+    INTERPRETER_CONV_BLOCK_T,
+    causal_conv_varlen,
+)
 from resident.kernels.gdn import causal_conv_ref, l2norm
 
 NUM_SLOTS, WIDTH = 8, 4
@@ -22,7 +26,8 @@ def _step_meta(lengths: list[int], slots: list[int], device: str):
     return torch.tensor(slots, device=device), qsl, token_seq
 
 
-def _check(lengths, slots, widths, head_dim, dtype, device, atol, l2norm_qk=False):
+def _check(lengths, slots, widths, head_dim, dtype, device, atol, l2norm_qk=False,
+           block_t=None):
     """One varlen step of both; the rows' x is a strided view, as the model's split makes it.
     The kernel's query, key and value planes are the reference's columns, each contiguous;
     with l2norm_qk the query and key columns l2-normalised a head_dim-wide head at a time."""
@@ -36,7 +41,7 @@ def _check(lengths, slots, widths, head_dim, dtype, device, atol, l2norm_qk=Fals
     ref_pool = pool.clone()
     state_slots, qsl, token_seq = _step_meta(lengths, slots, device)
     planes = causal_conv_varlen(x, weight, pool, state_slots, qsl, token_seq, widths, head_dim,
-                                l2norm_qk=l2norm_qk)
+                                l2norm_qk=l2norm_qk, block_t=block_t)
     want = list(causal_conv_ref(x, weight, ref_pool, state_slots, qsl, max(lengths))
                 .split(widths, dim=-1))
     if l2norm_qk:
@@ -47,20 +52,29 @@ def _check(lengths, slots, widths, head_dim, dtype, device, atol, l2norm_qk=Fals
     torch.testing.assert_close(pool, ref_pool, atol=0, rtol=0)  # untouched slots too
 
 
+# the GPU's tile (4 tokens a program) and the interpreter's default (16), which the CPU's engine
+# tests run
+TILES = [CONV_BLOCK_T, INTERPRETER_CONV_BLOCK_T]
+
+
+@pytest.mark.parametrize("block_t", TILES)
 @pytest.mark.parametrize("l2norm_qk", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rows_shorter_and_longer_than_the_window(dtype, l2norm_qk):
+def test_rows_shorter_and_longer_than_the_window(dtype, l2norm_qk, block_t):
     # rows of 1 and 2 tokens take history from the pool; 11 and 5 straddle token blocks; heads
     # of 3 channels fill 3 of a program's 4 (the value plane's last program holds 2)
     _check([1, 11, 2, 5, 3], [5, 2, 7, 1, 6], widths=(6, 6, 8), head_dim=3, dtype=dtype,
-           device="cpu", atol=1e-5 if dtype == torch.float32 else 1e-12, l2norm_qk=l2norm_qk)
+           device="cpu", atol=1e-5 if dtype == torch.float32 else 1e-12, l2norm_qk=l2norm_qk,
+           block_t=block_t)
 
 
+@pytest.mark.parametrize("block_t", TILES)
 @pytest.mark.parametrize("l2norm_qk", [False, True])
-def test_one_long_row_over_several_channel_blocks(l2norm_qk):
-    # 16-channel heads: 3 query and 3 key programs, and 104 value channels end 8 into the last
+def test_one_long_row_over_several_channel_blocks(l2norm_qk, block_t):
+    # 16-channel heads: 3 query and 3 key programs, and 104 value channels end 8 into the last;
+    # 37 tokens: blocks inside the row past its window (the kernel's fast path) at either tile
     _check([37], [3], widths=(48, 48, 104), head_dim=16, dtype=torch.float32, device="cpu",
-           atol=1e-5, l2norm_qk=l2norm_qk)
+           atol=1e-5, l2norm_qk=l2norm_qk, block_t=block_t)
 
 
 @pytest.mark.parametrize(("widths", "head_dim", "message"), [

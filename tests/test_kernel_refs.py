@@ -114,3 +114,9 @@ def test_paged_attention_reads_no_page_past_the_furthest_position():
     want = paged_attention_ref(query, kv, holds, token_seq, positions, 0.3)
     assert not got.isnan().any()
     assert torch.equal(got, want)
+    # more tokens than rows: the CPU gathers each row's keys once for its tokens; a token alone
+    # gathers its own, and reads the same bits (a prefix hit's tokens as its fresh prefill's)
+    for token in range(5):
+        alone = paged_attention_ref(query[token:token + 1], kv, wide, token_seq[token:token + 1],
+                                    positions[token:token + 1], 0.3)
+        assert torch.equal(alone, got[token:token + 1])

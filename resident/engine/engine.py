@@ -340,7 +340,10 @@ class Engine:
         read_s = time.perf_counter()
         self.phases.lap("sample_sync")
         if self.intake is not None:
-            self.window.read(prepared.bucket, prepared.launched_s, read_s, read_s - wait_s)
+            # on CPU the tokens were there when the launch returned: a read slowed by the
+            # host (a busy machine) is no GPU time, and would open windows that only spin
+            waited_s = read_s - wait_s if self.device.type == "cuda" else 0.0
+            self.window.read(prepared.bucket, prepared.launched_s, read_s, waited_s)
         return tokens
 
     def _sample(self, prepared: PreparedStep, step: StepLogits, sampling: list[Request],

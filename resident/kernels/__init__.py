@@ -9,8 +9,12 @@ import torch
 # (engine/draw.py gumbel_from_bits) and the Triton race (gumbel_race.py) switch at one value
 SERIES_BELOW = 0.125
 # The interpreter has no SMs: a rule that sizes a grid by them (varlen_splits, decode_splits)
-# picks there as on a device this size, so the CPU tests take the launches a GPU would
-INTERPRETER_SMS = 64
+# picks there as on a device this size, so the CPU tests take the kinds of launch a GPU does
+# (many key splits at one row, half tiles, one split in a wide bucket). A small device: the
+# interpreter runs a grid's programs one after another (~15 ms each for decode attention's),
+# and at 64 SMs a 1-row bucket's 128 of them, mostly empty splits, were a third of the CPU
+# engine tests' time.
+INTERPRETER_SMS = 16
 
 
 def device_sms(device: torch.device) -> int:

@@ -36,26 +36,56 @@ def paged_attention_ref(
 ) -> torch.Tensor:  # [T, H, D]
     """Causal attention of each token over its row's pages, up to its position. On CPU the
     pages read are bounded by the step's furthest position (one host read), whatever width the
-    block table has; elsewhere the caller bounds the work by the block-table width it passes."""
-    num_tokens, num_heads, head_dim = query.shape
-    num_kv_heads = kv_layer.shape[3]
-    group = num_heads // num_kv_heads
-    compute = compute_dtype(query.dtype)
-
+    block table has, and where a row brings several tokens (a prefill) its keys are gathered
+    once for them all (`_by_row`); elsewhere each token gathers its row's keys, and the caller
+    bounds the work by the block-table width it passes."""
+    num_tokens = query.shape[0]
     if positions.device.type == "cpu" and num_tokens:
         # keys past a token's position are masked out below: pages past the furthest one are
         # never seen
         block_tables = block_tables[:, :int(positions.max()) // kv_layer.shape[2] + 1]
+        if num_tokens > block_tables.shape[0]:
+            return _by_row(query, kv_layer, block_tables, token_seq, positions, scale)
     pages = block_tables[token_seq].long()  # [T, W]
-    keys = kv_layer[pages, 0].flatten(1, 2).to(compute)  # [T, W*S, Hkv, D]
-    values = kv_layer[pages, 1].flatten(1, 2).to(compute)
-    visible = torch.arange(keys.shape[1], device=query.device)[None] <= positions[:, None]
+    keys, values = _planes(kv_layer[pages]).to(compute_dtype(query.dtype))  # [T, W*S, Hkv, D]
+    return _attend(query, keys, values, positions, scale)
 
-    q = query.view(num_tokens, num_kv_heads, group, head_dim).to(compute)
-    scores = torch.einsum("tkgd,tlkd->tkgl", q, keys) * scale
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("tkgl,tlkd->tkgd", probs, values)
+
+def _planes(paged: torch.Tensor) -> torch.Tensor:
+    """[..., W, 2, S, Hkv, D] pages -> [2, ..., W*S, Hkv, D]: keys and values in order."""
+    return paged.movedim(-4, 0).flatten(-4, -3)
+
+
+def _by_row(query: torch.Tensor, kv_layer: torch.Tensor, block_tables: torch.Tensor,
+            token_seq: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """paged_attention_ref a row at a time (host reads: CPU only): a row's keys gathered once
+    and shared by its tokens (a 400-token prompt had gathered 400 copies, most of a CPU
+    prefill's time)."""
+    out = torch.empty_like(query)
+    for row in token_seq.unique().tolist():
+        tokens = (token_seq == row).nonzero().squeeze(1)  # [t]
+        planes = _planes(kv_layer[block_tables[row].long()]).to(compute_dtype(query.dtype))
+        keys, values = (plane.expand(len(tokens), -1, -1, -1) for plane in planes)
+        out[tokens] = _attend(query[tokens], keys, values, positions[tokens], scale)
+    return out
+
+
+def _attend(query: torch.Tensor,  # [T, H, D]
+            keys: torch.Tensor,  # [T, L, Hkv, D] in the compute dtype, each token's keys
+            values: torch.Tensor,  # [T, L, Hkv, D]
+            positions: torch.Tensor, scale: float) -> torch.Tensor:  # [T, H, D]
+    """A token's scores and output as one small GEMM each, [G, D] x [D, L] and [G, L] x
+    [L, D], whatever the batch: a token reads the same bits in any step (a prefix hit's tokens
+    as its fresh prefill's), and tokens of a row can share one copy of its keys (stride 0)."""
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = keys.shape[2]
+    q = query.view(num_tokens, num_kv_heads, -1, head_dim).to(keys.dtype)
+    hidden = torch.arange(keys.shape[1], device=query.device)[None] > positions[:, None]
+    out = torch.empty_like(q)
+    for head in range(num_kv_heads):
+        scores = torch.bmm(q[:, head], keys[:, :, head].transpose(1, 2)) * scale  # [T, G, L]
+        probs = torch.softmax(scores.masked_fill(hidden[:, None, :], float("-inf")), dim=-1)
+        out[:, head] = torch.bmm(probs, values[:, :, head])
     return out.reshape(num_tokens, num_heads, head_dim).to(query.dtype)
 
 

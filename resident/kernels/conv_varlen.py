@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from resident.interpreter import triton_interpreting
 from resident.kernels import triton_compute_dtype
 from resident.kernels.gdn_decode import L2NORM_EPS
 
@@ -36,6 +37,10 @@ from resident.kernels.gdn_decode import L2NORM_EPS
 # 1-8 warps, results/2026-12-02-h200-0.8b-conv
 CONV_BLOCK_T, CONV_NUM_WARPS = 4, 2
 STATE_BLOCK_C = 64
+# The interpreter runs a grid's programs one after another, each ~25 ms on the CPU whatever
+# its tile, so there a program takes 16 tokens: a quarter of the programs (a padded CPU test
+# spent half its time here). tests/test_kernel_conv_varlen.py runs both tiles.
+INTERPRETER_CONV_BLOCK_T = 16
 
 
 @triton.jit
@@ -145,11 +150,14 @@ def causal_conv_varlen(
     head_dim: int,  # Dk: the channels of a query or key head
     *,
     l2norm_qk: bool = False,
+    block_t: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # [T, Kd], [T, Kd], [T, Vd], contiguous
     """Depthwise causal conv + silu over each row's new tokens, the row's history from its
     pool slot; the slot then holds the row's last W inputs. No host reads or syncs. Returns
     the output split into query, key and value, each contiguous (module docstring); with
-    l2norm_qk each query and key head l2-normalised over its Dk channels (as gdn.l2norm)."""
+    l2norm_qk each query and key head l2-normalised over its Dk channels (as gdn.l2norm).
+    block_t: tokens a program (a power of two); by default CONV_BLOCK_T, or
+    INTERPRETER_CONV_BLOCK_T under the interpreter."""
     num_tokens, channels = x.shape
     width = weight.shape[-1]
     key_width, _, value_width = widths
@@ -157,13 +165,15 @@ def causal_conv_varlen(
         raise ValueError(f"widths {widths} are not (Kd, Kd, Vd) of {channels} channels")
     if head_dim <= 0 or key_width % head_dim:
         raise ValueError(f"head_dim {head_dim} does not divide the {key_width} key channels")
+    if block_t is None:
+        block_t = INTERPRETER_CONV_BLOCK_T if triton_interpreting() else CONV_BLOCK_T
     y = torch.empty(num_tokens * channels, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(num_tokens, CONV_BLOCK_T), triton.cdiv(channels, head_dim))
+    grid = (triton.cdiv(num_tokens, block_t), triton.cdiv(channels, head_dim))
     _conv_varlen_kernel[grid](
         x, weight, conv_pool, state_slots, query_start_loc, token_seq, y,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), conv_pool.stride(0),
         conv_pool.stride(1), conv_pool.stride(2), num_tokens, channels, key_width, value_width,
-        head_dim, L2NORM_EPS, WIDTH=width, BLOCK_T=CONV_BLOCK_T,
+        head_dim, L2NORM_EPS, WIDTH=width, BLOCK_T=block_t,
         BLOCK_C=triton.next_power_of_2(head_dim), COMPUTE=triton_compute_dtype(weight.dtype),
         L2NORM_QK=l2norm_qk, num_warps=CONV_NUM_WARPS,
     )
