@@ -163,7 +163,7 @@ def test_a_requests_queue_time_counts_from_its_arrival_at_the_api(server):
     body that comes 0.3 s after its headers is in the request's queue time (the core's
     histograms time from the API's stamp, not from the core's intake)."""
     queue = "resident_request_queue_seconds"
-    before = run(metrics(server.url))
+    before = run(idle_metrics(server.url))  # an earlier test's request timed by now, not after
     body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 2}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
