@@ -18,11 +18,13 @@ divisibility hint), so addresses are computed in full and loads are not vectoriz
 registers read high (decode attention's split pass at the 0.8B: 241 here, 92 with its launch's
 hints) and shared memory can read low (25,600 bytes here, 41,984 with them, the K/V tiles then
 staged through cp.async). bench.py records the launched kernels' own figures
-(compiled_kernels.py). The GEMV's variants are the exception: they get the hints their launches
-get on the model's weights (GEMV_ALIGNED: the pointers, N, K and the strides are 16-divisible
-there), and with them the cp.async pipeline the launched kernels have; without them the 16-row
-tiles read 168-250 registers and no pipeline, where launched on an H100 they hold 38-72 and
-36,864 bytes of shared memory (results/2026-12-07-h100-medium-gemv, bench logs).
+(compiled_kernels.py). Two kernels are the exception. The GEMV's variants get the hints their
+launches get on the model's weights (GEMV_ALIGNED: the pointers, N, K and the strides are
+16-divisible there), and with them the cp.async pipeline the launched kernels have; without them
+the 16-row tiles read 168-250 registers and no pipeline, where launched on an H100 they hold 38-72
+and 36,864 bytes of shared memory (results/2026-12-07-h100-medium-gemv, bench logs). The fused
+GDN layer's get its launch's too (GDN_LAYER_ALIGNED and its pointers; GDN_LAYER_ONES, the unit
+strides as constants): 121 registers as launched, 250 without (results/2026-12-07-h100-gdn-rows).
 """
 
 from __future__ import annotations
