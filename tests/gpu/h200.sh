@@ -229,9 +229,10 @@
 #             kernels and the host's µs a call (eager, replayed) at 64 rows (sampler-time.log). SAMPLER_K: a pytest -k filter ("not
 #             flashinfer" skips FlashInfer's minutes of JIT build on a fresh machine); SAMPLERS:
 #             time_draw's samplers (default torch triton flashinfer)
-#   time-gdn-layer  tests/gpu/time_gdn_layer.py: the fused GDN layer decode's GPU time at the
-#             0.8B's heads by a program's value columns (block_dv 8, 16, 32: the engine's, 64)
-#             at 1, 4 and 16 rows, each against the engine's block (issue 33)
+#   time-gdn-layer  tests/gpu/time_gdn_layer.py: a GDN layer decode's GPU time at the 0.8B's
+#             heads, the fused kernel by a program's value columns, warps and register cap,
+#             and the separate kernels (sep), at 1, 4, 8 and 16 rows; GDN_LAYER_ARGS: its
+#             arguments (e.g. --rows 16,64,256 --configs sep,32x4,64x4,128x8) (issue 33)
 #   ring      tests/test_token_ring.py and tests/test_kernel_slot_params.py whole: the publish
 #             kernel storing into pinned memory against its torch reference, a replayed graph
 #             alternating slots, the CPU engine's ring against its copy (the GPU engine's:
@@ -605,7 +606,8 @@ for part in "$@"; do
       # shellcheck disable=SC2086  # SAMPLERS: a list of words
       run sampler-time 150 python3 tests/gpu/time_draw.py ${SAMPLERS:-} ;;
     time-gdn-layer)
-      run time-gdn-layer 200 python3 tests/gpu/time_gdn_layer.py
+      # shellcheck disable=SC2086  # GDN_LAYER_ARGS: a list of words
+      run time-gdn-layer 200 python3 tests/gpu/time_gdn_layer.py ${GDN_LAYER_ARGS:-}
       cat "$OUT/time-gdn-layer.log" ;;
     ring)
       run ring 200 python3 -m pytest -q -p no:cacheprovider tests/test_token_ring.py tests/test_kernel_slot_params.py ;;

@@ -1,20 +1,23 @@
-"""GPU time of the fused GDN layer decode (kernels/gdn_layer_decode.py) at the 0.8B's heads (16
-key and 16 value heads of 128, conv width 4, bf16, fp32 state) by a program's value columns
-(`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8), warps and register cap
-(`max_registers`: how many programs an SM holds), captured as a CUDA graph as a decode bucket
-replays it, at 1, 4, 8 and 16 rows: at c=1 the layer took 6.1 µs a
-call with PDL off on an H100, for ~1 MB of state read and written
-(results/2026-12-06-h100-decode-splits), the shape of problem the decode attention's splits
-had; at 16 rows 16.3 µs against ~9.6 to stream its 32 MB. Each other config is also checked
-against the engine's (bf16 rounding apart):
-    python3 tests/gpu/time_gdn_layer.py"""
+"""GPU time of a GDN layer's decode at the 0.8B's heads (16 key and 16 value heads of 128, conv
+width 4, bf16, fp32 state): the fused layer kernel (kernels/gdn_layer_decode.py) by a program's
+value columns (`block_dv`: 64 programs a row at the engine's 32, 128 at 16, 256 at 8), warps and
+register cap (`max_registers`: how many programs an SM holds), against the separate kernels the
+engine runs above FUSED_GDN_MAX_ROWS (`sep`: the conv update, the delta rule at block_dv_for's
+tile, Inductor's gated norm), each captured as a CUDA graph as a decode bucket replays it. At
+c=1 the fused layer took 6.1 µs a call with PDL off on an H100, for ~1 MB of state read and
+written (results/2026-12-06-h100-decode-splits); at 16 rows 16.3 µs against ~9.6 to stream its
+32 MB. Every config's output is checked against the first's (bf16 rounding apart):
+    python3 tests/gpu/time_gdn_layer.py [--rows 1,4,8,16] [--configs 32x4,32x4r168,...]
+A config is <block_dv>x<warps>, r<registers> for a cap; `sep` the separate kernels."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import torch
 
+from resident.kernels.gdn_decode import causal_conv_decode, gated_delta_rule_decode
 from resident.kernels.gdn_layer_decode import (
     BLOCK_DV,
     CAPPED_REGISTERS,
@@ -25,16 +28,18 @@ from resident.kernels.gdn_layer_decode import (
     GdnShape,
     gdn_layer_decode,
 )
+from resident.model.dense import gated_rms_norm
+from resident.tool_args import counts
 from resident.tools.bench_attention import graph_time_us
 
 SHAPE = GdnShape(num_k_heads=16, num_v_heads=16, k_dim=128, v_dim=128)
 WIDTH = 4
-ROWS = (1, 4, 8, 16)
-# (block_dv, num_warps, max_registers): the engine's first, then its tile capped. Launched
-# here ptxas's own count is 121 a thread (four programs an SM), CAPPED_REGISTERS 168 allocates
-# 136 (three), 128 allocates 124 (four; resident.tools.compile_check compiles them as launched)
-CONFIGS = ((BLOCK_DV, NUM_WARPS, MAX_REGISTERS), (BLOCK_DV, NUM_WARPS, CAPPED_REGISTERS),
-           (BLOCK_DV, NUM_WARPS, 128), (16, 4, CAPPED_REGISTERS), (64, 4, 0), (64, 8, 0))
+# The engine's tile first, then its tile capped. Launched here ptxas's own count is 121 a
+# thread (four programs an SM), CAPPED_REGISTERS 168 allocates 136 (three), 128 allocates 124
+# (four; resident.tools.compile_check compiles them as launched)
+DEFAULT_CONFIGS = (f"{BLOCK_DV}x{NUM_WARPS}", f"{BLOCK_DV}x{NUM_WARPS}r{CAPPED_REGISTERS}",
+                   f"{BLOCK_DV}x{NUM_WARPS}r128", f"16x4r{CAPPED_REGISTERS}", "64x4", "64x8")
+SEPARATE = "sep"
 
 
 def layer(rows: int, device: torch.device):
@@ -57,25 +62,57 @@ def layer(rows: int, device: torch.device):
     return weights, conv_pool, state_pool, projected, slots
 
 
+def separate_layer(projected, weights, conv_pool, state_pool, slots, norm):
+    """The engine's decode GDN layer without gdn_layer: conv, delta rule, gated norm."""
+    rows = projected.shape[0]
+    mixed, z, b, a = projected.split(SHAPE.split, dim=-1)
+    loc = torch.empty(0, device=projected.device)  # unused by decode kernels
+    q, k, v = causal_conv_decode(mixed, weights.conv_weight, conv_pool, slots, loc, 1).split(
+        [SHAPE.key_dim, SHAPE.key_dim, SHAPE.value_dim], dim=-1)
+    out = gated_delta_rule_decode(
+        q.view(rows, SHAPE.num_k_heads, SHAPE.k_dim),
+        k.view(rows, SHAPE.num_k_heads, SHAPE.k_dim),
+        v.view(rows, SHAPE.num_v_heads, SHAPE.v_dim), a, b, state_pool, slots, loc, 1,
+        gate_params=(weights.a_log, weights.dt_bias))
+    return norm(out, z.view(rows, SHAPE.num_v_heads, SHAPE.v_dim), weights.norm_weight,
+                weights.norm_eps)
+
+
+def config_run(name: str, norm, projected, weights, conv_pool, state_pool, slots, scratch):
+    """A call of the layer as `name` configures it, on the pools given."""
+    if name == SEPARATE:
+        return functools.partial(separate_layer, projected, weights, conv_pool, state_pool,
+                                 slots, norm)
+    tile, _, registers = name.partition("r")
+    block, warps = (int(part) for part in tile.split("x"))
+    return functools.partial(gdn_layer_decode, projected, weights, conv_pool, state_pool, slots,
+                             scratch, block_dv=block, num_warps=warps,
+                             max_registers=int(registers or MAX_REGISTERS))
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=counts, default=(1, 4, 8, 16))
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
+    args = parser.parse_args()
+    configs = args.configs.split(",")
     device = torch.device("cuda")
-    print(f"{'rows':>5} " + " ".join(f"{f'{b}x{w}w r{r} us':>14}" for b, w, r in CONFIGS)
-          + "  max rel err against the engine's")
-    for rows in ROWS:
+    norm = torch.compile(gated_rms_norm, dynamic=False)
+    print(f"{'rows':>5} " + " ".join(f"{name + ' us':>14}" for name in configs)
+          + "  max rel err against the first")
+    for rows in args.rows:
         weights, conv_pool, state_pool, projected, slots = layer(rows, device)
         scratch = GdnLayerScratch(rows)
-        times, outs = [], {}
-        for block, warps, registers in CONFIGS:
-            config = {"block_dv": block, "num_warps": warps, "max_registers": registers}
-            run = functools.partial(gdn_layer_decode, projected, weights, conv_pool.clone(),
-                                    state_pool.clone(), slots, scratch, **config)
-            times.append(graph_time_us(run))
-            outs[block, warps, registers] = gdn_layer_decode(
-                projected, weights, conv_pool.clone(), state_pool.clone(), slots, scratch,
-                **config).float()
-        want = outs[CONFIGS[0]]
-        worst = max(((out - want).norm() / want.norm()).item() for out in outs.values())
-        print(f"{rows:>5} " + " ".join(f"{t:>14.2f}" for t in times) + f"  {worst:.1e}")
+        times, outs = [], []
+        for name in configs:
+            pools = (conv_pool.clone(), state_pool.clone())
+            times.append(graph_time_us(config_run(name, norm, projected, weights, *pools, slots,
+                                                  scratch)))
+            outs.append(config_run(name, norm, projected, weights, conv_pool.clone(),
+                                   state_pool.clone(), slots, scratch)().float())
+        worst = max(((out - outs[0]).norm() / outs[0].norm()).item() for out in outs)
+        print(f"{rows:>5} " + " ".join(f"{t:>14.2f}" for t in times) + f"  {worst:.1e}",
+              flush=True)
 
 
 if __name__ == "__main__":
