@@ -38,7 +38,7 @@
 #             launches (GEMV, decode attention), the rows' argmax, against their references
 #             at the real shapes (the GEMV's float32 at full precision among them), the
 #             add + norm kernel at the 2B-9B widths
-#   arms      the bench at $CONC (default 1,16,64,256; no burst) of $MODEL (default
+#   arms      the bench at $CONC (default 1,16,64,256; $BURST prompts' burst, default none) of $MODEL (default
 #             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off:
 #             fused_decode=off pdl=off gemv_table=off; nopdl: pdl=off; pdlonly:
@@ -723,7 +723,8 @@ for part in "$@"; do
         # '@' is not a name the device tool brings back
         (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-${arm//@/_}" \
           "$limit" python3 -m resident.tools.bench \
-          "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst 0 "${knobs[@]}" \
+          "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst "${BURST:-0}" \
+          "${knobs[@]}" \
           --prompt-len "${PROMPT_LEN:-512}" \
           --json "$OUT/bench-${MODEL:-0.8b}-${arm//@/_}${PROMPT_LEN:+-p$PROMPT_LEN}.json")
         limit=${ARM_LIMIT:-170}
