@@ -38,8 +38,8 @@
 #             launches (GEMV, decode attention), the rows' argmax, against their references
 #             at the real shapes (the GEMV's float32 at full precision among them), the
 #             add + norm kernel at the 2B-9B widths
-#   arms      the bench at $CONC (default 1,16,64,256; $BURST prompts' burst, default none) of $MODEL (default
-#             qwen3.5-0.8b) for each of $ARMS, one Triton cache:
+#   arms      the bench at $CONC (default 1,16,64,256; a burst of $BURST prompts, default
+#             none) of $MODEL (default qwen3.5-0.8b) for each of $ARMS, one Triton cache:
 #             bench-<arm>.json ('@' as '_'). fused: this tree's defaults; off:
 #             fused_decode=off pdl=off gemv_table=off; nopdl: pdl=off; pdlonly:
 #             fused_decode=off; wide: decode_gemm=wide; full: fused_decode=full (the epilogues

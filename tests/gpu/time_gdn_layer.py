@@ -79,7 +79,9 @@ def separate_layer(projected, weights, conv_pool, state_pool, slots, norm):
 
 
 def config_run(name: str, norm, projected, weights, conv_pool, state_pool, slots, scratch):
-    """A call of the layer as `name` configures it, on the pools given."""
+    """A call of the layer as `name` configures it, on its own copies of the pools (each
+    config starts from the same state)."""
+    conv_pool, state_pool = conv_pool.clone(), state_pool.clone()
     if name == SEPARATE:
         return functools.partial(separate_layer, projected, weights, conv_pool, state_pool,
                                  slots, norm)
@@ -104,12 +106,10 @@ def main() -> None:
         weights, conv_pool, state_pool, projected, slots = layer(rows, device)
         scratch = GdnLayerScratch(rows)
         times, outs = [], []
+        args = (norm, projected, weights, conv_pool, state_pool, slots, scratch)
         for name in configs:
-            pools = (conv_pool.clone(), state_pool.clone())
-            times.append(graph_time_us(config_run(name, norm, projected, weights, *pools, slots,
-                                                  scratch)))
-            outs.append(config_run(name, norm, projected, weights, conv_pool.clone(),
-                                   state_pool.clone(), slots, scratch)().float())
+            times.append(graph_time_us(config_run(name, *args)))
+            outs.append(config_run(name, *args)().float())
         worst = max(((out - outs[0]).norm() / outs[0].norm()).item() for out in outs)
         print(f"{rows:>5} " + " ".join(f"{t:>14.2f}" for t in times) + f"  {worst:.1e}",
               flush=True)
