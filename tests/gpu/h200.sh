@@ -55,7 +55,11 @@
 #             -C .gate/worktrees/base-<ref>); <arm>@<name>: from .gate/worktrees/<name>;
 #             a name ending in a digit repeats its arm (fused2, table2); an arm of another
 #             name runs the defaults; ARM_LIMIT: an
-#             arm's seconds (default 170; the first arm's 120 more: it compiles);
+#             arm's seconds (default 170; the first arm's 120 more: it compiles, unless
+#             ARMS_CACHE names a tarball of the Triton and Inductor caches of a call
+#             before: carry it, e.g. .gate/arms-cache.tgz; its autotuning picks stand for
+#             this call's, the same for every arm); ARMS_CACHE_SAVE=1: the caches as
+#             $OUT/arms-cache.tgz at the end, for the next call;
 #             table: gemv_table=$GEMV_TABLE (default $OUT/gemv-<model>.json: run gemv-sweep
 #             first, same call; a table from a call before: commit it, point GEMV_TABLE at it);
 #             fulltable: both
@@ -693,6 +697,9 @@ for part in "$@"; do
     arms)
       # the first arm compiles into an empty Triton cache: 120 s more than the others
       cache=$(mktemp -d) limit=$((${ARM_LIMIT:-170} + 120))
+      if [ -n "${ARMS_CACHE:-}" ] && tar xzf "$ARMS_CACHE" -C "$cache"; then
+        limit=${ARM_LIMIT:-170}
+      fi
       for arm in ${ARMS:-fused off nopdl wide}; do
         knobs=() tree=$PWD
         case $arm in
@@ -721,14 +728,16 @@ for part in "$@"; do
         esac
         # from the arm's tree: python -m puts the working directory first on the path
         # '@' is not a name the device tool brings back
-        (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache run "bench-${arm//@/_}" \
+        (cd "$tree" && PYTHONPATH=$tree:/tmp/site TRITON_CACHE_DIR=$cache/triton \
+          TORCHINDUCTOR_CACHE_DIR=$cache/inductor run "bench-${arm//@/_}" \
           "$limit" python3 -m resident.tools.bench \
           "${MODEL:-qwen3.5-0.8b}" --concurrency "${CONC:-1,16,64,256}" --burst "${BURST:-0}" \
           "${knobs[@]}" \
           --prompt-len "${PROMPT_LEN:-512}" \
           --json "$OUT/bench-${MODEL:-0.8b}-${arm//@/_}${PROMPT_LEN:+-p$PROMPT_LEN}.json")
         limit=${ARM_LIMIT:-170}
-      done ;;
+      done
+      if [ "${ARMS_CACHE_SAVE:-0}" = 1 ]; then tar czf "$OUT/arms-cache.tgz" -C "$cache" .; fi ;;
     modes)
       for mode in ${MODES:-sequential interleaved}; do
         case $mode in
