@@ -60,7 +60,10 @@ MAX_ROWS = ROW_CLASSES[-1]
 # kernel before it is still reading and compete with it for HBM: measured in
 # results/2026-12-03-h200-decode-sizes (each row then copied 4 times), and with each row copied
 # once in results/2026-12-06-h100-prefetch-once (24 MB, the 0.8B's in_proj and gate_up too: a
-# c=1 step 3% slower; sent just after the wait instead, as slow).
+# c=1 step 3% slower; sent just after the wait instead, as slow). The loop's own weight loads
+# cannot be marked to leave the L2 first (to spare what a prefetch sent ahead): Triton 3.6's
+# pipeliner makes them cp.async.cg and drops tl.load's eviction_policy (the sm_90 PTX of the
+# wide and narrow tiles is the same with evict_first as without).
 PREFETCH_MAX_BYTES = 12 << 20
 NORM_BLOCK = tl.constexpr(256)  # the add + norm epilogue's columns a step (_norm_rows)
 
