@@ -695,7 +695,8 @@ for part in "$@"; do
         --out "$OUT/gemv-table-$model.json"
       cat "$OUT/confirm-gemv-table.log" ;;
     arms)
-      # the first arm compiles into an empty Triton cache: 120 s more than the others
+      # the first arm compiles into an empty cache, 120 s more than the others, unless
+      # ARMS_CACHE brings a call before's caches
       cache=$(mktemp -d) limit=$((${ARM_LIMIT:-170} + 120))
       if [ -n "${ARMS_CACHE:-}" ] && tar xzf "$ARMS_CACHE" -C "$cache"; then
         limit=${ARM_LIMIT:-170}
